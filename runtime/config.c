@@ -1,0 +1,565 @@
+/* config.c — the MoE layer's shape, read from a Hugging Face checkpoint's JSON.
+ *
+ * A checkpoint directory carries the model's shape in config.json and, for ModelOpt NVFP4
+ * exports, the quantization in hf_quant_config.json (older exports) or in a
+ * `quantization_config` object inside config.json (newer ones). We only need the fields
+ * that decide the MoE layer: sizes (hidden_size, moe_intermediate_size), the expert count
+ * and top-k, the routing recipe (scoring_func, n_group/topk_group, routed_scaling_factor,
+ * norm_topk_prob, topk_method) and the activation. Everything else is ignored.
+ *
+ * Three rules shape the code:
+ *   1. Be strict about types. A size written as "6144", 6144.5, true or -1 is a broken
+ *      config, not something to guess at; the error names the file, the field and what
+ *      was expected, so the user can fix the file.
+ *   2. Fill a local struct and copy it to the caller only when everything — parsing and
+ *      mj_moe_config_validate — has succeeded, so *cfg is never half-written.
+ *   3. "Quantized with something else" is not "unquantized": a config whose
+ *      quantization_config says FP8 fails with MJ_ERR_UNSUPPORTED instead of being read
+ *      as a bf16 model.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The NVFP4 path's one-line requirement, repeated in several messages. */
+#define MJ_NVFP4_WHAT "moejit runs NVFP4 (ModelOpt) checkpoints"
+
+/* A config.json is a few kilobytes; refuse to slurp something that clearly is not one. */
+#define MJ_CONFIG_MAX_BYTES (64u << 20)
+
+/* ---------------------------------------------------------------------------------------
+ * Error helpers
+ * ------------------------------------------------------------------------------------- */
+
+/* Record "label: message" (or just the message when label is NULL) and return s. */
+static mj_status fail(mj_status s, const char *label, const char *fmt, ...) MJ_PRINTF(3, 4);
+static mj_status fail(mj_status s, const char *label, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (label) return mj_set_error(s, "%s: %s", label, msg);
+    return mj_set_error(s, "%s", msg);
+}
+
+/* A short description of a JSON value for "got ..." in messages. */
+static void describe(const json_t *v, char *buf, size_t n) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: snprintf(buf, n, "an object"); break;
+    case JSON_ARRAY: snprintf(buf, n, "an array"); break;
+    case JSON_STRING: snprintf(buf, n, "the string \"%.40s\"", json_string_value(v)); break;
+    case JSON_INTEGER: snprintf(buf, n, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); break;
+    case JSON_REAL: snprintf(buf, n, "%.10g", json_real_value(v)); break;
+    case JSON_TRUE: snprintf(buf, n, "true"); break;
+    case JSON_FALSE: snprintf(buf, n, "false"); break;
+    case JSON_NULL: snprintf(buf, n, "null"); break;
+    default: snprintf(buf, n, "an unknown JSON value"); break;
+    }
+}
+
+/* ASCII case-insensitive equality ("NVFP4" == "nvfp4"). */
+static int str_ieq(const char *a, const char *b) {
+    for (; *a && *b; a++, b++) {
+        char ca = (*a >= 'A' && *a <= 'Z') ? (char)(*a - 'A' + 'a') : *a;
+        char cb = (*b >= 'A' && *b <= 'Z') ? (char)(*b - 'A' + 'a') : *b;
+        if (ca != cb) return 0;
+    }
+    return *a == *b;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Typed field readers. `label` names the file, `field` the key as the user would write it
+ * (possibly dotted, "quantization_config.group_size"). Absent or null optional fields take
+ * their default; a required field that is absent is "missing".
+ * ------------------------------------------------------------------------------------- */
+
+enum { OPTIONAL = 0, REQUIRED = 1 };
+
+/* An integer >= min (min is 0 or 1) that fits int32. */
+static mj_status get_int(const json_t *obj, const char *key, const char *field, int required,
+                         int32_t min, int32_t dflt, const char *label, int32_t *out) {
+    const json_t *v = json_object_get(obj, key);
+    const char *kind = min > 0 ? "a positive integer" : "a non-negative integer";
+    char got[96];
+    if (!v || (json_is_null(v) && !required)) {
+        if (required) return fail(MJ_ERR_CONFIG, label, "missing field '%s' (integer)", field);
+        *out = dflt;
+        return MJ_OK;
+    }
+    if (!json_is_integer(v)) {
+        describe(v, got, sizeof got);
+        return fail(MJ_ERR_CONFIG, label, "field '%s' must be %s, got %s", field, kind, got);
+    }
+    json_int_t x = json_integer_value(v);
+    if (x > INT32_MAX)
+        return fail(MJ_ERR_CONFIG, label,
+                    "field '%s' must be %s, got %" JSON_INTEGER_FORMAT
+                    ", which does not fit a 32-bit integer",
+                    field, kind, x);
+    if (x < min)
+        return fail(MJ_ERR_CONFIG, label, "field '%s' must be %s, got %" JSON_INTEGER_FORMAT,
+                    field, kind, x);
+    *out = (int32_t)x;
+    return MJ_OK;
+}
+
+/* A string, or dflt when absent/null. The pointer lives as long as the JSON document. */
+static mj_status get_string(const json_t *obj, const char *key, const char *field,
+                            const char *dflt, const char *label, const char **out) {
+    const json_t *v = json_object_get(obj, key);
+    char got[96];
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return MJ_OK;
+    }
+    if (!json_is_string(v)) {
+        describe(v, got, sizeof got);
+        return fail(MJ_ERR_CONFIG, label, "field '%s' must be a string, got %s", field, got);
+    }
+    *out = json_string_value(v);
+    return MJ_OK;
+}
+
+/* true/false, or dflt when absent/null. */
+static mj_status get_bool(const json_t *obj, const char *key, const char *field, int dflt,
+                          const char *label, int32_t *out) {
+    const json_t *v = json_object_get(obj, key);
+    char got[96];
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return MJ_OK;
+    }
+    if (!json_is_boolean(v)) {
+        describe(v, got, sizeof got);
+        return fail(MJ_ERR_CONFIG, label, "field '%s' must be true or false, got %s", field,
+                    got);
+    }
+    *out = json_is_true(v) ? 1 : 0;
+    return MJ_OK;
+}
+
+/* A positive number (integer or real) that a float can hold, or dflt when absent/null. */
+static mj_status get_pos_float(const json_t *obj, const char *key, const char *field,
+                               float dflt, const char *label, float *out) {
+    const json_t *v = json_object_get(obj, key);
+    char got[96];
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return MJ_OK;
+    }
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!(x > 0.0 && x <= FLT_MAX)) { /* also rejects non-numbers (NAN above) */
+        describe(v, got, sizeof got);
+        return fail(MJ_ERR_CONFIG, label, "field '%s' must be a positive finite number, got %s",
+                    field, got);
+    }
+    *out = (float)x;
+    return MJ_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The MoE fields of config.json
+ * ------------------------------------------------------------------------------------- */
+
+/* Multimodal checkpoints nest the language model's config in "text_config". */
+static const json_t *model_section(const json_t *root) {
+    const json_t *text = json_object_get(root, "text_config");
+    if (!json_object_get(root, "hidden_size") && json_is_object(text)) return text;
+    return root;
+}
+
+static mj_status parse_sizes(const json_t *m, const char *label, mj_moe_config *c) {
+    /* DeepSeek/GLM call the expert count n_routed_experts; Qwen-MoE calls it num_experts. */
+    const char *ekey = "n_routed_experts";
+    if (!json_object_get(m, ekey) && json_object_get(m, "num_experts")) ekey = "num_experts";
+    const struct {
+        const char *key;
+        int required;
+        int32_t min, dflt;
+        int32_t *out;
+    } f[] = {
+        {"hidden_size", REQUIRED, 1, 0, &c->hidden},
+        {"moe_intermediate_size", REQUIRED, 1, 0, &c->intermediate},
+        {ekey, REQUIRED, 1, 0, &c->n_experts},
+        {"num_experts_per_tok", REQUIRED, 1, 0, &c->topk},
+        {"n_shared_experts", OPTIONAL, 0, 0, &c->n_shared},
+        {"n_group", OPTIONAL, 1, 1, &c->n_group},
+        {"topk_group", OPTIONAL, 1, 1, &c->topk_group},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        MJ_CHECK(get_int(m, f[i].key, f[i].key, f[i].required, f[i].min, f[i].dflt, label,
+                         f[i].out));
+    return MJ_OK;
+}
+
+static mj_status parse_routing(const json_t *m, const char *label, mj_moe_config *c) {
+    const char *scoring, *method, *act;
+    MJ_CHECK(get_string(m, "scoring_func", "scoring_func", "softmax", label, &scoring));
+    if (strcmp(scoring, "sigmoid") == 0) {
+        c->scoring = MJ_SCORING_SIGMOID;
+    } else if (strcmp(scoring, "softmax") == 0) {
+        c->scoring = MJ_SCORING_SOFTMAX;
+    } else {
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "scoring_func '%.64s' is not supported (moejit routes with 'sigmoid' or "
+                    "'softmax')",
+                    scoring);
+    }
+    MJ_CHECK(get_pos_float(m, "routed_scaling_factor", "routed_scaling_factor", 1.0f, label,
+                           &c->routed_scaling_factor));
+    MJ_CHECK(get_bool(m, "norm_topk_prob", "norm_topk_prob", 0, label, &c->norm_topk_prob));
+    /* noaux_tc (DeepSeek-V3, GLM-5) adds e_score_correction_bias to the scores for
+     * selection; greedy and group_limited_greedy have no bias. */
+    MJ_CHECK(get_string(m, "topk_method", "topk_method", "greedy", label, &method));
+    c->has_correction_bias = strcmp(method, "noaux_tc") == 0;
+    MJ_CHECK(get_string(m, "hidden_act", "hidden_act", "silu", label, &act));
+    if (strcmp(act, "silu") != 0)
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "hidden_act '%.64s' is not supported (moejit's experts are SwiGLU: 'silu')",
+                    act);
+    c->activation = MJ_ACT_SILU;
+    return MJ_OK;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Quantization
+ *
+ * `desc` is the object holding quant_algo and group_size; `where` is its dotted path for
+ * messages ("quantization", "quantization_config", "quantization_config.quantization"),
+ * NULL when the keys sit at the top of the file.
+ * ------------------------------------------------------------------------------------- */
+
+static void field_path(char *buf, size_t n, const char *where, const char *key) {
+    if (where) snprintf(buf, n, "%s.%s", where, key);
+    else snprintf(buf, n, "%s", key);
+}
+
+static mj_status parse_quant_desc(const json_t *desc, const char *where, const char *label,
+                                  mj_moe_config *c) {
+    char field[96];
+    const char *algo;
+    field_path(field, sizeof field, where, "quant_algo");
+    MJ_CHECK(get_string(desc, "quant_algo", field, NULL, label, &algo));
+    if (!algo) return fail(MJ_ERR_CONFIG, label, "missing field '%s' (string)", field);
+    if (!str_ieq(algo, "NVFP4"))
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "quantization '%.64s' (field '%s') is not supported: " MJ_NVFP4_WHAT,
+                    algo, field);
+    field_path(field, sizeof field, where, "group_size");
+    MJ_CHECK(get_int(desc, "group_size", field, OPTIONAL, 1, MJ_NVFP4_GROUP, label,
+                     &c->quant_group_size));
+    /* mj_moe_config_validate checks this too; here the message can name file and field. */
+    if (c->quant_group_size != MJ_NVFP4_GROUP)
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "NVFP4 with group_size %d (field '%s') is not supported: NVFP4 has one "
+                    "E4M3 scale per %d elements",
+                    (int)c->quant_group_size, field, MJ_NVFP4_GROUP);
+    c->quant = MJ_QUANT_NVFP4;
+    return MJ_OK;
+}
+
+/* hf_quant_config.json: {"producer": {...}, "quantization": {"quant_algo": ...}}. A flat
+ * file (quant_algo at the top) is accepted too. */
+static mj_status parse_quant_file(const json_t *root, const char *label, mj_moe_config *c) {
+    const json_t *q = json_object_get(root, "quantization");
+    char got[96];
+    if (q && !json_is_object(q)) {
+        describe(q, got, sizeof got);
+        return fail(MJ_ERR_CONFIG, label, "field 'quantization' must be an object, got %s",
+                    got);
+    }
+    if (!q && !json_object_get(root, "quant_algo"))
+        return fail(MJ_ERR_CONFIG, label,
+                    "missing field 'quantization' (object with quant_algo and group_size)");
+    if (q) return parse_quant_desc(q, "quantization", label, c);
+    return parse_quant_desc(root, NULL, label, c);
+}
+
+/* config.json's quantization_config, flat or with a "quantization" sub-object. Absent:
+ * an unquantized model. Present without quant_algo: some other quantizer (quant_method
+ * "fp8", "bitsandbytes", "compressed-tensors", ...), which we refuse by name. */
+static mj_status parse_quant_inline(const json_t *root, const json_t *model, const char *label,
+                                    mj_moe_config *c) {
+    const json_t *qc = json_object_get(root, "quantization_config");
+    const char *method;
+    char got[96];
+    if ((!qc || json_is_null(qc)) && model != root)
+        qc = json_object_get(model, "quantization_config");
+    if (!qc || json_is_null(qc)) {
+        c->quant = MJ_QUANT_NONE;
+        c->quant_group_size = 0;
+        return MJ_OK;
+    }
+    if (!json_is_object(qc)) {
+        describe(qc, got, sizeof got);
+        return fail(MJ_ERR_CONFIG, label,
+                    "field 'quantization_config' must be an object, got %s", got);
+    }
+    const json_t *sub = json_object_get(qc, "quantization");
+    if (json_is_object(sub))
+        return parse_quant_desc(sub, "quantization_config.quantization", label, c);
+    MJ_CHECK(get_string(qc, "quant_method", "quantization_config.quant_method", NULL, label,
+                        &method));
+    if (!json_object_get(qc, "quant_algo") && method && !str_ieq(method, "modelopt"))
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "quantization '%.64s' (field 'quantization_config.quant_method') is not "
+                    "supported: " MJ_NVFP4_WHAT,
+                    method);
+    return parse_quant_desc(qc, "quantization_config", label, c);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Parsing text
+ * ------------------------------------------------------------------------------------- */
+
+/* Parse JSON text of length n into an object; NULL (and the error set) on failure. */
+static json_t *load_object(const char *text, size_t n, const char *label, mj_status *st) {
+    json_error_t err;
+    json_t *root = json_loadb(text, n, 0, &err);
+    if (!root) {
+        *st = fail(MJ_ERR_PARSE, label, "malformed JSON at line %d, column %d: %s", err.line,
+                   err.column, err.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        char got[96];
+        describe(root, got, sizeof got);
+        json_decref(root);
+        *st = fail(MJ_ERR_CONFIG, label, "the top level must be a JSON object, got %s", got);
+        return NULL;
+    }
+    *st = MJ_OK;
+    return root;
+}
+
+/* The common body of mj_moe_config_parse and mj_moe_config_read. quant_text may be NULL. */
+static mj_status parse_texts(const char *cfg_text, size_t cfg_len, const char *cfg_label,
+                             const char *quant_text, size_t quant_len, const char *quant_label,
+                             mj_moe_config *out) {
+    mj_moe_config c;
+    mj_status st;
+    json_t *quant_root = NULL;
+    memset(&c, 0, sizeof c);
+
+    json_t *root = load_object(cfg_text, cfg_len, cfg_label, &st);
+    if (!root) return st;
+    const json_t *model = model_section(root);
+    MJ_CHECK_GOTO(parse_sizes(model, cfg_label, &c), st, done);
+    MJ_CHECK_GOTO(parse_routing(model, cfg_label, &c), st, done);
+    if (quant_text) {
+        quant_root = load_object(quant_text, quant_len, quant_label, &st);
+        if (!quant_root) goto done;
+        MJ_CHECK_GOTO(parse_quant_file(quant_root, quant_label, &c), st, done);
+    } else {
+        MJ_CHECK_GOTO(parse_quant_inline(root, model, cfg_label, &c), st, done);
+    }
+    st = mj_moe_config_validate(&c, 0);
+    if (st != MJ_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", mj_last_error()); /* copy: the next call reuses it */
+        st = fail(st, cfg_label, "%s", why);
+        goto done;
+    }
+    *out = c;
+done:
+    json_decref(quant_root);
+    json_decref(root);
+    return st;
+}
+
+mj_status mj_moe_config_parse(const char *config_json, const char *quant_json,
+                              const char *name, mj_moe_config *cfg) {
+    char quant_label[512];
+    if (!config_json || !cfg)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_config_parse: config_json and cfg must not be NULL");
+    if (!name) name = "config.json";
+    snprintf(quant_label, sizeof quant_label, "%s (quantization JSON)", name);
+    return parse_texts(config_json, strlen(config_json), name, quant_json,
+                       quant_json ? strlen(quant_json) : 0, quant_label, cfg);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Reading files
+ * ------------------------------------------------------------------------------------- */
+
+/* Read a whole file into a malloc'd buffer (NUL-terminated for convenience). */
+static mj_status read_file(const char *path, char **data, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    size_t cap = 4096, n = 0;
+    char *buf;
+    if (!f) return fail(MJ_ERR_IO, NULL, "cannot open '%s': %s", path, strerror(errno));
+    buf = malloc(cap);
+    if (!buf) {
+        fclose(f);
+        return fail(MJ_ERR_NOMEM, NULL, "out of memory reading '%s'", path);
+    }
+    for (;;) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (ferror(f)) {
+            int e = errno;
+            free(buf);
+            fclose(f);
+            return fail(MJ_ERR_IO, NULL, "cannot read '%s': %s", path, strerror(e));
+        }
+        if (feof(f)) break;
+        if (cap >= MJ_CONFIG_MAX_BYTES) {
+            free(buf);
+            fclose(f);
+            return fail(MJ_ERR_IO, NULL,
+                        "'%s' is larger than %u MiB; is it really a JSON config?", path,
+                        MJ_CONFIG_MAX_BYTES >> 20);
+        }
+        char *bigger = realloc(buf, cap * 2);
+        if (!bigger) {
+            free(buf);
+            fclose(f);
+            return fail(MJ_ERR_NOMEM, NULL, "out of memory reading '%s'", path);
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    return MJ_OK;
+}
+
+mj_status mj_moe_config_read(const char *config_path, const char *quant_path,
+                             mj_moe_config *cfg) {
+    char *cfg_text = NULL, *quant_text = NULL;
+    size_t cfg_len = 0, quant_len = 0;
+    mj_status st;
+    if (!config_path || !cfg)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_config_read: config_json_path and cfg must not be NULL");
+    MJ_CHECK(read_file(config_path, &cfg_text, &cfg_len));
+    if (quant_path) MJ_CHECK_GOTO(read_file(quant_path, &quant_text, &quant_len), st, done);
+    st = parse_texts(cfg_text, cfg_len, config_path, quant_text, quant_len,
+                     quant_path ? quant_path : "", cfg);
+done:
+    free(quant_text);
+    free(cfg_text);
+    return st;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * GLM-5 and validation
+ * ------------------------------------------------------------------------------------- */
+
+mj_status mj_moe_config_glm5(mj_moe_config *cfg) {
+    if (!cfg) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_config_glm5: cfg is NULL");
+    memset(cfg, 0, sizeof *cfg);
+    cfg->hidden = 6144;
+    cfg->intermediate = 2048;
+    cfg->n_experts = 256;
+    cfg->topk = 8;
+    cfg->n_shared = 1;
+    cfg->n_group = 1;
+    cfg->topk_group = 1;
+    cfg->scoring = MJ_SCORING_SIGMOID;
+    cfg->routed_scaling_factor = 2.5f;
+    cfg->norm_topk_prob = 1;
+    cfg->has_correction_bias = 1;
+    cfg->activation = MJ_ACT_SILU;
+    cfg->quant = MJ_QUANT_NVFP4;
+    cfg->quant_group_size = MJ_NVFP4_GROUP;
+    return MJ_OK;
+}
+
+/* Sizes and routing: is the layer possible at all? Messages use config.json's names. */
+static mj_status validate_shape(const mj_moe_config *c) {
+    const struct { const char *name; int32_t v; } pos[] = {
+        {"hidden_size", c->hidden},
+        {"moe_intermediate_size", c->intermediate},
+        {"n_routed_experts", c->n_experts},
+        {"num_experts_per_tok", c->topk},
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0)
+            return fail(MJ_ERR_CONFIG, NULL, "%s %d must be positive", pos[i].name,
+                        (int)pos[i].v);
+    if (c->n_shared < 0)
+        return fail(MJ_ERR_CONFIG, NULL, "n_shared_experts %d must not be negative",
+                    (int)c->n_shared);
+    if (c->topk > c->n_experts)
+        return fail(MJ_ERR_CONFIG, NULL, "num_experts_per_tok %d exceeds n_routed_experts %d",
+                    (int)c->topk, (int)c->n_experts);
+    if (c->n_group < 1)
+        return fail(MJ_ERR_CONFIG, NULL, "n_group %d must be at least 1 (1: no group limit)",
+                    (int)c->n_group);
+    if (c->n_experts % c->n_group != 0)
+        return fail(MJ_ERR_CONFIG, NULL, "n_routed_experts %d is not divisible by n_group %d",
+                    (int)c->n_experts, (int)c->n_group);
+    if (c->topk_group < 1 || c->topk_group > c->n_group)
+        return fail(MJ_ERR_CONFIG, NULL, "topk_group %d must be between 1 and n_group %d",
+                    (int)c->topk_group, (int)c->n_group);
+    int64_t reachable = (int64_t)c->topk_group * (c->n_experts / c->n_group);
+    if (reachable < c->topk)
+        return fail(MJ_ERR_CONFIG, NULL,
+                    "topk_group %d of n_group %d leaves %lld experts, fewer than "
+                    "num_experts_per_tok %d",
+                    (int)c->topk_group, (int)c->n_group, (long long)reachable, (int)c->topk);
+    if (!isfinite(c->routed_scaling_factor) || !(c->routed_scaling_factor > 0.0f))
+        return fail(MJ_ERR_CONFIG, NULL, "routed_scaling_factor %g must be finite and positive",
+                    (double)c->routed_scaling_factor);
+    return MJ_OK;
+}
+
+/* What the kernels need on top of a possible layer: aligned sizes, known enum values. */
+static mj_status validate_kernel(const mj_moe_config *c) {
+    if (c->hidden % MJ_DIM_ALIGN != 0)
+        return fail(MJ_ERR_CONFIG, NULL,
+                    "hidden_size %d is not a multiple of %d, which the FP4 MMA's K-step "
+                    "(m16n8k64) needs",
+                    (int)c->hidden, MJ_DIM_ALIGN);
+    if (c->intermediate % MJ_DIM_ALIGN != 0)
+        return fail(MJ_ERR_CONFIG, NULL,
+                    "moe_intermediate_size %d is not a multiple of %d, which the FP4 MMA's "
+                    "K-step (m16n8k64) needs",
+                    (int)c->intermediate, MJ_DIM_ALIGN);
+    if (c->scoring != MJ_SCORING_SIGMOID && c->scoring != MJ_SCORING_SOFTMAX)
+        return fail(MJ_ERR_CONFIG, NULL, "scoring %d is not a valid mj_scoring (scoring_func)",
+                    (int)c->scoring);
+    if (c->activation != MJ_ACT_SILU)
+        return fail(MJ_ERR_CONFIG, NULL,
+                    "activation %d is not a valid mj_activation (hidden_act)",
+                    (int)c->activation);
+    if (c->norm_topk_prob != 0 && c->norm_topk_prob != 1)
+        return fail(MJ_ERR_CONFIG, NULL, "norm_topk_prob %d must be 0 or 1",
+                    (int)c->norm_topk_prob);
+    if (c->has_correction_bias != 0 && c->has_correction_bias != 1)
+        return fail(MJ_ERR_CONFIG, NULL, "has_correction_bias %d must be 0 or 1",
+                    (int)c->has_correction_bias);
+    return MJ_OK;
+}
+
+static mj_status validate_quant(const mj_moe_config *c, int require_nvfp4) {
+    if (c->quant != MJ_QUANT_NONE && c->quant != MJ_QUANT_NVFP4)
+        return fail(MJ_ERR_CONFIG, NULL, "quant %d is not a valid mj_quant", (int)c->quant);
+    if (c->quant == MJ_QUANT_NVFP4 && c->quant_group_size != MJ_NVFP4_GROUP)
+        return fail(MJ_ERR_UNSUPPORTED, NULL,
+                    "NVFP4 group_size %d is not supported: NVFP4 has one E4M3 scale per %d "
+                    "elements",
+                    (int)c->quant_group_size, MJ_NVFP4_GROUP);
+    if (require_nvfp4 && c->quant != MJ_QUANT_NVFP4)
+        return fail(MJ_ERR_UNSUPPORTED, NULL,
+                    "this path needs an NVFP4 checkpoint (ModelOpt quant_algo NVFP4, "
+                    "group_size 16); the config has no NVFP4 quantization");
+    return MJ_OK;
+}
+
+mj_status mj_moe_config_validate(const mj_moe_config *cfg, int require_nvfp4) {
+    if (!cfg) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_config_validate: cfg is NULL");
+    MJ_CHECK(validate_shape(cfg));
+    MJ_CHECK(validate_kernel(cfg));
+    return validate_quant(cfg, require_nvfp4);
+}

@@ -1,0 +1,49 @@
+/* error.c — status strings and the thread-local last-error detail. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char g_last_error[4096];
+
+static const char *const k_status_text[MJ_STATUS_COUNT] = {
+    [MJ_OK] = "ok",
+    [MJ_ERR_INVALID_ARG] = "invalid argument",
+    [MJ_ERR_CONFIG] = "invalid model configuration",
+    [MJ_ERR_UNSUPPORTED] = "unsupported",
+    [MJ_ERR_PARSE] = "malformed input file",
+    [MJ_ERR_IO] = "input/output error",
+    [MJ_ERR_NONFINITE] = "NaN or Inf in input",
+    [MJ_ERR_NOMEM] = "out of memory",
+    [MJ_ERR_NO_DEVICE] = "no CUDA device",
+    [MJ_ERR_LIBRARY] = "required shared library missing",
+    [MJ_ERR_COMPILE] = "kernel compilation failed",
+    [MJ_ERR_CACHE_MISS] = "kernel not in cache (strict mode)",
+    [MJ_ERR_CUDA] = "CUDA driver error",
+    [MJ_ERR_INTERNAL] = "internal error",
+};
+
+const char *mj_status_string(mj_status s) {
+    if ((int)s < 0 || s >= MJ_STATUS_COUNT || !k_status_text[s]) return "unknown status";
+    return k_status_text[s];
+}
+
+const char *mj_last_error(void) { return g_last_error; }
+
+mj_status mj_set_error(mj_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+void mj_clear_error(void) { g_last_error[0] = '\0'; }
+
+mj_status mj_version(int *major, int *minor, int *patch, const char **text) {
+    if (major) *major = MJ_VERSION_MAJOR;
+    if (minor) *minor = MJ_VERSION_MINOR;
+    if (patch) *patch = MJ_VERSION_PATCH;
+    if (text) *text = MJ_VERSION_STRING;
+    return MJ_OK;
+}

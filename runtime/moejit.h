@@ -1,0 +1,232 @@
+/* moejit.h — the one public header of moejit.
+ *
+ * moejit generates, compiles and caches CUDA kernels for the Mixture-of-Experts layer of
+ * NVFP4-quantized models (GLM-5 and its kin) at decode time. This header is the whole
+ * public surface: every function returns an mj_status; mj_last_error() gives the detail
+ * (thread-local) of the last failure on the calling thread. The library never exits and
+ * never prints to stdout.
+ *
+ * Shapes are written beside each pointer: `float *logits; // [B, E]`. All matrices are
+ * row-major (C order). bf16 values are passed as uint16_t bit patterns.
+ */
+#ifndef MOEJIT_H
+#define MOEJIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(MJ_BUILDING_LIBRARY)
+#define MJ_API __attribute__((visibility("default")))
+#else
+#define MJ_API
+#endif
+
+#define MJ_VERSION_MAJOR 0
+#define MJ_VERSION_MINOR 1
+#define MJ_VERSION_PATCH 0
+#define MJ_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------------------------------
+ * Status and errors
+ * ------------------------------------------------------------------------------------- */
+typedef enum mj_status {
+    MJ_OK = 0,
+    MJ_ERR_INVALID_ARG,   /* a NULL pointer, a negative size, an argument out of range   */
+    MJ_ERR_CONFIG,        /* a model config that is missing fields or is impossible       */
+    MJ_ERR_UNSUPPORTED,   /* valid, but not something moejit does (e.g. a quantization)   */
+    MJ_ERR_PARSE,         /* a malformed file (JSON, .npy)                                */
+    MJ_ERR_IO,            /* a file could not be opened, read or written                  */
+    MJ_ERR_NONFINITE,     /* NaN or Inf where a finite number is required                 */
+    MJ_ERR_NOMEM,         /* an allocation failed                                         */
+    MJ_ERR_NO_DEVICE,     /* no GPU, or no driver                                         */
+    MJ_ERR_LIBRARY,       /* a shared library (libcuda, libnvrtc, libnccl) is missing     */
+    MJ_ERR_COMPILE,       /* NVRTC or the host compiler rejected generated source         */
+    MJ_ERR_CACHE_MISS,    /* strict mode: a kernel is not in the cache                    */
+    MJ_ERR_CUDA,          /* a CUDA driver call failed                                    */
+    MJ_ERR_INTERNAL,      /* a bug in moejit: please report it with mj_last_error()       */
+    MJ_STATUS_COUNT
+} mj_status;
+
+/* A short, constant description of a status ("invalid argument", ...). Never NULL. */
+MJ_API const char *mj_status_string(mj_status s);
+
+/* Detail of the last failure on this thread: what went wrong and what to do next.
+ * Empty string (never NULL) when nothing has failed. Valid until the next mj_ call
+ * on this thread fails. */
+MJ_API const char *mj_last_error(void);
+
+/* The library's version, "MAJOR.MINOR.PATCH"; *major etc. may be NULL. */
+MJ_API mj_status mj_version(int *major, int *minor, int *patch, const char **text);
+
+/* ---------------------------------------------------------------------------------------
+ * Model configuration
+ * ------------------------------------------------------------------------------------- */
+typedef enum mj_scoring { MJ_SCORING_SIGMOID = 0, MJ_SCORING_SOFTMAX = 1 } mj_scoring;
+typedef enum mj_activation { MJ_ACT_SILU = 0 } mj_activation;
+typedef enum mj_quant { MJ_QUANT_NONE = 0, MJ_QUANT_NVFP4 = 1 } mj_quant;
+
+/* Alignment the kernels need: hidden and (per rank) expert intermediate sizes must be
+ * multiples of this (one K-step of the FP4 MMA, m16n8k64, and four NVFP4 blocks). */
+#define MJ_DIM_ALIGN 64
+/* Elements per NVFP4 block scale. */
+#define MJ_NVFP4_GROUP 16
+
+typedef struct mj_moe_config {
+    int32_t hidden;            /* H: hidden size (6144 for GLM-5)                         */
+    int32_t intermediate;      /* I: one routed expert's intermediate size (2048)         */
+    int32_t n_experts;         /* E: routed experts (256)                                  */
+    int32_t topk;              /* k: experts per token (8)                                 */
+    int32_t n_shared;          /* shared experts, each of size I, always active (1)       */
+    int32_t n_group;           /* expert groups for group-limited routing (1 = off)       */
+    int32_t topk_group;        /* groups kept per token (1)                                */
+    mj_scoring scoring;        /* sigmoid (noaux_tc) or softmax                            */
+    float routed_scaling_factor; /* rsf: routed weights are multiplied by it (2.5)       */
+    int32_t norm_topk_prob;    /* 1: renormalize the chosen scores to sum 1 (then x rsf)  */
+    int32_t has_correction_bias; /* 1: e_score_correction_bias [E] is used for selection */
+    mj_activation activation;  /* silu (SwiGLU experts)                                    */
+    mj_quant quant;            /* NVFP4 for ModelOpt checkpoints                           */
+    int32_t quant_group_size;  /* 16 for NVFP4                                             */
+} mj_moe_config;
+
+/* Fill *cfg with GLM-5's MoE layer (equal to shared/data/glm5_moe_config.json, NVFP4). */
+MJ_API mj_status mj_moe_config_glm5(mj_moe_config *cfg);
+
+/* Read a Hugging Face config.json and, optionally, hf_quant_config.json (NULL: look for
+ * `quantization_config` inside config.json; none at all means MJ_QUANT_NONE). On any
+ * error *cfg is left untouched. */
+MJ_API mj_status mj_moe_config_read(const char *config_json_path, const char *quant_json_path,
+                                    mj_moe_config *cfg);
+
+/* Same from in-memory JSON text (quant_json may be NULL). `name` labels errors. */
+MJ_API mj_status mj_moe_config_parse(const char *config_json, const char *quant_json,
+                                     const char *name, mj_moe_config *cfg);
+
+/* Check that a config is possible and that the kernels can run it: sizes positive,
+ * top-k <= experts, experts divisible by n_group, topk_group <= n_group and leaving at
+ * least top-k experts, hidden and intermediate multiples of MJ_DIM_ALIGN, and (when
+ * require_nvfp4) an NVFP4 quantization with group size 16. */
+MJ_API mj_status mj_moe_config_validate(const mj_moe_config *cfg, int require_nvfp4);
+
+/* ---------------------------------------------------------------------------------------
+ * NVFP4 on the host (ModelOpt layout; see SPEC.md §1)
+ *   weight        uint8 [N, K/2]  two E2M1 codes a byte, element 2i in the low nibble
+ *   weight_scale  uint8 [N, K/16] E4M3 block scales, one per 16 consecutive K elements
+ *   weight_scale_2 float scalar   amax(W) / (6 * 448)
+ * ------------------------------------------------------------------------------------- */
+
+/* Quantize W [n, k] (k a multiple of 16). `name` labels errors (a NaN or Inf names the
+ * tensor and the index). Outputs are written only on success. */
+MJ_API mj_status mj_nvfp4_quantize(const float *w, int64_t n, int64_t k, const char *name,
+                                   uint8_t *weight, uint8_t *weight_scale,
+                                   float *weight_scale_2);
+
+/* W[n,k] = e2m1(code) * e4m3(weight_scale[n, k/16]) * weight_scale_2. */
+MJ_API mj_status mj_nvfp4_dequantize(const uint8_t *weight, const uint8_t *weight_scale,
+                                     float weight_scale_2, int64_t n, int64_t k, float *w);
+
+/* W4A4 activation quantization (as the sm_120 path does it): gs = 1/input_scale,
+ * SF = e4m3(gs * blockmax / 6), q = e2m1(x * gs / SF). x [rows, k] -> q [rows, k/2],
+ * sf [rows, k/16]. */
+MJ_API mj_status mj_nvfp4_quantize_act(const float *x, int64_t rows, int64_t k,
+                                       float input_scale, const char *name, uint8_t *q,
+                                       uint8_t *sf);
+
+/* Dequantize W4A4 activations back to floats: x = (e2m1(q) * e4m3(sf)) * input_scale. */
+MJ_API mj_status mj_nvfp4_dequantize_act(const uint8_t *q, const uint8_t *sf, int64_t rows,
+                                         int64_t k, float input_scale, float *x);
+
+/* ---------------------------------------------------------------------------------------
+ * Routing (noaux_tc and OEA), CPU reference
+ * ------------------------------------------------------------------------------------- */
+typedef struct mj_route_params {
+    int32_t n_experts;         /* E                                                         */
+    int32_t topk;              /* k                                                         */
+    int32_t k0;                /* OEA phase-1 size, 1..k; k0 == k is plain top-k            */
+    int32_t n_group;           /* 1 = no group limit                                        */
+    int32_t topk_group;        /* groups kept when n_group > 1                               */
+    mj_scoring scoring;
+    float routed_scaling_factor;
+    int32_t renormalize;       /* norm_topk_prob                                            */
+} mj_route_params;
+
+/* Routing parameters of a model, with k0 = k (plain top-k). */
+MJ_API mj_status mj_route_params_from_config(const mj_moe_config *cfg, mj_route_params *p);
+
+typedef struct mj_route_stats {
+    int32_t unique_before;     /* distinct experts of plain top-k over the valid tokens    */
+    int32_t unique_after;      /* distinct experts after OEA                                */
+    double mean_experts;       /* mean experts per valid token after OEA                    */
+    double retained_mass;      /* sum over tokens of chosen s / sum of top-k s (1 if k0=k) */
+    int64_t nan_logits;        /* NaN logits seen in the valid rows                         */
+} mj_route_stats;
+
+/* Route B tokens. logits [B, E] f32; bias [E] f32 or NULL (used for selection only).
+ * Rows at and past num_valid are padding: they get no experts and do not join S_base.
+ * Outputs: ids [B, k] i32 and weights [B, k] f32 in ranking order; n_sel [B] the number of
+ * experts each token got (k0..k; 0 for padding); slots past n_sel hold id -1, weight 0.
+ * NaN logits rank below every number (ties: the lower expert id first). stats may be NULL. */
+MJ_API mj_status mj_route_ref(const mj_route_params *p, const float *logits, const float *bias,
+                              int32_t B, int32_t num_valid, int32_t *ids, float *weights,
+                              int32_t *n_sel, mj_route_stats *stats);
+
+/* ---------------------------------------------------------------------------------------
+ * The MoE layer on the host: weights and the CPU reference forward (the oracle)
+ * ------------------------------------------------------------------------------------- */
+
+/* One NVFP4 linear layer, weight [n_out, k_in] in the original model. */
+typedef struct mj_nvfp4_linear {
+    int32_t n_out, k_in;
+    uint8_t *weight;           /* [n_out, k_in/2]                                           */
+    uint8_t *weight_scale;     /* [n_out, k_in/16] e4m3                                     */
+    float weight_scale_2;
+    float input_scale;         /* amax(x) / (6*448) of this layer's input (W4A4)            */
+} mj_nvfp4_linear;
+
+typedef enum mj_parallel { MJ_PAR_NONE = 0, MJ_PAR_TP = 1, MJ_PAR_EP = 2 } mj_parallel;
+
+/* An MoE layer's weights in host memory (owned by the handle). Under TP = n a rank holds
+ * rows [r*I/n, (r+1)*I/n) of every expert's gate and up projections and the same columns of
+ * down; under EP = n it holds experts [r*E/n, (r+1)*E/n) whole, and rank 0 the shared
+ * experts. Partial outputs of all ranks sum to the unsplit layer's output. */
+typedef struct mj_layer *mj_layer_t;
+
+/* A random layer of this config, reproducible from seed (weights quantized to NVFP4 and
+ * input scales calibrated on random tokens). For tests, benchmarks and `moejit demo`. */
+MJ_API mj_status mj_layer_create_random(const mj_moe_config *cfg, uint64_t seed,
+                                        mj_layer_t *out);
+
+/* The slice of `full` that rank `rank` of `n_ranks` holds (a new handle, own memory). */
+MJ_API mj_status mj_layer_shard(mj_layer_t full, mj_parallel kind, int32_t rank,
+                                int32_t n_ranks, mj_layer_t *out);
+
+MJ_API mj_status mj_layer_free(mj_layer_t layer);
+
+typedef enum mj_weight_mode {
+    MJ_MODE_W4A16 = 0,  /* dequantized weights, float activations                         */
+    MJ_MODE_W4A4 = 1    /* activations quantized to NVFP4 with input_scale (sm_120 path)  */
+} mj_weight_mode;
+
+/* The CPU reference forward of one MoE layer (or of one rank's part of it):
+ * hidden [B, H] bf16 -> router GEMM -> route (k0; 0 means k, plain top-k) -> experts ->
+ * combine (slot order, fp32) + shared expert (weight 1). GEMMs accumulate in fp64 over
+ * exact e2m1*e4m3 products and apply weight_scale_2 (W4A16) or input_scale*weight_scale_2
+ * (W4A4) to the sum.
+ * out [B, H] f32 receives this rank's partial output (the whole output when unsplit);
+ * padding rows (>= num_valid) are zero. stats may be NULL. */
+MJ_API mj_status mj_moe_forward_ref(mj_layer_t layer, mj_weight_mode mode,
+                                    const uint16_t *hidden, int32_t B, int32_t num_valid,
+                                    int32_t k0, float *out, mj_route_stats *stats);
+
+/* The router GEMM alone: logits [B, E] = hidden [B, H] bf16 x gate [E, H] bf16 (fp64
+ * accumulation, rounded to f32). */
+MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t B,
+                               float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOEJIT_H */

@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# driver.sh — every subcommand and flag of `moejit`, run in a temporary directory.
+# usage: driver.sh PATH/TO/moejit SOURCE_DIR
+# Each check prints nothing when it passes; a failure prints what was expected. The last
+# line is "N passed, N failed".
+set -u
+MJ=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+SRC=$(cd "$2" && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+cd "$T" || exit 1
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+
+# expect_rc WANT CMD...: the command's exit code is WANT; its stdout/stderr land in out/err.
+expect_rc() {
+    local want=$1
+    shift
+    "$@" >out 2>err
+    local rc=$?
+    if [ "$rc" = "$want" ]; then ok; else bad "rc $rc (want $want): $* :: $(head -c 400 err)"; fi
+}
+# expect_fail CMD...: non-zero exit, exactly one line on stderr, nothing on stdout.
+expect_fail() {
+    "$@" >out 2>err
+    local rc=$?
+    if [ "$rc" != 0 ] && [ "$(wc -l <err)" = 1 ] && [ ! -s out ]; then ok
+    else bad "want one-line failure: rc $rc, stderr $(wc -l <err) lines: $* :: $(head -c 400 err)"; fi
+}
+contains() { # contains FILE TEXT
+    if grep -qF -- "$2" "$1"; then ok; else bad "$1 lacks '$2': $(head -c 400 "$1")"; fi
+}
+# json_check EXPR: a Python expression over j (the JSON in out) that must be true.
+json_check() {
+    if python3 -c "import json,sys; j=json.load(open('out')); sys.exit(0 if ($1) else 1)"; then ok
+    else bad "json check failed: $1 :: $(head -c 600 out)"; fi
+}
+
+# mknpy FILE DESCR SHAPE PACKFMT VALUES...: write a .npy (v1) with perl.
+mknpy() {
+    local f=$1 descr=$2 shape=$3 fmt=$4
+    shift 4
+    perl -e '
+        my ($f, $descr, $shape, $fmt, @v) = @ARGV;
+        my $d = "{\x27descr\x27: \x27$descr\x27, \x27fortran_order\x27: False, \x27shape\x27: $shape, }";
+        my $pad = (64 - (10 + length($d) + 1) % 64) % 64;
+        my $h = $d . (" " x $pad) . "\n";
+        open(my $o, ">:raw", $f) or die;
+        print $o "\x93NUMPY\x01\x00" . pack("v", length($h)) . $h;
+        print $o pack("$fmt*", @v) if @v;
+        close $o;' "$f" "$descr" "$shape" "$fmt" "$@"
+}
+
+# ---- top level --------------------------------------------------------------------------
+expect_rc 0 "$MJ" --help;       contains out "usage: moejit"; contains out "route"; contains out "demo"
+expect_rc 0 "$MJ" -h;           contains out "nvfp4"
+expect_rc 0 "$MJ" --version;    contains out "moejit 0."
+expect_rc 0 "$MJ" -V;           contains out "moejit 0."
+expect_rc 2 "$MJ";              contains err "usage"
+expect_rc 2 "$MJ" frobnicate;   contains err "unknown command"
+for c in route nvfp4 demo; do
+    expect_rc 0 "$MJ" $c --help; contains out "usage: moejit $c"
+    expect_rc 0 "$MJ" $c -h;     contains out "usage: moejit $c"
+    expect_rc 0 "$MJ" $c --version; contains out "moejit 0."
+done
+
+# ---- route ---------------------------------------------------------------------------------
+# The hand-worked example of test_route_ref: 3 tokens x 8 experts.
+mknpy l.npy '<f4' '(3, 8)' 'f<' \
+    4 3 2 1 0 -1 -2 -3 \
+    3 4 -3 -2 -1 0 1 2 \
+    -3 -2 4 3 -1 0 1 2
+expect_rc 0 "$MJ" route --topk 4 l.npy
+json_check 'j["ids"] == [[0,1,2,3],[1,0,7,6],[2,3,7,6]] and j["experts_per_token"] == [4,4,4]'
+json_check 'j["k0"] == 4 and j["topk"] == 4 and j["experts"] == 8 and j["tokens"] == 3 and j["valid"] == 3'
+json_check 'abs(sum(j["weights"][0]) - 1.0) < 1e-6 and j["retained_mass"] == 1.0'
+json_check 'j["unique_experts_before"] == 6 and j["unique_experts_after"] == 6'
+# OEA k0=2: S_base = {0,1} u {1,0} u {2,3}; token 1 walks 7,6,5,4 (not in it), then 3, 2.
+expect_rc 0 "$MJ" route --topk 4 --k0 2 l.npy
+json_check 'j["ids"] == [[0,1,2,3],[1,0,3,2],[2,3,1,0]]'
+json_check 'j["experts_per_token"] == [4,4,4] and j["unique_experts_after"] == 4 and j["retained_mass"] < 1'
+expect_rc 0 "$MJ" route --topk 2 --rsf 2.5 l.npy
+json_check 'abs(sum(j["weights"][0]) - 2.5) < 1e-5'
+expect_rc 0 "$MJ" route --topk 2 --no-renorm l.npy
+json_check 'abs(j["weights"][0][0] - 1/(1+2.718281828459045**-4)) < 1e-6'
+expect_rc 0 "$MJ" route --topk 2 --scoring softmax --no-renorm l.npy
+json_check 'j["ids"][0] == [0,1] and 0.5 < j["weights"][0][0] < 0.7'
+expect_rc 0 "$MJ" route --topk 2 --n-group 4 --topk-group 1 l.npy
+json_check 'j["ids"][1] == [1,0] and j["ids"][2] == [2,3]'
+expect_rc 0 "$MJ" route --topk 2 --n-group 4 --topk-group 2 l.npy
+json_check 'j["ids"][0] == [0,1]'
+expect_rc 0 "$MJ" route --topk 4 --k0 2 --valid 1 l.npy
+json_check 'j["experts_per_token"] == [2,0,0] and j["ids"] == [[0,1],[],[]] and j["valid"] == 1'
+mknpy b.npy '<f4' '(8,)' 'f<' 0 0 0 0 0 0 0 5
+expect_rc 0 "$MJ" route --topk 1 --bias b.npy --no-renorm l.npy
+json_check 'j["ids"] == [[7],[7],[7]] and abs(j["weights"][0][0] - 1/(1+2.718281828459045**3)) < 1e-6'
+mknpy one.npy '<f4' '(8,)' 'f<' 0 1 2 3 4 5 6 7
+expect_rc 0 "$MJ" route --topk 3 one.npy
+json_check 'j["ids"] == [[7,6,5]]'
+# --config: GLM-5 wants 256 experts.
+expect_fail "$MJ" route --config "$SRC/../shared/data/glm5_moe_config.json" l.npy
+contains err "256"
+python3 - <<'EOF'
+import struct
+E = 256
+vals = [((i * 37) % 101) / 10.0 for i in range(2 * E)]
+d = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, %d), }" % E
+pad = (64 - (10 + len(d) + 1) % 64) % 64
+h = (d + " " * pad + "\n").encode()
+open("l256.npy", "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h + struct.pack("<%df" % len(vals), *vals))
+EOF
+expect_rc 0 "$MJ" route --config "$SRC/../shared/data/glm5_moe_config.json" l256.npy
+json_check 'j["topk"] == 8 and j["experts"] == 256 and abs(sum(j["weights"][0]) - 2.5) < 1e-5'
+expect_rc 0 "$MJ" route --config "$SRC/../shared/data/glm5_moe_config.json" --topk 4 --k0 2 l256.npy
+json_check 'j["topk"] == 4 and j["k0"] == 2'
+# Bad inputs and flags: one line on stderr, non-zero exit.
+expect_fail "$MJ" route missing.npy;                     contains err "missing.npy"
+mknpy i.npy '<i4' '(3, 8)' 'l<' 1 2 3 4 5 6 7 8 1 2 3 4 5 6 7 8 1 2 3 4 5 6 7 8
+expect_fail "$MJ" route i.npy;                           contains err "expected '<f4'"
+head -c 100 l.npy >trunc.npy
+expect_fail "$MJ" route trunc.npy;                       contains err "truncated"
+head -c 5 l.npy >short.npy
+expect_fail "$MJ" route short.npy
+echo "hello world, not numpy" >txt.npy
+expect_fail "$MJ" route txt.npy;                         contains err "bad magic"
+mknpy fo.npy '<f4' '(3, 8)' 'f<' ; perl -pi -e 's/False/True /' fo.npy
+expect_fail "$MJ" route fo.npy;                          contains err "Fortran"
+mknpy b3.npy '<f4' '(3,)' 'f<' 0 0 0
+expect_fail "$MJ" route --bias b3.npy l.npy;             contains err "bias must be [8]"
+mknpy l3.npy '<f4' '(2, 2, 2)' 'f<' 1 2 3 4 5 6 7 8
+expect_fail "$MJ" route l3.npy;                          contains err "[B, E]"
+expect_fail "$MJ" route --topk 9 l.npy
+expect_fail "$MJ" route --topk 4 --k0 5 l.npy
+expect_fail "$MJ" route --topk x l.npy;                  contains err "--topk"
+expect_fail "$MJ" route --rsf nan l.npy
+expect_fail "$MJ" route --scoring tanh l.npy;            contains err "sigmoid or softmax"
+expect_fail "$MJ" route --n-group 3 l.npy
+expect_fail "$MJ" route --valid 4 l.npy;                 contains err "--valid"
+expect_fail "$MJ" route --bogus l.npy
+expect_fail "$MJ" route
+expect_fail "$MJ" route --config nothere.json l.npy;     contains err "nothere.json"
+
+# ---- nvfp4 -------------------------------------------------------------------------------
+# 2 x 32: row 0 = 0..31 / 4, row 1 = -(0..31) / 8.
+mknpy m.npy '<f4' '(2, 32)' 'f<' $(perl -e 'print join(" ", (map { $_ / 4 } 0..31), (map { -$_ / 8 } 0..31))')
+expect_rc 0 "$MJ" nvfp4 quantize m.npy q
+for p in weight weight_scale weight_scale_2; do [ -f "q.$p.npy" ] && ok || bad "q.$p.npy missing"; done
+expect_rc 0 "$MJ" nvfp4 dequantize q d.npy
+python3 - <<'EOF' && ok || bad "nvfp4 round trip"
+import struct
+def load(f):
+    b = open(f, "rb").read()
+    hl = struct.unpack("<H", b[8:10])[0]
+    return b[10:10 + hl].decode(), b[10 + hl:]
+h, data = load("d.npy")
+assert "'<f4'" in h and "(2, 32)" in h, h
+x = struct.unpack("<64f", data)
+src = [i / 4 for i in range(32)] + [-i / 8 for i in range(32)]
+for a, b in zip(x, src):
+    blk = 31 / 4 if b >= 0 else 31 / 8
+    assert abs(a - b) <= 0.5 * blk / 6 * 2 + 1e-6, (a, b)
+h, data = load("q.weight.npy")
+assert "(2, 16)" in h and len(data) == 32, h
+h, data = load("q.weight_scale.npy")
+assert "(2, 2)" in h and len(data) == 4, h
+h, data = load("q.weight_scale_2.npy")
+assert "()" in h and abs(struct.unpack("<f", data)[0] - 7.75 / (6 * 448)) < 1e-9, h
+EOF
+# NaN in the input: error naming the index, nothing written.
+mknpy nan.npy '<f4' '(1, 16)' 'f<' 0 1 2 3 4 5 6 7 8 9 10 11 12 13 NaN 15
+rm -f qn.*
+expect_fail "$MJ" nvfp4 quantize nan.npy qn;             contains err "NaN"; contains err "14"
+[ -z "$(ls qn.* 2>/dev/null)" ] && ok || bad "files left after a failed quantize"
+mknpy k15.npy '<f4' '(1, 15)' 'f<' 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
+expect_fail "$MJ" nvfp4 quantize k15.npy qk;             contains err "multiple of 16"
+expect_fail "$MJ" nvfp4 quantize l3.npy qk
+expect_fail "$MJ" nvfp4 quantize missing.npy qk
+expect_fail "$MJ" nvfp4 dequantize nothere d2.npy;       contains err "nothere.weight.npy"
+cp q.weight.npy z.weight.npy; cp q.weight_scale_2.npy z.weight_scale_2.npy
+mknpy z.weight_scale.npy '|u1' '(2, 3)' 'C' 56 56 56 56 56 56
+expect_fail "$MJ" nvfp4 dequantize z d3.npy;             contains err "shapes do not match"
+[ ! -f d3.npy ] && ok || bad "d3.npy written after a failure"
+expect_fail "$MJ" nvfp4 squash m.npy q
+expect_fail "$MJ" nvfp4 quantize m.npy
+
+# ---- demo -------------------------------------------------------------------------------
+expect_rc 0 "$MJ" demo --hidden 128 --intermediate 128 --experts 32 --batch 8 --k0 2 --seed 3
+contains out "unique experts"; contains out "retained routing mass"; contains out "relative L2"
+expect_rc 0 "$MJ" demo --hidden 128 --intermediate 64 --experts 16 --topk 4 --batch 4 --mode w4a4
+contains out "W4A4"
+expect_fail "$MJ" demo --hidden 100;                     contains err "64"
+expect_fail "$MJ" demo --k0 9
+expect_fail "$MJ" demo --mode int8
+expect_fail "$MJ" demo extra
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,620 @@
+/* test_config.c — reading a model's MoE shape from Hugging Face JSON.
+ *
+ * The happy paths: GLM-5's config.json with the ModelOpt hf_quant_config.json (shared/data)
+ * gives exactly mj_moe_config_glm5; the newer layout with quantization_config inside
+ * config.json, a Qwen-style config (num_experts alias, softmax defaults) and a multimodal
+ * one (text_config) read as they should. The error paths: every malformed, missing,
+ * mistyped or impossible field fails with the right status, a message naming the field,
+ * and the output struct left byte-for-byte untouched.
+ */
+#include "internal.h"
+#include "test.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <string.h>
+
+#ifndef MJ_SOURCE_DIR
+#error "build with -DMJ_SOURCE_DIR=\"/path/to/repo\""
+#endif
+
+#define SHARED_DATA MJ_SOURCE_DIR "/../shared/data/"
+#define FIXTURES MJ_SOURCE_DIR "/tests/data/config/"
+
+#define NAME "inline.json"
+
+/* A GLM-5-like base for the inline cases (no quantization: MJ_QUANT_NONE). */
+static const char k_base[] =
+    "{\"hidden_size\": 6144, \"moe_intermediate_size\": 2048, \"n_routed_experts\": 256,"
+    " \"num_experts_per_tok\": 8, \"n_shared_experts\": 1, \"n_group\": 1, \"topk_group\": 1,"
+    " \"topk_method\": \"noaux_tc\", \"scoring_func\": \"sigmoid\","
+    " \"routed_scaling_factor\": 2.5, \"norm_topk_prob\": true, \"hidden_act\": \"silu\"}";
+
+static const char k_quant_nvfp4[] =
+    "{\"producer\": {\"name\": \"modelopt\"},"
+    " \"quantization\": {\"quant_algo\": \"NVFP4\", \"group_size\": 16}}";
+
+/* ---- helpers -------------------------------------------------------------------------- */
+
+/* k_base with `key` set to `val` (a JSON value stolen), or removed when val is NULL.
+ * Extra pairs may follow: (key2, val2), ..., NULL. Returns malloc'd text. */
+static char *with_fields(const char *key, json_t *val, ...) {
+    json_error_t err;
+    json_t *root = json_loads(k_base, 0, &err);
+    va_list ap;
+    va_start(ap, val);
+    while (key) {
+        if (val) json_object_set_new(root, key, val);
+        else json_object_del(root, key);
+        key = va_arg(ap, const char *);
+        if (key) val = va_arg(ap, json_t *);
+    }
+    va_end(ap);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return text;
+}
+
+static void fill_ab(mj_moe_config *c) { memset(c, 0xAB, sizeof *c); }
+
+static int is_untouched(const mj_moe_config *c) {
+    mj_moe_config ab;
+    fill_ab(&ab);
+    return memcmp(c, &ab, sizeof ab) == 0;
+}
+
+static int mentions(const char *needle) { return strstr(mj_last_error(), needle) != NULL; }
+
+/* Parse must fail with `want`, a message naming `needle` (and the file), *cfg untouched. */
+static void expect_parse_fail(const char *what, const char *cfg_json, const char *quant_json,
+                              mj_status want, const char *needle) {
+    mj_moe_config c;
+    fill_ab(&c);
+    mj_clear_error();
+    mj_status s = mj_moe_config_parse(cfg_json, quant_json, NAME, &c);
+    CHECK(s == want, "%s: got %s, want %s: %s", what, mj_status_string(s),
+          mj_status_string(want), mj_last_error());
+    CHECK(mentions(needle), "%s: error does not mention '%s': %s", what, needle,
+          mj_last_error());
+    CHECK(mentions(NAME), "%s: error does not name the file: %s", what, mj_last_error());
+    CHECK(is_untouched(&c), "%s: output struct was written on failure", what);
+}
+
+/* Same, the text built by with_fields (freed here). */
+static void expect_field_fail(const char *what, char *cfg_json, mj_status want,
+                              const char *needle) {
+    expect_parse_fail(what, cfg_json, NULL, want, needle);
+    free(cfg_json);
+}
+
+static void expect_read_fail(const char *what, const char *cfg_path, const char *quant_path,
+                             mj_status want, const char *needle) {
+    mj_moe_config c;
+    fill_ab(&c);
+    mj_clear_error();
+    mj_status s = mj_moe_config_read(cfg_path, quant_path, &c);
+    CHECK(s == want, "%s: got %s, want %s: %s", what, mj_status_string(s),
+          mj_status_string(want), mj_last_error());
+    CHECK(mentions(needle), "%s: error does not mention '%s': %s", what, needle,
+          mj_last_error());
+    CHECK(is_untouched(&c), "%s: output struct was written on failure", what);
+}
+
+static void expect_validate_fail(const char *what, const mj_moe_config *c, int require,
+                                 mj_status want, const char *needle) {
+    mj_clear_error();
+    mj_status s = mj_moe_config_validate(c, require);
+    CHECK(s == want, "%s: got %s, want %s: %s", what, mj_status_string(s),
+          mj_status_string(want), mj_last_error());
+    CHECK(mentions(needle), "%s: error does not mention '%s': %s", what, needle,
+          mj_last_error());
+}
+
+/* Every field compared, then the bytes (both structs were zeroed before filling). */
+static void check_same(const char *what, const mj_moe_config *a, const mj_moe_config *b) {
+    CHECK(a->hidden == b->hidden, "%s: hidden %d vs %d", what, a->hidden, b->hidden);
+    CHECK(a->intermediate == b->intermediate, "%s: intermediate %d vs %d", what,
+          a->intermediate, b->intermediate);
+    CHECK(a->n_experts == b->n_experts, "%s: n_experts %d vs %d", what, a->n_experts,
+          b->n_experts);
+    CHECK(a->topk == b->topk, "%s: topk %d vs %d", what, a->topk, b->topk);
+    CHECK(a->n_shared == b->n_shared, "%s: n_shared %d vs %d", what, a->n_shared, b->n_shared);
+    CHECK(a->n_group == b->n_group, "%s: n_group %d vs %d", what, a->n_group, b->n_group);
+    CHECK(a->topk_group == b->topk_group, "%s: topk_group %d vs %d", what, a->topk_group,
+          b->topk_group);
+    CHECK(a->scoring == b->scoring, "%s: scoring %d vs %d", what, a->scoring, b->scoring);
+    CHECK(a->routed_scaling_factor == b->routed_scaling_factor, "%s: rsf %g vs %g", what,
+          a->routed_scaling_factor, b->routed_scaling_factor);
+    CHECK(a->norm_topk_prob == b->norm_topk_prob, "%s: norm_topk_prob %d vs %d", what,
+          a->norm_topk_prob, b->norm_topk_prob);
+    CHECK(a->has_correction_bias == b->has_correction_bias, "%s: correction bias %d vs %d",
+          what, a->has_correction_bias, b->has_correction_bias);
+    CHECK(a->activation == b->activation, "%s: activation %d vs %d", what, a->activation,
+          b->activation);
+    CHECK(a->quant == b->quant, "%s: quant %d vs %d", what, a->quant, b->quant);
+    CHECK(a->quant_group_size == b->quant_group_size, "%s: group size %d vs %d", what,
+          a->quant_group_size, b->quant_group_size);
+    CHECK(memcmp(a, b, sizeof *a) == 0, "%s: bytes differ", what);
+}
+
+/* ---- happy paths ---------------------------------------------------------------------- */
+
+static void test_glm5(void) {
+    mj_moe_config want, got;
+    memset(&want, 0, sizeof want);
+    CHECK_OK(mj_moe_config_glm5(&want));
+    CHECK(want.hidden == 6144 && want.intermediate == 2048 && want.n_experts == 256 &&
+              want.topk == 8 && want.n_shared == 1 && want.routed_scaling_factor == 2.5f &&
+              want.quant == MJ_QUANT_NVFP4 && want.quant_group_size == 16,
+          "mj_moe_config_glm5 values");
+    CHECK_OK(mj_moe_config_validate(&want, 1));
+
+    /* shared/data: config.json + hf_quant_config.json (the struct starts zeroed on both
+     * sides; then 0xAB, to see every byte written). */
+    memset(&got, 0, sizeof got);
+    CHECK_OK(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json",
+                                SHARED_DATA "hf_quant_config.example.json", &got));
+    check_same("shared glm5 + hf_quant_config", &got, &want);
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json",
+                                SHARED_DATA "hf_quant_config.example.json", &got));
+    check_same("shared glm5 over 0xAB", &got, &want);
+
+    /* Without a quantization file: the same layer, unquantized. */
+    mj_moe_config none = want;
+    none.quant = MJ_QUANT_NONE;
+    none.quant_group_size = 0;
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json", NULL, &got));
+    check_same("shared glm5, no quant file", &got, &none);
+
+    /* quantization_config inside config.json, flat (quant_method modelopt) and nested. */
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_read(FIXTURES "glm5_inline_quant.json", NULL, &got));
+    check_same("inline quantization_config", &got, &want);
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_read(FIXTURES "glm5_nested_quant.json", NULL, &got));
+    check_same("nested quantization_config.quantization", &got, &want);
+
+    /* An explicit quantization file wins over what config.json says. */
+    fill_ab(&got);
+    CHECK_STATUS(mj_moe_config_read(FIXTURES "glm5_inline_quant.json",
+                                    FIXTURES "hf_quant_fp8.json", &got),
+                 MJ_ERR_UNSUPPORTED);
+    CHECK(is_untouched(&got), "quant file FP8 over inline NVFP4: struct written");
+
+    /* Inline text: the same as the files. */
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_parse(k_base, k_quant_nvfp4, NAME, &got));
+    check_same("inline base + NVFP4", &got, &want);
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_parse(k_base, k_quant_nvfp4, NULL, &got)); /* name NULL is fine */
+    check_same("inline base, name NULL", &got, &want);
+}
+
+static void test_other_models(void) {
+    mj_moe_config c, want;
+
+    /* Qwen3-MoE: num_experts, no scoring_func (softmax), no shared experts, no groups. */
+    memset(&want, 0, sizeof want);
+    want.hidden = 2048;
+    want.intermediate = 768;
+    want.n_experts = 128;
+    want.topk = 8;
+    want.n_shared = 0;
+    want.n_group = 1;
+    want.topk_group = 1;
+    want.scoring = MJ_SCORING_SOFTMAX;
+    want.routed_scaling_factor = 1.0f;
+    want.norm_topk_prob = 1;
+    want.has_correction_bias = 0;
+    want.activation = MJ_ACT_SILU;
+    want.quant = MJ_QUANT_NONE;
+    want.quant_group_size = 0;
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FIXTURES "qwen3_moe.json", NULL, &c));
+    check_same("qwen3_moe", &c, &want);
+    CHECK_STATUS(mj_moe_config_validate(&c, 1), MJ_ERR_UNSUPPORTED);
+    CHECK(mentions("NVFP4"), "require_nvfp4 message: %s", mj_last_error());
+
+    /* Multimodal: the MoE fields under text_config, quantization_config at the top with
+     * no group_size (default 16). */
+    memset(&want, 0, sizeof want);
+    want.hidden = 4096;
+    want.intermediate = 1536;
+    want.n_experts = 64;
+    want.topk = 6;
+    want.n_shared = 2;
+    want.n_group = 8;
+    want.topk_group = 3;
+    want.scoring = MJ_SCORING_SIGMOID;
+    want.routed_scaling_factor = 1.5f;
+    want.norm_topk_prob = 0;
+    want.has_correction_bias = 1;
+    want.activation = MJ_ACT_SILU;
+    want.quant = MJ_QUANT_NVFP4;
+    want.quant_group_size = 16;
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FIXTURES "text_config_nvfp4.json", NULL, &c));
+    check_same("text_config", &c, &want);
+}
+
+static void test_defaults_and_aliases(void) {
+    mj_moe_config c;
+    const char *minimal = "{\"hidden_size\": 512, \"moe_intermediate_size\": 256,"
+                          " \"n_routed_experts\": 16, \"num_experts_per_tok\": 2}";
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(minimal, NULL, NAME, &c));
+    CHECK(c.hidden == 512 && c.intermediate == 256 && c.n_experts == 16 && c.topk == 2,
+          "minimal sizes");
+    CHECK(c.n_shared == 0 && c.n_group == 1 && c.topk_group == 1, "minimal: group defaults");
+    CHECK(c.scoring == MJ_SCORING_SOFTMAX && c.routed_scaling_factor == 1.0f &&
+              c.norm_topk_prob == 0 && c.has_correction_bias == 0 &&
+              c.activation == MJ_ACT_SILU,
+          "minimal: routing defaults");
+    CHECK(c.quant == MJ_QUANT_NONE && c.quant_group_size == 0, "minimal: no quantization");
+
+    char *t;
+    /* null n_group/topk_group mean 1; so does null n_shared_experts mean 0. */
+    t = with_fields("n_group", json_null(), "topk_group", json_null(), "n_shared_experts",
+                    json_null(), NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.n_group == 1 && c.topk_group == 1 && c.n_shared == 0, "nulls -> defaults");
+    free(t);
+
+    /* num_experts alias; n_routed_experts wins when both are present. */
+    t = with_fields("n_routed_experts", NULL, "num_experts", json_integer(64), NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.n_experts == 64, "num_experts alias: %d", c.n_experts);
+    free(t);
+    t = with_fields("num_experts", json_integer(64), NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.n_experts == 256, "n_routed_experts over num_experts: %d", c.n_experts);
+    free(t);
+
+    /* routed_scaling_factor as an integer. */
+    t = with_fields("routed_scaling_factor", json_integer(2), NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.routed_scaling_factor == 2.0f, "integer rsf: %g", c.routed_scaling_factor);
+    free(t);
+
+    /* topk_method: only noaux_tc means a correction bias. */
+    const char *methods[] = {"greedy", "group_limited_greedy", "something_else"};
+    for (int i = 0; i < 3; i++) {
+        t = with_fields("topk_method", json_string(methods[i]), NULL);
+        fill_ab(&c);
+        CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+        CHECK(c.has_correction_bias == 0, "topk_method %s: bias %d", methods[i],
+              c.has_correction_bias);
+        free(t);
+    }
+    t = with_fields("topk_method", NULL, NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.has_correction_bias == 0, "no topk_method: bias %d", c.has_correction_bias);
+    free(t);
+
+    /* softmax, norm_topk_prob false, n_shared_experts 0. */
+    t = with_fields("scoring_func", json_string("softmax"), "norm_topk_prob", json_false(),
+                    "n_shared_experts", json_integer(0), NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.scoring == MJ_SCORING_SOFTMAX && c.norm_topk_prob == 0 && c.n_shared == 0,
+          "softmax / false / 0");
+    free(t);
+
+    /* Quantization spellings: lower-case algo, flat hf_quant file, inline default group. */
+    const char *quants[] = {
+        "{\"quantization\": {\"quant_algo\": \"nvfp4\", \"group_size\": 16}}",
+        "{\"quant_algo\": \"NVFP4\", \"group_size\": 16}",
+        "{\"quantization\": {\"quant_algo\": \"NVFP4\"}}",
+    };
+    for (int i = 0; i < 3; i++) {
+        fill_ab(&c);
+        CHECK_OK(mj_moe_config_parse(k_base, quants[i], NAME, &c));
+        CHECK(c.quant == MJ_QUANT_NVFP4 && c.quant_group_size == 16, "quant spelling %d", i);
+    }
+    t = with_fields("quantization_config",
+                    json_pack("{s:s, s:s}", "quant_method", "modelopt", "quant_algo", "NVFP4"),
+                    NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.quant == MJ_QUANT_NVFP4 && c.quant_group_size == 16, "inline default group");
+    free(t);
+    t = with_fields("quantization_config", json_null(), NULL);
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+    CHECK(c.quant == MJ_QUANT_NONE && c.quant_group_size == 0, "quantization_config null");
+    free(t);
+}
+
+/* ---- error paths ---------------------------------------------------------------------- */
+
+static void test_malformed(void) {
+    expect_parse_fail("truncated", "{\"hidden_size\": 6144, \"moe_inter", NULL, MJ_ERR_PARSE,
+                      "line 1");
+    expect_parse_fail("trailing comma", "{\n  \"hidden_size\": 6144,\n}\n", NULL, MJ_ERR_PARSE,
+                      "line 3");
+    expect_parse_fail("trailing comma: column", "{\"hidden_size\": 6144,}", NULL, MJ_ERR_PARSE,
+                      "column");
+    expect_parse_fail("empty", "", NULL, MJ_ERR_PARSE, "malformed JSON");
+    expect_parse_fail("top-level array", "[1, 2]", NULL, MJ_ERR_CONFIG, "object");
+    expect_parse_fail("quant file malformed", k_base, "{\"quantization\": {", MJ_ERR_PARSE,
+                      "quantization JSON");
+    expect_parse_fail("quant file not an object", k_base, "[\"NVFP4\"]", MJ_ERR_CONFIG,
+                      "object");
+    expect_read_fail("truncated file", FIXTURES "truncated.json", NULL, MJ_ERR_PARSE,
+                     "truncated.json");
+    expect_read_fail("truncated file: line", FIXTURES "truncated.json", NULL, MJ_ERR_PARSE,
+                     "line 5");
+}
+
+static void test_missing(void) {
+    const char *required[] = {"hidden_size", "moe_intermediate_size", "n_routed_experts",
+                              "num_experts_per_tok"};
+    char what[128], needle[128];
+    for (int i = 0; i < 4; i++) {
+        snprintf(what, sizeof what, "missing %s", required[i]);
+        snprintf(needle, sizeof needle, "missing field '%s'", required[i]);
+        expect_field_fail(what, with_fields(required[i], NULL, NULL), MJ_ERR_CONFIG, needle);
+    }
+    /* A null required field is a type error, not a default. */
+    expect_field_fail("null hidden_size", with_fields("hidden_size", json_null(), NULL),
+                      MJ_ERR_CONFIG, "'hidden_size'");
+    /* text_config present but without the fields: still "missing". */
+    expect_parse_fail("empty text_config", "{\"text_config\": {}}", NULL, MJ_ERR_CONFIG,
+                      "missing field 'hidden_size'");
+}
+
+static void test_mistyped(void) {
+    const char *ints[] = {"hidden_size",      "moe_intermediate_size", "n_routed_experts",
+                          "num_experts_per_tok", "n_shared_experts",    "n_group",
+                          "topk_group"};
+    char what[160], needle[128];
+    for (int i = 0; i < 7; i++) {
+        const char *k = ints[i];
+        json_t *bad[] = {json_string("6144"), json_real(6144.5),     json_true(),
+                         json_integer(-1),    json_integer(2147483648LL), json_pack("[i]", 8),
+                         json_object()};
+        const char *kinds[] = {"string", "float", "bool", "negative", "> int32", "array",
+                               "object"};
+        snprintf(needle, sizeof needle, "'%s'", k);
+        for (int j = 0; j < 7; j++) {
+            snprintf(what, sizeof what, "%s as %s", k, kinds[j]);
+            expect_field_fail(what, with_fields(k, bad[j], NULL), MJ_ERR_CONFIG, needle);
+        }
+        /* Zero: fine for n_shared_experts, not for the others. */
+        char *t = with_fields(k, json_integer(0), NULL);
+        if (strcmp(k, "n_shared_experts") == 0) {
+            mj_moe_config c;
+            CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+            free(t);
+        } else {
+            snprintf(what, sizeof what, "%s zero", k);
+            expect_field_fail(what, t, MJ_ERR_CONFIG, needle);
+        }
+    }
+    /* The message says what was expected and what was found. */
+    expect_field_fail("message wording", with_fields("hidden_size", json_real(6144.5), NULL),
+                      MJ_ERR_CONFIG,
+                      "field 'hidden_size' must be a positive integer, got 6144.5");
+    expect_field_fail("int32 wording", with_fields("hidden_size", json_integer(2147483648LL),
+                                                   NULL),
+                      MJ_ERR_CONFIG, "32-bit");
+    expect_field_fail("num_experts as string",
+                      with_fields("n_routed_experts", NULL, "num_experts", json_string("64"),
+                                  NULL),
+                      MJ_ERR_CONFIG, "'num_experts'");
+
+    /* routed_scaling_factor: a positive finite number. */
+    json_t *bad_rsf[] = {json_string("2.5"), json_integer(0), json_real(-1.0), json_real(1e300),
+                         json_true()};
+    for (int j = 0; j < 5; j++)
+        expect_field_fail("bad routed_scaling_factor",
+                          with_fields("routed_scaling_factor", bad_rsf[j], NULL), MJ_ERR_CONFIG,
+                          "'routed_scaling_factor'");
+    /* Booleans and strings. */
+    expect_field_fail("norm_topk_prob string",
+                      with_fields("norm_topk_prob", json_string("true"), NULL), MJ_ERR_CONFIG,
+                      "'norm_topk_prob'");
+    expect_field_fail("norm_topk_prob int",
+                      with_fields("norm_topk_prob", json_integer(1), NULL), MJ_ERR_CONFIG,
+                      "'norm_topk_prob'");
+    expect_field_fail("scoring_func int", with_fields("scoring_func", json_integer(1), NULL),
+                      MJ_ERR_CONFIG, "'scoring_func'");
+    expect_field_fail("topk_method int", with_fields("topk_method", json_integer(1), NULL),
+                      MJ_ERR_CONFIG, "'topk_method'");
+    expect_field_fail("hidden_act array", with_fields("hidden_act", json_pack("[s]", "silu"),
+                                                      NULL),
+                      MJ_ERR_CONFIG, "'hidden_act'");
+    /* Unsupported values, named. */
+    expect_field_fail("scoring tanh", with_fields("scoring_func", json_string("tanh"), NULL),
+                      MJ_ERR_UNSUPPORTED, "scoring_func 'tanh'");
+    expect_field_fail("hidden_act gelu", with_fields("hidden_act", json_string("gelu"), NULL),
+                      MJ_ERR_UNSUPPORTED, "hidden_act 'gelu'");
+}
+
+static void test_impossible(void) {
+    expect_field_fail("topk > experts",
+                      with_fields("n_routed_experts", json_integer(8), "num_experts_per_tok",
+                                  json_integer(9), NULL),
+                      MJ_ERR_CONFIG, "num_experts_per_tok 9 exceeds n_routed_experts 8");
+    expect_field_fail("experts % n_group", with_fields("n_group", json_integer(3), NULL),
+                      MJ_ERR_CONFIG, "not divisible by n_group 3");
+    expect_field_fail("topk_group > n_group",
+                      with_fields("n_group", json_integer(8), "topk_group", json_integer(9),
+                                  NULL),
+                      MJ_ERR_CONFIG, "topk_group 9");
+    expect_field_fail("topk_group leaves too few",
+                      with_fields("n_group", json_integer(8), "topk_group", json_integer(1),
+                                  "num_experts_per_tok", json_integer(40), NULL),
+                      MJ_ERR_CONFIG, "topk_group 1");
+    expect_field_fail("hidden 100", with_fields("hidden_size", json_integer(100), NULL),
+                      MJ_ERR_CONFIG, "hidden_size 100 is not a multiple of 64");
+    expect_field_fail("intermediate 1000",
+                      with_fields("moe_intermediate_size", json_integer(1000), NULL),
+                      MJ_ERR_CONFIG, "moe_intermediate_size 1000 is not a multiple of 64");
+}
+
+static void test_quant_errors(void) {
+    /* Files. */
+    expect_read_fail("hf_quant FP8", SHARED_DATA "glm5_moe_config.json",
+                     FIXTURES "hf_quant_fp8.json", MJ_ERR_UNSUPPORTED, "quant_algo");
+    expect_read_fail("hf_quant FP8 names it", SHARED_DATA "glm5_moe_config.json",
+                     FIXTURES "hf_quant_fp8.json", MJ_ERR_UNSUPPORTED,
+                     "quantization 'FP8' (field 'quantization.quant_algo') is not supported: "
+                     "moejit runs NVFP4 (ModelOpt) checkpoints");
+    expect_read_fail("hf_quant FP8 names the file", SHARED_DATA "glm5_moe_config.json",
+                     FIXTURES "hf_quant_fp8.json", MJ_ERR_UNSUPPORTED, "hf_quant_fp8.json");
+    expect_read_fail("NVFP4 group 32", SHARED_DATA "glm5_moe_config.json",
+                     FIXTURES "hf_quant_group32.json", MJ_ERR_UNSUPPORTED, "group_size 32");
+    expect_read_fail("NVFP4 group 32 names the file", SHARED_DATA "glm5_moe_config.json",
+                     FIXTURES "hf_quant_group32.json", MJ_ERR_UNSUPPORTED,
+                     "hf_quant_group32.json");
+    expect_read_fail("DeepSeek fp8 quant_method", FIXTURES "deepseek_fp8.json", NULL,
+                     MJ_ERR_UNSUPPORTED, "quantization 'fp8' (field 'quantization_config.");
+
+    /* Inline quant JSON. */
+    expect_parse_fail("quant FP8 inline", k_base,
+                      "{\"quantization\": {\"quant_algo\": \"FP8\"}}", MJ_ERR_UNSUPPORTED,
+                      "quant_algo");
+    expect_parse_fail("quant group 32 inline", k_base,
+                      "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"group_size\": 32}}",
+                      MJ_ERR_UNSUPPORTED, "group_size");
+    expect_parse_fail("quant group string", k_base,
+                      "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"group_size\": \"16\"}}",
+                      MJ_ERR_CONFIG, "'quantization.group_size'");
+    expect_parse_fail("quant group 0", k_base,
+                      "{\"quantization\": {\"quant_algo\": \"NVFP4\", \"group_size\": 0}}",
+                      MJ_ERR_CONFIG, "'quantization.group_size'");
+    expect_parse_fail("quant algo missing", k_base, "{\"quantization\": {\"group_size\": 16}}",
+                      MJ_ERR_CONFIG, "missing field 'quantization.quant_algo'");
+    expect_parse_fail("quant algo int", k_base, "{\"quantization\": {\"quant_algo\": 4}}",
+                      MJ_ERR_CONFIG, "'quantization.quant_algo'");
+    expect_parse_fail("quantization missing", k_base, "{\"producer\": {}}", MJ_ERR_CONFIG,
+                      "missing field 'quantization'");
+    expect_parse_fail("quantization not an object", k_base, "{\"quantization\": \"NVFP4\"}",
+                      MJ_ERR_CONFIG, "'quantization'");
+
+    /* quantization_config inside config.json. */
+    expect_field_fail("quantization_config FP8",
+                      with_fields("quantization_config",
+                                  json_pack("{s:s, s:s}", "quant_method", "modelopt",
+                                            "quant_algo", "FP8"),
+                                  NULL),
+                      MJ_ERR_UNSUPPORTED, "quantization_config.quant_algo");
+    expect_field_fail("quantization_config nested group 32",
+                      with_fields("quantization_config",
+                                  json_pack("{s:{s:s, s:i}}", "quantization", "quant_algo",
+                                            "NVFP4", "group_size", 32),
+                                  NULL),
+                      MJ_ERR_UNSUPPORTED, "group_size 32");
+    expect_field_fail("quantization_config bitsandbytes",
+                      with_fields("quantization_config",
+                                  json_pack("{s:s}", "quant_method", "bitsandbytes"), NULL),
+                      MJ_ERR_UNSUPPORTED, "'bitsandbytes'");
+    expect_field_fail("quantization_config modelopt without algo",
+                      with_fields("quantization_config",
+                                  json_pack("{s:s}", "quant_method", "modelopt"), NULL),
+                      MJ_ERR_CONFIG, "quantization_config.quant_algo");
+    expect_field_fail("quantization_config empty",
+                      with_fields("quantization_config", json_object(), NULL), MJ_ERR_CONFIG,
+                      "quantization_config.quant_algo");
+    expect_field_fail("quantization_config string",
+                      with_fields("quantization_config", json_string("nvfp4"), NULL),
+                      MJ_ERR_CONFIG, "'quantization_config'");
+}
+
+static void test_io(void) {
+    expect_read_fail("missing config", FIXTURES "no_such_config.json", NULL, MJ_ERR_IO,
+                     "no_such_config.json");
+    expect_read_fail("missing config: strerror", FIXTURES "no_such_config.json", NULL,
+                     MJ_ERR_IO, "No such file");
+    expect_read_fail("missing quant file", SHARED_DATA "glm5_moe_config.json",
+                     FIXTURES "no_such_quant.json", MJ_ERR_IO, "no_such_quant.json");
+    expect_read_fail("directory", FIXTURES, NULL, MJ_ERR_IO, "tests/data/config");
+}
+
+static void test_validate(void) {
+    mj_moe_config g, c;
+    memset(&g, 0, sizeof g);
+    CHECK_OK(mj_moe_config_glm5(&g));
+    CHECK_OK(mj_moe_config_validate(&g, 0));
+    CHECK_OK(mj_moe_config_validate(&g, 1));
+
+    c = g;
+    c.quant = MJ_QUANT_NONE;
+    c.quant_group_size = 0;
+    CHECK_OK(mj_moe_config_validate(&c, 0));
+    expect_validate_fail("require_nvfp4 on NONE", &c, 1, MJ_ERR_UNSUPPORTED,
+                         "this path needs an NVFP4 checkpoint");
+
+#define BAD(field, value, status, needle)                                                   \
+    do {                                                                                    \
+        c = g;                                                                              \
+        c.field = (value);                                                                  \
+        expect_validate_fail(#field " = " #value, &c, 0, (status), (needle));              \
+    } while (0)
+    BAD(hidden, 0, MJ_ERR_CONFIG, "hidden_size 0");
+    BAD(hidden, -64, MJ_ERR_CONFIG, "hidden_size");
+    BAD(intermediate, 0, MJ_ERR_CONFIG, "moe_intermediate_size");
+    BAD(n_experts, 0, MJ_ERR_CONFIG, "n_routed_experts");
+    BAD(topk, 0, MJ_ERR_CONFIG, "num_experts_per_tok");
+    BAD(topk, 257, MJ_ERR_CONFIG, "num_experts_per_tok 257 exceeds n_routed_experts 256");
+    BAD(n_shared, -1, MJ_ERR_CONFIG, "n_shared_experts");
+    BAD(n_group, 0, MJ_ERR_CONFIG, "n_group");
+    BAD(n_group, 3, MJ_ERR_CONFIG, "not divisible by n_group 3");
+    BAD(topk_group, 0, MJ_ERR_CONFIG, "topk_group 0");
+    BAD(topk_group, 2, MJ_ERR_CONFIG, "topk_group 2");
+    BAD(routed_scaling_factor, 0.0f, MJ_ERR_CONFIG, "routed_scaling_factor");
+    BAD(routed_scaling_factor, -2.5f, MJ_ERR_CONFIG, "routed_scaling_factor");
+    BAD(routed_scaling_factor, NAN, MJ_ERR_CONFIG, "routed_scaling_factor");
+    BAD(routed_scaling_factor, INFINITY, MJ_ERR_CONFIG, "routed_scaling_factor");
+    BAD(hidden, 6144 + 32, MJ_ERR_CONFIG, "hidden_size 6176 is not a multiple of 64");
+    BAD(intermediate, 2048 + 16, MJ_ERR_CONFIG, "moe_intermediate_size 2064");
+    BAD(scoring, (mj_scoring)7, MJ_ERR_CONFIG, "scoring");
+    BAD(activation, (mj_activation)3, MJ_ERR_CONFIG, "activation");
+    BAD(quant, (mj_quant)5, MJ_ERR_CONFIG, "quant");
+    BAD(norm_topk_prob, 2, MJ_ERR_CONFIG, "norm_topk_prob");
+    BAD(has_correction_bias, -1, MJ_ERR_CONFIG, "has_correction_bias");
+    BAD(quant_group_size, 32, MJ_ERR_UNSUPPORTED, "group_size 32");
+#undef BAD
+    /* Groups: 256 experts in 8 groups of 32, keep 4 -> 128 reachable (DeepSeek-V3). */
+    c = g;
+    c.n_group = 8;
+    c.topk_group = 4;
+    CHECK_OK(mj_moe_config_validate(&c, 1));
+    c.topk_group = 1;
+    c.topk = 33;
+    expect_validate_fail("1 group of 32 < topk 33", &c, 0, MJ_ERR_CONFIG, "leaves 32 experts");
+}
+
+static void test_null_args(void) {
+    mj_moe_config c;
+    CHECK_STATUS(mj_moe_config_glm5(NULL), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_moe_config_validate(NULL, 0), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_moe_config_parse(NULL, NULL, NAME, &c), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_moe_config_parse(k_base, NULL, NAME, NULL), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_moe_config_read(NULL, NULL, &c), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json", NULL, NULL),
+                 MJ_ERR_INVALID_ARG);
+}
+
+int main(void) {
+    test_glm5();
+    test_other_models();
+    test_defaults_and_aliases();
+    test_malformed();
+    test_missing();
+    test_mistyped();
+    test_impossible();
+    test_quant_errors();
+    test_io();
+    test_validate();
+    test_null_args();
+    return test_finish();
+}

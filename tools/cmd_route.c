@@ -1,0 +1,178 @@
+/* cmd_route.c — `moejit route`: noaux_tc / OEA routing of logits from a .npy file. */
+#include "tools.h"
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_help[] =
+    "usage: moejit route [options] LOGITS.npy\n"
+    "\n"
+    "Route tokens with the noaux_tc router (DeepSeek-V3 / GLM-5) and OEA. LOGITS.npy is\n"
+    "float32 [B, E] (or [E] for one token), C order. Prints JSON on stdout: for each token\n"
+    "the chosen expert ids and weights (in ranking order, only the chosen ones), the number of\n"
+    "experts it got, and for the batch the unique experts before/after OEA, the mean experts\n"
+    "per token, the retained routing mass and the count of NaN logits.\n"
+    "\n"
+    "options:\n"
+    "  --bias FILE          e_score_correction_bias, float32 [E] (selection only)\n"
+    "  --config FILE        a model's config.json: top-k, scaling factor, renorm, scoring and\n"
+    "                       groups come from it (flags below override)\n"
+    "  --topk K             experts per token (default 8, or the model's)\n"
+    "  --k0 K0              OEA phase-1 experts, 1..K (default K: plain top-k)\n"
+    "  --rsf X              routed scaling factor (default 1.0, or the model's)\n"
+    "  --no-renorm          do not renormalize the chosen weights to sum 1\n"
+    "  --scoring S          sigmoid (default) or softmax\n"
+    "  --n-group G          expert groups for group-limited routing (default 1)\n"
+    "  --topk-group G       groups kept per token (default 1)\n"
+    "  --valid N            only the first N rows are real tokens; the rest are padding that\n"
+    "                       gets no experts and does not join OEA's shared set (default B)\n"
+    "  -h, --help           this text\n"
+    "  -V, --version        print the version\n";
+
+enum { OPT_BIAS = 256, OPT_CONFIG, OPT_TOPK, OPT_K0, OPT_RSF, OPT_NORENORM, OPT_SCORING,
+       OPT_NGROUP, OPT_TOPKGROUP, OPT_VALID };
+
+static json_t *route_json(const mj_route_params *p, int B, int V, const int32_t *ids,
+                          const float *w, const int32_t *nsel, const mj_route_stats *st) {
+    json_t *root = json_object(), *jids = json_array(), *jw = json_array(), *jn = json_array();
+    for (int b = 0; b < B; b++) {
+        json_t *ri = json_array(), *rw = json_array();
+        for (int j = 0; j < nsel[b]; j++) {
+            json_array_append_new(ri, json_integer(ids[(size_t)b * p->topk + j]));
+            json_array_append_new(rw, json_real(w[(size_t)b * p->topk + j]));
+        }
+        json_array_append_new(jids, ri);
+        json_array_append_new(jw, rw);
+        json_array_append_new(jn, json_integer(nsel[b]));
+    }
+    json_object_set_new(root, "tokens", json_integer(B));
+    json_object_set_new(root, "valid", json_integer(V));
+    json_object_set_new(root, "experts", json_integer(p->n_experts));
+    json_object_set_new(root, "topk", json_integer(p->topk));
+    json_object_set_new(root, "k0", json_integer(p->k0));
+    json_object_set_new(root, "ids", jids);
+    json_object_set_new(root, "weights", jw);
+    json_object_set_new(root, "experts_per_token", jn);
+    json_object_set_new(root, "unique_experts_before", json_integer(st->unique_before));
+    json_object_set_new(root, "unique_experts_after", json_integer(st->unique_after));
+    json_object_set_new(root, "mean_experts_per_token", json_real(st->mean_experts));
+    json_object_set_new(root, "retained_mass", json_real(st->retained_mass));
+    json_object_set_new(root, "nan_logits", json_integer(st->nan_logits));
+    return root;
+}
+
+int cmd_route(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"bias", required_argument, 0, OPT_BIAS},      {"config", required_argument, 0, OPT_CONFIG},
+        {"topk", required_argument, 0, OPT_TOPK},      {"k0", required_argument, 0, OPT_K0},
+        {"rsf", required_argument, 0, OPT_RSF},        {"no-renorm", no_argument, 0, OPT_NORENORM},
+        {"scoring", required_argument, 0, OPT_SCORING}, {"n-group", required_argument, 0, OPT_NGROUP},
+        {"topk-group", required_argument, 0, OPT_TOPKGROUP}, {"valid", required_argument, 0, OPT_VALID},
+        {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0}};
+    const char *bias_path = NULL, *config_path = NULL;
+    int topk = -1, k0 = -1, no_renorm = 0, n_group = -1, topk_group = -1, valid = -1;
+    int scoring = -1;
+    float rsf = 0.0f;
+    int have_rsf = 0, c;
+    optind = 1;
+    opterr = 0; /* we report bad options ourselves, in one line */
+    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_BIAS: bias_path = optarg; break;
+        case OPT_CONFIG: config_path = optarg; break;
+        case OPT_TOPK: if (tool_parse_int("route", "--topk", optarg, 1, 1 << 20, &topk)) return 2; break;
+        case OPT_K0: if (tool_parse_int("route", "--k0", optarg, 1, 1 << 20, &k0)) return 2; break;
+        case OPT_RSF: if (tool_parse_float("route", "--rsf", optarg, &rsf)) return 2; have_rsf = 1; break;
+        case OPT_NORENORM: no_renorm = 1; break;
+        case OPT_SCORING:
+            if (!strcmp(optarg, "sigmoid")) scoring = MJ_SCORING_SIGMOID;
+            else if (!strcmp(optarg, "softmax")) scoring = MJ_SCORING_SOFTMAX;
+            else return tool_usage("route", "--scoring wants sigmoid or softmax, got '%s'", optarg);
+            break;
+        case OPT_NGROUP: if (tool_parse_int("route", "--n-group", optarg, 1, 1 << 20, &n_group)) return 2; break;
+        case OPT_TOPKGROUP: if (tool_parse_int("route", "--topk-group", optarg, 1, 1 << 20, &topk_group)) return 2; break;
+        case OPT_VALID: if (tool_parse_int("route", "--valid", optarg, 0, 1 << 30, &valid)) return 2; break;
+        case 'h': fputs(k_help, stdout); return 0;
+        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
+        default: return tool_usage("route", "unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind + 1 != argc) return tool_usage("route", "expected one LOGITS.npy file");
+
+    mj_route_params p = {.n_experts = 0, .topk = 8, .k0 = 0, .n_group = 1, .topk_group = 1,
+                         .scoring = MJ_SCORING_SIGMOID, .routed_scaling_factor = 1.0f, .renormalize = 1};
+    mj_moe_config cfg;
+    if (config_path) {
+        mj_status s = mj_moe_config_read(config_path, NULL, &cfg);
+        if (s != MJ_OK) return tool_fail_status("reading the model config", s);
+        mj_route_params_from_config(&cfg, &p);
+    }
+    if (topk > 0) p.topk = topk;
+    if (have_rsf) p.routed_scaling_factor = rsf;
+    if (no_renorm) p.renormalize = 0;
+    if (scoring >= 0) p.scoring = (mj_scoring)scoring;
+    if (n_group > 0) p.n_group = n_group;
+    if (topk_group > 0) p.topk_group = topk_group;
+    p.k0 = k0 > 0 ? k0 : p.topk;
+
+    char err[512], sh[128];
+    npy_array lg, bias = {0};
+    if (npy_load(argv[optind], "<f4", &lg, err, sizeof err)) return tool_fail("%s", err);
+    int rc = 1;
+    int32_t *ids = NULL, *nsel = NULL;
+    float *w = NULL;
+    if (lg.ndim != 1 && lg.ndim != 2) {
+        tool_fail("%s: logits must be [B, E] or [E], got shape %s", argv[optind], npy_shape_str(&lg, sh, sizeof sh));
+        goto done;
+    }
+    int B = lg.ndim == 2 ? (int)lg.shape[0] : 1;
+    int E = (int)lg.shape[lg.ndim - 1];
+    if (config_path && E != p.n_experts) {
+        tool_fail("%s: logits have %d experts but %s has n_routed_experts %d", argv[optind], E,
+                  config_path, p.n_experts);
+        goto done;
+    }
+    p.n_experts = E;
+    if (bias_path) {
+        if (npy_load(bias_path, "<f4", &bias, err, sizeof err)) {
+            tool_fail("%s", err);
+            goto done;
+        }
+        if (bias.ndim != 1 || bias.shape[0] != E) {
+            tool_fail("%s: bias must be [%d] to match the logits, got shape %s", bias_path, E,
+                      npy_shape_str(&bias, sh, sizeof sh));
+            goto done;
+        }
+    }
+    if (valid < 0) valid = B;
+    if (valid > B) {
+        tool_usage("route", "--valid %d exceeds the %d tokens in %s", valid, B, argv[optind]);
+        rc = 2;
+        goto done;
+    }
+    ids = malloc(sizeof *ids * (size_t)(B ? B : 1) * (size_t)p.topk);
+    w = malloc(sizeof *w * (size_t)(B ? B : 1) * (size_t)p.topk);
+    nsel = malloc(sizeof *nsel * (size_t)(B ? B : 1));
+    if (!ids || !w || !nsel) {
+        tool_fail("out of memory");
+        goto done;
+    }
+    mj_route_stats st;
+    mj_status s = mj_route_ref(&p, lg.data, bias_path ? bias.data : NULL, B, valid, ids, w, nsel, &st);
+    if (s != MJ_OK) {
+        tool_fail_status("routing", s);
+        goto done;
+    }
+    json_t *root = route_json(&p, B, valid, ids, w, nsel, &st);
+    json_dumpf(root, stdout, JSON_INDENT(0) | JSON_COMPACT | JSON_REAL_PRECISION(9));
+    fputc('\n', stdout);
+    json_decref(root);
+    rc = 0;
+done:
+    free(ids), free(w), free(nsel);
+    npy_free(&lg), npy_free(&bias);
+    return rc;
+}

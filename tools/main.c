@@ -1,0 +1,95 @@
+/* main.c — the `moejit` command: dispatch to subcommands, --help, --version. */
+#include "tools.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_usage[] =
+    "usage: moejit <command> [options]\n"
+    "\n"
+    "moejit generates, compiles and caches CUDA kernels for the Mixture-of-Experts layer of\n"
+    "NVFP4-quantized models (GLM-5 and its kin), with OEA routing.\n"
+    "\n"
+    "commands:\n"
+    "  route      route tokens from logits in a .npy file (plain top-k or OEA); prints JSON\n"
+    "  nvfp4      quantize a float32 .npy matrix to NVFP4 (ModelOpt layout), or dequantize\n"
+    "  demo       a small GLM-5-shaped layer from a seed: CPU reference forward with and\n"
+    "             without OEA, unique experts, retained mass, output difference\n"
+    "\n"
+    "Run 'moejit <command> --help' for a command's options.\n"
+    "  -h, --help       this text\n"
+    "  -V, --version    print the version\n";
+
+int tool_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("moejit: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+int tool_usage(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "moejit %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see 'moejit %s --help')\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+int tool_fail_status(const char *what, mj_status s) {
+    return tool_fail("%s: %s: %s", what, mj_status_string(s), mj_last_error());
+}
+
+int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        tool_usage(cmd, "%s wants an integer in %ld..%ld, got '%s'", opt, lo, hi, text);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int tool_parse_float(const char *cmd, const char *opt, const char *text, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(text, &end);
+    if (errno || end == text || *end || !isfinite(v)) {
+        tool_usage(cmd, "%s wants a finite number, got '%s'", opt, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(k_usage, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        fputs(k_usage, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
+        const char *v;
+        mj_version(NULL, NULL, NULL, &v);
+        printf("moejit %s\n", v);
+        return 0;
+    }
+    if (!strcmp(cmd, "route")) return cmd_route(argc - 1, argv + 1);
+    if (!strcmp(cmd, "nvfp4")) return cmd_nvfp4(argc - 1, argv + 1);
+    if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+    fprintf(stderr, "moejit: unknown command '%s' (see 'moejit --help')\n", cmd);
+    return 2;
+}

@@ -1,0 +1,211 @@
+/* npy.c — the .npy format, enough of it to be strict.
+ *
+ * A .npy file is: the magic "\x93NUMPY", a major and minor version byte, the header length
+ * (u16 little-endian for version 1, u32 for versions 2 and 3), then a Python dict literal
+ * such as {'descr': '<f4', 'fortran_order': False, 'shape': (4, 8), } padded with spaces
+ * to a 64-byte boundary, then the raw data. I parse the dict by hand (it is a tiny, fixed
+ * grammar), refuse Fortran order and any dtype the caller did not ask for, and check that
+ * the file holds exactly the bytes the shape promises.
+ */
+#include "npy.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <stdarg.h>
+
+/* Record a one-line reason and return -1. */
+__attribute__((format(printf, 3, 4))) static int npy_fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+#define ERR(...) npy_fail(err, errlen, __VA_ARGS__)
+
+void npy_free(npy_array *a) {
+    if (a) free(a->data), a->data = NULL;
+}
+
+const char *npy_shape_str(const npy_array *a, char *buf, size_t len) {
+    size_t n = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < a->ndim && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%" PRId64, i ? ", " : "", a->shape[i]);
+    if (n < len) snprintf(buf + n, len - n, "]");
+    return buf;
+}
+
+/* Find `'key':` in the header dict and return the text after the colon. */
+static const char *dict_value(const char *hdr, const char *key) {
+    char pat[32];
+    snprintf(pat, sizeof pat, "'%s'", key);
+    const char *p = strstr(hdr, pat);
+    if (!p) return NULL;
+    p += strlen(pat);
+    while (isspace((unsigned char)*p)) p++;
+    if (*p != ':') return NULL;
+    p++;
+    while (isspace((unsigned char)*p)) p++;
+    return p;
+}
+
+static int parse_header(const char *hdr, const char *path, npy_array *a, char *err, size_t errlen) {
+    const char *d = dict_value(hdr, "descr");
+    if (!d || (*d != '\'' && *d != '"')) return ERR("%s: .npy header has no 'descr'", path);
+    char q = *d++;
+    size_t n = 0;
+    while (d[n] && d[n] != q && n < sizeof a->dtype - 1) n++;
+    if (d[n] != q) return ERR("%s: .npy 'descr' is not a simple dtype (structured arrays are not supported)", path);
+    memcpy(a->dtype, d, n);
+    a->dtype[n] = '\0';
+
+    const char *f = dict_value(hdr, "fortran_order");
+    if (!f) return ERR("%s: .npy header has no 'fortran_order'", path);
+    if (strncmp(f, "True", 4) == 0)
+        return ERR("%s: array is in Fortran order; save it C-contiguous (np.ascontiguousarray)", path);
+    if (strncmp(f, "False", 5) != 0) return ERR("%s: bad 'fortran_order' in .npy header", path);
+
+    const char *s = dict_value(hdr, "shape");
+    if (!s || *s != '(') return ERR("%s: .npy header has no 'shape' tuple", path);
+    s++;
+    a->ndim = 0;
+    a->count = 1;
+    for (;;) {
+        while (isspace((unsigned char)*s)) s++;
+        if (*s == ')') break;
+        if (!isdigit((unsigned char)*s)) return ERR("%s: bad 'shape' in .npy header", path);
+        if (a->ndim == NPY_MAX_DIMS) return ERR("%s: more than %d dimensions", path, NPY_MAX_DIMS);
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (errno || v < 0 || v > (1LL << 40)) return ERR("%s: dimension out of range in 'shape'", path);
+        a->shape[a->ndim++] = v;
+        if (v && a->count > (INT64_C(1) << 50) / v) return ERR("%s: array too large", path);
+        a->count *= v;
+        s = end;
+        while (isspace((unsigned char)*s)) s++;
+        if (*s == ',') s++;
+        else if (*s != ')') return ERR("%s: bad 'shape' in .npy header", path);
+    }
+    size_t len = strlen(a->dtype);
+    if (len < 3 || (a->dtype[0] != '<' && a->dtype[0] != '|' && a->dtype[0] != '='))
+        return ERR("%s: dtype '%s' is not little-endian", path, a->dtype);
+    a->itemsize = (size_t)atoi(a->dtype + 2);
+    if (a->itemsize == 0 || a->itemsize > 16) return ERR("%s: unsupported dtype '%s'", path, a->dtype);
+    return 0;
+}
+
+int npy_load(const char *path, const char *want, npy_array *out, char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return ERR("%s: cannot open: %s", path, strerror(errno));
+    npy_array a = {0};
+    char *hdr = NULL;
+    int rc = -1;
+    unsigned char pre[12];
+    if (fread(pre, 1, 10, fp) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
+        ERR("%s: not a .npy file (bad magic)", path);
+        goto done;
+    }
+    uint32_t hlen;
+    int major = pre[6];
+    if (major == 1) {
+        hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8;
+    } else if (major == 2 || major == 3) {
+        if (fread(pre + 10, 1, 2, fp) != 2) {
+            ERR("%s: truncated .npy header", path);
+            goto done;
+        }
+        hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8 | (uint32_t)pre[10] << 16 | (uint32_t)pre[11] << 24;
+    } else {
+        ERR("%s: unsupported .npy format version %d", path, major);
+        goto done;
+    }
+    if (hlen > (1u << 20)) {
+        ERR("%s: .npy header too large", path);
+        goto done;
+    }
+    hdr = malloc(hlen + 1);
+    if (!hdr || fread(hdr, 1, hlen, fp) != hlen) {
+        ERR("%s: truncated .npy header", path);
+        goto done;
+    }
+    hdr[hlen] = '\0';
+    if (parse_header(hdr, path, &a, err, errlen)) goto done;
+    /* '<', '|' and '=' all mean little-endian (or byte-sized) here: compare the rest. */
+    if (want && strcmp(a.dtype + 1, want + 1) != 0) {
+        ERR("%s: dtype is '%s', expected '%s'", path, a.dtype, want);
+        goto done;
+    }
+    size_t bytes = (size_t)a.count * a.itemsize;
+    a.data = malloc(bytes ? bytes : 1);
+    if (!a.data) {
+        ERR("%s: out of memory (%zu bytes)", path, bytes);
+        goto done;
+    }
+    if (fread(a.data, 1, bytes, fp) != bytes) {
+        ERR("%s: truncated: the header promises %zu bytes of data", path, bytes);
+        goto done;
+    }
+    if (fgetc(fp) != EOF) {
+        ERR("%s: trailing bytes after the array data", path);
+        goto done;
+    }
+    *out = a;
+    a.data = NULL;
+    rc = 0;
+done:
+    free(a.data);
+    free(hdr);
+    fclose(fp);
+    return rc;
+}
+
+int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, const int64_t *shape,
+             const void *data, char *err, size_t errlen) {
+    char dict[256];
+    size_t n = (size_t)snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", dtype);
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        n += (size_t)snprintf(dict + n, sizeof dict - n, "%" PRId64 "%s", shape[i],
+                              ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));
+        count *= shape[i];
+    }
+    n += (size_t)snprintf(dict + n, sizeof dict - n, "), }");
+    /* Pad with spaces so that magic(6) + version(2) + len(2) + header ends on 64 bytes,
+     * the header ending in '\n'. */
+    size_t total = 10 + n + 1;
+    size_t pad = (64 - total % 64) % 64;
+    char header[512];
+    memcpy(header, "\x93NUMPY\x01\x00", 8);
+    uint16_t hl = (uint16_t)(n + pad + 1);
+    header[8] = (char)(hl & 0xFF);
+    header[9] = (char)(hl >> 8);
+    memcpy(header + 10, dict, n);
+    memset(header + 10 + n, ' ', pad);
+    header[10 + n + pad] = '\n';
+    size_t hbytes = 10 + n + pad + 1;
+
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) return ERR("%s: cannot create: %s", path, strerror(errno));
+    size_t bytes = (size_t)count * itemsize;
+    int ok = fwrite(header, 1, hbytes, fp) == hbytes && fwrite(data, 1, bytes, fp) == bytes;
+    ok = (fflush(fp) == 0) && ok;
+    ok = (fsync(fileno(fp)) == 0) && ok;
+    ok = (fclose(fp) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return ERR("%s: write failed: %s", path, strerror(e));
+    }
+    return 0;
+}

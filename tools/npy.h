@@ -1,0 +1,32 @@
+/* npy.h — reading and writing NumPy .npy files (format versions 1-3, C order). */
+#ifndef MJ_NPY_H
+#define MJ_NPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NPY_MAX_DIMS 8
+
+typedef struct npy_array {
+    char dtype[8];          /* "<f4", "|u1", "<i4", ...                                  */
+    int ndim;
+    int64_t shape[NPY_MAX_DIMS];
+    int64_t count;          /* product of shape (1 for a scalar)                         */
+    size_t itemsize;
+    void *data;             /* count * itemsize bytes, owned                             */
+} npy_array;
+
+/* Load `path` and check its dtype is `want_dtype` (e.g. "<f4"; NULL accepts any). On
+ * failure returns -1 with a one-line reason in err (no partial result). */
+int npy_load(const char *path, const char *want_dtype, npy_array *out, char *err, size_t errlen);
+
+/* Write an array atomically (temp file + rename). Returns 0, or -1 with err. */
+int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim,
+             const int64_t *shape, const void *data, char *err, size_t errlen);
+
+void npy_free(npy_array *a);
+
+/* "[2, 3]" for messages. */
+const char *npy_shape_str(const npy_array *a, char *buf, size_t len);
+
+#endif
