@@ -226,6 +226,48 @@ MJ_API mj_status mj_moe_forward_ref(mj_layer_t layer, mj_weight_mode mode,
 MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t B,
                                float *logits);
 
+/* ---------------------------------------------------------------------------------------
+ * The JIT: a context owns the kernel cache (memory and disk) and, optionally, a device
+ * ------------------------------------------------------------------------------------- */
+typedef struct mj_context *mj_context_t;
+
+#define MJ_DEVICE_NONE (-1) /* compile only: no GPU or driver needed                   */
+#define MJ_DEVICE_AUTO (-2) /* GPU 0 when a driver and device are there, else none       */
+
+typedef struct mj_context_options {
+    uint32_t struct_size;      /* sizeof(mj_context_options): set by the initializer      */
+    const char *cache_dir;     /* NULL: $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit, ~/.cache/moejit */
+    int64_t cache_max_bytes;   /* 0: $MOEJIT_CACHE_MAX_BYTES, else 1 GiB                   */
+    int32_t strict;            /* -1: $MOEJIT_STRICT; 1: a kernel not in the cache is an
+                                  error (MJ_ERR_CACHE_MISS) instead of a compile; 0: off  */
+    int32_t device;            /* CUDA ordinal, MJ_DEVICE_NONE or MJ_DEVICE_AUTO           */
+} mj_context_options;
+#define MJ_CONTEXT_OPTIONS_INIT {sizeof(mj_context_options), NULL, 0, -1, MJ_DEVICE_AUTO}
+
+/* Create a context. The cache directory is created (0700) if needed; an unusable one is a
+ * warning (kernels are then kept in memory only), not an error. $MOEJIT_RECORD=path makes
+ * every compile append its specialization to path as a prewarm manifest line. */
+MJ_API mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out);
+MJ_API mj_status mj_context_destroy(mj_context_t ctx);
+
+typedef struct mj_jit_stats {
+    int64_t mem_hits, mem_misses;      /* in-memory table                                  */
+    int64_t disk_hits, disk_misses;    /* cache files                                      */
+    int64_t compiles, compile_failures;
+    double compile_ms;                 /* total time in the compiler                       */
+    int64_t quarantined;               /* bad cache entries moved aside                    */
+    int64_t lock_waits;                /* waits for another process compiling the same key */
+    int64_t evicted;                   /* entries removed for the size cap                 */
+    int64_t strict_misses;             /* requests refused by strict mode                  */
+    int64_t refused_unsafe;            /* entries not loaded: unsafe cache directory       */
+} mj_jit_stats;
+MJ_API mj_status mj_context_stats(mj_context_t ctx, mj_jit_stats *out);
+
+/* Compile one specialization into the cache without a device, from a manifest line:
+ * {"template": "fixture_saxpy", "knobs": {"BLOCK": 256, "VEC": 4}, "arch": "sm_120a"}.
+ * *was_cached (may be NULL) says whether it was there already. */
+MJ_API mj_status mj_prewarm_json(mj_context_t ctx, const char *manifest_line, int *was_cached);
+
 #ifdef __cplusplus
 }
 #endif

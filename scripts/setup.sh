@@ -2,7 +2,7 @@
 # setup.sh — install the Debian packages moejit builds with, if any are missing.
 # Safe to run again: it installs nothing when everything is there.
 set -euo pipefail
-pkgs=(cmake make gcc pkg-config libjansson-dev python3 perl)
+pkgs=(cmake make gcc pkg-config libjansson-dev libssl-dev libclang-14-dev python3 perl)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -196,5 +196,79 @@ expect_fail "$MJ" demo --k0 9
 expect_fail "$MJ" demo --mode int8
 expect_fail "$MJ" demo extra
 
+# ---- prewarm and inspect ---------------------------------------------------------------
+for c in prewarm inspect; do
+    expect_rc 0 "$MJ" $c --help; contains out "usage: moejit $c"
+    expect_rc 0 "$MJ" $c -V;     contains out "moejit 0."
+done
+C=$T/cache
+cat >m.jsonl <<'EOF'
+# two saxpy variants and a block sum
+{"template": "fixture_saxpy", "knobs": {"BLOCK": 256, "VEC": 4}, "arch": "sm_120a"}
+{"template": "fixture_saxpy", "knobs": {"BLOCK": 128, "VEC": 1}, "arch": "sm_120a"}
+
+{"template": "fixture_block_sum", "knobs": {"BLOCK": 128, "ITEMS": 4, "SMEM_FLOATS": 128}, "arch": "sm_120a"}
+EOF
+MOEJIT_RECORD=$T/rec.jsonl expect_rc 0 "$MJ" prewarm --cache-dir "$C" -j 2 m.jsonl
+contains out "3 specializations: 3 compiled, 0 already cached, 0 failed"
+contains err "compiled fixture_saxpy BLOCK=256 VEC=4 sm_120a"
+[ "$(stat -c %a "$C")" = 700 ] && ok || bad "cache dir mode $(stat -c %a "$C")"
+expect_rc 0 "$MJ" prewarm --cache-dir "$C" -q m.jsonl
+contains out "0 compiled, 3 already cached, 0 failed"
+expect_rc 0 "$MJ" prewarm --cache-dir "$C" --arch sm_80 --arch sm_120a m.jsonl
+contains out "6 specializations: 3 compiled, 3 already cached, 0 failed"
+# What a run recorded replays into an empty cache.
+[ "$(wc -l <rec.jsonl)" = 3 ] && ok || bad "MOEJIT_RECORD wrote $(wc -l <rec.jsonl) lines, want 3"
+expect_rc 0 "$MJ" prewarm --cache-dir "$T/cache2" rec.jsonl
+contains out "3 compiled, 0 already cached"
+# Bad manifests, bad flags.
+printf '{"template": "fixture_saxpy", "knobs": {"BLOCK": 256, "VEC": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
+expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:2"
+printf '{"template": "no_such", "knobs": {}, "arch": "sm_120a"}\n{"template": "fixture_saxpy", "knobs": {"BLOCK": 5000, "VEC": 4}, "arch": "sm_120a"}\n' >unk.jsonl
+expect_rc 1 "$MJ" prewarm --cache-dir "$C" unk.jsonl
+contains out "2 failed"; contains err "no_such"; contains err "BLOCK = 5000"
+expect_fail "$MJ" prewarm --arch sm_75 m.jsonl;          contains err "sm_75"
+expect_fail "$MJ" prewarm -j 0 m.jsonl
+expect_fail "$MJ" prewarm nothere.jsonl;                  contains err "nothere.jsonl"
+expect_fail "$MJ" prewarm
+
+expect_rc 0 "$MJ" inspect templates
+contains out "fixture_saxpy"; contains out "knob BLOCK"; contains out "kernel fixture_block_sum_final("
+expect_rc 0 "$MJ" inspect --cache-dir "$C" list
+contains out "6 entries"; contains out "fixture_block_sum"; contains out "sm_80"
+key=$(awk 'NR>1 && $2=="fixture_saxpy" && $5=="sm_120a" {print $1; exit}' out)
+[ -n "$key" ] && ok || bad "no saxpy sm_120a entry in the list"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key"
+contains out "template   fixture_saxpy"; contains out "registers"; contains out "source-sha256"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --source; contains out "#define BLOCK"; contains out "MJ_KERNEL void fixture_saxpy"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --ptx;    contains out ".entry fixture_saxpy"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --log;    contains out "ptxas"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --json
+json_check 'j["template"] == "fixture_saxpy" and j["arch"] == "sm_120a" and j["ptxas"]["spill_stores"] == 0 and len(j["key"]) == 64'
+"$MJ" inspect --cache-dir "$C" show "$key" --sass >out 2>err
+if [ $? = 0 ]; then grep -q "fixture_saxpy" out && ok || bad "sass output lacks the kernel"
+else [ "$(wc -l <err)" = 1 ] && grep -q "nvdisasm" err && ok || bad "sass failure: $(cat err)"; fi
+expect_fail "$MJ" inspect --cache-dir "$C" show zzzz;           contains err "not a key"
+expect_fail "$MJ" inspect --cache-dir "$C" show 0123456789abcdef0123;  contains err "no cache entry"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
+contains out "entries     6"; contains out "quarantine  0"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" verify;             contains out "6 entries ok, 0 bad"
+# Corrupt one entry: verify finds it, quarantines it, and the next prewarm rebuilds it.
+f=$(ls "$C"/v1/entries/*.mjc | head -1)
+perl -e 'open(F, "+<:raw", $ARGV[0]) or die; seek(F, 200, 0); read(F, $b, 1); seek(F, 200, 0); print F chr(ord($b) ^ 1); close F' "$f"
+expect_rc 1 "$MJ" inspect --cache-dir "$C" verify;             contains out "5 entries ok, 1 bad"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats;            contains out "quarantine  1"
+expect_rc 0 "$MJ" prewarm --cache-dir "$C" --arch sm_80 --arch sm_120a m.jsonl
+contains out "1 compiled, 5 already cached"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" gc --max-bytes 0;   contains out "evicted 6 entries"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" list;               contains out "0 entries"
+expect_fail "$MJ" inspect --cache-dir "$C" gc --max-bytes -5
+expect_fail "$MJ" inspect --cache-dir "$C" frob
+expect_fail "$MJ" inspect
+# An unsafe cache directory is refused with a warning, never read.
+mkdir -p "$T/open" && chmod 777 "$T/open"
+"$MJ" inspect --cache-dir "$T/open" list >out 2>err
+[ $? != 0 ] && grep -q "writable by other users" err && ok || bad "unsafe directory not refused: $(cat err)"
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

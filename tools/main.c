@@ -18,6 +18,9 @@ static const char k_usage[] =
     "  nvfp4      quantize a float32 .npy matrix to NVFP4 (ModelOpt layout), or dequantize\n"
     "  demo       a small GLM-5-shaped layer from a seed: CPU reference forward with and\n"
     "             without OEA, unique experts, retained mass, output difference\n"
+    "  prewarm    compile the kernels a manifest lists into the cache (no GPU needed)\n"
+    "  inspect    the kernel cache: list, show (source, PTX, SASS, log), templates, gc,\n"
+    "             verify, --stats\n"
     "\n"
     "Run 'moejit <command> --help' for a command's options.\n"
     "  -h, --help       this text\n"
@@ -90,6 +93,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "route")) return cmd_route(argc - 1, argv + 1);
     if (!strcmp(cmd, "nvfp4")) return cmd_nvfp4(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "prewarm")) return cmd_prewarm(argc - 1, argv + 1);
+    if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     fprintf(stderr, "moejit: unknown command '%s' (see 'moejit --help')\n", cmd);
     return 2;
 }

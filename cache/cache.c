@@ -1,0 +1,851 @@
+/* cache.c — the on-disk kernel cache: directories, lookups, stores, locks, eviction.
+ *
+ * The entry format lives in entry.c; this file is about files and processes. Five rules
+ * shape it:
+ *
+ *   1. A reader never sees half an entry. A store writes a temp file with a unique name in
+ *      tmp/, fsyncs it and rename()s it into entries/ (rename is atomic within a file
+ *      system), then fsyncs entries/ so the rename itself survives a crash. Entries are
+ *      never modified in place, so an open entry file always reads as one whole version.
+ *      A writer killed mid-write leaves only a temp file, which the next open deletes once
+ *      it is an hour old (younger ones may belong to a writer that is still running).
+ *
+ *   2. Nothing on disk is trusted. Every entry checks itself (magic, version, lengths,
+ *      SHA-256) and must name the key we asked for; one that does not is a miss and is
+ *      renamed into quarantine/ — kept for a post-mortem, out of the way of the next store.
+ *      The worst a damaged or racing file can cause is a recompile, never a wrong kernel.
+ *
+ *   3. The directory must be ours. A cache that other users can write is a way to make us
+ *      load their code, so the root, v<N>/ and its subdirectories must be owned by our
+ *      effective uid, not group- or world-writable, and not symbolic links. They are opened
+ *      once, checked with fstat on the open descriptor, and every later operation goes
+ *      through those descriptors (openat, renameat, ...), so nobody can swap a checked
+ *      directory for another one afterwards. An unsafe cache is never read nor written.
+ *
+ *   4. A bad directory never fails a program. Unsafe, read-only or uncreatable, the cache
+ *      warns once on stderr (never stdout: we are a library; MOEJIT_QUIET=1 silences it),
+ *      then lookups miss and stores do nothing: kernels are compiled and kept in memory.
+ *
+ *   5. N processes compile a key once. mj_cache_lock takes an flock on locks/<hex>.lock;
+ *      the caller re-looks-up under the lock before compiling (someone may have stored it
+ *      while we waited). flock is released by the kernel when the holder dies, so a crashed
+ *      compiler never wedges the others. Lock files are never deleted: unlinking one that
+ *      another process is about to lock would let two holders in.
+ *
+ * Eviction is least-recently-used by mtime, which a disk hit sets to "now" (atime is often
+ * disabled by noatime/relatime). Sizes are the files' st_size. Concurrent evictions may
+ * remove a little more than needed; that only costs a recompile.
+ *
+ * The handle may be used from several threads: after open, the directory descriptors and
+ * paths are read-only, the counters are atomics, and "writable" (which drops to 0 if a
+ * store finds the directory read-only after all) is atomic too.
+ */
+#include "cache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NS_PER_S 1000000000ll
+#define STALE_TEMP_NS (3600 * NS_PER_S) /* temp files older than this belong to dead writers */
+#define ENTRY_SUFFIX ".mjc"
+#define ENTRY_NAME_MAX (MJ_KEY_HEX_LEN + 8)
+
+/* The subdirectories of v<N>/, in the order they are opened. */
+enum { SUB_ENTRIES, SUB_LOCKS, SUB_QUARANTINE, SUB_TMP, SUB_COUNT };
+static const char *const k_sub_name[SUB_COUNT] = {"entries", "locks", "quarantine", "tmp"};
+
+struct mj_cache {
+    char *root;               /* D; "" when no location could be found                 */
+    int sub_fd[SUB_COUNT];    /* checked descriptors of D/v<N>/<sub>, -1 when absent     */
+    int64_t max_bytes;
+    int unsafe;               /* some directory failed the ownership/mode check          */
+    int readable;
+    atomic_int writable;
+    atomic_int warned_unsafe, warned_unwritable;
+    _Atomic int64_t disk_hits, disk_misses, stores, quarantined, evicted, lock_waits;
+    _Atomic int64_t refused_unsafe;
+};
+
+/* Makes temp names unique among the threads of one process (pid and tid do the rest). */
+static atomic_ullong g_temp_counter;
+
+/* ---------------------------------------------------------------------------------------
+ * Small helpers
+ * ------------------------------------------------------------------------------------- */
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * NS_PER_S + ts.tv_nsec;
+}
+
+static int64_t mtime_ns(const struct stat *st) {
+    return (int64_t)st->st_mtim.tv_sec * NS_PER_S + st->st_mtim.tv_nsec;
+}
+
+static void count(_Atomic int64_t *counter) {
+    atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+}
+
+static int is_writable(const mj_cache *c) {
+    return atomic_load_explicit(&((mj_cache *)c)->writable, memory_order_relaxed);
+}
+
+/* Key hex must be exactly 64 lowercase hex digits: it becomes a file name, so anything else
+ * (a '/', "..", an empty string left by a failed mj_key_hash) is refused. */
+static int is_key_hex(const char *s) {
+    for (int i = 0; i < MJ_KEY_HEX_LEN; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return s[MJ_KEY_HEX_LEN] == '\0';
+}
+
+static mj_status check_hex(const char *fn, const char *key_hex) {
+    if (!key_hex) return mj_set_error(MJ_ERR_INVALID_ARG, "%s: key_hex is NULL", fn);
+    if (!is_key_hex(key_hex))
+        return mj_set_error(MJ_ERR_INVALID_ARG, "%s: key \"%.80s\" is not 64 lowercase hex "
+                            "digits", fn, key_hex);
+    return MJ_OK;
+}
+
+/* "<hex>.mjc" -> 1 and the hex copied out; anything else in entries/ is not ours. */
+static int entry_name_hex(const char *name, char hex[MJ_KEY_HEX_LEN + 1]) {
+    if (strlen(name) != MJ_KEY_HEX_LEN + strlen(ENTRY_SUFFIX)) return 0;
+    if (strcmp(name + MJ_KEY_HEX_LEN, ENTRY_SUFFIX) != 0) return 0;
+    memcpy(hex, name, MJ_KEY_HEX_LEN);
+    hex[MJ_KEY_HEX_LEN] = '\0';
+    return is_key_hex(hex);
+}
+
+static int quiet(void) {
+    const char *q = getenv("MOEJIT_QUIET");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+/* One warning line on stderr, at most once per handle for each kind (flag). */
+static void warn_once(atomic_int *flag, const char *fmt, ...) MJ_PRINTF(2, 3);
+static void warn_once(atomic_int *flag, const char *fmt, ...) {
+    if (atomic_exchange(flag, 1) || quiet()) return;
+    char line[2 * PATH_MAX + 512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "moejit: warning: %s\n", line); /* one call: lines do not interleave */
+}
+
+static void warn_unwritable(mj_cache *c, const char *why) {
+    if (!c->root[0])
+        warn_once(&c->warned_unwritable, "no cache directory (%s); kernels will be compiled "
+                  "and kept in memory only", why);
+    else
+        warn_once(&c->warned_unwritable, "cache directory %s is not writable (%s); kernels "
+                  "will be compiled and kept in memory only", c->root, why);
+}
+
+/* A store or lock found the directory read-only after all (remounted, chmod'ed): stop
+ * writing from now on. */
+static void became_unwritable(mj_cache *c, const char *what, int err) {
+    char why[512];
+    snprintf(why, sizeof why, "%s: %s", what, strerror(err));
+    atomic_store(&c->writable, 0);
+    warn_unwritable(c, why);
+}
+
+static int is_permission_error(int err) { return err == EACCES || err == EPERM || err == EROFS; }
+
+/* Read a whole open file of (fstat) size `size`. A file that ends early comes back short
+ * (the decoder then rejects it). */
+static mj_status read_fd_all(int fd, off_t size, const char *what, uint8_t **buf, size_t *len) {
+    *buf = NULL;
+    *len = 0;
+    if (size < 0 || (uint64_t)size >= SIZE_MAX)
+        return mj_set_error(MJ_ERR_NOMEM, "%s: %lld bytes", what, (long long)size);
+    uint8_t *b = malloc((size_t)size + 1);
+    if (!b) return mj_set_error(MJ_ERR_NOMEM, "%s: %lld bytes", what, (long long)size);
+    size_t got = 0;
+    while (got < (size_t)size) {
+        ssize_t r = read(fd, b + got, (size_t)size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int err = errno;
+            free(b);
+            return mj_set_error(MJ_ERR_IO, "%s: read: %s", what, strerror(err));
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    *buf = b;
+    *len = got;
+    return MJ_OK;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t len) {
+    while (len) {
+        size_t chunk = len < (1u << 30) ? len : (1u << 30);
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -1;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Finding and checking the directory
+ * ------------------------------------------------------------------------------------- */
+
+/* D, malloc'd, without trailing slashes: dir, $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit
+ * (only an absolute one, as the XDG spec says), $HOME/.cache/moejit, or the passwd home.
+ * "" when there is none at all. */
+static mj_status resolve_root(const char *dir, char **out) {
+    const char *env;
+    char *s = NULL;
+    if (dir) {
+        s = strdup(dir);
+    } else if ((env = getenv("MOEJIT_CACHE_DIR")) && *env) {
+        s = strdup(env);
+    } else if ((env = getenv("XDG_CACHE_HOME")) && env[0] == '/') {
+        if (asprintf(&s, "%s/moejit", env) < 0) s = NULL;
+    } else {
+        const char *home = getenv("HOME");
+        if (!home || !*home) {
+            struct passwd *pw = getpwuid(geteuid());
+            home = pw && pw->pw_dir && *pw->pw_dir ? pw->pw_dir : NULL;
+        }
+        if (!home) s = strdup("");
+        else if (asprintf(&s, "%s/.cache/moejit", home) < 0) s = NULL;
+    }
+    if (!s) return mj_set_error(MJ_ERR_NOMEM, "mj_cache_open: out of memory");
+    size_t n = strlen(s);
+    while (n > 1 && s[n - 1] == '/') s[--n] = '\0';
+    *out = s;
+    return MJ_OK;
+}
+
+/* mkdir -p with mode 0700 for the directories it creates (existing ones are left as they
+ * are). 0, or the errno of the first mkdir that failed, with `why` saying which. */
+static int mkdir_p(const char *path, char *why, size_t why_len) {
+    char *p = strdup(path);
+    if (!p) return ENOMEM;
+    int err = 0;
+    for (char *q = p + 1;; q++) {
+        if (*q != '/' && *q != '\0') continue;
+        char saved = *q;
+        *q = '\0';
+        if (q[-1] != '/' && mkdir(p, 0700) != 0 && errno != EEXIST) {
+            err = errno;
+            snprintf(why, why_len, "cannot create %s: %s", p, strerror(err));
+            break;
+        }
+        *q = saved;
+        if (saved == '\0') break;
+    }
+    free(p);
+    return err;
+}
+
+typedef enum { DIR_OK, DIR_MISSING, DIR_UNUSABLE, DIR_UNSAFE } dir_state;
+
+/* Open parent/name as a directory and check it is ours. On DIR_OK *fd is the descriptor;
+ * otherwise msg holds either the unsafe warning's text or the reason it cannot be used. */
+static dir_state open_checked_dir(int parent, const char *name, const char *path, int *fd,
+                                  char *msg, size_t msg_len) {
+    struct stat st;
+    *fd = -1;
+    int d = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d < 0) {
+        int err = errno;
+        if (fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            err = errno;
+            snprintf(msg, msg_len, "%s: %s", path, strerror(err));
+            return err == ENOENT ? DIR_MISSING : DIR_UNUSABLE;
+        }
+        if (S_ISLNK(st.st_mode)) {
+            snprintf(msg, msg_len, "cache directory %s is a symbolic link; not using it", path);
+            return DIR_UNSAFE;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            snprintf(msg, msg_len, "%s is not a directory", path);
+            return DIR_UNUSABLE;
+        }
+        snprintf(msg, msg_len, "%s: %s", path, strerror(err));
+        return DIR_UNUSABLE;
+    }
+    if (fstat(d, &st) != 0) {
+        snprintf(msg, msg_len, "%s: %s", path, strerror(errno));
+        close(d);
+        return DIR_UNUSABLE;
+    }
+    if (st.st_uid != geteuid()) {
+        snprintf(msg, msg_len, "cache directory %s is owned by uid %u, not by you (uid %u); "
+                 "not using it", path, (unsigned)st.st_uid, (unsigned)geteuid());
+        close(d);
+        return DIR_UNSAFE;
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(msg, msg_len, "cache directory %s is writable by other users (mode %04o); "
+                 "not using it \u2014 run chmod 700 %s", path, (unsigned)(st.st_mode & 07777), path);
+        close(d);
+        return DIR_UNSAFE;
+    }
+    *fd = d;
+    return DIR_OK;
+}
+
+/* Create (as far as we may) and check D, D/v<N> and its subdirectories, and decide what the
+ * cache can do: c->unsafe, c->readable, c->writable. Never fails. */
+static void setup_dirs(mj_cache *c) {
+    char why[2 * PATH_MAX + 256] = ""; /* the first reason we cannot write, if any */
+    char msg[2 * PATH_MAX + 256];
+    char vname[32], path[PATH_MAX];
+    int root_fd = -1, v_fd = -1;
+    int writable = 1;
+
+    if (!c->root[0]) {
+        snprintf(why, sizeof why, "HOME is not set and uid %u has no home directory",
+                 (unsigned)geteuid());
+        goto done;
+    }
+    mkdir_p(c->root, why, sizeof why);
+
+    /* Level 0: D, level 1: v<N>, levels 2..: the subdirectories. */
+    snprintf(vname, sizeof vname, "v%d", MJ_CACHE_FORMAT);
+    for (int level = 0; level < 2 + SUB_COUNT; level++) {
+        int parent = level == 0 ? AT_FDCWD : level == 1 ? root_fd : v_fd;
+        const char *name = level == 0 ? c->root : level == 1 ? vname : k_sub_name[level - 2];
+        if (level == 0) snprintf(path, sizeof path, "%s", c->root);
+        else if (level == 1) snprintf(path, sizeof path, "%s/%s", c->root, vname);
+        else snprintf(path, sizeof path, "%s/%s/%s", c->root, vname, name);
+
+        if (level > 0 && mkdirat(parent, name, 0700) != 0 && errno != EEXIST && !why[0])
+            snprintf(why, sizeof why, "cannot create %s: %s", path, strerror(errno));
+
+        int fd;
+        dir_state st = open_checked_dir(parent, name, path, &fd, msg, sizeof msg);
+        if (st == DIR_UNSAFE) {
+            c->unsafe = 1;
+            warn_once(&c->warned_unsafe, "%s", msg);
+            goto done;
+        }
+        if (st != DIR_OK) {
+            writable = 0;
+            if (!why[0]) snprintf(why, sizeof why, "%s", msg);
+            if (level < 2) break; /* nothing below a missing D or v<N> */
+            continue;
+        }
+        if (faccessat(fd, ".", W_OK | X_OK, AT_EACCESS) != 0) {
+            writable = 0;
+            if (!why[0]) snprintf(why, sizeof why, "%s: %s", path, strerror(errno));
+        }
+        if (level == 0) root_fd = fd;
+        else if (level == 1) v_fd = fd;
+        else c->sub_fd[level - 2] = fd;
+    }
+
+done:
+    if (root_fd >= 0) close(root_fd);
+    if (v_fd >= 0) close(v_fd);
+    if (c->unsafe) {
+        for (int i = 0; i < SUB_COUNT; i++) {
+            if (c->sub_fd[i] >= 0) close(c->sub_fd[i]);
+            c->sub_fd[i] = -1;
+        }
+        return;
+    }
+    c->readable = c->sub_fd[SUB_ENTRIES] >= 0;
+    for (int i = 0; i < SUB_COUNT; i++) writable &= c->sub_fd[i] >= 0;
+    if (why[0]) writable = 0;
+    atomic_store(&c->writable, writable);
+    if (!writable) warn_unwritable(c, why[0] ? why : "unknown reason");
+}
+
+/* A fresh DIR* over one of our checked directories (its own file offset, so two threads
+ * may scan at once); NULL on failure. */
+static DIR *open_sub(const mj_cache *c, int sub) {
+    int fd = openat(c->sub_fd[sub], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    DIR *d = fdopendir(fd);
+    if (!d) close(fd);
+    return d;
+}
+
+/* Delete temp files older than an hour: what writers killed mid-write left behind. */
+static void remove_stale_temps(mj_cache *c) {
+    DIR *d = open_sub(c, SUB_TMP);
+    if (!d) return;
+    int64_t cutoff = now_ns() - STALE_TEMP_NS;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        struct stat st;
+        if (de->d_name[0] == '.' && (!de->d_name[1] || !strcmp(de->d_name, ".."))) continue;
+        if (fstatat(c->sub_fd[SUB_TMP], de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (S_ISREG(st.st_mode) && mtime_ns(&st) < cutoff)
+            unlinkat(c->sub_fd[SUB_TMP], de->d_name, 0);
+    }
+    closedir(d);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Open / close
+ * ------------------------------------------------------------------------------------- */
+
+static int64_t env_max_bytes(void) {
+    const char *s = getenv("MOEJIT_CACHE_MAX_BYTES");
+    if (s && *s) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (!errno && !*end && v > 0) return v;
+    }
+    return MJ_CACHE_DEFAULT_MAX_BYTES;
+}
+
+mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
+    if (!out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open: out is NULL");
+    *out = NULL;
+    if (dir && !*dir) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open: empty directory");
+
+    mj_status ret = MJ_OK;
+    mj_cache *c = calloc(1, sizeof *c);
+    if (!c) return mj_set_error(MJ_ERR_NOMEM, "mj_cache_open: out of memory");
+    for (int i = 0; i < SUB_COUNT; i++) c->sub_fd[i] = -1;
+    MJ_CHECK_GOTO(resolve_root(dir, &c->root), ret, exit);
+    c->max_bytes = max_bytes > 0 ? max_bytes : env_max_bytes();
+
+    setup_dirs(c);
+    if (is_writable(c)) remove_stale_temps(c);
+    *out = c;
+    c = NULL;
+
+exit:
+    mj_cache_close(c);
+    return ret;
+}
+
+void mj_cache_close(mj_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < SUB_COUNT; i++)
+        if (c->sub_fd[i] >= 0) close(c->sub_fd[i]);
+    free(c->root);
+    free(c);
+}
+
+const char *mj_cache_dir(const mj_cache *c) { return c ? c->root : NULL; }
+int mj_cache_readable(const mj_cache *c) { return c && !c->unsafe && c->readable; }
+int mj_cache_writable(const mj_cache *c) { return c && !c->unsafe && is_writable(c); }
+
+void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!c) return;
+    out->disk_hits = atomic_load(&c->disk_hits);
+    out->disk_misses = atomic_load(&c->disk_misses);
+    out->stores = atomic_load(&c->stores);
+    out->quarantined = atomic_load(&c->quarantined);
+    out->evicted = atomic_load(&c->evicted);
+    out->lock_waits = atomic_load(&c->lock_waits);
+    out->refused_unsafe = atomic_load(&c->refused_unsafe);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Quarantine
+ * ------------------------------------------------------------------------------------- */
+
+/* Move entries/<name> to quarantine/<hex>.<unix ns>.bad — but only if it is still the file
+ * we read (`seen`): a writer may have renamed a good entry over it since, and that one must
+ * stay. (A rename in the instant between the check and ours can still move a good entry
+ * aside; the cost is one recompile.) On a cache we may not write, the file just stays. */
+static void quarantine(mj_cache *c, const char *name, const struct stat *seen) {
+    if (!is_writable(c)) return;
+    struct stat now;
+    if (fstatat(c->sub_fd[SUB_ENTRIES], name, &now, AT_SYMLINK_NOFOLLOW) != 0) return;
+    if (now.st_dev != seen->st_dev || now.st_ino != seen->st_ino) return;
+    int64_t ns = now_ns();
+    for (int tries = 0; tries < 1000; tries++, ns++) {
+        char qname[ENTRY_NAME_MAX + 32];
+        struct stat taken;
+        snprintf(qname, sizeof qname, "%.*s.%lld.bad", MJ_KEY_HEX_LEN, name, (long long)ns);
+        if (fstatat(c->sub_fd[SUB_QUARANTINE], qname, &taken, AT_SYMLINK_NOFOLLOW) == 0)
+            continue; /* same nanosecond as an earlier one: keep both */
+        if (renameat(c->sub_fd[SUB_ENTRIES], name, c->sub_fd[SUB_QUARANTINE], qname) == 0)
+            count(&c->quarantined);
+        return;
+    }
+}
+
+/* Read and verify entries/<name>: MJ_OK with *e filled and *ok = 1, or *ok = 0 (missing,
+ * or bad — then quarantined). key_text: the key the entry must carry, or NULL to check the
+ * stored key against the file name instead (verify). Errors only for out of memory. */
+static mj_status load_entry(mj_cache *c, const char *name, const char *key_text,
+                            mj_cache_entry *e, int *ok, int *existed) {
+    mj_status ret = MJ_OK;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    struct stat st;
+    *ok = 0;
+    *existed = 0;
+    memset(e, 0, sizeof *e);
+
+    int fd = openat(c->sub_fd[SUB_ENTRIES], name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) goto exit;
+        *existed = 1;
+        /* A symlink (ELOOP) or something else we cannot open: never use it. */
+        if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(st.st_mode))
+            quarantine(c, name, &st);
+        goto exit;
+    }
+    *existed = 1;
+    if (fstat(fd, &st) != 0) goto exit;
+    if (!S_ISREG(st.st_mode)) {
+        quarantine(c, name, &st);
+        goto exit;
+    }
+    ret = read_fd_all(fd, st.st_size, name, &buf, &len);
+    if (ret == MJ_ERR_IO) { /* a bad sector, say: the file is as good as corrupt */
+        ret = MJ_OK;
+        quarantine(c, name, &st);
+        goto exit;
+    }
+    if (ret != MJ_OK) goto exit;
+
+    ret = mj_cache_decode(buf, len, e);
+    if (ret == MJ_ERR_PARSE) {
+        ret = MJ_OK;
+        quarantine(c, name, &st);
+        goto exit;
+    }
+    if (ret != MJ_OK) goto exit;
+
+    int key_ok;
+    if (key_text) {
+        key_ok = strcmp(e->key_text, key_text) == 0;
+    } else {
+        char hex[MJ_KEY_HEX_LEN + 1];
+        mj_key_hash(e->key_text, hex);
+        key_ok = strncmp(hex, name, MJ_KEY_HEX_LEN) == 0;
+    }
+    if (!key_ok) { /* a hash collision, or a file copied under the wrong name */
+        mj_cache_entry_free(e);
+        quarantine(c, name, &st);
+        goto exit;
+    }
+    if (key_text) {
+        /* The LRU stamp: mtime = now, atime untouched. Best effort (read-only media). */
+        const struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_NOW}};
+        (void)futimens(fd, times);
+    }
+    *ok = 1;
+
+exit:
+    if (fd >= 0) close(fd);
+    free(buf);
+    if (!*ok) mj_cache_entry_free(e);
+    return ret;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Lookup and store
+ * ------------------------------------------------------------------------------------- */
+
+mj_status mj_cache_lookup(mj_cache *c, const char *key_hex, const char *key_text,
+                          mj_cache_entry *out, int *found) {
+    if (found) *found = 0;
+    if (out) memset(out, 0, sizeof *out);
+    if (!c || !key_text || !out || !found)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_lookup: NULL argument");
+    MJ_CHECK(check_hex("mj_cache_lookup", key_hex));
+
+    if (c->unsafe) {
+        count(&c->refused_unsafe);
+        count(&c->disk_misses);
+        return MJ_OK;
+    }
+    if (!c->readable) {
+        count(&c->disk_misses);
+        return MJ_OK;
+    }
+    char name[ENTRY_NAME_MAX];
+    snprintf(name, sizeof name, "%s" ENTRY_SUFFIX, key_hex);
+    int existed;
+    MJ_CHECK(load_entry(c, name, key_text, out, found, &existed));
+    count(*found ? &c->disk_hits : &c->disk_misses);
+    return MJ_OK;
+}
+
+typedef struct item_list {
+    mj_cache_item *v;
+    int n, cap;
+} item_list;
+
+/* Every entry file in entries/ (regular files named <hex>.mjc), oldest stamp first, ties by
+ * name — the order eviction goes in. */
+static int by_last_used(const void *pa, const void *pb) {
+    const mj_cache_item *a = pa, *b = pb;
+    if (a->last_used_ns != b->last_used_ns) return a->last_used_ns < b->last_used_ns ? -1 : 1;
+    return strcmp(a->key_hex, b->key_hex);
+}
+
+static mj_status scan_entries(mj_cache *c, item_list *out) {
+    memset(out, 0, sizeof *out);
+    DIR *d = open_sub(c, SUB_ENTRIES);
+    if (!d) return mj_set_error(MJ_ERR_IO, "%s: cannot list entries: %s", c->root, strerror(errno));
+    mj_status ret = MJ_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        mj_cache_item it;
+        struct stat st;
+        if (!entry_name_hex(de->d_name, it.key_hex)) continue;
+        if (fstatat(c->sub_fd[SUB_ENTRIES], de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISREG(st.st_mode)) continue;
+        it.bytes = (int64_t)st.st_size;
+        it.last_used_ns = mtime_ns(&st);
+        if (out->n == out->cap) {
+            int cap = out->cap ? 2 * out->cap : 64;
+            mj_cache_item *v = realloc(out->v, (size_t)cap * sizeof *v);
+            if (!v) {
+                ret = mj_set_error(MJ_ERR_NOMEM, "mj_cache: listing entries: out of memory");
+                goto exit;
+            }
+            out->v = v;
+            out->cap = cap;
+        }
+        out->v[out->n++] = it;
+    }
+    if (out->n > 1) qsort(out->v, (size_t)out->n, sizeof *out->v, by_last_used);
+
+exit:
+    closedir(d);
+    if (ret != MJ_OK) {
+        free(out->v);
+        memset(out, 0, sizeof *out);
+    }
+    return ret;
+}
+
+/* Unlink least-recently-used entries while the total exceeds cap. `keep` (a key hex, or
+ * NULL) is never evicted: the entry just stored stays even when it alone is over the cap. */
+static mj_status evict(mj_cache *c, int64_t cap, const char *keep, int *n_evicted) {
+    item_list items;
+    MJ_CHECK(scan_entries(c, &items));
+    int64_t total = 0;
+    for (int i = 0; i < items.n; i++) total += items.v[i].bytes;
+    for (int i = 0; i < items.n && total > cap; i++) {
+        if (keep && strcmp(items.v[i].key_hex, keep) == 0) continue;
+        char name[ENTRY_NAME_MAX];
+        snprintf(name, sizeof name, "%s" ENTRY_SUFFIX, items.v[i].key_hex);
+        if (unlinkat(c->sub_fd[SUB_ENTRIES], name, 0) == 0) {
+            count(&c->evicted);
+            if (n_evicted) (*n_evicted)++;
+            total -= items.v[i].bytes;
+        } else if (errno == ENOENT) {
+            total -= items.v[i].bytes; /* another process evicted it first */
+        }
+    }
+    free(items.v);
+    return MJ_OK;
+}
+
+mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry *e) {
+    if (!c || !e) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_store: NULL argument");
+    MJ_CHECK(check_hex("mj_cache_store", key_hex));
+    if (!e->key_text)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_store: the entry has no key_text");
+    /* The file name must be the hash of the key inside, or every lookup would reject it. */
+    char hex[MJ_KEY_HEX_LEN + 1];
+    mj_key_hash(e->key_text, hex);
+    if (strcmp(hex, key_hex) != 0)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_store: key %s is not the SHA-256 of "
+                            "the entry's key text (%s)", key_hex, hex);
+    if (c->unsafe || !is_writable(c)) return MJ_OK;
+
+    mj_status ret = MJ_OK;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int fd = -1, temp_exists = 0;
+    char temp[ENTRY_NAME_MAX + 96], name[ENTRY_NAME_MAX];
+    const int tmp_dir = c->sub_fd[SUB_TMP], entries_dir = c->sub_fd[SUB_ENTRIES];
+
+    MJ_CHECK_GOTO(mj_cache_encode(e, &buf, &len), ret, exit);
+    snprintf(name, sizeof name, "%s" ENTRY_SUFFIX, key_hex);
+    snprintf(temp, sizeof temp, "%s.%ld.%ld.%llu.tmp", key_hex, (long)getpid(), (long)gettid(),
+             (unsigned long long)atomic_fetch_add(&g_temp_counter, 1));
+
+    fd = openat(tmp_dir, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int err = errno;
+        if (is_permission_error(err)) became_unwritable(c, "creating a temp file", err);
+        else ret = mj_set_error(MJ_ERR_IO, "cache store: creating %s/v%d/tmp/%s: %s", c->root,
+                                MJ_CACHE_FORMAT, temp, strerror(err));
+        goto exit;
+    }
+    temp_exists = 1;
+    if (write_all(fd, buf, len) != 0 || fsync(fd) != 0) {
+        ret = mj_set_error(MJ_ERR_IO, "cache store: writing %s (%zu bytes): %s", temp, len,
+                           strerror(errno));
+        goto exit;
+    }
+    int closed = close(fd);
+    fd = -1;
+    if (closed != 0) {
+        ret = mj_set_error(MJ_ERR_IO, "cache store: closing %s: %s", temp, strerror(errno));
+        goto exit;
+    }
+    if (renameat(tmp_dir, temp, entries_dir, name) != 0) {
+        ret = mj_set_error(MJ_ERR_IO, "cache store: renaming %s into entries/: %s", temp,
+                           strerror(errno));
+        goto exit;
+    }
+    temp_exists = 0;
+    /* Make the rename durable. Should this fail, a crash may lose the entry — which a
+     * lookup then simply misses — so it does not fail the store. */
+    (void)fsync(entries_dir);
+    count(&c->stores);
+    MJ_CHECK_GOTO(evict(c, c->max_bytes, key_hex, NULL), ret, exit);
+
+exit:
+    if (fd >= 0) close(fd);
+    if (temp_exists) unlinkat(tmp_dir, temp, 0);
+    free(buf);
+    return ret;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Locks
+ * ------------------------------------------------------------------------------------- */
+
+mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited) {
+    if (fd) *fd = -1;
+    if (waited) *waited = 0;
+    if (!c || !fd) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_lock: NULL argument");
+    MJ_CHECK(check_hex("mj_cache_lock", key_hex));
+    if (c->unsafe || !is_writable(c)) return MJ_OK; /* nobody can store: nothing to serialize */
+
+    char name[ENTRY_NAME_MAX];
+    snprintf(name, sizeof name, "%s.lock", key_hex);
+    int lfd = openat(c->sub_fd[SUB_LOCKS], name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (lfd < 0) {
+        int err = errno;
+        if (is_permission_error(err)) {
+            became_unwritable(c, "creating a lock file", err);
+            return MJ_OK;
+        }
+        return mj_set_error(MJ_ERR_IO, "cache lock: opening %s/v%d/locks/%s: %s", c->root,
+                            MJ_CACHE_FORMAT, name, strerror(err));
+    }
+    if (flock(lfd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        if (err == EWOULDBLOCK) {
+            if (waited) *waited = 1;
+            count(&c->lock_waits);
+            do err = flock(lfd, LOCK_EX) == 0 ? 0 : errno; /* block until it is ours */
+            while (err == EINTR);
+        }
+        if (err != 0) {
+            close(lfd);
+            return mj_set_error(MJ_ERR_IO, "cache lock: flock %s: %s", name, strerror(err));
+        }
+    }
+    *fd = lfd;
+    return MJ_OK;
+}
+
+void mj_cache_unlock(int fd) {
+    if (fd >= 0) close(fd); /* closing the last descriptor releases the flock */
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Maintenance: list, read_file, verify, gc
+ * ------------------------------------------------------------------------------------- */
+
+mj_status mj_cache_list(mj_cache *c, mj_cache_item **items, int *n) {
+    if (items) *items = NULL;
+    if (n) *n = 0;
+    if (!c || !items || !n) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_list: NULL argument");
+    if (c->unsafe || !c->readable) return MJ_OK;
+    item_list list;
+    MJ_CHECK(scan_entries(c, &list));
+    *items = list.v;
+    *n = list.n;
+    return MJ_OK;
+}
+
+mj_status mj_cache_read_file(const char *path, mj_cache_entry *out) {
+    if (out) memset(out, 0, sizeof *out);
+    if (!path || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_read_file: NULL argument");
+    mj_status ret = MJ_OK;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(errno));
+        goto exit;
+    }
+    if (fstat(fd, &st) != 0) {
+        ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(errno));
+        goto exit;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file", path);
+        goto exit;
+    }
+    MJ_CHECK_GOTO(read_fd_all(fd, st.st_size, path, &buf, &len), ret, exit);
+    ret = mj_cache_decode(buf, len, out);
+    if (ret != MJ_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", mj_last_error());
+        mj_set_error(ret, "%s: %s", path, why);
+    }
+
+exit:
+    if (fd >= 0) close(fd);
+    free(buf);
+    return ret;
+}
+
+mj_status mj_cache_verify(mj_cache *c, int *n_ok, int *n_bad) {
+    if (n_ok) *n_ok = 0;
+    if (n_bad) *n_bad = 0;
+    if (!c) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_verify: NULL cache");
+    if (c->unsafe || !c->readable) return MJ_OK;
+
+    mj_status ret = MJ_OK;
+    item_list list;
+    MJ_CHECK(scan_entries(c, &list));
+    for (int i = 0; i < list.n; i++) {
+        char name[ENTRY_NAME_MAX];
+        mj_cache_entry e;
+        int ok, existed;
+        snprintf(name, sizeof name, "%s" ENTRY_SUFFIX, list.v[i].key_hex);
+        MJ_CHECK_GOTO(load_entry(c, name, NULL, &e, &ok, &existed), ret, exit);
+        mj_cache_entry_free(&e);
+        if (ok && n_ok) (*n_ok)++;
+        if (!ok && existed && n_bad) (*n_bad)++;
+    }
+
+exit:
+    free(list.v);
+    return ret;
+}
+
+mj_status mj_cache_gc(mj_cache *c, int64_t max_bytes, int *n_evicted) {
+    if (n_evicted) *n_evicted = 0;
+    if (!c) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_gc: NULL cache");
+    if (c->unsafe || !is_writable(c)) return MJ_OK;
+    remove_stale_temps(c);
+    return evict(c, max_bytes < 0 ? c->max_bytes : max_bytes, NULL, n_evicted);
+}

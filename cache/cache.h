@@ -1,0 +1,94 @@
+/* cache.h — the on-disk kernel cache: one self-verifying file per entry.
+ *
+ * Layout under the cache directory D ($MOEJIT_CACHE_DIR, else $XDG_CACHE_HOME/moejit, else
+ * ~/.cache/moejit), created 0700:
+ *   D/v<FORMAT>/entries/<key hex>.mjc    one entry
+ *   D/v<FORMAT>/locks/<key hex>.lock     per-key flock (released by the kernel if we die)
+ *   D/v<FORMAT>/quarantine/<key hex>.<unix ns>.bad   entries that failed verification
+ *   D/v<FORMAT>/tmp/                     temp files being written (unique names)
+ * An entry's mtime is its last-used stamp: moejit sets it on every disk hit (not atime).
+ */
+#ifndef MJ_CACHE_H
+#define MJ_CACHE_H
+
+#include "internal.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MJ_CACHE_FORMAT 1
+#define MJ_CACHE_MAGIC "MOEJITC\n" /* 8 bytes */
+#define MJ_CACHE_DEFAULT_MAX_BYTES (1024ll * 1024 * 1024)
+
+/* Key: the SHA-256 (OpenSSL) of the key text, as 64 lowercase hex characters. */
+#define MJ_KEY_HEX_LEN 64
+void mj_key_hash(const char *key_text, char hex[MJ_KEY_HEX_LEN + 1]);
+
+/* One entry's contents. The cache owns nothing of a caller's entry; lookups return one
+ * the caller frees with mj_cache_entry_free. */
+typedef struct mj_cache_entry {
+    char *key_text;            /* the full key text the hash was taken of                 */
+    char *meta_json;           /* JSON object: template, knobs, target, compiler, ptxas... */
+    uint8_t *binary;  size_t binary_len;   /* cubin (or a shared object for the sim)      */
+    char *ptx;        size_t ptx_len;      /* may be NULL / 0                              */
+    char *log;                              /* compile log, may be NULL                    */
+    char *source;                           /* the rendered source, may be NULL            */
+} mj_cache_entry;
+void mj_cache_entry_free(mj_cache_entry *e);
+
+typedef struct mj_cache_stats {
+    int64_t disk_hits, disk_misses, stores, quarantined, evicted, lock_waits;
+    int64_t refused_unsafe;    /* entries not loaded because the directory is unsafe      */
+} mj_cache_stats;
+
+typedef struct mj_cache mj_cache;
+
+/* Open (creating 0700 as needed) the cache at dir, or at the default location when dir is
+ * NULL. max_bytes <= 0: $MOEJIT_CACHE_MAX_BYTES, else MJ_CACHE_DEFAULT_MAX_BYTES.
+ * Never fails for a bad directory: a read-only, missing-and-uncreatable, or unsafe
+ * (not ours, or group/world-writable) directory gives a cache that warns once on stderr
+ * and then stores nothing (lookups miss; an unsafe directory is never read). Fails only
+ * for bad arguments or out of memory. */
+mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out);
+void mj_cache_close(mj_cache *c);
+/* The directory in use (D above) and whether entries can be read / written there. */
+const char *mj_cache_dir(const mj_cache *c);
+int mj_cache_readable(const mj_cache *c);
+int mj_cache_writable(const mj_cache *c);
+
+/* Look a key up. *found = 1 and *out filled on a verified hit (its stored key text equals
+ * key_text); a truncated, corrupted, wrong-magic, wrong-version or wrong-key entry is moved
+ * to quarantine and reported as a miss. Readers take no lock. */
+mj_status mj_cache_lookup(mj_cache *c, const char *key_hex, const char *key_text,
+                          mj_cache_entry *out, int *found);
+/* Write an entry: unique temp file, fsync, rename into place (a reader never sees half an
+ * entry), then evict least-recently-used entries while the total exceeds the cap. On an
+ * unwritable cache this is a no-op returning MJ_OK. */
+mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry *e);
+
+/* The per-key lock, held while compiling so N processes compile a key once. *waited = 1
+ * if another holder made us wait. On an unwritable cache: a no-op lock (fd -1). */
+mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited);
+void mj_cache_unlock(int fd);
+
+/* Every entry file: its key hex, size and last-used time. */
+typedef struct mj_cache_item {
+    char key_hex[MJ_KEY_HEX_LEN + 1];
+    int64_t bytes;
+    int64_t last_used_ns;
+} mj_cache_item;
+mj_status mj_cache_list(mj_cache *c, mj_cache_item **items, int *n);
+/* Parse a whole entry file (for verify and inspect): MJ_ERR_PARSE with the reason when it
+ * does not verify. */
+mj_status mj_cache_read_file(const char *path, mj_cache_entry *out);
+/* Check every entry; bad ones are quarantined. */
+mj_status mj_cache_verify(mj_cache *c, int *n_ok, int *n_bad);
+/* Evict least-recently-used entries until the total is at most max_bytes (< 0: the cap). */
+mj_status mj_cache_gc(mj_cache *c, int64_t max_bytes, int *n_evicted);
+void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out);
+
+/* Entry file encoding, exposed for tests: serialize to a buffer / parse from one. */
+mj_status mj_cache_encode(const mj_cache_entry *e, uint8_t **buf, size_t *len);
+mj_status mj_cache_decode(const uint8_t *buf, size_t len, mj_cache_entry *out);
+
+#endif

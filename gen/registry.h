@@ -1,0 +1,68 @@
+/* registry.h — what the build-time reflection tool (gen/reflect.c, libclang) knows about
+ * each kernel template, as C data. The tool writes build/gen/mj_registry.c (the tables
+ * below, with the template bodies and preludes embedded as strings) and
+ * build/gen/mj_kernels.h (one typed launch wrapper per kernel). Nothing reads template
+ * files at run time. */
+#ifndef MJ_REGISTRY_H
+#define MJ_REGISTRY_H
+
+#include <stdint.h>
+
+#define MJ_MAX_KNOBS 16
+#define MJ_MAX_KNOB_VALUES 32
+#define MJ_MAX_PARAMS 32
+
+/* Compile targets, in this order everywhere (bit i of a target mask = target i). */
+typedef enum mj_target {
+    MJ_TARGET_SM80 = 0,
+    MJ_TARGET_SM86,
+    MJ_TARGET_SM89,
+    MJ_TARGET_SM90A,
+    MJ_TARGET_SM100A,
+    MJ_TARGET_SM120A,
+    MJ_TARGET_SM121A,
+    MJ_TARGET_COUNT
+} mj_target;
+
+typedef enum mj_knob_kind { MJ_KNOB_KIND_RANGE = 0, MJ_KNOB_KIND_SET = 1 } mj_knob_kind;
+
+typedef struct mj_knob_desc {
+    const char *name;          /* the constant's name in the template, e.g. "BLOCK"      */
+    const char *ctype;         /* "int", "unsigned" or "bool"                             */
+    const char *doc;           /* what it does, one line                                  */
+    mj_knob_kind kind;
+    int32_t lo, hi;            /* RANGE: allowed lo..hi inclusive                         */
+    int32_t n_values;          /* SET: the allowed values                                 */
+    int32_t values[MJ_MAX_KNOB_VALUES];
+} mj_knob_desc;
+
+typedef struct mj_param_desc {
+    const char *name;          /* "x"                                                     */
+    const char *ctype;         /* "const float *", as spelled in the template             */
+} mj_param_desc;
+
+typedef struct mj_kernel_desc {
+    const char *name;          /* entry point (extern "C" under NVRTC)                    */
+    int32_t n_params;
+    const mj_param_desc *params;
+} mj_kernel_desc;
+
+typedef struct mj_template_desc {
+    const char *name;          /* "fixture_saxpy"                                         */
+    const char *doc;           /* one line                                                */
+    const char *file;          /* path relative to the source root, for messages          */
+    const char *body;          /* the template file's text, embedded                      */
+    uint32_t targets;          /* mask of mj_target the template declares                 */
+    int32_t n_knobs;
+    const mj_knob_desc *knobs;
+    int32_t n_kernels;
+    const mj_kernel_desc *kernels;
+} mj_template_desc;
+
+/* The generated tables. */
+extern const mj_template_desc mj_registry_templates[];
+extern const int32_t mj_registry_n_templates;
+/* Preludes, embedded from templates/prelude_*.h: for NVRTC and (later) the CPU interpreter. */
+extern const char mj_registry_prelude_cuda[];
+
+#endif

@@ -1,0 +1,267 @@
+/* render.c — a template plus its constants becomes source, and source becomes a key.
+ *
+ * A rendered file reads top to bottom as what it is:
+ *
+ *   // moejit: fixture_saxpy for sm_120a (cuda) — from tests/fixtures/saxpy.cu
+ *   // y = a*x + y with VEC consecutive elements a thread (a JIT fixture)
+ *   //   BLOCK = 256   threads per block (32..1024)
+ *   //   VEC   = 4     consecutive elements per thread (one of 1 2 4)
+ *   #define MJ_TARGET_SM 120
+ *   #define BLOCK 256
+ *   #define VEC 4
+ *   <the backend's prelude>
+ *   #line 1 "tests/fixtures/saxpy.cu"
+ *   <the template's text>
+ *
+ * Knob values are integers checked against the declared ranges before anything is
+ * written, so no caller text ever reaches the source. Same spec, same bytes.
+ */
+#include "cache.h"
+#include "jit.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- a growing string buffer, the one output helper --------------------------------- */
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+MJ_PRINTF(2, 3) static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap <= b->len + (size_t)n) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static void sb_puts(sbuf *b, const char *s) { sb_printf(b, "%s", s); }
+
+/* ---- templates and knobs ------------------------------------------------------------- */
+
+const mj_template_desc *mj_template_find(const char *name, int32_t *index) {
+    for (int32_t i = 0; name && i < mj_registry_n_templates; i++)
+        if (!strcmp(mj_registry_templates[i].name, name)) {
+            if (index) *index = i;
+            return &mj_registry_templates[i];
+        }
+    return NULL;
+}
+
+static void knob_allowed(const mj_knob_desc *k, char *buf, size_t len) {
+    if (k->kind == MJ_KNOB_KIND_RANGE) {
+        snprintf(buf, len, "%d..%d", k->lo, k->hi);
+        return;
+    }
+    size_t n = (size_t)snprintf(buf, len, "one of");
+    for (int32_t i = 0; i < k->n_values && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, " %d", k->values[i]);
+}
+
+static int knob_ok(const mj_knob_desc *k, int32_t v) {
+    if (!strcmp(k->ctype, "bool") && v != 0 && v != 1) return 0;
+    if (k->kind == MJ_KNOB_KIND_RANGE) return v >= k->lo && v <= k->hi;
+    for (int32_t i = 0; i < k->n_values; i++)
+        if (k->values[i] == v) return 1;
+    return 0;
+}
+
+mj_status mj_spec_validate(const mj_spec *s) {
+    if (!s) return mj_set_error(MJ_ERR_INVALID_ARG, "NULL specialization");
+    if (s->tpl < 0 || s->tpl >= mj_registry_n_templates)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "template index %d out of range (%d templates)",
+                            s->tpl, mj_registry_n_templates);
+    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    if ((int)s->target < 0 || s->target >= MJ_TARGET_COUNT)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: bad target %d", t->name, (int)s->target);
+    if (!(t->targets & (1u << s->target)))
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "template %s does not declare target %s (%s)",
+                            t->name, mj_target_name(s->target), t->file);
+    if ((int)s->backend < 0 || s->backend >= MJ_BACKEND_COUNT)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: bad backend %d", t->name, (int)s->backend);
+    for (int32_t i = 0; i < t->n_knobs; i++) {
+        const mj_knob_desc *k = &t->knobs[i];
+        if (!knob_ok(k, s->knobs[i])) {
+            char allowed[256];
+            knob_allowed(k, allowed, sizeof allowed);
+            return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: knob %s = %d is not allowed (%s)",
+                                t->name, k->name, s->knobs[i], allowed);
+        }
+    }
+    for (int32_t i = t->n_knobs; i < MJ_MAX_KNOBS; i++)
+        if (s->knobs[i] != 0)
+            return mj_set_error(MJ_ERR_INVALID_ARG, "template %s has %d knobs; slot %d must be 0",
+                                t->name, t->n_knobs, i);
+    return MJ_OK;
+}
+
+static const char *backend_prelude(mj_backend b) {
+    (void)b;
+    return mj_registry_prelude_cuda;
+}
+
+static const char *backend_name(mj_backend b) { return b == MJ_BACKEND_CUDA ? "cuda" : "?"; }
+
+mj_status mj_render(const mj_spec *s, char **source, size_t *len) {
+    if (!source) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_render: NULL output");
+    MJ_CHECK(mj_spec_validate(s));
+    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    sbuf b = {0};
+    sb_printf(&b, "// moejit: %s for %s (%s), from %s\n", t->name, mj_target_name(s->target),
+              backend_name(s->backend), t->file);
+    sb_printf(&b, "// %s\n", t->doc);
+    size_t w = 0;
+    for (int32_t i = 0; i < t->n_knobs; i++)
+        if (strlen(t->knobs[i].name) > w) w = strlen(t->knobs[i].name);
+    for (int32_t i = 0; i < t->n_knobs; i++) {
+        char allowed[256];
+        knob_allowed(&t->knobs[i], allowed, sizeof allowed);
+        sb_printf(&b, "//   %-*s = %-6d %s (%s %s)\n", (int)w, t->knobs[i].name, s->knobs[i],
+                  t->knobs[i].doc, t->knobs[i].ctype, allowed);
+    }
+    sb_printf(&b, "#define MJ_TARGET_SM %d\n", mj_target_sm(s->target));
+    for (int32_t i = 0; i < t->n_knobs; i++)
+        sb_printf(&b, "#define %s %d\n", t->knobs[i].name, s->knobs[i]);
+    sb_puts(&b, backend_prelude(s->backend));
+    sb_printf(&b, "#line 1 \"%s\"\n", t->file);
+    sb_puts(&b, t->body);
+    if (b.oom) {
+        free(b.p);
+        return mj_set_error(MJ_ERR_NOMEM, "out of memory rendering %s", t->name);
+    }
+    *source = b.p;
+    if (len) *len = b.len;
+    return MJ_OK;
+}
+
+mj_status mj_key_text(const mj_spec *s, const char *source, size_t len, const char *compiler,
+                      const char *options, char **text) {
+    if (!s || !source || !compiler || !options || !text)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_key_text: NULL argument");
+    (void)len;
+    char src_hash[MJ_KEY_HEX_LEN + 1];
+    mj_key_hash(source, src_hash);
+    sbuf b = {0};
+    sb_printf(&b, "moejit cache key\nformat %d\nbackend %s\ntarget %s\ncompiler %s\noptions %s\n"
+                  "template %s\nsource-sha256 %s\n",
+              MJ_CACHE_FORMAT, backend_name(s->backend), mj_target_name(s->target), compiler, options,
+              mj_registry_templates[s->tpl].name, src_hash);
+    if (b.oom) {
+        free(b.p);
+        return mj_set_error(MJ_ERR_NOMEM, "out of memory building a key");
+    }
+    *text = b.p;
+    return MJ_OK;
+}
+
+const char *mj_spec_describe(const mj_spec *s, char *buf, size_t len) {
+    if (!s || s->tpl < 0 || s->tpl >= mj_registry_n_templates) {
+        snprintf(buf, len, "(bad specialization)");
+        return buf;
+    }
+    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    size_t n = (size_t)snprintf(buf, len, "%s", t->name);
+    for (int32_t i = 0; i < t->n_knobs && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, " %s=%d", t->knobs[i].name, s->knobs[i]);
+    if (n < len) snprintf(buf + n, len - n, " %s", mj_target_name(s->target));
+    return buf;
+}
+
+/* ---- JSON lines (manifests) ---------------------------------------------------------- */
+
+mj_status mj_spec_to_json(const mj_spec *s, char **line) {
+    MJ_CHECK(mj_spec_validate(s));
+    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    json_t *o = json_object(), *k = json_object();
+    json_object_set_new(o, "template", json_string(t->name));
+    for (int32_t i = 0; i < t->n_knobs; i++) json_object_set_new(k, t->knobs[i].name, json_integer(s->knobs[i]));
+    json_object_set_new(o, "knobs", k);
+    json_object_set_new(o, "arch", json_string(mj_target_name(s->target)));
+    *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return *line ? MJ_OK : mj_set_error(MJ_ERR_NOMEM, "out of memory writing a manifest line");
+}
+
+mj_status mj_spec_from_json(const char *line, const char *where, mj_spec *out) {
+    if (!line || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_spec_from_json: NULL argument");
+    if (!where) where = "manifest";
+    json_error_t je;
+    json_t *o = json_loads(line, 0, &je);
+    if (!o) return mj_set_error(MJ_ERR_PARSE, "%s: malformed JSON at column %d: %s", where, je.column, je.text);
+    mj_status st = MJ_OK;
+    mj_spec s;
+    memset(&s, 0, sizeof s);
+    json_t *jt = json_object_get(o, "template"), *jk = json_object_get(o, "knobs"),
+           *ja = json_object_get(o, "arch");
+    const mj_template_desc *t;
+    if (!json_is_object(o) || !json_is_string(jt)) {
+        st = mj_set_error(MJ_ERR_PARSE, "%s: expected {\"template\": NAME, \"knobs\": {...}, \"arch\": ...}", where);
+        goto exit;
+    }
+    if (!(t = mj_template_find(json_string_value(jt), &s.tpl))) {
+        st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: unknown template '%s' (see 'moejit inspect templates')",
+                          where, json_string_value(jt));
+        goto exit;
+    }
+    if (!json_is_string(ja)) {
+        st = mj_set_error(MJ_ERR_PARSE, "%s: missing \"arch\" (e.g. \"sm_120a\")", where);
+        goto exit;
+    }
+    MJ_CHECK_GOTO(mj_target_parse(json_string_value(ja), &s.target), st, exit);
+    if (t->n_knobs && !json_is_object(jk)) {
+        st = mj_set_error(MJ_ERR_PARSE, "%s: missing \"knobs\" object for template %s", where, t->name);
+        goto exit;
+    }
+    if (jk && json_is_object(jk) && (int32_t)json_object_size(jk) != t->n_knobs) {
+        st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: template %s has %d knobs, the line gives %d", where,
+                          t->name, t->n_knobs, (int)json_object_size(jk));
+        goto exit;
+    }
+    for (int32_t i = 0; i < t->n_knobs; i++) {
+        json_t *v = json_object_get(jk, t->knobs[i].name);
+        if (json_is_true(v) || json_is_false(v)) {
+            s.knobs[i] = json_is_true(v);
+            continue;
+        }
+        if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX) {
+            st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: knob %s of %s must be an integer", where,
+                              t->knobs[i].name, t->name);
+            goto exit;
+        }
+        s.knobs[i] = (int32_t)json_integer_value(v);
+    }
+    s.backend = MJ_BACKEND_CUDA;
+    if ((st = mj_spec_validate(&s)) != MJ_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mj_last_error());
+        st = mj_set_error(st, "%s: %s", where, msg);
+        goto exit;
+    }
+    *out = s;
+exit:
+    json_decref(o);
+    return st;
+}

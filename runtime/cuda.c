@@ -1,0 +1,456 @@
+/* cuda.c — the CUDA driver API, dlopen'd from libcuda.so.1 at run time (never linked, and
+ * never the toolkit's stub in lib64/stubs): devices, modules, launches, and the few memory
+ * calls tests and tools need.
+ *
+ * Contexts: each device's primary context is retained once, on first use, and kept for the
+ * life of the process (as the CUDA runtime does), so device memory never disappears under
+ * a caller when its last module is unloaded. mj_cuda_bind and mj_cuda_module_load make it
+ * current on the calling thread; memory calls, launches and synchronize act in the calling
+ * thread's current context. */
+#include "jit.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- the few driver types used (cuda.h, not included) -------------------------------- */
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+};
+
+static struct {
+    CUresult (*GetErrorName)(CUresult, const char **);
+    CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*Init)(unsigned);
+    CUresult (*DriverGetVersion)(int *);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*DeviceGetName)(char *, int, CUdevice);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxSynchronize)(void);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*ModuleUnload)(CUmodule);
+    CUresult (*FuncSetAttribute)(CUfunction, int, int);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+} cu;
+
+/* The exported names: the versioned ones where cuda.h (CUDA 13) maps the plain name to a
+ * _v2 (cuMemAlloc, cuMemFree, cuMemcpyHtoD/DtoH); the others have never been versioned.
+ * The per-thread-default-stream variants (_ptds/_ptsz) are deliberately not used. */
+static const struct {
+    const char *name;
+    size_t offset;
+} k_syms[] = {
+#define SYM(f, sym) {sym, offsetof(__typeof__(cu), f)}
+    SYM(GetErrorName, "cuGetErrorName"),
+    SYM(GetErrorString, "cuGetErrorString"),
+    SYM(Init, "cuInit"),
+    SYM(DriverGetVersion, "cuDriverGetVersion"),
+    SYM(DeviceGetCount, "cuDeviceGetCount"),
+    SYM(DeviceGet, "cuDeviceGet"),
+    SYM(DeviceGetAttribute, "cuDeviceGetAttribute"),
+    SYM(DeviceGetName, "cuDeviceGetName"),
+    SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    SYM(CtxSetCurrent, "cuCtxSetCurrent"),
+    SYM(CtxGetCurrent, "cuCtxGetCurrent"),
+    SYM(CtxSynchronize, "cuCtxSynchronize"),
+    SYM(ModuleLoadData, "cuModuleLoadData"),
+    SYM(ModuleGetFunction, "cuModuleGetFunction"),
+    SYM(ModuleUnload, "cuModuleUnload"),
+    SYM(FuncSetAttribute, "cuFuncSetAttribute"),
+    SYM(LaunchKernel, "cuLaunchKernel"),
+    SYM(MemAlloc, "cuMemAlloc_v2"),
+    SYM(MemFree, "cuMemFree_v2"),
+    SYM(MemcpyHtoD, "cuMemcpyHtoD_v2"),
+    SYM(MemcpyDtoH, "cuMemcpyDtoH_v2"),
+#undef SYM
+};
+
+#define MJ_NO_DRIVER_HINT "moejit can still compile with --arch"
+#define MJ_MAX_DEVICES 64
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static mj_status g_load_status = MJ_ERR_INTERNAL;
+static char g_load_error[2048];
+static int g_n_devices;
+static pthread_mutex_t g_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext g_ctx[MJ_MAX_DEVICES];
+
+struct mj_cuda_module {
+    CUmodule mod;
+    CUcontext ctx;
+    int ordinal;
+};
+
+/* Names for when the driver cannot name its own errors (the toolkit's stub answers every
+ * call, cuGetErrorName included, with CUDA_ERROR_STUB_LIBRARY). */
+static const struct {
+    CUresult r;
+    const char *name, *text;
+} k_errors[] = {
+    {1, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {2, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {3, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {4, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {34, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"},
+    {36, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER", "the API call requires a newer CUDA driver"},
+    {46, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"},
+    {100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {102, "CUDA_ERROR_DEVICE_NOT_LICENSED", "device doesn't have valid Grid license"},
+    {200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
+    {218, "CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
+    {222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the provided PTX was compiled with an unsupported toolchain"},
+    {304, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
+    {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+    {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"},
+    {804, "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility was attempted on non supported HW"},
+    {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+/* "CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)" */
+static void describe(CUresult r, char *buf, size_t len) {
+    const char *name = NULL, *text = NULL;
+    if (!cu.GetErrorName || cu.GetErrorName(r, &name) != CUDA_SUCCESS || !name) name = NULL;
+    if (!cu.GetErrorString || cu.GetErrorString(r, &text) != CUDA_SUCCESS || !text) text = NULL;
+    if (!name)
+        for (size_t i = 0; i < sizeof k_errors / sizeof k_errors[0]; i++)
+            if (k_errors[i].r == r) {
+                name = k_errors[i].name;
+                text = k_errors[i].text;
+            }
+    if (name)
+        snprintf(buf, len, "%s (%s)", name, text ? text : "no description");
+    else
+        snprintf(buf, len, "CUresult %d", (int)r);
+}
+
+/* A failed driver call -> MJ_ERR_CUDA naming the call and the error. */
+static mj_status cuda_fail(CUresult r, const char *what) {
+    char d[256];
+    describe(r, d, sizeof d);
+    return mj_set_error(MJ_ERR_CUDA, "%s failed: %s%s", what, d,
+                        r == CUDA_ERROR_INVALID_CONTEXT
+                            ? "; no CUDA context on this thread: call mj_cuda_bind (or "
+                              "mj_cuda_module_load) on it first"
+                            : "");
+}
+
+static void load_once(void) {
+    const char *env = getenv("MOEJIT_LIBCUDA");
+    const char *path = (env && *env) ? env : "libcuda.so.1";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        if (env && *env)
+            snprintf(g_load_error, sizeof g_load_error,
+                     "no CUDA driver (MOEJIT_LIBCUDA=%s cannot be opened: %s): " MJ_NO_DRIVER_HINT,
+                     env, e ? e : "unknown error");
+        else
+            snprintf(g_load_error, sizeof g_load_error,
+                     "no CUDA driver (libcuda.so.1 not found: %s): " MJ_NO_DRIVER_HINT,
+                     e ? e : "unknown error");
+        g_load_status = MJ_ERR_NO_DEVICE;
+        return;
+    }
+    for (size_t i = 0; i < sizeof k_syms / sizeof k_syms[0]; i++) {
+        dlerror();
+        void *p = dlsym(h, k_syms[i].name);
+        if (!p) {
+            snprintf(g_load_error, sizeof g_load_error,
+                     "the CUDA driver %s has no symbol %s: it is too old for moejit or not the "
+                     "driver (update the NVIDIA driver, or set MOEJIT_LIBCUDA=/path/to/libcuda.so.1)",
+                     path, k_syms[i].name);
+            g_load_status = MJ_ERR_LIBRARY;
+            memset(&cu, 0, sizeof cu);
+            dlclose(h);
+            return;
+        }
+        memcpy((char *)&cu + k_syms[i].offset, &p, sizeof p);
+    }
+    CUresult r = cu.Init(0);
+    if (r != CUDA_SUCCESS) {
+        char d[256];
+        describe(r, d, sizeof d);
+        snprintf(g_load_error, sizeof g_load_error, "cuInit failed: %s: " MJ_NO_DRIVER_HINT, d);
+        g_load_status = MJ_ERR_NO_DEVICE;
+        return;
+    }
+    int n = 0;
+    r = cu.DeviceGetCount(&n);
+    if (r != CUDA_SUCCESS || n <= 0) {
+        char d[256] = "0 devices";
+        if (r != CUDA_SUCCESS) describe(r, d, sizeof d);
+        snprintf(g_load_error, sizeof g_load_error,
+                 "no CUDA device (cuDeviceGetCount: %s): " MJ_NO_DRIVER_HINT, d);
+        g_load_status = MJ_ERR_NO_DEVICE;
+        return;
+    }
+    g_n_devices = n;
+    g_load_status = MJ_OK;
+}
+
+mj_status mj_cuda_load(void) {
+    pthread_once(&g_once, load_once);
+    if (g_load_status != MJ_OK) return mj_set_error(g_load_status, "%s", g_load_error);
+    return MJ_OK;
+}
+
+mj_status mj_cuda_device_count(int *n) {
+    if (!n) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_device_count: n is NULL");
+    *n = 0;
+    MJ_CHECK(mj_cuda_load());
+    *n = g_n_devices;
+    return MJ_OK;
+}
+
+static mj_status check_ordinal(int ordinal) {
+    if (ordinal < 0 || ordinal >= g_n_devices || ordinal >= MJ_MAX_DEVICES)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "CUDA device %d does not exist (%d device%s)",
+                            ordinal, g_n_devices, g_n_devices == 1 ? "" : "s");
+    return MJ_OK;
+}
+
+mj_status mj_cuda_device_info(int ordinal, mj_device_info *out) {
+    if (!out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_device_info: out is NULL");
+    memset(out, 0, sizeof *out);
+    out->ordinal = ordinal;
+    out->target = MJ_TARGET_COUNT;
+    MJ_CHECK(mj_cuda_load());
+    MJ_CHECK(check_ordinal(ordinal));
+    CUdevice dev;
+    CUresult r = cu.DeviceGet(&dev, ordinal);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuDeviceGet");
+    r = cu.DeviceGetName(out->name, (int)sizeof out->name, dev);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuDeviceGetName");
+    out->name[sizeof out->name - 1] = '\0';
+    static const struct {
+        int attr;
+        size_t offset;
+        const char *what;
+    } attrs[] = {
+        {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, offsetof(mj_device_info, cc_major),
+         "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"},
+        {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, offsetof(mj_device_info, cc_minor),
+         "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"},
+        {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, offsetof(mj_device_info, sm_count),
+         "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)"},
+        {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+         offsetof(mj_device_info, smem_per_block_optin),
+         "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)"},
+        {CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, offsetof(mj_device_info, l2_bytes),
+         "cuDeviceGetAttribute(L2_CACHE_SIZE)"},
+    };
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+        int v = 0;
+        r = cu.DeviceGetAttribute(&v, attrs[i].attr, dev);
+        if (r != CUDA_SUCCESS) return cuda_fail(r, attrs[i].what);
+        memcpy((char *)out + attrs[i].offset, &v, sizeof v);
+    }
+    /* An unsupported capability still describes the device; only the target is missing. */
+    if (mj_target_from_cc(out->cc_major, out->cc_minor, &out->target) != MJ_OK) {
+        out->target = MJ_TARGET_COUNT;
+        return mj_set_error(MJ_ERR_UNSUPPORTED,
+                            "CUDA device %d (%s) has compute capability %d.%d, which moejit does "
+                            "not target (supported: 8.0, 8.6, 8.7, 8.9, 9.0, 10.0, 10.3, 12.0, 12.1)",
+                            ordinal, out->name, out->cc_major, out->cc_minor);
+    }
+    return MJ_OK;
+}
+
+/* Retain (once) and bind device ordinal's primary context on this thread. */
+static mj_status bind_ctx(int ordinal, CUcontext *ctx_out) {
+    MJ_CHECK(mj_cuda_load());
+    MJ_CHECK(check_ordinal(ordinal));
+    pthread_mutex_lock(&g_ctx_lock);
+    CUcontext ctx = g_ctx[ordinal];
+    CUresult r = CUDA_SUCCESS;
+    const char *what = NULL;
+    if (!ctx) {
+        CUdevice dev;
+        r = cu.DeviceGet(&dev, ordinal);
+        what = "cuDeviceGet";
+        if (r == CUDA_SUCCESS) {
+            r = cu.DevicePrimaryCtxRetain(&ctx, dev);
+            what = "cuDevicePrimaryCtxRetain";
+        }
+        if (r == CUDA_SUCCESS) g_ctx[ordinal] = ctx;
+    }
+    pthread_mutex_unlock(&g_ctx_lock);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, what);
+    r = cu.CtxSetCurrent(ctx);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuCtxSetCurrent");
+    if (ctx_out) *ctx_out = ctx;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_bind(int ordinal) { return bind_ctx(ordinal, NULL); }
+
+mj_status mj_cuda_module_load(int ordinal, const void *cubin, size_t len, mj_cuda_module **out) {
+    if (!out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_module_load: out is NULL");
+    *out = NULL;
+    if (!cubin || len == 0)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_module_load: empty cubin");
+    CUcontext ctx = NULL;
+    MJ_CHECK(bind_ctx(ordinal, &ctx));
+    mj_cuda_module *m = calloc(1, sizeof *m);
+    if (!m) return mj_set_error(MJ_ERR_NOMEM, "out of memory for a CUDA module");
+    /* The cubin is an ELF image that carries its own size; the driver copies it. */
+    CUresult r = cu.ModuleLoadData(&m->mod, cubin);
+    if (r != CUDA_SUCCESS) {
+        free(m);
+        char what[64];
+        snprintf(what, sizeof what, "cuModuleLoadData (device %d)", ordinal);
+        return cuda_fail(r, what);
+    }
+    m->ctx = ctx;
+    m->ordinal = ordinal;
+    *out = m;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_module_function(mj_cuda_module *m, const char *name, mj_cuda_function *out) {
+    if (!m || !name || !out)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_module_function: NULL argument");
+    *out = NULL;
+    MJ_CHECK(mj_cuda_load());
+    CUfunction f = NULL;
+    CUresult r = cu.ModuleGetFunction(&f, m->mod, name);
+    if (r == CUDA_ERROR_NOT_FOUND)
+        return mj_set_error(MJ_ERR_CUDA,
+                            "kernel '%s' is not in the module (cuModuleGetFunction: "
+                            "CUDA_ERROR_NOT_FOUND); is it extern \"C\"?",
+                            name);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuModuleGetFunction");
+    *out = (mj_cuda_function)f;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_set_max_dynamic_smem(mj_cuda_function f, int bytes) {
+    if (!f || bytes < 0)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_set_max_dynamic_smem: bad argument");
+    MJ_CHECK(mj_cuda_load());
+    CUresult r = cu.FuncSetAttribute((CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     bytes);
+    if (r != CUDA_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof what, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, %d)", bytes);
+        return cuda_fail(r, what);
+    }
+    return MJ_OK;
+}
+
+mj_status mj_cuda_launch(mj_cuda_function f, const uint32_t grid[3], const uint32_t block[3],
+                         uint32_t smem_bytes, void *stream, void **args) {
+    if (!f || !grid || !block)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_launch: NULL argument");
+    for (int i = 0; i < 3; i++)
+        if (grid[i] == 0 || block[i] == 0)
+            return mj_set_error(MJ_ERR_INVALID_ARG,
+                                "mj_cuda_launch: empty launch (grid %ux%ux%u, block %ux%ux%u)",
+                                grid[0], grid[1], grid[2], block[0], block[1], block[2]);
+    MJ_CHECK(mj_cuda_load());
+    CUresult r = cu.LaunchKernel((CUfunction)f, grid[0], grid[1], grid[2], block[0], block[1],
+                                 block[2], smem_bytes, (CUstream)stream, args, NULL);
+    if (r != CUDA_SUCCESS) {
+        char what[160];
+        snprintf(what, sizeof what, "cuLaunchKernel (grid %ux%ux%u, block %ux%ux%u, %u bytes smem)",
+                 grid[0], grid[1], grid[2], block[0], block[1], block[2], smem_bytes);
+        return cuda_fail(r, what);
+    }
+    return MJ_OK;
+}
+
+void mj_cuda_module_unload(mj_cuda_module *m) {
+    if (!m) return;
+    if (mj_cuda_load() == MJ_OK) {
+        /* The module belongs to its context: unload it there, then give the thread back
+         * whatever context it had. */
+        CUcontext prev = NULL;
+        if (cu.CtxGetCurrent(&prev) != CUDA_SUCCESS) prev = m->ctx;
+        if (prev != m->ctx) cu.CtxSetCurrent(m->ctx);
+        cu.ModuleUnload(m->mod);
+        if (prev != m->ctx) cu.CtxSetCurrent(prev);
+    }
+    free(m);
+}
+
+/* ---- memory (tests and tools) ---------------------------------------------------------- */
+mj_status mj_cuda_malloc(size_t bytes, uint64_t *dptr) {
+    if (!dptr) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_malloc: dptr is NULL");
+    *dptr = 0;
+    MJ_CHECK(mj_cuda_load());
+    CUdeviceptr p = 0;
+    CUresult r = cu.MemAlloc(&p, bytes ? bytes : 1);
+    if (r != CUDA_SUCCESS) {
+        char what[80];
+        snprintf(what, sizeof what, "cuMemAlloc(%zu bytes)", bytes);
+        return cuda_fail(r, what);
+    }
+    *dptr = (uint64_t)p;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_free(uint64_t dptr) {
+    if (!dptr) return MJ_OK;
+    MJ_CHECK(mj_cuda_load());
+    CUresult r = cu.MemFree((CUdeviceptr)dptr);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuMemFree");
+    return MJ_OK;
+}
+
+mj_status mj_cuda_memcpy_htod(uint64_t dst, const void *src, size_t bytes) {
+    if (bytes == 0) return MJ_OK;
+    if (!dst || !src) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_memcpy_htod: NULL pointer");
+    MJ_CHECK(mj_cuda_load());
+    CUresult r = cu.MemcpyHtoD((CUdeviceptr)dst, src, bytes);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuMemcpyHtoD");
+    return MJ_OK;
+}
+
+mj_status mj_cuda_memcpy_dtoh(void *dst, uint64_t src, size_t bytes) {
+    if (bytes == 0) return MJ_OK;
+    if (!dst || !src) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_memcpy_dtoh: NULL pointer");
+    MJ_CHECK(mj_cuda_load());
+    CUresult r = cu.MemcpyDtoH(dst, (CUdeviceptr)src, bytes);
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuMemcpyDtoH");
+    return MJ_OK;
+}
+
+mj_status mj_cuda_synchronize(void) {
+    MJ_CHECK(mj_cuda_load());
+    CUresult r = cu.CtxSynchronize();
+    if (r != CUDA_SUCCESS) return cuda_fail(r, "cuCtxSynchronize");
+    return MJ_OK;
+}

@@ -1,0 +1,439 @@
+/* jit.c — the context: specialization -> function, through memory, disk and NVRTC.
+ *
+ *   mj_jit_get(spec)
+ *     1. memory: hash the spec's integers, look in the table under a read lock. Done.
+ *     2. otherwise one thread builds it (others wanting the same spec wait for it):
+ *        render -> key text -> SHA-256 -> disk lookup (verified) -> hit: done.
+ *        miss: strict mode? error naming the key. Else take the key's file lock, look again
+ *        (another process may have just written it), compile with NVRTC, store, unlock.
+ *     3. with a device, load the cubin and look up each kernel of the template.
+ * A failed build is remembered, so a bad spec is not recompiled on every call.
+ */
+#include "jit.h"
+
+#include "cache.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { FN_BUILDING = 0, FN_READY = 1, FN_FAILED = 2 };
+
+struct mj_function {
+    mj_spec spec;
+    int state;
+    mj_status fail_status;
+    char *fail_message;
+    char key_hex[MJ_KEY_HEX_LEN + 1];
+    mj_cache_entry entry;             /* binary, ptx, log, source, meta                    */
+    mj_ptxas_report report;
+    int from_disk;
+    mj_cuda_module *module;           /* NULL in a compile-only context                    */
+    mj_cuda_function fns[8];          /* per kernel of the template (first 8)              */
+    int n_fns;
+};
+
+typedef struct slot {
+    uint64_t hash;
+    mj_function *fn;                  /* NULL: empty                                        */
+} slot;
+
+struct mj_context {
+    mj_cache *cache;
+    int strict;
+    int device;                       /* ordinal or MJ_DEVICE_NONE                          */
+    mj_device_info dev;
+    char *record_path;
+    pthread_rwlock_t table_lock;
+    slot *slots;
+    size_t n_slots, n_used;
+    pthread_mutex_t build_mu;
+    pthread_cond_t build_cv;
+    _Atomic int64_t mem_hits, mem_misses, compiles, compile_failures, strict_misses;
+    _Atomic int64_t compile_us;
+};
+
+/* ---- the in-memory table: open addressing over a hash of the spec's integers -------- */
+
+static uint64_t spec_hash(const mj_spec *s) {
+    /* FNV-1a over the fields, then a final mix; integers only. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    const int32_t head[3] = {s->tpl, (int32_t)s->target, (int32_t)s->backend};
+    for (int i = 0; i < 3; i++) h = (h ^ (uint32_t)head[i]) * 0x100000001b3ull;
+    for (int i = 0; i < MJ_MAX_KNOBS; i++) h = (h ^ (uint32_t)s->knobs[i]) * 0x100000001b3ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+static int spec_eq(const mj_spec *a, const mj_spec *b) {
+    return a->tpl == b->tpl && a->target == b->target && a->backend == b->backend &&
+           !memcmp(a->knobs, b->knobs, sizeof a->knobs);
+}
+
+/* Caller holds the table lock (read or write). */
+static mj_function *table_find(const mj_context_t c, const mj_spec *s, uint64_t h) {
+    if (!c->n_slots) return NULL;
+    for (size_t i = h & (c->n_slots - 1);; i = (i + 1) & (c->n_slots - 1)) {
+        slot *e = &c->slots[i];
+        if (!e->fn) return NULL;
+        if (e->hash == h && spec_eq(&e->fn->spec, s)) return e->fn;
+    }
+}
+
+/* Caller holds the write lock. */
+static mj_status table_insert(mj_context_t c, mj_function *fn, uint64_t h) {
+    if ((c->n_used + 1) * 2 > c->n_slots) {
+        size_t n = c->n_slots ? c->n_slots * 2 : 256;
+        slot *s = calloc(n, sizeof *s);
+        if (!s) return mj_set_error(MJ_ERR_NOMEM, "out of memory growing the kernel table");
+        for (size_t i = 0; i < c->n_slots; i++) {
+            if (!c->slots[i].fn) continue;
+            size_t j = c->slots[i].hash & (n - 1);
+            while (s[j].fn) j = (j + 1) & (n - 1);
+            s[j] = c->slots[i];
+        }
+        free(c->slots);
+        c->slots = s;
+        c->n_slots = n;
+    }
+    size_t j = h & (c->n_slots - 1);
+    while (c->slots[j].fn) j = (j + 1) & (c->n_slots - 1);
+    c->slots[j].hash = h;
+    c->slots[j].fn = fn;
+    c->n_used++;
+    return MJ_OK;
+}
+
+/* ---- context ------------------------------------------------------------------------- */
+
+static int env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
+    mj_context_options def = MJ_CONTEXT_OPTIONS_INIT;
+    if (!out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_create: NULL output");
+    if (!opts) opts = &def;
+    if (opts->struct_size != sizeof(mj_context_options))
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_context_options.struct_size is %u, expected %zu: initialize it "
+                            "with MJ_CONTEXT_OPTIONS_INIT",
+                            opts->struct_size, sizeof(mj_context_options));
+    mj_context_t c = calloc(1, sizeof *c);
+    if (!c) return mj_set_error(MJ_ERR_NOMEM, "out of memory creating a context");
+    mj_status st = MJ_OK;
+    pthread_rwlock_init(&c->table_lock, NULL);
+    pthread_mutex_init(&c->build_mu, NULL);
+    pthread_cond_init(&c->build_cv, NULL);
+    c->strict = opts->strict < 0 ? env_flag("MOEJIT_STRICT") : opts->strict != 0;
+    c->device = MJ_DEVICE_NONE;
+    const char *rec = getenv("MOEJIT_RECORD");
+    if (rec && *rec && !(c->record_path = strdup(rec))) {
+        st = mj_set_error(MJ_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    MJ_CHECK_GOTO(mj_cache_open(opts->cache_dir, opts->cache_max_bytes, &c->cache), st, fail);
+    if (opts->device >= 0 || opts->device == MJ_DEVICE_AUTO) {
+        int ordinal = opts->device >= 0 ? opts->device : 0;
+        mj_status ds = mj_cuda_load();
+        if (ds == MJ_OK) ds = mj_cuda_device_info(ordinal, &c->dev);
+        if (ds == MJ_OK) c->device = ordinal;
+        else if (opts->device >= 0) {
+            st = ds;
+            goto fail;
+        }
+        mj_clear_error();
+    }
+    *out = c;
+    return MJ_OK;
+fail:
+    mj_context_destroy(c);
+    return st;
+}
+
+static void function_free(mj_function *f) {
+    if (!f) return;
+    if (f->module) mj_cuda_module_unload(f->module);
+    mj_cache_entry_free(&f->entry);
+    free(f->fail_message);
+    free(f);
+}
+
+mj_status mj_context_destroy(mj_context_t c) {
+    if (!c) return MJ_OK;
+    for (size_t i = 0; i < c->n_slots; i++) function_free(c->slots[i].fn);
+    free(c->slots);
+    mj_cache_close(c->cache);
+    free(c->record_path);
+    pthread_rwlock_destroy(&c->table_lock);
+    pthread_mutex_destroy(&c->build_mu);
+    pthread_cond_destroy(&c->build_cv);
+    free(c);
+    return MJ_OK;
+}
+
+mj_status mj_context_stats(mj_context_t c, mj_jit_stats *out) {
+    if (!c || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_stats: NULL argument");
+    mj_cache_stats cs;
+    mj_cache_get_stats(c->cache, &cs);
+    memset(out, 0, sizeof *out);
+    out->mem_hits = c->mem_hits;
+    out->mem_misses = c->mem_misses;
+    out->disk_hits = cs.disk_hits;
+    out->disk_misses = cs.disk_misses;
+    out->compiles = c->compiles;
+    out->compile_failures = c->compile_failures;
+    out->compile_ms = (double)c->compile_us / 1000.0;
+    out->quarantined = cs.quarantined;
+    out->lock_waits = cs.lock_waits;
+    out->evicted = cs.evicted;
+    out->strict_misses = c->strict_misses;
+    out->refused_unsafe = cs.refused_unsafe;
+    return MJ_OK;
+}
+
+/* ---- building one function ------------------------------------------------------------ */
+
+static char *meta_json(const mj_spec *s, const char *compiler, const char *options,
+                       const mj_compile_result *r) {
+    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    json_t *o = json_object(), *k = json_object(), *p = json_object(), *ks = json_array();
+    json_object_set_new(o, "template", json_string(t->name));
+    for (int32_t i = 0; i < t->n_knobs; i++) json_object_set_new(k, t->knobs[i].name, json_integer(s->knobs[i]));
+    json_object_set_new(o, "knobs", k);
+    json_object_set_new(o, "arch", json_string(mj_target_name(s->target)));
+    json_object_set_new(o, "backend", json_string("cuda"));
+    json_object_set_new(o, "compiler", json_string(compiler));
+    json_object_set_new(o, "options", json_string(options));
+    json_object_set_new(o, "moejit", json_string(MJ_VERSION_STRING));
+    json_object_set_new(o, "compile_ms", json_real(r->compile_ms));
+    json_object_set_new(o, "created_unix", json_integer((json_int_t)time(NULL)));
+    json_object_set_new(p, "registers", json_integer(r->report.registers));
+    json_object_set_new(p, "spill_stores", json_integer(r->report.spill_stores));
+    json_object_set_new(p, "spill_loads", json_integer(r->report.spill_loads));
+    json_object_set_new(p, "stack_frame", json_integer(r->report.stack_frame));
+    json_object_set_new(p, "smem_static", json_integer(r->report.smem_static));
+    json_object_set_new(p, "cmem0", json_integer(r->report.cmem0));
+    json_object_set_new(p, "functions", json_integer(r->report.n_functions));
+    json_object_set_new(o, "ptxas", p);
+    for (int32_t i = 0; i < t->n_kernels; i++) json_array_append_new(ks, json_string(t->kernels[i].name));
+    json_object_set_new(o, "kernels", ks);
+    char *txt = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(6));
+    json_decref(o);
+    return txt;
+}
+
+/* The ptxas numbers back from an entry's metadata (a disk hit). */
+static void report_from_meta(const char *meta, mj_ptxas_report *r) {
+    memset(r, 0, sizeof *r);
+    json_t *o = json_loads(meta, 0, NULL), *p = o ? json_object_get(o, "ptxas") : NULL;
+    if (p) {
+        r->registers = (int32_t)json_integer_value(json_object_get(p, "registers"));
+        r->spill_stores = (int32_t)json_integer_value(json_object_get(p, "spill_stores"));
+        r->spill_loads = (int32_t)json_integer_value(json_object_get(p, "spill_loads"));
+        r->stack_frame = (int32_t)json_integer_value(json_object_get(p, "stack_frame"));
+        r->smem_static = (int32_t)json_integer_value(json_object_get(p, "smem_static"));
+        r->cmem0 = (int32_t)json_integer_value(json_object_get(p, "cmem0"));
+        r->n_functions = (int32_t)json_integer_value(json_object_get(p, "functions"));
+    }
+    json_decref(o);
+}
+
+/* Append the spec to $MOEJIT_RECORD as one manifest line (one write: atomic with O_APPEND). */
+static void record_miss(mj_context_t c, const mj_spec *s) {
+    if (!c->record_path) return;
+    char *line = NULL;
+    if (mj_spec_to_json(s, &line) != MJ_OK) return;
+    size_t n = strlen(line);
+    char *buf = malloc(n + 2);
+    if (buf) {
+        memcpy(buf, line, n);
+        buf[n] = '\n';
+        int fd = open(c->record_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            ssize_t w = write(fd, buf, n + 1);
+            (void)w;
+            close(fd);
+        }
+    }
+    free(buf);
+    free(line);
+}
+
+static mj_status compile_entry(mj_context_t c, const mj_spec *s, char *source, char *key_text,
+                               const char *compiler, const char *options, mj_function *f) {
+    mj_compile_result r;
+    memset(&r, 0, sizeof r);
+    char desc[512];
+    mj_spec_describe(s, desc, sizeof desc);
+    mj_status st = mj_nvrtc_compile(source, desc, s->target, &r);
+    if (st != MJ_OK) {
+        c->compile_failures++;
+        return st;
+    }
+    c->compiles++;
+    c->compile_us += (int64_t)(r.compile_ms * 1000.0);
+    f->report = r.report;
+    f->entry.key_text = key_text;
+    f->entry.meta_json = meta_json(s, compiler, options, &r);
+    f->entry.binary = r.cubin, f->entry.binary_len = r.cubin_len;
+    f->entry.ptx = r.ptx, f->entry.ptx_len = r.ptx_len;
+    f->entry.log = r.log;
+    f->entry.source = source;
+    if (!f->entry.meta_json) return mj_set_error(MJ_ERR_NOMEM, "out of memory writing metadata");
+    /* A store that fails (disk full...) still leaves a usable kernel in memory. */
+    if (mj_cache_store(c->cache, f->key_hex, &f->entry) != MJ_OK) mj_clear_error();
+    return MJ_OK;
+}
+
+static mj_status build(mj_context_t c, mj_function *f) {
+    const mj_spec *s = &f->spec;
+    char *source = NULL, *key_text = NULL;
+    int lock_fd = -1, waited = 0, found = 0;
+    mj_status st;
+    MJ_CHECK_GOTO(mj_render(s, &source, NULL), st, exit);
+    MJ_CHECK_GOTO(mj_nvrtc_load(), st, exit);
+    int vmaj, vmin;
+    MJ_CHECK_GOTO(mj_nvrtc_version(&vmaj, &vmin), st, exit);
+    char compiler[64];
+    snprintf(compiler, sizeof compiler, "nvrtc %d.%d", vmaj, vmin);
+    const char *options = mj_nvrtc_options(s->target);
+    MJ_CHECK_GOTO(mj_key_text(s, source, strlen(source), compiler, options, &key_text), st, exit);
+    mj_key_hash(key_text, f->key_hex);
+
+    MJ_CHECK_GOTO(mj_cache_lookup(c->cache, f->key_hex, key_text, &f->entry, &found), st, exit);
+    if (!found && c->strict) {
+        char desc[512];
+        mj_spec_describe(s, desc, sizeof desc);
+        c->strict_misses++;
+        record_miss(c, s);
+        st = mj_set_error(MJ_ERR_CACHE_MISS,
+                          "strict mode: %s (key %.16s) is not in the cache %s; run 'moejit prewarm' "
+                          "for it, or unset MOEJIT_STRICT",
+                          desc, f->key_hex, mj_cache_dir(c->cache));
+        goto exit;
+    }
+    if (!found) {
+        MJ_CHECK_GOTO(mj_cache_lock(c->cache, f->key_hex, &lock_fd, &waited), st, exit);
+        /* Someone may have compiled it while we waited for the lock. */
+        MJ_CHECK_GOTO(mj_cache_lookup(c->cache, f->key_hex, key_text, &f->entry, &found), st, exit);
+    }
+    if (found) {
+        f->from_disk = 1;
+        report_from_meta(f->entry.meta_json, &f->report);
+    } else {
+        record_miss(c, s);
+        st = compile_entry(c, s, source, key_text, compiler, options, f);
+        if (st == MJ_OK) source = key_text = NULL; /* owned by f->entry now */
+        if (st != MJ_OK) goto exit;
+    }
+    if (c->device != MJ_DEVICE_NONE) {
+        const mj_template_desc *t = &mj_registry_templates[s->tpl];
+        MJ_CHECK_GOTO(mj_cuda_module_load(c->device, f->entry.binary, f->entry.binary_len, &f->module),
+                      st, exit);
+        f->n_fns = t->n_kernels < 8 ? t->n_kernels : 8;
+        for (int i = 0; i < f->n_fns; i++)
+            MJ_CHECK_GOTO(mj_cuda_module_function(f->module, t->kernels[i].name, &f->fns[i]), st, exit);
+    }
+    st = MJ_OK;
+exit:
+    if (lock_fd >= 0) mj_cache_unlock(lock_fd);
+    free(source);
+    free(key_text);
+    return st;
+}
+
+mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) {
+    if (!c || !s || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_jit_get: NULL argument");
+    uint64_t h = spec_hash(s);
+    pthread_rwlock_rdlock(&c->table_lock);
+    mj_function *f = table_find(c, s, h);
+    pthread_rwlock_unlock(&c->table_lock);
+    if (f && f->state == FN_READY) {
+        c->mem_hits++;
+        *out = f;
+        return MJ_OK;
+    }
+    MJ_CHECK(mj_spec_validate(s));
+
+    /* Slow path: insert a placeholder so one thread builds and the others wait for it. */
+    pthread_mutex_lock(&c->build_mu);
+    pthread_rwlock_wrlock(&c->table_lock);
+    f = table_find(c, s, h);
+    int builder = 0;
+    mj_status st = MJ_OK;
+    if (!f) {
+        f = calloc(1, sizeof *f);
+        if (!f) st = mj_set_error(MJ_ERR_NOMEM, "out of memory");
+        else {
+            f->spec = *s;
+            f->state = FN_BUILDING;
+            if ((st = table_insert(c, f, h)) != MJ_OK) free(f), f = NULL;
+            else builder = 1;
+        }
+    }
+    pthread_rwlock_unlock(&c->table_lock);
+    if (st != MJ_OK) {
+        pthread_mutex_unlock(&c->build_mu);
+        return st;
+    }
+    c->mem_misses++;
+    if (builder) {
+        pthread_mutex_unlock(&c->build_mu);
+        st = build(c, f);
+        pthread_mutex_lock(&c->build_mu);
+        if (st == MJ_OK) f->state = FN_READY;
+        else {
+            f->state = FN_FAILED;
+            f->fail_status = st;
+            f->fail_message = strdup(mj_last_error());
+        }
+        pthread_cond_broadcast(&c->build_cv);
+    }
+    while (f->state == FN_BUILDING) pthread_cond_wait(&c->build_cv, &c->build_mu);
+    pthread_mutex_unlock(&c->build_mu);
+    if (f->state == FN_FAILED) {
+        if (!builder) mj_set_error(f->fail_status, "%s", f->fail_message ? f->fail_message : "build failed");
+        return f->fail_status;
+    }
+    *out = f;
+    return MJ_OK;
+}
+
+const char *mj_function_key(const mj_function *f) { return f->key_hex; }
+const mj_ptxas_report *mj_function_report(const mj_function *f) { return &f->report; }
+const char *mj_function_source(const mj_function *f) { return f->entry.source; }
+
+mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_launch_dims d,
+                             void **args, int nargs) {
+    if (!fn) return mj_set_error(MJ_ERR_INVALID_ARG, "launch: NULL function");
+    const mj_template_desc *t = &mj_registry_templates[fn->spec.tpl];
+    if (fn->spec.tpl != tpl || kernel < 0 || kernel >= t->n_kernels || t->kernels[kernel].n_params != nargs)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "launch: this function is template %s, not the one the wrapper was made for",
+                            t->name);
+    if (!fn->module)
+        return mj_set_error(MJ_ERR_NO_DEVICE,
+                            "launch of %s: this context has no device (compile-only); create it "
+                            "with a CUDA device to run kernels", t->kernels[kernel].name);
+    if (kernel >= fn->n_fns) return mj_set_error(MJ_ERR_INTERNAL, "kernel index %d not loaded", kernel);
+    return mj_cuda_launch(fn->fns[kernel], d.grid, d.block, d.smem, d.stream, args);
+}
+
+mj_status mj_prewarm_json(mj_context_t c, const char *line, int *was_cached) {
+    if (!c || !line) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_prewarm_json: NULL argument");
+    mj_spec s;
+    MJ_CHECK(mj_spec_from_json(line, "manifest", &s));
+    const mj_function *f;
+    MJ_CHECK(mj_jit_get(c, &s, &f));
+    if (was_cached) *was_cached = f->from_disk;
+    return MJ_OK;
+}

@@ -1,0 +1,114 @@
+/* bench_jit.c — how long the JIT takes: median cold compile of each template for sm_120a,
+ * a warm (disk hit) load, and the in-memory lookup a hot launch pays. Prints numbers; it is
+ * a benchmark target (make bench_jit), not a test. */
+#include "cache.h"
+#include "jit.h"
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static void die(const char *what, mj_status s) {
+    fprintf(stderr, "bench_jit: %s: %s: %s\n", what, mj_status_string(s), mj_last_error());
+    exit(1);
+}
+
+static mj_spec first_spec(int32_t tpl, mj_target t) {
+    mj_spec s;
+    memset(&s, 0, sizeof s);
+    s.tpl = tpl, s.target = t, s.backend = MJ_BACKEND_CUDA;
+    const mj_template_desc *d = &mj_registry_templates[tpl];
+    for (int32_t i = 0; i < d->n_knobs; i++)
+        s.knobs[i] = d->knobs[i].kind == MJ_KNOB_KIND_RANGE ? d->knobs[i].lo : d->knobs[i].values[0];
+    return s;
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (reps < 1) reps = 1;
+    mj_status st = mj_nvrtc_load();
+    if (st != MJ_OK) die("loading NVRTC", st);
+    int vmaj, vmin;
+    mj_nvrtc_version(&vmaj, &vmin);
+    printf("NVRTC %d.%d, %d repetitions, target sm_120a\n\n", vmaj, vmin, reps);
+
+    /* Cold compile: render + NVRTC (source to cubin, with the ptxas report). */
+    printf("%-24s %12s %12s %12s\n", "template", "median ms", "min ms", "max ms");
+    double *t = malloc(sizeof *t * (size_t)reps);
+    for (int32_t i = 0; i < mj_registry_n_templates; i++) {
+        mj_spec s = first_spec(i, MJ_TARGET_SM120A);
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_ms();
+            char *src;
+            if ((st = mj_render(&s, &src, NULL)) != MJ_OK) die("render", st);
+            mj_compile_result cr;
+            if ((st = mj_nvrtc_compile(src, mj_registry_templates[i].name, s.target, &cr)) != MJ_OK) die("compile", st);
+            t[r] = now_ms() - t0;
+            mj_compile_result_free(&cr);
+            free(src);
+        }
+        double med = median(t, reps);
+        printf("%-24s %12.1f %12.1f %12.1f\n", mj_registry_templates[i].name, med, t[0], t[reps - 1]);
+    }
+
+    /* Warm load: a fresh context finds the entry on disk (open, read, verify checksum). */
+    char dir[] = "/tmp/mj-bench-jit-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = dir;
+    o.device = MJ_DEVICE_NONE;
+    mj_context_t ctx;
+    if ((st = mj_context_create(&o, &ctx)) != MJ_OK) die("context", st);
+    mj_spec hot = first_spec(0, MJ_TARGET_SM120A);
+    const mj_function *f;
+    if ((st = mj_jit_get(ctx, &hot, &f)) != MJ_OK) die("get", st);
+    int warm_n = reps * 3;
+    double *w = malloc(sizeof *w * (size_t)warm_n);
+    for (int r = 0; r < warm_n; r++) {
+        mj_context_t c2;
+        if ((st = mj_context_create(&o, &c2)) != MJ_OK) die("context", st);
+        double t0 = now_ms();
+        if ((st = mj_jit_get(c2, &hot, &f)) != MJ_OK) die("warm get", st);
+        w[r] = now_ms() - t0;
+        mj_context_destroy(c2);
+    }
+    printf("\nwarm load (disk hit: render, key, read, verify), %s: median %.3f ms\n",
+           mj_registry_templates[0].name, median(w, warm_n));
+
+    /* Hot lookup: the in-memory table, as a launch pays it. */
+    const long n = 2000000;
+    double t0 = now_ms();
+    for (long i = 0; i < n; i++)
+        if (mj_jit_get(ctx, &hot, &f) != MJ_OK) die("hot get", MJ_ERR_INTERNAL);
+    double ns = (now_ms() - t0) * 1e6 / (double)n;
+    printf("in-memory lookup (one spec, %ld calls): %.1f ns per call\n", n, ns);
+
+    mj_context_destroy(ctx);
+    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    free(t), free(w);
+    return 0;
+}

@@ -1,0 +1,319 @@
+/* test_jit.c — the JIT pipeline without a GPU: registry, rendering, keys, every template
+ * compiled for every target it declares (0 spills), memory / disk / strict / record paths,
+ * concurrent requests in one process, and launches refused in a compile-only context. */
+#include "cache.h"
+#include "jit.h"
+#include "mj_kernels.h"
+#include "test.h"
+
+#include <ftw.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+static void rm_rf(const char *dir) { nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+static char *make_tmpdir(void) {
+    char tmpl[] = "/tmp/mj-test-jit-XXXXXX";
+    char *d = mkdtemp(tmpl);
+    return d ? strdup(d) : NULL;
+}
+
+static mj_context_t make_ctx(const char *dir, int strict) {
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = dir;
+    o.device = MJ_DEVICE_NONE;
+    o.strict = strict;
+    mj_context_t c = NULL;
+    CHECK_OK(mj_context_create(&o, &c));
+    return c;
+}
+
+/* The first allowed value of every knob, with BLOCK-dependent knobs kept consistent. */
+static mj_spec default_spec(int32_t tpl, mj_target t) {
+    mj_spec s;
+    memset(&s, 0, sizeof s);
+    s.tpl = tpl;
+    s.target = t;
+    s.backend = MJ_BACKEND_CUDA;
+    const mj_template_desc *d = &mj_registry_templates[tpl];
+    for (int32_t i = 0; i < d->n_knobs; i++)
+        s.knobs[i] = d->knobs[i].kind == MJ_KNOB_KIND_RANGE ? d->knobs[i].lo : d->knobs[i].values[0];
+    return s;
+}
+
+static mj_spec saxpy_spec(int block, int vec, mj_target t) {
+    int32_t tpl = -1;
+    CHECK(mj_template_find("fixture_saxpy", &tpl) != NULL, "fixture_saxpy not in the registry");
+    mj_spec s = default_spec(tpl < 0 ? 0 : tpl, t);
+    s.knobs[0] = block;
+    s.knobs[1] = vec;
+    return s;
+}
+
+typedef struct thr_arg {
+    mj_context_t ctx;
+    mj_spec spec;
+    mj_status st;
+    const mj_function *fn;
+} thr_arg;
+
+static void *thr_get(void *p) {
+    thr_arg *a = p;
+    a->st = mj_jit_get(a->ctx, &a->spec, &a->fn);
+    return NULL;
+}
+
+int main(void) {
+    char *dir = make_tmpdir();
+    CHECK(dir != NULL, "mkdtemp failed");
+    if (!dir) return test_finish();
+    char record[4200];
+    snprintf(record, sizeof record, "%s.record.jsonl", dir);
+    unlink(record);
+    setenv("MOEJIT_RECORD", record, 1);
+
+    /* 1. The registry holds the fixtures as reflected from their files. */
+    int32_t isax = -1, isum = -1;
+    const mj_template_desc *sax = mj_template_find("fixture_saxpy", &isax);
+    const mj_template_desc *sum = mj_template_find("fixture_block_sum", &isum);
+    CHECK(sax && sum, "fixtures missing from the registry (%d templates)", mj_registry_n_templates);
+    if (!sax || !sum) return test_finish();
+    CHECK(sax->n_knobs == 2 && !strcmp(sax->knobs[0].name, "BLOCK") && sax->knobs[0].lo == 32 &&
+          sax->knobs[0].hi == 1024 && sax->knobs[1].kind == MJ_KNOB_KIND_SET && sax->knobs[1].n_values == 3 &&
+          sax->knobs[1].values[2] == 4, "saxpy knobs");
+    CHECK(sax->n_kernels == 1 && sax->kernels[0].n_params == 4 && !strcmp(sax->kernels[0].params[2].name, "x"),
+          "saxpy kernel signature");
+    CHECK(sum->n_kernels == 2 && !strcmp(sum->kernels[1].name, "fixture_block_sum_final"), "block_sum kernels");
+    CHECK(sax->targets == (1u << MJ_TARGET_COUNT) - 1, "saxpy declares all targets: %#x", sax->targets);
+    CHECK(strstr(sax->body, "MJ_KERNEL void fixture_saxpy") != NULL, "body embedded");
+
+    /* 2. Rendering is deterministic and says what it is. */
+    mj_spec s = saxpy_spec(256, 4, MJ_TARGET_SM120A);
+    char *src1 = NULL, *src2 = NULL;
+    size_t l1 = 0, l2 = 0;
+    CHECK_OK(mj_render(&s, &src1, &l1));
+    CHECK_OK(mj_render(&s, &src2, &l2));
+    CHECK(src1 && src2 && l1 == l2 && !memcmp(src1, src2, l1), "render not deterministic");
+    CHECK(src1 && strstr(src1, "#define BLOCK 256\n") && strstr(src1, "#define VEC 4\n") &&
+          strstr(src1, "fixture_saxpy for sm_120a") && strstr(src1, "threads per block"),
+          "rendered header: %.300s", src1 ? src1 : "");
+    CHECK(src1 && !strstr(src1, MJ_SOURCE_DIR), "rendered source holds an absolute path");
+    mj_spec s2 = saxpy_spec(128, 4, MJ_TARGET_SM120A);
+    char *src3 = NULL;
+    CHECK_OK(mj_render(&s2, &src3, NULL));
+    CHECK(src3 && strcmp(src1, src3) != 0, "a knob change must change the source");
+    free(src3);
+
+    /* 3. Knobs out of range are refused before anything is rendered. */
+    char *bad_src = NULL;
+    mj_spec b = saxpy_spec(16, 4, MJ_TARGET_SM120A);
+    CHECK_STATUS(mj_render(&b, &bad_src, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "BLOCK") && strstr(mj_last_error(), "32..1024"), "msg: %s", mj_last_error());
+    b = saxpy_spec(1025, 4, MJ_TARGET_SM120A);
+    CHECK_STATUS(mj_render(&b, &bad_src, NULL), MJ_ERR_INVALID_ARG);
+    b = saxpy_spec(256, 3, MJ_TARGET_SM120A);
+    CHECK_STATUS(mj_render(&b, &bad_src, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "one of 1 2 4") != NULL, "msg: %s", mj_last_error());
+    b = saxpy_spec(256, 4, MJ_TARGET_SM120A);
+    b.knobs[5] = 7;
+    CHECK_STATUS(mj_render(&b, &bad_src, NULL), MJ_ERR_INVALID_ARG);
+    b = saxpy_spec(256, 4, MJ_TARGET_SM120A);
+    b.tpl = 999;
+    CHECK_STATUS(mj_render(&b, &bad_src, NULL), MJ_ERR_INVALID_ARG);
+    b = saxpy_spec(256, 4, (mj_target)42);
+    CHECK_STATUS(mj_render(&b, &bad_src, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(bad_src == NULL, "refused render wrote output");
+
+    /* 4. Every key input changes the key. */
+    const char *opts = mj_nvrtc_options(MJ_TARGET_SM120A);
+    char *k0 = NULL, *k1 = NULL;
+    char h0[MJ_KEY_HEX_LEN + 1], h1[MJ_KEY_HEX_LEN + 1];
+    CHECK_OK(mj_key_text(&s, src1, l1, "nvrtc 13.0", opts, &k0));
+    mj_key_hash(k0, h0);
+    CHECK(k0 && strstr(k0, "format 1\n") && strstr(k0, "target sm_120a\n") && strstr(k0, "source-sha256 ") &&
+              strstr(k0, "template fixture_saxpy\n"),
+          "key text: %s", k0 ? k0 : "");
+    CHECK(strstr(k0, MJ_SOURCE_DIR) == NULL, "key text holds an absolute path");
+    {
+        char *mod = strdup(src1);
+        mod[l1 - 2] ^= 1; /* one source byte */
+        CHECK_OK(mj_key_text(&s, mod, l1, "nvrtc 13.0", opts, &k1));
+        mj_key_hash(k1, h1);
+        CHECK(strcmp(h0, h1) != 0, "source byte did not change the key");
+        free(k1), free(mod);
+        CHECK_OK(mj_key_text(&s, src1, l1, "nvrtc 13.0", "-arch=sm_120a -O2", &k1));
+        mj_key_hash(k1, h1);
+        CHECK(strcmp(h0, h1) != 0, "options did not change the key");
+        free(k1);
+        CHECK_OK(mj_key_text(&s, src1, l1, "nvrtc 13.1", opts, &k1));
+        mj_key_hash(k1, h1);
+        CHECK(strcmp(h0, h1) != 0, "compiler version did not change the key");
+        free(k1);
+        mj_spec s90 = s;
+        s90.target = MJ_TARGET_SM121A;
+        CHECK_OK(mj_key_text(&s90, src1, l1, "nvrtc 13.0", opts, &k1));
+        mj_key_hash(k1, h1);
+        CHECK(strcmp(h0, h1) != 0, "arch did not change the key");
+        free(k1);
+        /* The format version is a line of the key text: changing it changes the hash. */
+        char *fmt = strdup(k0);
+        char *p = strstr(fmt, "format 1\n");
+        if (p) p[7] = '2';
+        mj_key_hash(fmt, h1);
+        CHECK(p && strcmp(h0, h1) != 0, "format version line did not change the key");
+        free(fmt);
+    }
+    CHECK(strcmp(mj_nvrtc_options(MJ_TARGET_SM120A), mj_nvrtc_options(MJ_TARGET_SM90A)) != 0,
+          "options must name the target");
+
+    /* 5. Every template compiles for every target it declares, with 0 spills. */
+    mj_context_t ctx = make_ctx(dir, 0);
+    if (!ctx) return test_finish();
+    int n_compiled = 0;
+    for (int32_t t = 0; t < mj_registry_n_templates; t++)
+        for (int a = 0; a < MJ_TARGET_COUNT; a++) {
+            if (!(mj_registry_templates[t].targets & (1u << a))) continue;
+            mj_spec ds = default_spec(t, (mj_target)a);
+            const mj_function *f = NULL;
+            CHECK_OK(mj_jit_get(ctx, &ds, &f));
+            if (!f) continue;
+            const mj_ptxas_report *r = mj_function_report(f);
+            CHECK(r->registers > 0 && r->spill_stores == 0 && r->spill_loads == 0,
+                  "%s on %s: %d registers, %d/%d spill bytes", mj_registry_templates[t].name,
+                  mj_target_name((mj_target)a), r->registers, r->spill_stores, r->spill_loads);
+            n_compiled++;
+        }
+    printf("compiled %d template x target combinations\n", n_compiled);
+    CHECK(n_compiled >= 2 * MJ_TARGET_COUNT, "only %d compiled", n_compiled);
+    /* A bigger specialization of each fixture too. */
+    mj_spec big = saxpy_spec(1024, 4, MJ_TARGET_SM120A);
+    const mj_function *fbig = NULL;
+    CHECK_OK(mj_jit_get(ctx, &big, &fbig));
+    mj_spec bs = default_spec(isum, MJ_TARGET_SM120A);
+    bs.knobs[0] = 512, bs.knobs[1] = 8, bs.knobs[2] = 4096;
+    const mj_function *fsum = NULL;
+    CHECK_OK(mj_jit_get(ctx, &bs, &fsum));
+    if (fsum) CHECK(mj_function_report(fsum)->smem_static == 4096 * 4, "static smem %d", mj_function_report(fsum)->smem_static);
+
+    /* 6. Memory hits: same pointer, no compile. */
+    mj_jit_stats st0, st1;
+    CHECK_OK(mj_context_stats(ctx, &st0));
+    const mj_function *f1 = NULL, *f2 = NULL;
+    CHECK_OK(mj_jit_get(ctx, &s, &f1));
+    CHECK_OK(mj_jit_get(ctx, &s, &f2));
+    CHECK_OK(mj_context_stats(ctx, &st1));
+    CHECK(f1 && f1 == f2, "memory hit returned another function");
+    CHECK(st1.compiles == st0.compiles + 1 && st1.mem_hits == st0.mem_hits + 1, "compiles %lld->%lld hits %lld->%lld",
+          (long long)st0.compiles, (long long)st1.compiles, (long long)st0.mem_hits, (long long)st1.mem_hits);
+    if (f1) CHECK(strcmp(mj_function_source(f1), src1) == 0, "stored source is the rendered one");
+
+    /* 7. A launch in a compile-only context is refused through the typed wrapper. */
+    mj_launch_dims d = {{1, 1, 1}, {256, 1, 1}, 0, NULL};
+    CHECK_STATUS(mj_launch_fixture_saxpy(f1, d, 16, 2.0f, NULL, NULL), MJ_ERR_NO_DEVICE);
+    CHECK_STATUS(mj_launch_fixture_block_sum(f1, d, NULL, 16, NULL), MJ_ERR_INVALID_ARG);
+
+    /* 8. A second context on the same directory loads from disk and compiles nothing. */
+    mj_context_t ctx2 = make_ctx(dir, 0);
+    const mj_function *g = NULL;
+    CHECK_OK(mj_jit_get(ctx2, &s, &g));
+    mj_jit_stats st2;
+    CHECK_OK(mj_context_stats(ctx2, &st2));
+    CHECK(st2.disk_hits == 1 && st2.compiles == 0, "disk hits %lld compiles %lld", (long long)st2.disk_hits,
+          (long long)st2.compiles);
+    if (g && f1) CHECK(!strcmp(mj_function_key(g), mj_function_key(f1)), "same key across contexts");
+    if (g) CHECK(mj_function_report(g)->registers == mj_function_report(f1)->registers, "report restored from metadata");
+    mj_context_destroy(ctx2);
+
+    /* 9. Strict mode: a miss is an error naming the key; a hit is fine. */
+    char *dir2 = make_tmpdir();
+    mj_context_t strict = make_ctx(dir2, 1);
+    const mj_function *h = NULL;
+    CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS);
+    CHECK(strstr(mj_last_error(), "fixture_saxpy BLOCK=256 VEC=4 sm_120a") && strstr(mj_last_error(), "prewarm"),
+          "strict message: %s", mj_last_error());
+    CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS); /* remembered, same answer */
+    mj_jit_stats sst;
+    CHECK_OK(mj_context_stats(strict, &sst));
+    CHECK(sst.compiles == 0 && sst.strict_misses == 1, "strict compiled %lld", (long long)sst.compiles);
+    mj_context_destroy(strict);
+    setenv("MOEJIT_STRICT", "1", 1);
+    strict = make_ctx(dir, -1); /* from the environment */
+    CHECK_OK(mj_jit_get(strict, &s, &h));
+    mj_spec unseen = saxpy_spec(96, 2, MJ_TARGET_SM89);
+    CHECK_STATUS(mj_jit_get(strict, &unseen, &h), MJ_ERR_CACHE_MISS);
+    mj_context_destroy(strict);
+    unsetenv("MOEJIT_STRICT");
+
+    /* 10. Concurrent requests for one spec in one process: compiled once. */
+    mj_context_t cc = make_ctx(dir2, 0);
+    thr_arg args[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        args[i].ctx = cc;
+        args[i].spec = saxpy_spec(64, 1, MJ_TARGET_SM80);
+        pthread_create(&th[i], NULL, thr_get, &args[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    mj_jit_stats cst;
+    CHECK_OK(mj_context_stats(cc, &cst));
+    for (int i = 0; i < 4; i++) CHECK(args[i].st == MJ_OK && args[i].fn == args[0].fn, "thread %d", i);
+    CHECK(cst.compiles == 1, "4 threads compiled %lld times", (long long)cst.compiles);
+    mj_context_destroy(cc);
+
+    /* 11. Manifest lines: round trip and refusals. */
+    char *line = NULL;
+    CHECK_OK(mj_spec_to_json(&s, &line));
+    CHECK(line && !strcmp(line, "{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256,\"VEC\":4},\"arch\":\"sm_120a\"}"),
+          "line %s", line ? line : "");
+    mj_spec back;
+    CHECK_OK(mj_spec_from_json(line, "t", &back));
+    CHECK(!memcmp(&back, &s, sizeof s), "manifest round trip");
+    free(line);
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"nope\",\"knobs\":{},\"arch\":\"sm_80\"}", "m:1", &back), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "m:1") && strstr(mj_last_error(), "nope"), "msg %s", mj_last_error());
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256},\"arch\":\"sm_80\"}", "m:2", &back), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256,\"VEC\":4,\"X\":1},\"arch\":\"sm_80\"}", "m:3", &back), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256,\"VEC\":4},\"arch\":\"sm_75\"}", "m:4", &back), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":\"x\",\"VEC\":4},\"arch\":\"sm_80\"}", "m:5", &back), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_spec_from_json("{\"template\":", "m:6", &back), MJ_ERR_PARSE);
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":2000,\"VEC\":4},\"arch\":\"sm_80\"}", "m:7", &back), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "m:7") && strstr(mj_last_error(), "BLOCK"), "msg %s", mj_last_error());
+
+    /* 12. MOEJIT_RECORD got one line per compile (and per strict miss), each replayable. */
+    FILE *fp = fopen(record, "r");
+    CHECK(fp != NULL, "no record file %s", record);
+    int n_lines = 0, n_ok = 0;
+    char buf[1024];
+    while (fp && fgets(buf, sizeof buf, fp)) {
+        n_lines++;
+        mj_spec r;
+        if (mj_spec_from_json(buf, "record", &r) == MJ_OK) n_ok++;
+    }
+    if (fp) fclose(fp);
+    CHECK(n_lines >= n_compiled + 3 && n_ok == n_lines, "record: %d lines, %d valid (compiled %d)", n_lines, n_ok, n_compiled);
+
+    /* 13. Bad context options. */
+    mj_context_options bo = MJ_CONTEXT_OPTIONS_INIT;
+    bo.struct_size = 3;
+    mj_context_t bc = NULL;
+    CHECK_STATUS(mj_context_create(&bo, &bc), MJ_ERR_INVALID_ARG);
+    bo = (mj_context_options)MJ_CONTEXT_OPTIONS_INIT;
+    bo.device = 0; /* a device explicitly asked for: none here (or a real one on a GPU box) */
+    bo.cache_dir = dir2;
+    mj_status ds = mj_context_create(&bo, &bc);
+    CHECK(ds == MJ_OK || ds == MJ_ERR_NO_DEVICE, "device 0: %s", mj_status_string(ds));
+    if (ds == MJ_OK) mj_context_destroy(bc);
+
+    mj_context_destroy(ctx);
+    free(k0), free(src1), free(src2);
+    rm_rf(dir), rm_rf(dir2);
+    unlink(record);
+    free(dir), free(dir2);
+    return test_finish();
+}

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# test_reflect_fail.sh — the build-time reflection tool (gen/reflect.c) must refuse broken
+# kernel templates with a one-line message that names the file, the line and the problem,
+# and must accept a good one.
+#
+# usage: test_reflect_fail.sh PATH/TO/mj_reflect SRCDIR
+#
+# Each case writes a small template into a scratch directory, runs the tool on it and
+# checks the exit status and stderr against an extended regular expression.
+set -u
+
+if [ $# -ne 2 ]; then
+    echo "usage: $0 PATH/TO/mj_reflect SRCDIR" >&2
+    exit 2
+fi
+tool=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+passed=0
+failed=0
+
+# reflect FILE...: run the tool with the project's preludes, outputs into $work/out.
+reflect() {
+    mkdir -p "$work/out"
+    "$tool" --root "$work" \
+        --reflect-prelude "$src/gen/reflect_prelude.h" \
+        --prelude-cuda "$src/templates/prelude_cuda.h" \
+        --out-c "$work/out/mj_registry.c" --out-h "$work/out/mj_kernels.h" "$@"
+}
+
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() {
+    failed=$((failed + 1))
+    echo "FAIL $1: $2"
+    [ -s "$work/$1.err" ] && sed 's/^/     | /' "$work/$1.err"
+}
+
+# expect_fail NAME REGEX: the template text comes on stdin (written to $work/NAME.cu);
+# the tool must exit non-zero and its stderr must match REGEX.
+expect_fail() {
+    local name=$1 regex=$2
+    cat >"$work/$name.cu"
+    if reflect "$work/$name.cu" 2>"$work/$name.err" >/dev/null; then
+        bad "$name" "the tool accepted the template"
+    elif ! grep -Eq -- "$regex" "$work/$name.err"; then
+        bad "$name" "stderr does not match /$regex/"
+    else
+        ok "$name"
+    fi
+}
+
+# The declarations every good template opens with; cases below vary them.
+head='MJ_TEMPLATE(t, "a test template")
+MJ_TARGETS("sm_80 sm_120a")
+MJ_KNOB_RANGE(BLOCK, int, 32, 256, "threads per block")'
+kernel='MJ_KERNEL void k(int n, float *y) { if ((int)threadIdx.x < n) y[threadIdx.x] = BLOCK; }'
+
+expect_fail no_template 'no_template\.cu:[0-9]+: error: .*MJ_TEMPLATE' <<EOF
+MJ_TARGETS("sm_80")
+$kernel
+EOF
+
+expect_fail two_templates 'two_templates\.cu:2: error: .*second MJ_TEMPLATE' <<EOF
+MJ_TEMPLATE(first, "one")
+MJ_TEMPLATE(second, "two")
+MJ_TARGETS("sm_80")
+MJ_KNOB_RANGE(BLOCK, int, 32, 256, "threads per block")
+$kernel
+EOF
+
+expect_fail unknown_target "unknown_target\.cu:2: error: .*unknown target 'sm_75'" <<EOF
+MJ_TEMPLATE(t, "a test template")
+MJ_TARGETS("sm_80 sm_75")
+MJ_KNOB_RANGE(BLOCK, int, 32, 256, "threads per block")
+$kernel
+EOF
+
+expect_fail range_lo_gt_hi 'range_lo_gt_hi\.cu:3: error: .*BLOCK.*LO 512 > HI 256' <<EOF
+MJ_TEMPLATE(t, "a test template")
+MJ_TARGETS("sm_80")
+MJ_KNOB_RANGE(BLOCK, int, 512, 256, "threads per block")
+$kernel
+EOF
+
+expect_fail duplicate_knob 'duplicate_knob\.cu:4: error: .*duplicate knob name BLOCK' <<EOF
+$head
+MJ_KNOB_SET(BLOCK, int, "64 128", "threads per block again")
+$kernel
+EOF
+
+expect_fail syntax_error 'syntax_error\.cu:6:[0-9]+: error: ' <<EOF
+$head
+
+MJ_KERNEL void k(int n, float *y) {
+    int i = (int)threadIdx.x
+    if (i < n) y[i] = BLOCK;
+}
+EOF
+
+expect_fail struct_param 'struct_param\.cu:5: error: kernel k: parameter p has type .*struct' <<EOF
+$head
+struct pair { int a, b; };
+MJ_KERNEL void k(struct pair p, float *y) { y[0] = p.a + BLOCK; }
+EOF
+
+expect_fail non_void_kernel 'non_void_kernel\.cu:4: error: kernel k returns int' <<EOF
+$head
+MJ_KERNEL int k(int n, float *y) { return n + BLOCK; }
+EOF
+
+expect_fail no_kernel 'no_kernel\.cu:[0-9]+: error: no MJ_KERNEL' <<EOF
+$head
+MJ_DEVICE int helper(int v) { return v * BLOCK; }
+EOF
+
+# A few more ways to get the declarations wrong.
+expect_fail no_targets 'no_targets\.cu:[0-9]+: error: .*MJ_TARGETS' <<EOF
+MJ_TEMPLATE(t, "a test template")
+MJ_KNOB_RANGE(BLOCK, int, 32, 256, "threads per block")
+$kernel
+EOF
+
+expect_fail bad_knob_type "bad_knob_type\.cu:3: error: knob BLOCK: type 'float'" <<EOF
+MJ_TEMPLATE(t, "a test template")
+MJ_TARGETS("sm_80")
+MJ_KNOB_RANGE(BLOCK, float, 32, 256, "threads per block")
+$kernel
+EOF
+
+expect_fail set_repeats 'set_repeats\.cu:3: error: knob BLOCK: value 64 listed twice' <<EOF
+MJ_TEMPLATE(t, "a test template")
+MJ_TARGETS("sm_80")
+MJ_KNOB_SET(BLOCK, int, "64 128 64", "threads per block")
+$kernel
+EOF
+
+expect_fail array_param 'array_param\.cu:4: error: kernel k: parameter y has type' <<EOF
+$head
+MJ_KERNEL void k(int n, float y[4]) { y[0] = n + BLOCK; }
+EOF
+
+# A kernel name used by two templates.
+cat >"$work/dup_a.cu" <<EOF
+$head
+$kernel
+EOF
+sed 's/MJ_TEMPLATE(t,/MJ_TEMPLATE(t2,/' "$work/dup_a.cu" >"$work/dup_b.cu"
+if reflect "$work/dup_a.cu" "$work/dup_b.cu" 2>"$work/duplicate_kernel.err" >/dev/null; then
+    bad duplicate_kernel "the tool accepted two kernels named k"
+elif ! grep -Eq 'dup_[ab]\.cu:[0-9]+: error: kernel name k is also used in' "$work/duplicate_kernel.err"; then
+    bad duplicate_kernel "stderr does not name the duplicate kernel"
+else
+    ok duplicate_kernel
+fi
+
+# A good template: accepted, and the outputs name it.
+cat >"$work/good.cu" <<EOF
+$head
+MJ_KNOB_SET(VEC, int, "1 2 4", "elements per thread")
+MJ_DEVICE float twice(float v) { return 2.0f * v; }
+MJ_KERNEL void good_kernel(int n, const float *MJ_RESTRICT x, float *MJ_RESTRICT y) {
+    int i = ((int)blockIdx.x * BLOCK + (int)threadIdx.x) * VEC;
+    if (i < n) y[i] = twice(x[i]);
+}
+EOF
+if ! reflect "$work/good.cu" 2>"$work/good.err"; then
+    bad good "the tool refused a good template"
+elif ! grep -q 'MJ_TPL_t = 0' "$work/out/mj_kernels.h" ||
+     ! grep -q 'mj_launch_good_kernel' "$work/out/mj_kernels.h" ||
+     ! grep -q '.file = "good.cu"' "$work/out/mj_registry.c"; then
+    bad good "the outputs do not describe the template"
+else
+    ok good
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

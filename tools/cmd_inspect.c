@@ -1,0 +1,340 @@
+/* cmd_inspect.c — `moejit inspect`: what is in the kernel cache, and why. */
+#include "tools.h"
+
+#include "cache.h"
+#include "jit.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char k_help[] =
+    "usage: moejit inspect [options] list\n"
+    "       moejit inspect [options] show KEY|PREFIX [--source|--ptx|--sass|--log|--json]\n"
+    "       moejit inspect [options] templates\n"
+    "       moejit inspect [options] gc [--max-bytes N]\n"
+    "       moejit inspect [options] verify\n"
+    "       moejit inspect [options] --stats\n"
+    "\n"
+    "  list       every cache entry: key, template, knobs, arch, size, registers, spills,\n"
+    "             last used\n"
+    "  show       one entry (a unique key prefix is enough): its metadata and ptxas report,\n"
+    "             or with --source the generated source, --ptx the PTX, --sass the SASS\n"
+    "             (through nvdisasm or cuobjdump from PATH or /usr/local/cuda/bin), --log\n"
+    "             the compile log, --json the metadata as JSON\n"
+    "  templates  the kernel templates built into moejit, their knobs and targets\n"
+    "  gc         evict least-recently-used entries down to the size cap (or --max-bytes)\n"
+    "  verify     check every entry's checksum and format; move bad ones to quarantine\n"
+    "  --stats    entries, bytes, cap, quarantined files of the cache directory (the\n"
+    "             library's per-process counters come from mj_context_stats())\n"
+    "\n"
+    "options:\n"
+    "  --cache-dir D   the cache directory (default $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,\n"
+    "                  ~/.cache/moejit)\n"
+    "  -h, --help      this text\n"
+    "  -V, --version   print the version\n";
+
+static const char *ago(int64_t ns, char *buf, size_t len) {
+    double s = (double)time(NULL) - (double)ns / 1e9;
+    if (s < 0) s = 0;
+    if (s < 120) snprintf(buf, len, "%.0fs ago", s);
+    else if (s < 7200) snprintf(buf, len, "%.0fm ago", s / 60);
+    else if (s < 172800) snprintf(buf, len, "%.0fh ago", s / 3600);
+    else snprintf(buf, len, "%.0fd ago", s / 86400);
+    return buf;
+}
+
+static int open_cache(const char *dir, mj_cache **c) {
+    mj_status st = mj_cache_open(dir, 0, c);
+    if (st != MJ_OK) return tool_fail_status("opening the cache", st);
+    if (!mj_cache_readable(*c)) {
+        mj_cache_close(*c);
+        return tool_fail("cache directory %s cannot be used (see the warning above)", mj_cache_dir(*c));
+    }
+    return 0;
+}
+
+static void entry_path(mj_cache *c, const char *hex, char *buf, size_t len) {
+    snprintf(buf, len, "%s/v%d/entries/%s.mjc", mj_cache_dir(c), MJ_CACHE_FORMAT, hex);
+}
+
+static void knobs_text(json_t *meta, char *buf, size_t len) {
+    json_t *k = json_object_get(meta, "knobs");
+    const char *name;
+    json_t *v;
+    size_t n = 0;
+    buf[0] = '\0';
+    json_object_foreach(k, name, v) {
+        if (n < len) n += (size_t)snprintf(buf + n, len - n, "%s%s=%lld", n ? " " : "", name,
+                                           (long long)json_integer_value(v));
+    }
+}
+
+static int cmd_list(mj_cache *c) {
+    mj_cache_item *items = NULL;
+    int n = 0;
+    mj_status st = mj_cache_list(c, &items, &n);
+    if (st != MJ_OK) return tool_fail_status("listing the cache", st);
+    printf("%-12s  %-24s %-28s %-8s %9s %5s %7s  %s\n", "KEY", "TEMPLATE", "KNOBS", "ARCH", "BYTES",
+           "REGS", "SPILLS", "LAST USED");
+    for (int i = 0; i < n; i++) {
+        char path[4096], kn[256], when[32];
+        entry_path(c, items[i].key_hex, path, sizeof path);
+        mj_cache_entry e;
+        if (mj_cache_read_file(path, &e) != MJ_OK) {
+            printf("%.12s  (does not verify: run 'moejit inspect verify')\n", items[i].key_hex);
+            continue;
+        }
+        json_t *m = json_loads(e.meta_json, 0, NULL), *p = json_object_get(m, "ptxas");
+        knobs_text(m, kn, sizeof kn);
+        printf("%.12s  %-24s %-28s %-8s %9lld %5lld %7lld  %s\n", items[i].key_hex,
+               json_string_value(json_object_get(m, "template")), kn,
+               json_string_value(json_object_get(m, "arch")), (long long)items[i].bytes,
+               (long long)json_integer_value(json_object_get(p, "registers")),
+               (long long)(json_integer_value(json_object_get(p, "spill_stores")) +
+                           json_integer_value(json_object_get(p, "spill_loads"))),
+               ago(items[i].last_used_ns, when, sizeof when));
+        json_decref(m);
+        mj_cache_entry_free(&e);
+    }
+    printf("%d entries\n", n);
+    free(items);
+    return 0;
+}
+
+/* Find the one entry whose key starts with prefix. */
+static int find_entry(mj_cache *c, const char *prefix, char hex[MJ_KEY_HEX_LEN + 1]) {
+    size_t pl = strlen(prefix);
+    if (pl == 0 || pl > MJ_KEY_HEX_LEN || strspn(prefix, "0123456789abcdef") != pl)
+        return tool_fail("'%s' is not a key or key prefix (lowercase hex; see 'moejit inspect list')", prefix);
+    mj_cache_item *items = NULL;
+    int n = 0, found = 0;
+    if (mj_cache_list(c, &items, &n) != MJ_OK) return tool_fail("cannot list the cache: %s", mj_last_error());
+    for (int i = 0; i < n; i++)
+        if (!strncmp(items[i].key_hex, prefix, pl)) {
+            if (found++) break;
+            memcpy(hex, items[i].key_hex, MJ_KEY_HEX_LEN + 1);
+        }
+    free(items);
+    if (found == 0) return tool_fail("no cache entry starts with '%s' (see 'moejit inspect list')", prefix);
+    if (found > 1) return tool_fail("'%s' matches more than one entry: give more of the key", prefix);
+    return 0;
+}
+
+/* SASS through nvdisasm or cuobjdump, which ship with the CUDA toolkit. */
+static int show_sass(const mj_cache_entry *e) {
+    static const char *const tools_[] = {"nvdisasm", "cuobjdump"};
+    char tool[4096] = "";
+    const char *path = getenv("PATH");
+    for (int t = 0; t < 2 && !tool[0]; t++) {
+        char *dirs = strdup(path ? path : ""), *save = NULL;
+        for (char *d = strtok_r(dirs, ":", &save); d && !tool[0]; d = strtok_r(NULL, ":", &save)) {
+            char cand[4096];
+            snprintf(cand, sizeof cand, "%s/%s", d, tools_[t]);
+            if (access(cand, X_OK) == 0) snprintf(tool, sizeof tool, "%s", cand);
+        }
+        free(dirs);
+        char cand[4096];
+        snprintf(cand, sizeof cand, "/usr/local/cuda/bin/%s", tools_[t]);
+        if (!tool[0] && access(cand, X_OK) == 0) snprintf(tool, sizeof tool, "%s", cand);
+    }
+    if (!tool[0])
+        return tool_fail("no nvdisasm or cuobjdump found on PATH or in /usr/local/cuda/bin: install the "
+                         "CUDA toolkit's binary utilities (Debian: apt-get install cuda-nvdisasm-13-0 "
+                         "or cuda-cuobjdump-13-0) or add their directory to PATH");
+    char tmp[] = "/tmp/moejit-sass-XXXXXX";
+    int fd = mkstemp(tmp);
+    if (fd < 0) return tool_fail("cannot create a temporary file: %s", strerror(errno));
+    int ok = write(fd, e->binary, e->binary_len) == (ssize_t)e->binary_len;
+    close(fd);
+    if (!ok) {
+        unlink(tmp);
+        return tool_fail("cannot write a temporary file");
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (strstr(tool, "nvdisasm")) execl(tool, tool, "-c", tmp, (char *)NULL);
+        else execl(tool, tool, "-sass", tmp, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    unlink(tmp);
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) return tool_fail("%s failed on the cubin", tool);
+    return 0;
+}
+
+static int cmd_show(mj_cache *c, const char *prefix, const char *what) {
+    char hex[MJ_KEY_HEX_LEN + 1], path[4096];
+    if (find_entry(c, prefix, hex)) return 1;
+    entry_path(c, hex, path, sizeof path);
+    mj_cache_entry e;
+    mj_status st = mj_cache_read_file(path, &e);
+    if (st != MJ_OK) return tool_fail("entry %.16s does not verify (%s): run 'moejit inspect verify'", hex, mj_last_error());
+    int rc = 0;
+    if (!strcmp(what, "source")) {
+        if (e.source) fputs(e.source, stdout);
+        else rc = tool_fail("entry %.16s has no source stored", hex);
+    } else if (!strcmp(what, "ptx")) {
+        if (e.ptx) fwrite(e.ptx, 1, strlen(e.ptx), stdout);
+        else rc = tool_fail("entry %.16s has no PTX stored", hex);
+    } else if (!strcmp(what, "log")) {
+        fputs(e.log ? e.log : "", stdout);
+    } else if (!strcmp(what, "json")) {
+        json_t *m = json_loads(e.meta_json, 0, NULL);
+        json_object_set_new(m, "key", json_string(hex));
+        json_object_set_new(m, "bytes", json_integer((json_int_t)e.binary_len));
+        json_dumpf(m, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(m);
+    } else if (!strcmp(what, "sass")) {
+        rc = show_sass(&e);
+    } else {
+        json_t *m = json_loads(e.meta_json, 0, NULL), *p = json_object_get(m, "ptxas");
+        char kn[256];
+        knobs_text(m, kn, sizeof kn);
+        printf("key        %s\n", hex);
+        printf("template   %s\n", json_string_value(json_object_get(m, "template")));
+        printf("knobs      %s\n", kn);
+        printf("arch       %s\n", json_string_value(json_object_get(m, "arch")));
+        printf("compiler   %s\n", json_string_value(json_object_get(m, "compiler")));
+        printf("options    %s\n", json_string_value(json_object_get(m, "options")));
+        printf("compile    %.1f ms\n", json_real_value(json_object_get(m, "compile_ms")));
+        printf("cubin      %zu bytes\n", e.binary_len);
+        printf("ptxas      %lld registers, %lld B spill stores, %lld B spill loads, %lld B stack, "
+               "%lld B static smem\n",
+               (long long)json_integer_value(json_object_get(p, "registers")),
+               (long long)json_integer_value(json_object_get(p, "spill_stores")),
+               (long long)json_integer_value(json_object_get(p, "spill_loads")),
+               (long long)json_integer_value(json_object_get(p, "stack_frame")),
+               (long long)json_integer_value(json_object_get(p, "smem_static")));
+        json_decref(m);
+        printf("\nkey text:\n%s", e.key_text);
+    }
+    mj_cache_entry_free(&e);
+    return rc;
+}
+
+static int cmd_templates(void) {
+    for (int32_t i = 0; i < mj_registry_n_templates; i++) {
+        const mj_template_desc *t = &mj_registry_templates[i];
+        printf("%s  (%s)\n  %s\n  targets:", t->name, t->file, t->doc);
+        for (int a = 0; a < MJ_TARGET_COUNT; a++)
+            if (t->targets & (1u << a)) printf(" %s", mj_target_name((mj_target)a));
+        printf("\n");
+        for (int32_t k = 0; k < t->n_knobs; k++) {
+            const mj_knob_desc *kd = &t->knobs[k];
+            printf("  knob %-12s %-8s ", kd->name, kd->ctype);
+            if (kd->kind == MJ_KNOB_KIND_RANGE) printf("%d..%d", kd->lo, kd->hi);
+            else
+                for (int32_t v = 0; v < kd->n_values; v++) printf("%s%d", v ? "|" : "", kd->values[v]);
+            printf("  %s\n", kd->doc);
+        }
+        for (int32_t k = 0; k < t->n_kernels; k++) {
+            printf("  kernel %s(", t->kernels[k].name);
+            for (int32_t p = 0; p < t->kernels[k].n_params; p++)
+                printf("%s%s %s", p ? ", " : "", t->kernels[k].params[p].ctype, t->kernels[k].params[p].name);
+            printf(")\n");
+        }
+    }
+    return 0;
+}
+
+static int cmd_stats(mj_cache *c) {
+    mj_cache_item *items = NULL;
+    int n = 0;
+    if (mj_cache_list(c, &items, &n) != MJ_OK) return tool_fail("cannot list the cache: %s", mj_last_error());
+    int64_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += items[i].bytes;
+    free(items);
+    char q[4096];
+    snprintf(q, sizeof q, "%s/v%d/quarantine", mj_cache_dir(c), MJ_CACHE_FORMAT);
+    int nq = 0;
+    DIR *d = opendir(q);
+    if (d) {
+        for (struct dirent *de; (de = readdir(d));)
+            if (de->d_name[0] != '.') nq++;
+        closedir(d);
+    }
+    const char *cap = getenv("MOEJIT_CACHE_MAX_BYTES");
+    printf("cache       %s\n", mj_cache_dir(c));
+    printf("entries     %d\n", n);
+    printf("bytes       %lld\n", (long long)bytes);
+    printf("cap         %lld bytes%s\n", cap ? atoll(cap) : (long long)MJ_CACHE_DEFAULT_MAX_BYTES,
+           cap ? " ($MOEJIT_CACHE_MAX_BYTES)" : " (default)");
+    printf("quarantine  %d files\n", nq);
+    printf("writable    %s\n", mj_cache_writable(c) ? "yes" : "no");
+    return 0;
+}
+
+int cmd_inspect(int argc, char **argv) {
+    enum { OPT_CACHE = 256, OPT_STATS, OPT_SOURCE, OPT_PTX, OPT_SASS, OPT_LOG, OPT_JSON, OPT_MAX };
+    static const struct option opts[] = {
+        {"cache-dir", required_argument, 0, OPT_CACHE}, {"stats", no_argument, 0, OPT_STATS},
+        {"source", no_argument, 0, OPT_SOURCE},         {"ptx", no_argument, 0, OPT_PTX},
+        {"sass", no_argument, 0, OPT_SASS},             {"log", no_argument, 0, OPT_LOG},
+        {"json", no_argument, 0, OPT_JSON},             {"max-bytes", required_argument, 0, OPT_MAX},
+        {"help", no_argument, 0, 'h'},                  {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0}};
+    const char *dir = NULL, *what = "summary";
+    int stats = 0, c;
+    long long max_bytes = -1;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_CACHE: dir = optarg; break;
+        case OPT_STATS: stats = 1; break;
+        case OPT_SOURCE: what = "source"; break;
+        case OPT_PTX: what = "ptx"; break;
+        case OPT_SASS: what = "sass"; break;
+        case OPT_LOG: what = "log"; break;
+        case OPT_JSON: what = "json"; break;
+        case OPT_MAX: {
+            char *end;
+            errno = 0;
+            max_bytes = strtoll(optarg, &end, 10);
+            if (errno || *end || max_bytes < 0) return tool_usage("inspect", "--max-bytes wants a byte count, got '%s'", optarg);
+            break;
+        }
+        case 'h': fputs(k_help, stdout); return 0;
+        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
+        default: return tool_usage("inspect", "unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+    }
+    const char *sub = optind < argc ? argv[optind] : NULL;
+    if (!sub && !stats) return tool_usage("inspect", "expected list, show, templates, gc, verify or --stats");
+    if (sub && !strcmp(sub, "templates")) return cmd_templates();
+    mj_cache *cache;
+    if (open_cache(dir, &cache)) return 1;
+    int rc;
+    if (!sub) rc = cmd_stats(cache);
+    else if (!strcmp(sub, "list") && optind + 1 == argc) rc = cmd_list(cache);
+    else if (!strcmp(sub, "show") && optind + 2 == argc) rc = cmd_show(cache, argv[optind + 1], what);
+    else if (!strcmp(sub, "gc") && optind + 1 == argc) {
+        int n = 0;
+        mj_status st = mj_cache_gc(cache, max_bytes, &n);
+        rc = st == MJ_OK ? (printf("gc: evicted %d entries\n", n), 0) : tool_fail_status("gc", st);
+    } else if (!strcmp(sub, "verify") && optind + 1 == argc) {
+        int ok = 0, bad = 0;
+        mj_status st = mj_cache_verify(cache, &ok, &bad);
+        if (st != MJ_OK) rc = tool_fail_status("verify", st);
+        else {
+            printf("verify: %d entries ok, %d bad (moved to quarantine)\n", ok, bad);
+            rc = bad ? 1 : 0;
+        }
+    } else {
+        rc = tool_usage("inspect", "bad arguments for '%s'", sub);
+    }
+    if (!rc && stats && sub) rc = cmd_stats(cache);
+    mj_cache_close(cache);
+    return rc;
+}
