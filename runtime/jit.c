@@ -14,6 +14,7 @@
 #include "cache.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,7 +27,7 @@ enum { FN_BUILDING = 0, FN_READY = 1, FN_FAILED = 2 };
 
 struct mj_function {
     mj_spec spec;
-    int state;
+    _Atomic int state;
     mj_status fail_status;
     char *fail_message;
     char key_hex[MJ_KEY_HEX_LEN + 1];
@@ -38,10 +39,20 @@ struct mj_function {
     int n_fns;
 };
 
+/* The in-memory table is read without locks: a table is an array of slots published
+ * through an atomic pointer; a slot's fn pointer is written once (release) after the slot's
+ * hash. Growing copies into a new table and publishes it; old tables are retired, not freed,
+ * until the context goes (a reader may still be probing one). Writers hold build_mu. */
 typedef struct slot {
     uint64_t hash;
-    mj_function *fn;                  /* NULL: empty                                        */
+    _Atomic(mj_function *) fn;        /* NULL: empty                                        */
 } slot;
+
+typedef struct table {
+    size_t n_slots;                   /* a power of two                                     */
+    struct table *retired;            /* the table this one replaced                        */
+    slot slots[];
+} table;
 
 struct mj_context {
     mj_cache *cache;
@@ -49,9 +60,8 @@ struct mj_context {
     int device;                       /* ordinal or MJ_DEVICE_NONE                          */
     mj_device_info dev;
     char *record_path;
-    pthread_rwlock_t table_lock;
-    slot *slots;
-    size_t n_slots, n_used;
+    _Atomic(table *) table;
+    size_t n_used;
     pthread_mutex_t build_mu;
     pthread_cond_t build_cv;
     _Atomic int64_t mem_hits, mem_misses, compiles, compile_failures, strict_misses;
@@ -77,36 +87,45 @@ static int spec_eq(const mj_spec *a, const mj_spec *b) {
            !memcmp(a->knobs, b->knobs, sizeof a->knobs);
 }
 
-/* Caller holds the table lock (read or write). */
+/* Lock-free: any thread, any time. */
 static mj_function *table_find(const mj_context_t c, const mj_spec *s, uint64_t h) {
-    if (!c->n_slots) return NULL;
-    for (size_t i = h & (c->n_slots - 1);; i = (i + 1) & (c->n_slots - 1)) {
-        slot *e = &c->slots[i];
-        if (!e->fn) return NULL;
-        if (e->hash == h && spec_eq(&e->fn->spec, s)) return e->fn;
+    table *t = atomic_load_explicit(&c->table, memory_order_acquire);
+    if (!t) return NULL;
+    for (size_t i = h & (t->n_slots - 1);; i = (i + 1) & (t->n_slots - 1)) {
+        mj_function *f = atomic_load_explicit(&t->slots[i].fn, memory_order_acquire);
+        if (!f) return NULL;
+        if (t->slots[i].hash == h && spec_eq(&f->spec, s)) return f;
     }
 }
 
-/* Caller holds the write lock. */
+static table *table_new(size_t n) {
+    table *t = calloc(1, sizeof *t + n * sizeof(slot));
+    if (t) t->n_slots = n;
+    return t;
+}
+
+static void table_put(table *t, mj_function *fn, uint64_t h) {
+    size_t j = h & (t->n_slots - 1);
+    while (atomic_load_explicit(&t->slots[j].fn, memory_order_relaxed)) j = (j + 1) & (t->n_slots - 1);
+    t->slots[j].hash = h;
+    atomic_store_explicit(&t->slots[j].fn, fn, memory_order_release);
+}
+
+/* Caller holds build_mu (the one writer). */
 static mj_status table_insert(mj_context_t c, mj_function *fn, uint64_t h) {
-    if ((c->n_used + 1) * 2 > c->n_slots) {
-        size_t n = c->n_slots ? c->n_slots * 2 : 256;
-        slot *s = calloc(n, sizeof *s);
-        if (!s) return mj_set_error(MJ_ERR_NOMEM, "out of memory growing the kernel table");
-        for (size_t i = 0; i < c->n_slots; i++) {
-            if (!c->slots[i].fn) continue;
-            size_t j = c->slots[i].hash & (n - 1);
-            while (s[j].fn) j = (j + 1) & (n - 1);
-            s[j] = c->slots[i];
+    table *t = atomic_load_explicit(&c->table, memory_order_relaxed);
+    if (!t || (c->n_used + 1) * 2 > t->n_slots) {
+        table *g = table_new(t ? t->n_slots * 2 : 256);
+        if (!g) return mj_set_error(MJ_ERR_NOMEM, "out of memory growing the kernel table");
+        for (size_t i = 0; t && i < t->n_slots; i++) {
+            mj_function *f = atomic_load_explicit(&t->slots[i].fn, memory_order_relaxed);
+            if (f) table_put(g, f, t->slots[i].hash);
         }
-        free(c->slots);
-        c->slots = s;
-        c->n_slots = n;
+        g->retired = t;
+        atomic_store_explicit(&c->table, g, memory_order_release);
+        t = g;
     }
-    size_t j = h & (c->n_slots - 1);
-    while (c->slots[j].fn) j = (j + 1) & (c->n_slots - 1);
-    c->slots[j].hash = h;
-    c->slots[j].fn = fn;
+    table_put(t, fn, h);
     c->n_used++;
     return MJ_OK;
 }
@@ -130,7 +149,6 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
     mj_context_t c = calloc(1, sizeof *c);
     if (!c) return mj_set_error(MJ_ERR_NOMEM, "out of memory creating a context");
     mj_status st = MJ_OK;
-    pthread_rwlock_init(&c->table_lock, NULL);
     pthread_mutex_init(&c->build_mu, NULL);
     pthread_cond_init(&c->build_cv, NULL);
     c->strict = opts->strict < 0 ? env_flag("MOEJIT_STRICT") : opts->strict != 0;
@@ -167,13 +185,72 @@ static void function_free(mj_function *f) {
     free(f);
 }
 
+/* Add this context's counters to the cache directory's running totals (stats.json, under
+ * an flock), so `moejit inspect --stats` can show what every process did. Best effort. */
+static const char *const k_stat_names[] = {"mem_hits", "mem_misses", "disk_hits", "disk_misses",
+                                           "compiles", "compile_failures", "compile_ms", "quarantined",
+                                           "lock_waits", "evicted", "strict_misses", "refused_unsafe"};
+
+static void stats_values(const mj_jit_stats *s, double v[12]) {
+    const double vals[12] = {(double)s->mem_hits, (double)s->mem_misses, (double)s->disk_hits,
+                             (double)s->disk_misses, (double)s->compiles, (double)s->compile_failures,
+                             s->compile_ms, (double)s->quarantined, (double)s->lock_waits,
+                             (double)s->evicted, (double)s->strict_misses, (double)s->refused_unsafe};
+    memcpy(v, vals, sizeof vals);
+}
+
+mj_status mj_stats_file_path(const char *cache_dir, char *buf, size_t len) {
+    if ((size_t)snprintf(buf, len, "%s/v%d/stats.json", cache_dir, MJ_CACHE_FORMAT) >= len)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "cache path too long");
+    return MJ_OK;
+}
+
+static void stats_persist(mj_context_t c) {
+    mj_jit_stats s;
+    if (!c->cache || !mj_cache_writable(c->cache) || mj_context_stats(c, &s) != MJ_OK) return;
+    double v[12];
+    stats_values(&s, v);
+    int any = 0;
+    for (int i = 0; i < 12; i++) any |= v[i] != 0;
+    if (!any) return;
+    char path[4096], lockp[4200], tmp[4200];
+    if (mj_stats_file_path(mj_cache_dir(c->cache), path, sizeof path) != MJ_OK) return;
+    snprintf(lockp, sizeof lockp, "%s.lock", path);
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    int lfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lfd < 0) return;
+    if (flock(lfd, LOCK_EX) == 0) {
+        json_t *o = json_load_file(path, 0, NULL);
+        if (!json_is_object(o)) json_decref(o), o = json_object();
+        for (int i = 0; i < 12; i++) {
+            json_t *old = json_object_get(o, k_stat_names[i]);
+            double prev = json_is_number(old) ? json_number_value(old) : 0.0;
+            json_object_set_new(o, k_stat_names[i], i == 6 ? json_real(prev + v[i]) : json_integer((json_int_t)(prev + v[i])));
+        }
+        json_t *np = json_object_get(o, "processes");
+        json_object_set_new(o, "processes", json_integer(json_integer_value(np) + 1));
+        if (json_dump_file(o, tmp, JSON_PRESERVE_ORDER | JSON_INDENT(1)) == 0) {
+            if (rename(tmp, path) != 0) unlink(tmp);
+        } else {
+            unlink(tmp);
+        }
+        json_decref(o);
+    }
+    close(lfd);
+}
+
 mj_status mj_context_destroy(mj_context_t c) {
     if (!c) return MJ_OK;
-    for (size_t i = 0; i < c->n_slots; i++) function_free(c->slots[i].fn);
-    free(c->slots);
+    stats_persist(c);
+    table *t = atomic_load(&c->table);
+    for (size_t i = 0; t && i < t->n_slots; i++) function_free(atomic_load(&t->slots[i].fn));
+    while (t) {
+        table *r = t->retired;
+        free(t);
+        t = r;
+    }
     mj_cache_close(c->cache);
     free(c->record_path);
-    pthread_rwlock_destroy(&c->table_lock);
     pthread_mutex_destroy(&c->build_mu);
     pthread_cond_destroy(&c->build_cv);
     free(c);
@@ -303,6 +380,15 @@ static mj_status build(mj_context_t c, mj_function *f) {
     MJ_CHECK_GOTO(mj_nvrtc_load(), st, exit);
     int vmaj, vmin;
     MJ_CHECK_GOTO(mj_nvrtc_version(&vmaj, &vmin), st, exit);
+    int supported = 0;
+    MJ_CHECK_GOTO(mj_nvrtc_supports(s->target, &supported), st, exit);
+    if (!supported) {
+        st = mj_set_error(MJ_ERR_UNSUPPORTED,
+                          "NVRTC %d.%d cannot compile for %s (not in nvrtcGetSupportedArchs); use a "
+                          "CUDA toolkit that supports it, or another --arch",
+                          vmaj, vmin, mj_target_name(s->target));
+        goto exit;
+    }
     char compiler[64];
     snprintf(compiler, sizeof compiler, "nvrtc %d.%d", vmaj, vmin);
     const char *options = mj_nvrtc_options(s->target);
@@ -354,11 +440,9 @@ exit:
 mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) {
     if (!c || !s || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_jit_get: NULL argument");
     uint64_t h = spec_hash(s);
-    pthread_rwlock_rdlock(&c->table_lock);
     mj_function *f = table_find(c, s, h);
-    pthread_rwlock_unlock(&c->table_lock);
-    if (f && f->state == FN_READY) {
-        c->mem_hits++;
+    if (f && atomic_load_explicit(&f->state, memory_order_acquire) == FN_READY) {
+        atomic_fetch_add_explicit(&c->mem_hits, 1, memory_order_relaxed);
         *out = f;
         return MJ_OK;
     }
@@ -366,7 +450,6 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
 
     /* Slow path: insert a placeholder so one thread builds and the others wait for it. */
     pthread_mutex_lock(&c->build_mu);
-    pthread_rwlock_wrlock(&c->table_lock);
     f = table_find(c, s, h);
     int builder = 0;
     mj_status st = MJ_OK;
@@ -380,7 +463,6 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
             else builder = 1;
         }
     }
-    pthread_rwlock_unlock(&c->table_lock);
     if (st != MJ_OK) {
         pthread_mutex_unlock(&c->build_mu);
         return st;
@@ -390,7 +472,7 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
         pthread_mutex_unlock(&c->build_mu);
         st = build(c, f);
         pthread_mutex_lock(&c->build_mu);
-        if (st == MJ_OK) f->state = FN_READY;
+        if (st == MJ_OK) atomic_store_explicit(&f->state, FN_READY, memory_order_release);
         else {
             f->state = FN_FAILED;
             f->fail_status = st;

@@ -122,6 +122,9 @@ mj_status mj_spec_from_json(const char *line, const char *where, mj_spec *out);
 /* "fixture_saxpy BLOCK=256 VEC=4 sm_120a" for messages (buf of at least 256 bytes). */
 const char *mj_spec_describe(const mj_spec *s, char *buf, size_t len);
 
+/* Where the running totals of every process's JIT counters live (a JSON object). */
+mj_status mj_stats_file_path(const char *cache_dir, char *buf, size_t len);
+
 /* ---- the JIT (runtime/jit.c) ---------------------------------------------------------- */
 typedef struct mj_launch_dims {
     uint32_t grid[3], block[3];

@@ -252,6 +252,8 @@ expect_fail "$MJ" inspect --cache-dir "$C" show zzzz;           contains err "no
 expect_fail "$MJ" inspect --cache-dir "$C" show 0123456789abcdef0123;  contains err "no cache entry"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
 contains out "entries     6"; contains out "quarantine  0"
+contains out "totals over 3 processes"
+grep -qE '^  compiles +6$' out && ok || bad "stats totals: $(cat out)"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" verify;             contains out "6 entries ok, 0 bad"
 # Corrupt one entry: verify finds it, quarantines it, and the next prewarm rebuilds it.
 f=$(ls "$C"/v1/entries/*.mjc | head -1)

@@ -32,8 +32,10 @@ static const char k_help[] =
     "  templates  the kernel templates built into moejit, their knobs and targets\n"
     "  gc         evict least-recently-used entries down to the size cap (or --max-bytes)\n"
     "  verify     check every entry's checksum and format; move bad ones to quarantine\n"
-    "  --stats    entries, bytes, cap, quarantined files of the cache directory (the\n"
-    "             library's per-process counters come from mj_context_stats())\n"
+    "  --stats    entries, bytes, cap and quarantined files of the cache directory, and the\n"
+    "             JIT counters (memory/disk hits and misses, compiles, compile ms,\n"
+    "             quarantines, lock waits, evictions, strict misses) summed over every\n"
+    "             process that used it (one process's live counters: mj_context_stats())\n"
     "\n"
     "options:\n"
     "  --cache-dir D   the cache directory (default $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,\n"
@@ -272,6 +274,22 @@ static int cmd_stats(mj_cache *c) {
            cap ? " ($MOEJIT_CACHE_MAX_BYTES)" : " (default)");
     printf("quarantine  %d files\n", nq);
     printf("writable    %s\n", mj_cache_writable(c) ? "yes" : "no");
+    /* The counters every process using this cache added up when it finished. */
+    char sp[4096];
+    json_t *o = mj_stats_file_path(mj_cache_dir(c), sp, sizeof sp) == MJ_OK ? json_load_file(sp, 0, NULL) : NULL;
+    if (json_is_object(o)) {
+        printf("totals over %lld processes:\n", (long long)json_integer_value(json_object_get(o, "processes")));
+        const char *name;
+        json_t *v;
+        json_object_foreach(o, name, v) {
+            if (!strcmp(name, "processes")) continue;
+            if (json_is_real(v)) printf("  %-16s %.1f\n", name, json_real_value(v));
+            else printf("  %-16s %lld\n", name, (long long)json_integer_value(v));
+        }
+    } else {
+        printf("totals      none yet (no process has finished with this cache)\n");
+    }
+    json_decref(o);
     return 0;
 }
 
