@@ -62,7 +62,9 @@ typedef struct mj_template_desc {
 /* The generated tables. */
 extern const mj_template_desc mj_registry_templates[];
 extern const int32_t mj_registry_n_templates;
-/* Preludes, embedded from templates/prelude_*.h: for NVRTC and (later) the CPU interpreter. */
+/* Preludes, embedded from templates/prelude_*.h: for NVRTC and for the CPU interpreter (the
+ * sim backend; "" when mj_reflect ran without --prelude-sim). */
 extern const char mj_registry_prelude_cuda[];
+extern const char mj_registry_prelude_sim[];
 
 #endif

@@ -13,6 +13,24 @@
  *   #line 1 "tests/fixtures/saxpy.cu"
  *   <the template's text>
  *
+ * For the sim backend (the CPU interpreter, runtime/sim/) the prelude is
+ * templates/prelude_sim.h and comes before the knob #defines (it includes <math.h> and
+ * friends, which must not see a knob named E or H), and after the body comes one exported
+ * trampoline per kernel, which the runtime calls with the packed launch arguments:
+ *
+ *   // moejit: fixture_saxpy for sm_120a (sim), from tests/fixtures/saxpy.cu
+ *   ...the same comment header...
+ *   #define MJ_TARGET_SM 120
+ *   <templates/prelude_sim.h>
+ *   #define BLOCK 256
+ *   #define VEC 4
+ *   #line 1 "tests/fixtures/saxpy.cu"
+ *   <the template's text>
+ *   #line 1 "moejit sim entry points"
+ *   MJ_SIM_ENTRY void mj_sim_entry_fixture_saxpy(void **args) {
+ *       fixture_saxpy(*(int *)args[0], *(float *)args[1], *(const float **)args[2], ...);
+ *   }
+ *
  * Knob values are integers checked against the declared ranges before anything is
  * written, so no caller text ever reaches the source. Same spec, same bytes.
  */
@@ -119,11 +137,32 @@ mj_status mj_spec_validate(const mj_spec *s) {
 }
 
 static const char *backend_prelude(mj_backend b) {
-    (void)b;
-    return mj_registry_prelude_cuda;
+    return b == MJ_BACKEND_SIM ? mj_registry_prelude_sim : mj_registry_prelude_cuda;
 }
 
-static const char *backend_name(mj_backend b) { return b == MJ_BACKEND_CUDA ? "cuda" : "?"; }
+static const char *backend_name(mj_backend b) {
+    return b == MJ_BACKEND_CUDA ? "cuda" : b == MJ_BACKEND_SIM ? "sim" : "?";
+}
+
+/* The sim's trampolines: mj_sim_entry_<kernel>(void **args) unpacks the launch arguments
+ * (each args[i] points at parameter i, typed as the registry spells it) and calls the
+ * kernel. */
+static void sim_entry_points(sbuf *b, const mj_template_desc *t) {
+    sb_puts(b, "\n#line 1 \"moejit sim entry points\"\n");
+    for (int32_t k = 0; k < t->n_kernels; k++) {
+        const mj_kernel_desc *kd = &t->kernels[k];
+        sb_printf(b, "MJ_SIM_ENTRY void mj_sim_entry_%s(void **args) {\n", kd->name);
+        if (kd->n_params == 0) sb_puts(b, "    (void)args;\n");
+        sb_printf(b, "    %s(", kd->name);
+        for (int32_t p = 0; p < kd->n_params; p++) {
+            const char *ct = kd->params[p].ctype;
+            size_t n = strlen(ct);
+            int star = n > 0 && ct[n - 1] == '*';
+            sb_printf(b, "%s*(%s%s*)args[%d]", p ? ", " : "", ct, star ? "" : " ", p);
+        }
+        sb_puts(b, ");\n}\n");
+    }
+}
 
 mj_status mj_render(const mj_spec *s, char **source, size_t *len) {
     if (!source) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_render: NULL output");
@@ -142,12 +181,24 @@ mj_status mj_render(const mj_spec *s, char **source, size_t *len) {
         sb_printf(&b, "//   %-*s = %-6d %s (%s %s)\n", (int)w, t->knobs[i].name, s->knobs[i],
                   t->knobs[i].doc, t->knobs[i].ctype, allowed);
     }
+    const char *prelude = backend_prelude(s->backend);
+    if (!prelude[0]) {
+        free(b.p);
+        return mj_set_error(MJ_ERR_INTERNAL,
+                            "rendering %s for the %s backend: this build has no %s prelude "
+                            "(gen/reflect ran without --prelude-%s)",
+                            t->name, backend_name(s->backend), backend_name(s->backend),
+                            backend_name(s->backend));
+    }
+    int sim = s->backend == MJ_BACKEND_SIM;
     sb_printf(&b, "#define MJ_TARGET_SM %d\n", mj_target_sm(s->target));
+    if (sim) sb_puts(&b, prelude);
     for (int32_t i = 0; i < t->n_knobs; i++)
         sb_printf(&b, "#define %s %d\n", t->knobs[i].name, s->knobs[i]);
-    sb_puts(&b, backend_prelude(s->backend));
+    if (!sim) sb_puts(&b, prelude);
     sb_printf(&b, "#line 1 \"%s\"\n", t->file);
     sb_puts(&b, t->body);
+    if (sim) sim_entry_points(&b, t);
     if (b.oom) {
         free(b.p);
         return mj_set_error(MJ_ERR_NOMEM, "out of memory rendering %s", t->name);
@@ -186,7 +237,8 @@ const char *mj_spec_describe(const mj_spec *s, char *buf, size_t len) {
     size_t n = (size_t)snprintf(buf, len, "%s", t->name);
     for (int32_t i = 0; i < t->n_knobs && n < len; i++)
         n += (size_t)snprintf(buf + n, len - n, " %s=%d", t->knobs[i].name, s->knobs[i]);
-    if (n < len) snprintf(buf + n, len - n, " %s", mj_target_name(s->target));
+    if (n < len) n += (size_t)snprintf(buf + n, len - n, " %s", mj_target_name(s->target));
+    if (n < len && s->backend == MJ_BACKEND_SIM) snprintf(buf + n, len - n, " (sim)");
     return buf;
 }
 
@@ -200,6 +252,8 @@ mj_status mj_spec_to_json(const mj_spec *s, char **line) {
     for (int32_t i = 0; i < t->n_knobs; i++) json_object_set_new(k, t->knobs[i].name, json_integer(s->knobs[i]));
     json_object_set_new(o, "knobs", k);
     json_object_set_new(o, "arch", json_string(mj_target_name(s->target)));
+    /* CUDA is the default: only a sim line says its backend. */
+    if (s->backend != MJ_BACKEND_CUDA) json_object_set_new(o, "backend", json_string(backend_name(s->backend)));
     *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return *line ? MJ_OK : mj_set_error(MJ_ERR_NOMEM, "out of memory writing a manifest line");
@@ -254,6 +308,15 @@ mj_status mj_spec_from_json(const char *line, const char *where, mj_spec *out) {
         s.knobs[i] = (int32_t)json_integer_value(v);
     }
     s.backend = MJ_BACKEND_CUDA;
+    json_t *jb = json_object_get(o, "backend");
+    if (jb) {
+        const char *bn = json_is_string(jb) ? json_string_value(jb) : "";
+        if (!strcmp(bn, "sim")) s.backend = MJ_BACKEND_SIM;
+        else if (strcmp(bn, "cuda") != 0) {
+            st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: \"backend\" must be \"cuda\" or \"sim\"", where);
+            goto exit;
+        }
+    }
     if ((st = mj_spec_validate(&s)) != MJ_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", mj_last_error());

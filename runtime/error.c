@@ -21,6 +21,7 @@ static const char *const k_status_text[MJ_STATUS_COUNT] = {
     [MJ_ERR_CACHE_MISS] = "kernel not in cache (strict mode)",
     [MJ_ERR_CUDA] = "CUDA driver error",
     [MJ_ERR_INTERNAL] = "internal error",
+    [MJ_ERR_KERNEL] = "kernel failed as it ran",
 };
 
 const char *mj_status_string(mj_status s) {

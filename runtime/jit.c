@@ -8,10 +8,15 @@
  *        (another process may have just written it), compile with NVRTC, store, unlock.
  *     3. with a device, load the cubin and look up each kernel of the template.
  * A failed build is remembered, so a bad spec is not recompiled on every call.
+ *
+ * The sim backend (runtime/sim/) goes the same way with the host C compiler in place of
+ * NVRTC and a shared object in place of the cubin; a sim function is always loaded (no
+ * device needed) and its launches run on the CPU, synchronously, on host pointers.
  */
 #include "jit.h"
 
 #include "cache.h"
+#include "sim/sim.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -35,6 +40,7 @@ struct mj_function {
     mj_ptxas_report report;
     int from_disk;
     mj_cuda_module *module;           /* NULL in a compile-only context                    */
+    mj_sim_module *sim;               /* the loaded object of a sim function               */
     mj_cuda_function fns[8];          /* per kernel of the template (first 8)              */
     int n_fns;
 };
@@ -59,6 +65,8 @@ struct mj_context {
     int strict;
     int device;                       /* ordinal or MJ_DEVICE_NONE                          */
     mj_device_info dev;
+    mj_backend backend;               /* what mj_context_spec fills in                      */
+    mj_target target;
     char *record_path;
     _Atomic(table *) table;
     size_t n_used;
@@ -146,6 +154,20 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
                             "mj_context_options.struct_size is %u, expected %zu: initialize it "
                             "with MJ_CONTEXT_OPTIONS_INIT",
                             opts->struct_size, sizeof(mj_context_options));
+    if (opts->backend != MJ_BACKEND_AUTO && opts->backend != MJ_BACKEND_CUDA &&
+        opts->backend != MJ_BACKEND_SIM)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_context_options.backend is %d: use MJ_BACKEND_CUDA, MJ_BACKEND_SIM "
+                            "or MJ_BACKEND_AUTO", opts->backend);
+    mj_target want_target = MJ_TARGET_SM120A;
+    if (opts->target) {
+        mj_status ts = mj_target_parse(opts->target, &want_target);
+        if (ts != MJ_OK) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", mj_last_error());
+            return mj_set_error(ts, "mj_context_options.target: %s", why);
+        }
+    }
     mj_context_t c = calloc(1, sizeof *c);
     if (!c) return mj_set_error(MJ_ERR_NOMEM, "out of memory creating a context");
     mj_status st = MJ_OK;
@@ -159,7 +181,8 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
         goto fail;
     }
     MJ_CHECK_GOTO(mj_cache_open(opts->cache_dir, opts->cache_max_bytes, &c->cache), st, fail);
-    if (opts->device >= 0 || opts->device == MJ_DEVICE_AUTO) {
+    /* A sim context looks for a GPU only when one is asked for by ordinal. */
+    if (opts->device >= 0 || (opts->device == MJ_DEVICE_AUTO && opts->backend != MJ_BACKEND_SIM)) {
         int ordinal = opts->device >= 0 ? opts->device : 0;
         mj_status ds = mj_cuda_load();
         if (ds == MJ_OK) ds = mj_cuda_device_info(ordinal, &c->dev);
@@ -170,6 +193,10 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
         }
         mj_clear_error();
     }
+    c->backend = opts->backend == MJ_BACKEND_AUTO
+                     ? (c->device != MJ_DEVICE_NONE ? MJ_BACKEND_CUDA : MJ_BACKEND_SIM)
+                     : (mj_backend)opts->backend;
+    c->target = opts->target ? want_target : c->device != MJ_DEVICE_NONE ? c->dev.target : MJ_TARGET_SM120A;
     *out = c;
     return MJ_OK;
 fail:
@@ -180,6 +207,7 @@ fail:
 static void function_free(mj_function *f) {
     if (!f) return;
     if (f->module) mj_cuda_module_unload(f->module);
+    mj_sim_module_unload(f->sim);
     mj_cache_entry_free(&f->entry);
     free(f->fail_message);
     free(f);
@@ -287,7 +315,7 @@ static char *meta_json(const mj_spec *s, const char *compiler, const char *optio
     for (int32_t i = 0; i < t->n_knobs; i++) json_object_set_new(k, t->knobs[i].name, json_integer(s->knobs[i]));
     json_object_set_new(o, "knobs", k);
     json_object_set_new(o, "arch", json_string(mj_target_name(s->target)));
-    json_object_set_new(o, "backend", json_string("cuda"));
+    json_object_set_new(o, "backend", json_string(s->backend == MJ_BACKEND_SIM ? "sim" : "cuda"));
     json_object_set_new(o, "compiler", json_string(compiler));
     json_object_set_new(o, "options", json_string(options));
     json_object_set_new(o, "moejit", json_string(MJ_VERSION_STRING));
@@ -351,9 +379,11 @@ static mj_status compile_entry(mj_context_t c, const mj_spec *s, char *source, c
     memset(&r, 0, sizeof r);
     char desc[512];
     mj_spec_describe(s, desc, sizeof desc);
-    mj_status st = mj_nvrtc_compile(source, desc, s->target, &r);
+    mj_status st = s->backend == MJ_BACKEND_SIM ? mj_sim_compile(source, desc, &r)
+                                                : mj_nvrtc_compile(source, desc, s->target, &r);
     if (st != MJ_OK) {
         c->compile_failures++;
+        mj_compile_result_free(&r);
         return st;
     }
     c->compiles++;
@@ -377,21 +407,29 @@ static mj_status build(mj_context_t c, mj_function *f) {
     int lock_fd = -1, waited = 0, found = 0;
     mj_status st;
     MJ_CHECK_GOTO(mj_render(s, &source, NULL), st, exit);
-    MJ_CHECK_GOTO(mj_nvrtc_load(), st, exit);
-    int vmaj, vmin;
-    MJ_CHECK_GOTO(mj_nvrtc_version(&vmaj, &vmin), st, exit);
-    int supported = 0;
-    MJ_CHECK_GOTO(mj_nvrtc_supports(s->target, &supported), st, exit);
-    if (!supported) {
-        st = mj_set_error(MJ_ERR_UNSUPPORTED,
-                          "NVRTC %d.%d cannot compile for %s (not in nvrtcGetSupportedArchs); use a "
-                          "CUDA toolkit that supports it, or another --arch",
-                          vmaj, vmin, mj_target_name(s->target));
-        goto exit;
+    char compiler[640];
+    const char *options;
+    if (s->backend == MJ_BACKEND_SIM) {
+        const char *version;
+        MJ_CHECK_GOTO(mj_sim_compiler(&version), st, exit);
+        snprintf(compiler, sizeof compiler, "%s", version);
+        options = mj_sim_options();
+    } else {
+        MJ_CHECK_GOTO(mj_nvrtc_load(), st, exit);
+        int vmaj, vmin;
+        MJ_CHECK_GOTO(mj_nvrtc_version(&vmaj, &vmin), st, exit);
+        int supported = 0;
+        MJ_CHECK_GOTO(mj_nvrtc_supports(s->target, &supported), st, exit);
+        if (!supported) {
+            st = mj_set_error(MJ_ERR_UNSUPPORTED,
+                              "NVRTC %d.%d cannot compile for %s (not in nvrtcGetSupportedArchs); use a "
+                              "CUDA toolkit that supports it, or another --arch",
+                              vmaj, vmin, mj_target_name(s->target));
+            goto exit;
+        }
+        snprintf(compiler, sizeof compiler, "nvrtc %d.%d", vmaj, vmin);
+        options = mj_nvrtc_options(s->target);
     }
-    char compiler[64];
-    snprintf(compiler, sizeof compiler, "nvrtc %d.%d", vmaj, vmin);
-    const char *options = mj_nvrtc_options(s->target);
     MJ_CHECK_GOTO(mj_key_text(s, source, strlen(source), compiler, options, &key_text), st, exit);
     mj_key_hash(key_text, f->key_hex);
 
@@ -421,7 +459,10 @@ static mj_status build(mj_context_t c, mj_function *f) {
         if (st == MJ_OK) source = key_text = NULL; /* owned by f->entry now */
         if (st != MJ_OK) goto exit;
     }
-    if (c->device != MJ_DEVICE_NONE) {
+    if (s->backend == MJ_BACKEND_SIM) {
+        MJ_CHECK_GOTO(mj_sim_module_load(f->entry.binary, f->entry.binary_len, &mj_registry_templates[s->tpl],
+                                         &f->sim), st, exit);
+    } else if (c->device != MJ_DEVICE_NONE) {
         const mj_template_desc *t = &mj_registry_templates[s->tpl];
         MJ_CHECK_GOTO(mj_cuda_module_load(c->device, f->entry.binary, f->entry.binary_len, &f->module),
                       st, exit);
@@ -502,6 +543,9 @@ mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_laun
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "launch: this function is template %s, not the one the wrapper was made for",
                             t->name);
+    if (fn->sim)
+        return mj_sim_run(mj_sim_module_entry(fn->sim, kernel), t->kernels[kernel].name, d.grid, d.block,
+                          d.smem, args);
     if (!fn->module)
         return mj_set_error(MJ_ERR_NO_DEVICE,
                             "launch of %s: this context has no device (compile-only); create it "
@@ -517,5 +561,31 @@ mj_status mj_prewarm_json(mj_context_t c, const char *line, int *was_cached) {
     const mj_function *f;
     MJ_CHECK(mj_jit_get(c, &s, &f));
     if (was_cached) *was_cached = f->from_disk;
+    return MJ_OK;
+}
+
+mj_status mj_context_backend(mj_context_t c, mj_backend *backend, const char **target) {
+    if (!c) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_backend: NULL context");
+    if (backend) *backend = c->backend;
+    if (target) *target = mj_target_name(c->target);
+    return MJ_OK;
+}
+
+mj_status mj_context_spec(mj_context_t c, const char *template_name, const int32_t *knobs, mj_spec *out) {
+    if (!c || !template_name || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_spec: NULL argument");
+    mj_spec s;
+    memset(&s, 0, sizeof s);
+    const mj_template_desc *t = mj_template_find(template_name, &s.tpl);
+    if (!t)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "unknown template '%s' (see 'moejit inspect templates')",
+                            template_name);
+    if (t->n_knobs && !knobs)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_spec: template %s has %d knobs and knobs is NULL",
+                            t->name, t->n_knobs);
+    s.target = c->target;
+    s.backend = c->backend;
+    for (int32_t i = 0; i < t->n_knobs; i++) s.knobs[i] = knobs[i];
+    MJ_CHECK(mj_spec_validate(&s));
+    *out = s;
     return MJ_OK;
 }

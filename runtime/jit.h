@@ -95,7 +95,6 @@ mj_status mj_cuda_synchronize(void);
 
 /* ---- specializations (gen/render.c) --------------------------------------------------- */
 /* A specialization: template + knob values + target. Everything that selects a kernel. */
-typedef enum mj_backend { MJ_BACKEND_CUDA = 0, MJ_BACKEND_COUNT } mj_backend;
 typedef struct mj_spec {
     int32_t tpl;                        /* index into mj_registry_templates               */
     mj_target target;
@@ -144,8 +143,21 @@ const char *mj_function_key(const mj_function *f);
 const mj_ptxas_report *mj_function_report(const mj_function *f);
 const char *mj_function_source(const mj_function *f);
 /* Launch kernel `kernel` (index within the template `tpl`) with packed args; the typed
- * wrappers in mj_kernels.h call this. MJ_ERR_NO_DEVICE in a compile-only context. */
+ * wrappers in mj_kernels.h call this. MJ_ERR_NO_DEVICE for a CUDA function in a
+ * compile-only context. A sim function (spec backend MJ_BACKEND_SIM) runs on the CPU: its
+ * pointer arguments are host pointers, d.stream is ignored, the launch is synchronous (the
+ * results are there when it returns) and a kernel that deadlocks or traps returns
+ * MJ_ERR_KERNEL naming the kernel, block and thread. */
 mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_launch_dims d,
                              void **args, int nargs);
+
+/* The specialization of template `template_name` with knob values `knobs` (in the
+ * template's declaration order; may be NULL for a template without knobs) for this
+ * context: its target (mj_context_options.target, else the device's, else sm_120a) and
+ * backend (cuda, or sim: MJ_BACKEND_AUTO is sim without a device). Validated: an unknown
+ * template or a knob out of range is MJ_ERR_INVALID_ARG, a target the template does not
+ * declare MJ_ERR_UNSUPPORTED. Then mj_jit_get(ctx, &spec, &fn) and mj_launch_<kernel>(fn...). */
+mj_status mj_context_spec(mj_context_t ctx, const char *template_name, const int32_t *knobs,
+                          mj_spec *out);
 
 #endif

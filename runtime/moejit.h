@@ -48,6 +48,8 @@ typedef enum mj_status {
     MJ_ERR_CACHE_MISS,    /* strict mode: a kernel is not in the cache                    */
     MJ_ERR_CUDA,          /* a CUDA driver call failed                                    */
     MJ_ERR_INTERNAL,      /* a bug in moejit: please report it with mj_last_error()       */
+    MJ_ERR_KERNEL,        /* a kernel failed as it ran: on the sim a barrier or warp
+                             collective that cannot complete (deadlock), or __trap()     */
     MJ_STATUS_COUNT
 } mj_status;
 
@@ -231,6 +233,11 @@ MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t
  * ------------------------------------------------------------------------------------- */
 typedef struct mj_context *mj_context_t;
 
+/* Where kernels run: the GPU (CUDA) or the CPU interpreter (sim), which compiles the same
+ * generated source with the host C compiler and runs it with CUDA's execution model. */
+typedef enum mj_backend { MJ_BACKEND_CUDA = 0, MJ_BACKEND_SIM = 1, MJ_BACKEND_COUNT } mj_backend;
+#define MJ_BACKEND_AUTO (-1) /* cuda when a device is there, else sim                    */
+
 #define MJ_DEVICE_NONE (-1) /* compile only: no GPU or driver needed                   */
 #define MJ_DEVICE_AUTO (-2) /* GPU 0 when a driver and device are there, else none       */
 
@@ -241,8 +248,11 @@ typedef struct mj_context_options {
     int32_t strict;            /* -1: $MOEJIT_STRICT; 1: a kernel not in the cache is an
                                   error (MJ_ERR_CACHE_MISS) instead of a compile; 0: off  */
     int32_t device;            /* CUDA ordinal, MJ_DEVICE_NONE or MJ_DEVICE_AUTO           */
+    int32_t backend;           /* MJ_BACKEND_CUDA, MJ_BACKEND_SIM or MJ_BACKEND_AUTO       */
+    const char *target;        /* NULL: the device's, else "sm_120a"; e.g. "sm_90a"       */
 } mj_context_options;
-#define MJ_CONTEXT_OPTIONS_INIT {sizeof(mj_context_options), NULL, 0, -1, MJ_DEVICE_AUTO}
+#define MJ_CONTEXT_OPTIONS_INIT \
+    {sizeof(mj_context_options), NULL, 0, -1, MJ_DEVICE_AUTO, MJ_BACKEND_AUTO, NULL}
 
 /* Create a context. The cache directory is created (0700) if needed; an unusable one is a
  * warning (kernels are then kept in memory only), not an error. $MOEJIT_RECORD=path makes
@@ -267,6 +277,58 @@ MJ_API mj_status mj_context_stats(mj_context_t ctx, mj_jit_stats *out);
  * {"template": "fixture_saxpy", "knobs": {"BLOCK": 256, "VEC": 4}, "arch": "sm_120a"}.
  * *was_cached (may be NULL) says whether it was there already. */
 MJ_API mj_status mj_prewarm_json(mj_context_t ctx, const char *manifest_line, int *was_cached);
+
+/* The backend and target kernels of this context are built for. */
+MJ_API mj_status mj_context_backend(mj_context_t ctx, mj_backend *backend, const char **target);
+
+/* ---------------------------------------------------------------------------------------
+ * Routing on the device (or the interpreter): the piece a serving engine can adopt alone
+ * ------------------------------------------------------------------------------------- */
+
+/* k0 per batch size: "4" (always 4) or "1-3:8,4-15:6,16-:4" (B in 1..3 -> 8, ...). */
+#define MJ_K0_POLICY_MAX_RULES 16
+typedef struct mj_k0_policy {
+    int32_t n_rules;
+    struct { int32_t b_lo, b_hi, k0; } rules[MJ_K0_POLICY_MAX_RULES]; /* b_hi = INT32_MAX: open */
+} mj_k0_policy;
+/* Parse a policy; every k0 must be in 1..topk and the ranges must not overlap. */
+MJ_API mj_status mj_k0_policy_parse(const char *text, int32_t topk, mj_k0_policy *out);
+/* k0 for a batch of B tokens (B >= 1); a B no rule covers is an error naming B. */
+MJ_API mj_status mj_k0_policy_resolve(const mj_k0_policy *p, int32_t B, int32_t *k0);
+
+/* What mj_route writes: the routing itself and the dispatch metadata the grouped GEMMs use.
+ * All pointers are device pointers (host pointers for the sim backend). Optional ones may be
+ * NULL. A "row" is one (token, slot) pair; rows are grouped by expert, experts in id order,
+ * within an expert by token then slot. */
+typedef struct mj_route_outputs {
+    int32_t *ids;              /* [B, k] expert ids in ranking order, -1 past n_sel         */
+    float *weights;            /* [B, k] routing weights, 0 past n_sel                      */
+    int32_t *n_sel;            /* [B] experts each token got (k0..k; 0 for padding)         */
+    int32_t *expert_counts;    /* [E] rows routed to each expert (optional)                 */
+    int32_t *expert_offsets;   /* [E + 1] exclusive prefix sum of counts (optional)         */
+    int32_t *active_experts;   /* [E] experts with rows, ascending, then -1 (optional)     */
+    int32_t *n_active;         /* [1] number of active experts = unique experts (optional) */
+    int32_t *permutation;      /* [B, k] row of each (token, slot), -1 past n_sel (optional) */
+} mj_route_outputs;
+
+/* Route B tokens as mj_route_ref does (same ids and counts bit for bit, weights within
+ * 1e-6 relative): one kernel, one thread block at decode sizes; with k0 == k above the
+ * single-block limit a multi-block plain top-k. logits [B, E] f32, bias [E] or NULL.
+ * Capturable in a CUDA graph once its kernel is in the cache: no allocation, no sync. */
+MJ_API mj_status mj_route(mj_context_t ctx, const mj_route_params *p, const float *logits,
+                          const float *bias, int32_t B, int32_t num_valid,
+                          const mj_route_outputs *out, void *stream);
+
+/* The router GEMM: logits [B, E] f32 = hidden [B, H] bf16 x gate [E, H] bf16 (fp32
+ * accumulation). */
+MJ_API mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_t *gate,
+                                int32_t B, int32_t H, int32_t E, float *logits, void *stream);
+
+/* The dispatch metadata of a routing, on the host (the reference for mj_route's). */
+MJ_API mj_status mj_route_dispatch_ref(const int32_t *ids, const int32_t *n_sel, int32_t B,
+                                       int32_t k, int32_t E, int32_t *expert_counts,
+                                       int32_t *expert_offsets, int32_t *active_experts,
+                                       int32_t *n_active, int32_t *permutation);
 
 #ifdef __cplusplus
 }

@@ -20,4 +20,11 @@ typedef unsigned long long uint64_t;
 #define MJ_TARGETS(list)
 #define MJ_KNOB_RANGE(name, ctype, lo, hi, doc)
 #define MJ_KNOB_SET(name, ctype, values, doc)
+/* Hooks: helpers that are inline PTX here and C in prelude_sim.h (same signatures). */
+/* The lane of the calling thread within its warp (%laneid). */
+MJ_DEVICE unsigned mj_lane_id(void) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(r));
+    return r;
+}
 /* ---- end of prelude ------------------------------------------------------------------ */

@@ -82,6 +82,20 @@ json_check 'j["unique_experts_before"] == 6 and j["unique_experts_after"] == 6'
 expect_rc 0 "$MJ" route --topk 4 --k0 2 l.npy
 json_check 'j["ids"] == [[0,1,2,3],[1,0,3,2],[2,3,1,0]]'
 json_check 'j["experts_per_token"] == [4,4,4] and j["unique_experts_after"] == 4 and j["retained_mass"] < 1'
+# The generated kernels on the interpreter give the reference's answer.
+expect_rc 0 "$MJ" route --backend sim --topk 4 --k0 2 l.npy
+json_check 'j["ids"] == [[0,1,2,3],[1,0,3,2],[2,3,1,0]] and j["experts_per_token"] == [4,4,4]'
+cp out sim.json
+expect_rc 0 "$MJ" route --backend ref --topk 4 --k0 2 l.npy
+cmp -s out sim.json && ok || bad "sim and ref routes differ: $(cat sim.json) vs $(cat out)"
+expect_rc 0 "$MJ" route --backend sim --topk 4 --k0-policy "1-2:4,3-:2" l.npy
+json_check 'j["k0"] == 2 and j["ids"][1] == [1,0,3,2]'
+expect_fail "$MJ" route --backend sim --topk 4 --k0-policy "1-2:4" l.npy;   contains err "batch size 3"
+expect_fail "$MJ" route --topk 4 --k0 2 --k0-policy 2 l.npy
+expect_fail "$MJ" route --backend tpu l.npy;                                contains err "ref, sim or cuda"
+"$MJ" route --backend cuda --topk 4 l.npy >out 2>err
+if [ $? = 0 ]; then json_check 'j["ids"][0] == [0,1,2,3]'
+else [ "$(wc -l <err)" = 1 ] && grep -qi "device\|driver" err && ok || bad "cuda backend without a GPU: $(cat err)"; fi
 expect_rc 0 "$MJ" route --topk 2 --rsf 2.5 l.npy
 json_check 'abs(sum(j["weights"][0]) - 2.5) < 1e-5'
 expect_rc 0 "$MJ" route --topk 2 --no-renorm l.npy

@@ -57,8 +57,9 @@ static int open_cache(const char *dir, mj_cache **c) {
     mj_status st = mj_cache_open(dir, 0, c);
     if (st != MJ_OK) return tool_fail_status("opening the cache", st);
     if (!mj_cache_readable(*c)) {
+        int rc = tool_fail("cache directory %s cannot be used (see the warning above)", mj_cache_dir(*c));
         mj_cache_close(*c);
-        return tool_fail("cache directory %s cannot be used (see the warning above)", mj_cache_dir(*c));
+        return rc;
     }
     return 0;
 }
@@ -96,9 +97,12 @@ static int cmd_list(mj_cache *c) {
         }
         json_t *m = json_loads(e.meta_json, 0, NULL), *p = json_object_get(m, "ptxas");
         knobs_text(m, kn, sizeof kn);
+        const char *be = json_string_value(json_object_get(m, "backend"));
+        char arch[64];
+        snprintf(arch, sizeof arch, "%s%s", json_string_value(json_object_get(m, "arch")),
+                 be && !strcmp(be, "sim") ? "/sim" : "");
         printf("%.12s  %-24s %-28s %-8s %9lld %5lld %7lld  %s\n", items[i].key_hex,
-               json_string_value(json_object_get(m, "template")), kn,
-               json_string_value(json_object_get(m, "arch")), (long long)items[i].bytes,
+               json_string_value(json_object_get(m, "template")), kn, arch, (long long)items[i].bytes,
                (long long)json_integer_value(json_object_get(p, "registers")),
                (long long)(json_integer_value(json_object_get(p, "spill_stores")) +
                            json_integer_value(json_object_get(p, "spill_loads"))),
@@ -198,7 +202,14 @@ static int cmd_show(mj_cache *c, const char *prefix, const char *what) {
         fputc('\n', stdout);
         json_decref(m);
     } else if (!strcmp(what, "sass")) {
-        rc = show_sass(&e);
+        json_t *m = json_loads(e.meta_json, 0, NULL);
+        const char *be = json_string_value(json_object_get(m, "backend"));
+        if (be && !strcmp(be, "sim"))
+            rc = tool_fail("entry %.16s is for the sim backend: it holds a host shared object, not a "
+                           "cubin (see --source)", hex);
+        else
+            rc = show_sass(&e);
+        json_decref(m);
     } else {
         json_t *m = json_loads(e.meta_json, 0, NULL), *p = json_object_get(m, "ptxas");
         char kn[256];
@@ -207,10 +218,12 @@ static int cmd_show(mj_cache *c, const char *prefix, const char *what) {
         printf("template   %s\n", json_string_value(json_object_get(m, "template")));
         printf("knobs      %s\n", kn);
         printf("arch       %s\n", json_string_value(json_object_get(m, "arch")));
+        const char *be = json_string_value(json_object_get(m, "backend"));
+        printf("backend    %s\n", be ? be : "cuda");
         printf("compiler   %s\n", json_string_value(json_object_get(m, "compiler")));
         printf("options    %s\n", json_string_value(json_object_get(m, "options")));
         printf("compile    %.1f ms\n", json_real_value(json_object_get(m, "compile_ms")));
-        printf("cubin      %zu bytes\n", e.binary_len);
+        printf("%s %zu bytes\n", be && !strcmp(be, "sim") ? "object    " : "cubin     ", e.binary_len);
         printf("ptxas      %lld registers, %lld B spill stores, %lld B spill loads, %lld B stack, "
                "%lld B static smem\n",
                (long long)json_integer_value(json_object_get(p, "registers")),

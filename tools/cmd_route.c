@@ -1,6 +1,8 @@
 /* cmd_route.c — `moejit route`: noaux_tc / OEA routing of logits from a .npy file. */
 #include "tools.h"
 
+#include "jit.h"
+
 #include <getopt.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -28,11 +30,14 @@ static const char k_help[] =
     "  --topk-group G       groups kept per token (default 1)\n"
     "  --valid N            only the first N rows are real tokens; the rest are padding that\n"
     "                       gets no experts and does not join OEA's shared set (default B)\n"
+    "  --k0-policy P        k0 from the batch size: \"1-3:8,4-15:6,16-:4\" (instead of --k0)\n"
+    "  --backend B          ref (the CPU reference), sim (the generated kernels on the CPU\n"
+    "                       interpreter) or cuda (on GPU 0); default sim, cuda with a GPU\n"
     "  -h, --help           this text\n"
     "  -V, --version        print the version\n";
 
 enum { OPT_BIAS = 256, OPT_CONFIG, OPT_TOPK, OPT_K0, OPT_RSF, OPT_NORENORM, OPT_SCORING,
-       OPT_NGROUP, OPT_TOPKGROUP, OPT_VALID };
+       OPT_NGROUP, OPT_TOPKGROUP, OPT_VALID, OPT_BACKEND, OPT_POLICY };
 
 static json_t *route_json(const mj_route_params *p, int B, int V, const int32_t *ids,
                           const float *w, const int32_t *nsel, const mj_route_stats *st) {
@@ -63,6 +68,49 @@ static json_t *route_json(const mj_route_params *p, int B, int V, const int32_t 
     return root;
 }
 
+/* Run mj_route on the sim (host memory) or on GPU 0 (device copies). */
+static mj_status route_on_backend(const char *backend, const mj_route_params *p, const float *x,
+                                  const float *bias, int B, int V, int32_t *ids, float *w, int32_t *nsel) {
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    int cuda = backend && !strcmp(backend, "cuda");
+    o.backend = cuda ? MJ_BACKEND_CUDA : (backend ? MJ_BACKEND_SIM : MJ_BACKEND_AUTO);
+    o.device = cuda ? 0 : (backend ? MJ_DEVICE_NONE : MJ_DEVICE_AUTO);
+    mj_context_t ctx;
+    mj_status s = mj_context_create(&o, &ctx);
+    if (s != MJ_OK) return s;
+    mj_backend used;
+    const char *target;
+    mj_context_backend(ctx, &used, &target);
+    size_t nx = sizeof(float) * (size_t)B * (size_t)p->n_experts, nk = (size_t)B * (size_t)p->topk;
+    if (used == MJ_BACKEND_SIM) {
+        mj_route_outputs out = {ids, w, nsel, NULL, NULL, NULL, NULL, NULL};
+        s = mj_route(ctx, p, x, bias, B, V, &out, NULL);
+    } else {
+        uint64_t dx = 0, db = 0, di = 0, dw = 0, dn = 0;
+        s = mj_cuda_malloc(nx, &dx);
+        if (s == MJ_OK && bias) s = mj_cuda_malloc(sizeof(float) * (size_t)p->n_experts, &db);
+        if (s == MJ_OK) s = mj_cuda_malloc(4 * nk, &di);
+        if (s == MJ_OK) s = mj_cuda_malloc(4 * nk, &dw);
+        if (s == MJ_OK) s = mj_cuda_malloc(4 * (size_t)B, &dn);
+        if (s == MJ_OK) s = mj_cuda_memcpy_htod(dx, x, nx);
+        if (s == MJ_OK && bias) s = mj_cuda_memcpy_htod(db, bias, sizeof(float) * (size_t)p->n_experts);
+        if (s == MJ_OK) {
+            mj_route_outputs out = {(int32_t *)(uintptr_t)di, (float *)(uintptr_t)dw, (int32_t *)(uintptr_t)dn,
+                                    NULL, NULL, NULL, NULL, NULL};
+            s = mj_route(ctx, p, (const float *)(uintptr_t)dx, bias ? (const float *)(uintptr_t)db : NULL, B, V, &out, NULL);
+        }
+        if (s == MJ_OK) s = mj_cuda_synchronize();
+        if (s == MJ_OK) s = mj_cuda_memcpy_dtoh(ids, di, 4 * nk);
+        if (s == MJ_OK) s = mj_cuda_memcpy_dtoh(w, dw, 4 * nk);
+        if (s == MJ_OK) s = mj_cuda_memcpy_dtoh(nsel, dn, 4 * (size_t)B);
+        uint64_t all[5] = {dx, db, di, dw, dn};
+        for (int i = 0; i < 5; i++)
+            if (all[i]) mj_cuda_free(all[i]);
+    }
+    mj_context_destroy(ctx);
+    return s;
+}
+
 int cmd_route(int argc, char **argv) {
     static const struct option opts[] = {
         {"bias", required_argument, 0, OPT_BIAS},      {"config", required_argument, 0, OPT_CONFIG},
@@ -70,9 +118,10 @@ int cmd_route(int argc, char **argv) {
         {"rsf", required_argument, 0, OPT_RSF},        {"no-renorm", no_argument, 0, OPT_NORENORM},
         {"scoring", required_argument, 0, OPT_SCORING}, {"n-group", required_argument, 0, OPT_NGROUP},
         {"topk-group", required_argument, 0, OPT_TOPKGROUP}, {"valid", required_argument, 0, OPT_VALID},
+        {"backend", required_argument, 0, OPT_BACKEND}, {"k0-policy", required_argument, 0, OPT_POLICY},
         {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    const char *bias_path = NULL, *config_path = NULL;
+    const char *bias_path = NULL, *config_path = NULL, *backend = NULL, *policy = NULL;
     int topk = -1, k0 = -1, no_renorm = 0, n_group = -1, topk_group = -1, valid = -1;
     int scoring = -1;
     float rsf = 0.0f;
@@ -95,6 +144,12 @@ int cmd_route(int argc, char **argv) {
         case OPT_NGROUP: if (tool_parse_int("route", "--n-group", optarg, 1, 1 << 20, &n_group)) return 2; break;
         case OPT_TOPKGROUP: if (tool_parse_int("route", "--topk-group", optarg, 1, 1 << 20, &topk_group)) return 2; break;
         case OPT_VALID: if (tool_parse_int("route", "--valid", optarg, 0, 1 << 30, &valid)) return 2; break;
+        case OPT_BACKEND:
+            if (strcmp(optarg, "ref") && strcmp(optarg, "sim") && strcmp(optarg, "cuda"))
+                return tool_usage("route", "--backend wants ref, sim or cuda, got '%s'", optarg);
+            backend = optarg;
+            break;
+        case OPT_POLICY: policy = optarg; break;
         case 'h': fputs(k_help, stdout); return 0;
         case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
         default: return tool_usage("route", "unknown option or missing value: '%s'", argv[optind - 1]);
@@ -117,6 +172,7 @@ int cmd_route(int argc, char **argv) {
     if (n_group > 0) p.n_group = n_group;
     if (topk_group > 0) p.topk_group = topk_group;
     p.k0 = k0 > 0 ? k0 : p.topk;
+    if (policy && k0 > 0) return tool_usage("route", "give --k0 or --k0-policy, not both");
 
     char err[512], sh[128];
     npy_array lg, bias = {0};
@@ -160,11 +216,28 @@ int cmd_route(int argc, char **argv) {
         tool_fail("out of memory");
         goto done;
     }
+    if (policy) {
+        mj_k0_policy pol;
+        mj_status ps = mj_k0_policy_parse(policy, p.topk, &pol);
+        if (ps == MJ_OK) ps = mj_k0_policy_resolve(&pol, valid > 0 ? valid : 1, &p.k0);
+        if (ps != MJ_OK) {
+            tool_fail_status("--k0-policy", ps);
+            goto done;
+        }
+    }
+    /* The statistics always come from the reference; the ids and weights from the backend. */
     mj_route_stats st;
     mj_status s = mj_route_ref(&p, lg.data, bias_path ? bias.data : NULL, B, valid, ids, w, nsel, &st);
     if (s != MJ_OK) {
         tool_fail_status("routing", s);
         goto done;
+    }
+    if (!backend || strcmp(backend, "ref")) {
+        s = route_on_backend(backend, &p, lg.data, bias_path ? bias.data : NULL, B, valid, ids, w, nsel);
+        if (s != MJ_OK) {
+            tool_fail_status(backend ? backend : "sim", s);
+            goto done;
+        }
     }
     json_t *root = route_json(&p, B, valid, ids, w, nsel, &st);
     json_dumpf(root, stdout, JSON_INDENT(0) | JSON_COMPACT | JSON_REAL_PRECISION(9));

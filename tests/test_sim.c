@@ -1,0 +1,626 @@
+/* test_sim.c — the sim backend: kernel templates compiled by the host C compiler and run on
+ * the CPU with CUDA's execution model, through the JIT (mj_context_spec, mj_jit_get, the
+ * typed launch wrappers). Barriers, shared memory, indices, every warp collective against
+ * CUDA's documented results, bit intrinsics, atomics across blocks, the JIT fixtures against
+ * the CPU, deadlocks and traps reported (not hung), the disk cache, keys, context options. */
+#include "cache.h"
+#include "jit.h"
+#include "mj_kernels.h"
+#include "sim/sim.h"
+#include "test.h"
+
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+static void rm_rf(const char *dir) { nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static mj_context_t make_ctx(const char *dir, int backend, const char *target) {
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = dir;
+    o.device = MJ_DEVICE_NONE;
+    o.strict = 0;
+    o.backend = backend;
+    o.target = target;
+    mj_context_t c = NULL;
+    CHECK_OK(mj_context_create(&o, &c));
+    return c;
+}
+
+/* The function of template `name` with knobs for context c (NULL on failure). */
+static const mj_function *get(mj_context_t c, const char *name, const int32_t *knobs) {
+    mj_spec s;
+    const mj_function *f = NULL;
+    mj_status st = mj_context_spec(c, name, knobs, &s);
+    CHECK(st == MJ_OK, "spec %s: %s", name, mj_last_error());
+    if (st != MJ_OK) return NULL;
+    st = mj_jit_get(c, &s, &f);
+    CHECK(st == MJ_OK, "get %s: %s", name, mj_last_error());
+    return st == MJ_OK ? f : NULL;
+}
+
+static mj_launch_dims dims3(uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by, uint32_t bz,
+                            uint32_t smem) {
+    mj_launch_dims d = {{gx, gy, gz}, {bx, by, bz}, smem, NULL};
+    return d;
+}
+static mj_launch_dims dims1(uint32_t g, uint32_t b) { return dims3(g, 1, 1, b, 1, 1, 0); }
+
+/* ---- CUDA's documented shuffle results (CUDA C++ Programming Guide, warp shuffle) ---- */
+static int ref_shfl(const int *in, int lane, int op, int arg, int width) {
+    int base = lane - lane % width, sub = lane % width, src = lane;
+    switch (op) {
+    case 0: src = base + (arg & (width - 1)); break;         /* srcLane modulo width   */
+    case 1: src = sub >= arg ? lane - arg : lane; break;      /* lower delta unchanged  */
+    case 2: src = sub + arg < width ? lane + arg : lane; break;
+    default: {                                                /* later groups: own value */
+        int j = lane ^ arg;
+        src = j / width <= lane / width ? j : lane;
+    }
+    }
+    return in[src];
+}
+
+static void test_context(const char *dir) {
+    mj_backend b = MJ_BACKEND_COUNT;
+    const char *tname = NULL;
+    mj_context_t c = make_ctx(dir, MJ_BACKEND_SIM, NULL);
+    if (!c) return;
+    CHECK_OK(mj_context_backend(c, &b, &tname));
+    CHECK(b == MJ_BACKEND_SIM && tname && !strcmp(tname, "sm_120a"), "sim ctx: backend %d target %s", b,
+          tname ? tname : "");
+    mj_spec s;
+    int32_t knobs[2] = {128, 4};
+    CHECK_OK(mj_context_spec(c, "fixture_saxpy", knobs, &s));
+    CHECK(s.backend == MJ_BACKEND_SIM && s.target == MJ_TARGET_SM120A && s.knobs[0] == 128 && s.knobs[1] == 4 &&
+              s.knobs[2] == 0, "spec from context");
+    CHECK_STATUS(mj_context_spec(c, "no_such_template", knobs, &s), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "no_such_template") != NULL, "msg %s", mj_last_error());
+    CHECK_STATUS(mj_context_spec(c, "fixture_saxpy", NULL, &s), MJ_ERR_INVALID_ARG);
+    int32_t bad[2] = {128, 3};
+    CHECK_STATUS(mj_context_spec(c, "fixture_saxpy", bad, &s), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "VEC") != NULL, "msg %s", mj_last_error());
+    mj_context_destroy(c);
+
+    c = make_ctx(dir, MJ_BACKEND_SIM, "sm_90a");
+    CHECK_OK(mj_context_backend(c, &b, &tname));
+    CHECK(tname && !strcmp(tname, "sm_90a"), "target option: %s", tname ? tname : "");
+    CHECK_OK(mj_context_spec(c, "fixture_saxpy", knobs, &s));
+    CHECK(s.target == MJ_TARGET_SM90A, "spec target");
+    int32_t sk[2] = {256, 4};
+    CHECK_STATUS(mj_context_spec(c, "fixture_sim_sync", sk, &s), MJ_ERR_UNSUPPORTED); /* sm_80 sm_120a */
+    mj_context_destroy(c);
+
+    c = make_ctx(dir, MJ_BACKEND_AUTO, NULL); /* no device asked for: the sim */
+    CHECK_OK(mj_context_backend(c, &b, NULL));
+    CHECK(b == MJ_BACKEND_SIM, "auto without a device: %d", b);
+    mj_context_destroy(c);
+    c = make_ctx(dir, MJ_BACKEND_CUDA, "120a"); /* compile-only CUDA, as before */
+    CHECK_OK(mj_context_backend(c, &b, &tname));
+    CHECK(b == MJ_BACKEND_CUDA && !strcmp(tname, "sm_120a"), "cuda compile-only: %d %s", b, tname);
+    mj_context_destroy(c);
+
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = dir;
+    o.device = MJ_DEVICE_NONE;
+    o.backend = 7;
+    mj_context_t bc = NULL;
+    CHECK_STATUS(mj_context_create(&o, &bc), MJ_ERR_INVALID_ARG);
+    o.backend = MJ_BACKEND_SIM;
+    o.target = "sm_75";
+    CHECK(mj_context_create(&o, &bc) != MJ_OK && strstr(mj_last_error(), "target"), "bad target: %s",
+          mj_last_error());
+    CHECK_STATUS(mj_context_backend(NULL, &b, NULL), MJ_ERR_INVALID_ARG);
+}
+
+static void test_render_and_keys(void) {
+    int32_t tpl = -1;
+    CHECK(mj_template_find("fixture_saxpy", &tpl) != NULL, "saxpy");
+    mj_spec s;
+    memset(&s, 0, sizeof s);
+    s.tpl = tpl;
+    s.target = MJ_TARGET_SM120A;
+    s.backend = MJ_BACKEND_SIM;
+    s.knobs[0] = 256, s.knobs[1] = 4;
+    char *a = NULL, *b2 = NULL, *cu = NULL;
+    size_t la = 0, lb = 0, lc = 0;
+    CHECK_OK(mj_render(&s, &a, &la));
+    CHECK_OK(mj_render(&s, &b2, &lb));
+    CHECK(a && b2 && la == lb && !memcmp(a, b2, la), "sim render not deterministic");
+    mj_spec sc = s;
+    sc.backend = MJ_BACKEND_CUDA;
+    CHECK_OK(mj_render(&sc, &cu, &lc));
+    if (!a || !cu) return;
+    CHECK(strstr(a, "fixture_saxpy for sm_120a (sim)") && strstr(a, "#define MJ_SIM 1") &&
+              !strstr(a, "extern \"C\""), "sim header/prelude");
+    CHECK(strstr(a, "MJ_SIM_ENTRY void mj_sim_entry_fixture_saxpy(void **args) {\n"
+                    "    fixture_saxpy(*(int *)args[0], *(float *)args[1], *(const float **)args[2], "
+                    "*(float **)args[3]);\n}\n"), "trampoline: %s", strstr(a, "mj_sim_entry") ? strstr(a, "mj_sim_entry") : "");
+    CHECK(strstr(a, "#define MJ_SIM 1") < strstr(a, "#define BLOCK 256"), "sim prelude before the knobs");
+    CHECK(strstr(cu, "(cuda)") && !strstr(cu, "mj_sim_entry"), "cuda render unchanged");
+    const char *ver = NULL;
+    CHECK_OK(mj_sim_compiler(&ver));
+    CHECK(ver && !strncmp(ver, "sim ", 4) && strlen(ver) > 6, "compiler %s", ver ? ver : "");
+    char *ks = NULL, *kc = NULL;
+    char hs[MJ_KEY_HEX_LEN + 1], hc[MJ_KEY_HEX_LEN + 1];
+    CHECK_OK(mj_key_text(&s, a, la, ver ? ver : "sim", mj_sim_options(), &ks));
+    CHECK_OK(mj_key_text(&sc, cu, lc, "nvrtc 13.0", mj_nvrtc_options(MJ_TARGET_SM120A), &kc));
+    if (ks && kc) {
+        mj_key_hash(ks, hs);
+        mj_key_hash(kc, hc);
+        CHECK(strcmp(hs, hc) != 0 && strstr(ks, "backend sim\n") && strstr(kc, "backend cuda\n") &&
+                  strstr(ks, "-fPIC"), "keys: %s / %s", ks, kc);
+        /* Same source, other options (an ASan build): another key. */
+        char *k2 = NULL;
+        CHECK_OK(mj_key_text(&s, a, la, ver ? ver : "sim", "-std=gnu11 -O2 -fsanitize=address", &k2));
+        char h2[MJ_KEY_HEX_LEN + 1];
+        if (k2) mj_key_hash(k2, h2);
+        CHECK(k2 && strcmp(h2, hs) != 0, "options in the key");
+        free(k2);
+    }
+    char *line = NULL;
+    CHECK_OK(mj_spec_to_json(&s, &line));
+    CHECK(line && strstr(line, "\"backend\":\"sim\""), "line %s", line ? line : "");
+    mj_spec back;
+    if (line) CHECK_OK(mj_spec_from_json(line, "t", &back));
+    CHECK(line && !memcmp(&back, &s, sizeof s), "sim manifest round trip");
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256,\"VEC\":4},"
+                                   "\"arch\":\"sm_120a\",\"backend\":\"tpu\"}", "m", &back), MJ_ERR_INVALID_ARG);
+    free(line), free(ks), free(kc), free(a), free(b2), free(cu);
+}
+
+/* The JIT fixtures on the sim against the CPU. */
+static void test_jit_fixtures(mj_context_t c) {
+    int32_t kn[2] = {128, 4};
+    const mj_function *f = get(c, "fixture_saxpy", kn);
+    if (f) {
+        CHECK(mj_function_report(f)->registers == 0, "sim report");
+        enum { N = 10000 };
+        float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *want = malloc(N * sizeof *want);
+        for (int i = 0; i < N; i++) x[i] = (float)(i % 97) * 0.25f, y[i] = (float)(i % 13) - 6.0f;
+        for (int i = 0; i < N; i++) want[i] = 1.5f * x[i] + y[i];
+        uint32_t g = (N + 128 * 4 - 1) / (128 * 4);
+        CHECK_OK(mj_launch_fixture_saxpy(f, dims1(g, 128), N, 1.5f, x, y));
+        int bad = 0;
+        for (int i = 0; i < N; i++) bad += fabsf(y[i] - want[i]) > 1e-6f * fabsf(want[i]) + 1e-6f;
+        CHECK(bad == 0, "saxpy: %d of %d differ", bad, N);
+        free(x), free(y), free(want);
+    }
+    int32_t kb[3] = {128, 4, 128};
+    f = get(c, "fixture_block_sum", kb);
+    if (f) {
+        enum { N = 100000 };
+        float *x = malloc(N * sizeof *x);
+        double total = 0;
+        for (int i = 0; i < N; i++) x[i] = (float)((i * 7) % 11), total += x[i];
+        int nb = (N + 512 - 1) / 512;
+        float *out = calloc((size_t)nb, sizeof *out);
+        CHECK_OK(mj_launch_fixture_block_sum(f, dims1((uint32_t)nb, 128), x, N, out));
+        int bad = 0;
+        for (int b = 0; b < nb; b++) {
+            double s = 0;
+            for (int i = b * 512; i < (b + 1) * 512 && i < N; i++) s += x[i];
+            bad += out[b] != (float)s;
+        }
+        CHECK(bad == 0, "block sums: %d of %d differ", bad, nb);
+        CHECK_OK(mj_launch_fixture_block_sum_final(f, dims1(1, 128), out, nb));
+        CHECK(out[0] == (float)total, "total %.1f want %.1f", out[0], total);
+        free(x), free(out);
+    }
+}
+
+static void test_sync(mj_context_t c) {
+    int32_t kn[2] = {256, 4};
+    const mj_function *f = get(c, "fixture_sim_sync", kn);
+    if (!f) return;
+    /* reverse through static shared memory */
+    enum { NB = 64, B = 256 };
+    int *in = malloc(NB * B * sizeof *in), *out = malloc(NB * B * sizeof *out);
+    for (int i = 0; i < NB * B; i++) in[i] = i * 3 + 1, out[i] = -1;
+    CHECK_OK(mj_launch_fixture_sim_reverse(f, dims1(NB, B), in, out));
+    int bad = 0;
+    for (int b = 0; b < NB; b++)
+        for (int t = 0; t < B; t++) bad += out[b * B + t] != in[b * B + B - 1 - t];
+    CHECK(bad == 0, "reverse: %d wrong", bad);
+    free(in), free(out);
+
+    /* multi-dimensional blocks and grids */
+    const uint32_t shapes[][6] = {{3, 2, 2, 4, 3, 2}, {2, 1, 3, 8, 8, 4}, {5, 3, 1, 32, 1, 1}, {1, 1, 1, 1, 1, 1},
+                                  {2, 2, 2, 1, 1, 64}};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const uint32_t *sh = shapes[k];
+        int nt = (int)(sh[3] * sh[4] * sh[5]), nblk = (int)(sh[0] * sh[1] * sh[2]), n = nt * nblk;
+        int *coords = malloc((size_t)n * 12 * sizeof *coords), *next = malloc((size_t)n * sizeof *next);
+        CHECK_OK(mj_launch_fixture_sim_dims(f, dims3(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], 0), coords, next));
+        bad = 0;
+        for (int g = 0; g < n; g++) {
+            int blk = g / nt, lin = g % nt;
+            int want[12] = {lin % (int)sh[3], (lin / (int)sh[3]) % (int)sh[4], lin / (int)(sh[3] * sh[4]),
+                            blk % (int)sh[0], (blk / (int)sh[0]) % (int)sh[1], blk / (int)(sh[0] * sh[1]),
+                            (int)sh[3], (int)sh[4], (int)sh[5], (int)sh[0], (int)sh[1], (int)sh[2]};
+            bad += memcmp(coords + (size_t)g * 12, want, sizeof want) != 0;
+            bad += next[g] != blk * nt + (lin + 1) % nt;
+        }
+        CHECK(bad == 0, "dims grid (%u,%u,%u) block (%u,%u,%u): %d wrong", sh[0], sh[1], sh[2], sh[3], sh[4],
+              sh[5], bad);
+        free(coords), free(next);
+    }
+
+    /* dynamic shared memory */
+    enum { DB = 96, DN = 5 };
+    float fin[DB * DN], fout[DB * DN];
+    for (int i = 0; i < DB * DN; i++) fin[i] = (float)(i % 17), fout[i] = -1;
+    CHECK_OK(mj_launch_fixture_sim_dynsmem(f, dims3(DN, 1, 1, DB, 1, 1, DB * sizeof(float)), fin, fout));
+    bad = 0;
+    for (int b = 0; b < DN; b++)
+        for (int t = 0; t < DB; t++)
+            bad += fout[b * DB + t] != fin[b * DB + t] + 2.0f * fin[b * DB + (t + 1) % DB];
+    CHECK(bad == 0, "dynamic smem: %d wrong", bad);
+
+    /* the lane hook and vector types */
+    int lanes[200];
+    CHECK_OK(mj_launch_fixture_sim_lane(f, dims1(2, 100), lanes));
+    bad = 0;
+    for (int i = 0; i < 200; i++) bad += lanes[i] != (i % 100) % 32;
+    CHECK(bad == 0, "mj_lane_id: %d wrong", bad);
+    enum { V = 64 };
+    float vx[4 * V], vy[4 * V];
+    int vxi[4 * V], vyi[4 * V];
+    unsigned yu2[2 * V], yu4[4 * V];
+    for (int i = 0; i < 4 * V; i++) vx[i] = (float)i * 0.5f, vxi[i] = i * 11 - 7;
+    CHECK_OK(mj_launch_fixture_sim_vec(f, dims1(2, V / 2), vx, vy, vxi, vyi, yu2, yu4));
+    bad = 0;
+    for (int i = 0; i < V; i++) {
+        const float *a = vx + 4 * i;
+        const int *p = vxi + 4 * i;
+        bad += vy[4 * i] != a[0] + a[1] || vy[4 * i + 1] != a[2] * a[3] || vy[4 * i + 2] != a[0] ||
+               vy[4 * i + 3] != (float)i;
+        bad += vyi[4 * i] != p[3] || vyi[4 * i + 1] != p[2] || vyi[4 * i + 2] != p[1] || vyi[4 * i + 3] != p[0];
+        bad += yu2[2 * i] != (unsigned)p[0] * 2u || yu2[2 * i + 1] != (unsigned)i;
+        bad += yu4[4 * i] != (unsigned)i || yu4[4 * i + 1] != (unsigned)p[1] || yu4[4 * i + 2] != 7u ||
+               yu4[4 * i + 3] != (unsigned)(p[0] + p[3]);
+    }
+    CHECK(bad == 0, "vector types: %d wrong", bad);
+
+    /* 256 blocks x 256 threads, 4 rounds (8 barriers): timed, and the same on one worker,
+     * three workers and with the ucontext switch. */
+    enum { RB = 256, RT = 256, R = 4 };
+    float *x = malloc(RB * RT * sizeof *x), *x0 = malloc(RB * RT * sizeof *x0);
+    for (int i = 0; i < RB * RT; i++) x0[i] = (float)(i % 1000);
+    const char *modes[][2] = {{NULL, NULL}, {"MOEJIT_SIM_THREADS", "1"}, {"MOEJIT_SIM_THREADS", "3"},
+                              {"MOEJIT_SIM_UCONTEXT", "1"}};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        if (modes[m][0]) setenv(modes[m][0], modes[m][1], 1);
+        memcpy(x, x0, RB * RT * sizeof *x);
+        double t0 = now_ms();
+        CHECK_OK(mj_launch_fixture_sim_rounds(f, dims1(RB, RT), x));
+        double ms = now_ms() - t0;
+        printf("sim: %d blocks x %d threads, %d barriers: %.1f ms (%s%s%s)\n", RB, RT, 2 * R, ms,
+               modes[m][0] ? modes[m][0] : "default", modes[m][0] ? "=" : "", modes[m][0] ? modes[m][1] : "");
+        if (modes[m][0]) unsetenv(modes[m][0]);
+        bad = 0;
+        for (int b = 0; b < RB; b++)
+            for (int t = 0; t < RT; t++) bad += x[b * RT + t] != x0[b * RT + (t + R) % RT] + (float)R;
+        CHECK(bad == 0, "rounds (%s): %d wrong", modes[m][0] ? modes[m][0] : "default", bad);
+    }
+    free(x), free(x0);
+
+    /* bad launches are refused before anything runs */
+    CHECK_STATUS(mj_launch_fixture_sim_lane(f, dims3(1, 1, 1, 0, 1, 1, 0), lanes), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_launch_fixture_sim_lane(f, dims3(1, 1, 1, 64, 32, 1, 0), lanes), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_launch_fixture_sim_lane(f, dims3(1, 70000, 1, 32, 1, 1, 0), lanes), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "fixture_sim_lane") != NULL, "msg %s", mj_last_error());
+}
+
+static void test_warp(mj_context_t c) {
+    const mj_function *f = get(c, "fixture_sim_warp", NULL);
+    if (!f) return;
+    int in[64], out[64];
+    for (int i = 0; i < 64; i++) in[i] = 100 + 7 * i;
+    /* every shuffle, full mask, against the documented result */
+    const int args[] = {0, 1, 2, 3, 5, 8, 15, 16, 31};
+    const int idx_extra[] = {33, -1, 40, -31};
+    int n_cases = 0, bad_cases = 0;
+    for (int op = 0; op < 4; op++)
+        for (int w = 1; w <= 32; w *= 2)
+            for (size_t ai = 0; ai < sizeof args / sizeof args[0] + (op == 0 ? 4 : 0); ai++) {
+                int arg = ai < sizeof args / sizeof args[0] ? args[ai] : idx_extra[ai - sizeof args / sizeof args[0]];
+                mj_status st = mj_launch_fixture_sim_shfl(f, dims1(1, 64), in, out, op, arg, w, 0xFFFFFFFFu);
+                int bad = st != MJ_OK;
+                for (int t = 0; t < 64 && !bad; t++) bad += out[t] != ref_shfl(in + (t / 32) * 32, t % 32, op, arg, w);
+                n_cases++;
+                if (bad) {
+                    bad_cases++;
+                    fprintf(stderr, "shfl op %d arg %d width %d: %s\n", op, arg, w, st ? mj_last_error() : "wrong");
+                }
+            }
+    CHECK(bad_cases == 0, "%d of %d shuffle cases wrong", bad_cases, n_cases);
+    /* partial masks: the other lanes keep out of it */
+    struct { unsigned mask; int op, arg, width; } pm[] = {
+        {0x0000FFFFu, 3, 1, 16}, {0x0000FFFFu, 3, 8, 32}, {0xFFFF0000u, 3, 4, 32}, {0xFFFF0000u, 2, 3, 16},
+        {0x55555555u, 0, 4, 32}, {0x55555555u, 3, 2, 32}, {0x00000001u, 0, 0, 32}, {0xF0F0F0F0u, 1, 0, 32},
+    };
+    for (size_t k = 0; k < sizeof pm / sizeof pm[0]; k++) {
+        CHECK_OK(mj_launch_fixture_sim_shfl(f, dims1(1, 64), in, out, pm[k].op, pm[k].arg, pm[k].width, pm[k].mask));
+        int bad = 0;
+        for (int t = 0; t < 64; t++) {
+            int want = (pm[k].mask >> (t % 32) & 1) ? ref_shfl(in + (t / 32) * 32, t % 32, pm[k].op, pm[k].arg, pm[k].width) : -1;
+            bad += out[t] != want;
+        }
+        CHECK(bad == 0, "partial mask 0x%08x op %d arg %d: %d wrong", pm[k].mask, pm[k].op, pm[k].arg, bad);
+    }
+    /* reading a lane outside the mask, and a width that is not a power of two, are reported */
+    CHECK_STATUS(mj_launch_fixture_sim_shfl(f, dims1(1, 32), in, out, 2, 16, 32, 0x0000FFFFu), MJ_ERR_KERNEL);
+    CHECK(strstr(mj_last_error(), "not in the mask") && strstr(mj_last_error(), "__shfl_down_sync"), "msg %s",
+          mj_last_error());
+    CHECK_STATUS(mj_launch_fixture_sim_shfl(f, dims1(1, 32), in, out, 3, 1, 3, 0xFFFFFFFFu), MJ_ERR_KERNEL);
+    CHECK(strstr(mj_last_error(), "power of two") != NULL, "msg %s", mj_last_error());
+    /* a mask without the caller, and a mask naming lanes the block lacks (a 20-thread block) */
+    CHECK_STATUS(mj_launch_fixture_sim_shfl(f, dims1(1, 20), in, out, 0, 0, 32, 0xFFFFFFFFu), MJ_ERR_KERNEL);
+    CHECK(strstr(mj_last_error(), "lane 20, which does not exist") != NULL, "msg %s", mj_last_error());
+
+    /* other value types */
+    float fi[32], fo[32];
+    unsigned ui[32], uo[32];
+    long long li[32], lo[32];
+    double di[32], dout[32];
+    for (int i = 0; i < 32; i++)
+        fi[i] = (float)i * 1.25f - 3.0f, ui[i] = 0xF0000000u + (unsigned)i, li[i] = -(1ll << 40) * i - 5,
+        di[i] = 1e300 / (i + 1);
+    CHECK_OK(mj_launch_fixture_sim_shfl_types(f, dims1(1, 32), fi, fo, ui, uo, li, lo, di, dout));
+    int bad = 0;
+    for (int i = 0; i < 32; i++) {
+        bad += fo[i] != fi[i ^ 1];
+        bad += uo[i] != (i + 3 < 32 ? ui[i + 3] : ui[i]);
+        bad += lo[i] != li[31 - i];
+        bad += dout[i] != (i >= 2 ? di[i - 2] : di[i]);
+    }
+    CHECK(bad == 0, "shuffle types: %d wrong", bad);
+
+    /* votes */
+    int pred[64];
+    unsigned ballot[64];
+    int any[64], all[64];
+    const unsigned masks[] = {0xFFFFFFFFu, 0x0F0F0F0Fu, 0x80000001u, 1u << 5, 0xFFFF0000u};
+    const int patterns = 4;
+    for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++)
+        for (int p = 0; p < patterns; p++) {
+            for (int t = 0; t < 64; t++)
+                pred[t] = p == 0 ? 0 : p == 1 ? 1 : p == 2 ? (t * 7 % 5 == 0) * (t + 1) : (t != 31 && t != 37);
+            memset(ballot, 0xEE, sizeof ballot);
+            CHECK_OK(mj_launch_fixture_sim_vote(f, dims1(1, 64), pred, ballot, any, all, masks[mi]));
+            bad = 0;
+            for (int t = 0; t < 64; t++) {
+                unsigned m = masks[mi];
+                if (!(m >> (t % 32) & 1)) {
+                    bad += ballot[t] != 0xEEEEEEEEu;
+                    continue;
+                }
+                unsigned want = 0;
+                for (int l = 0; l < 32; l++)
+                    if ((m >> l & 1) && pred[(t / 32) * 32 + l]) want |= 1u << l;
+                bad += ballot[t] != want || any[t] != (want != 0) || all[t] != (want == m);
+            }
+            CHECK(bad == 0, "votes mask 0x%08x pattern %d: %d wrong", masks[mi], p, bad);
+        }
+
+    /* __syncwarp, full and half masks */
+    int sw[64], sw2[64];
+    CHECK_OK(mj_launch_fixture_sim_syncwarp(f, dims1(1, 64), in, sw, sw2));
+    bad = 0;
+    for (int t = 0; t < 64; t++) {
+        int base = t - t % 32;
+        bad += sw[t] != 3 * in[base + (t % 32 + 5) % 32];
+    }
+    for (int t = 0; t < 64; t++) bad += sw2[t] != sw[(t - t % 32) + ((t % 32) ^ 1)];
+    CHECK(bad == 0, "syncwarp: %d wrong", bad);
+
+    /* bit intrinsics */
+    enum { NX = 40 };
+    unsigned x[NX], brev[NX];
+    int popc[NX], ffs[NX], clz[NX];
+    uint64_t rng = 12345;
+    for (int i = 0; i < NX; i++) x[i] = (unsigned)mj_rng_next(&rng) >> (i % 32);
+    x[0] = 0, x[1] = 1, x[2] = 0x80000000u, x[3] = 0xFFFFFFFFu, x[4] = 0x00010000u;
+    CHECK_OK(mj_launch_fixture_sim_bits(f, dims1(2, 32), x, popc, ffs, clz, brev, NX));
+    bad = 0;
+    for (int i = 0; i < NX; i++) {
+        int pc = 0, fs = 0, cz = 32;
+        unsigned rv = 0;
+        for (int bit = 0; bit < 32; bit++) {
+            if (x[i] >> bit & 1) {
+                pc++;
+                if (!fs) fs = bit + 1;
+                cz = 31 - bit;
+            }
+            if (x[i] >> bit & 1) rv |= 1u << (31 - bit);
+        }
+        bad += popc[i] != pc || ffs[i] != fs || clz[i] != cz || brev[i] != rv;
+    }
+    CHECK(bad == 0, "bit intrinsics: %d wrong", bad);
+
+    unsigned act[40];
+    CHECK_OK(mj_launch_fixture_sim_active(f, dims1(1, 40), act, 32));
+    CHECK(act[0] == 0xFFFFFFFFu && act[31] == 0xFFFFFFFFu && act[32] == 0xFFu && act[39] == 0xFFu,
+          "activemask %08x %08x %08x", act[0], act[31], act[32]);
+    CHECK_OK(mj_launch_fixture_sim_active(f, dims1(1, 40), act, 20));
+    CHECK(act[0] == 0xFFFFFu && act[19] == 0xFFFFFu && act[20] == 0 && act[32] == 0xFFu,
+          "divergent activemask %08x %08x %08x", act[0], act[20], act[32]);
+}
+
+static void test_atomics(mj_context_t c) {
+    const mj_function *f = get(c, "fixture_sim_atomic", NULL);
+    if (!f) return;
+    enum { NB = 1000, T = 32, N = NB * T };
+    int count = 0, imax = INT32_MIN, imin = INT32_MAX, cas = 0, exch = -1, dec = 0, full = 0;
+    float fsum = 0;
+    unsigned usum = 0, bits = 0;
+    unsigned long long u64 = 0;
+    int *exch_old = malloc(N * sizeof *exch_old);
+    CHECK_OK(mj_launch_fixture_sim_atomic(f, dims1(NB, T), &count, &fsum, &imax, &imin, &usum, &u64, &cas, &exch,
+                                          exch_old, &bits, &dec, &full));
+    double want_f = 0;
+    int want_max = INT32_MIN, want_min = INT32_MAX;
+    unsigned want_u = 0;
+    unsigned long long want_64 = 0;
+    for (int g = 0; g < N; g++) {
+        want_f += g % 7;
+        int h = (int)(((unsigned)g * 2654435761u) >> 8) - (1 << 23);
+        if (h > want_max) want_max = h;
+        if (h < want_min) want_min = h;
+        want_u += (unsigned)g;
+        want_64 += (unsigned long long)g << 20;
+    }
+    CHECK(count == NB, "block count %d", count);
+    CHECK(fsum == (float)want_f, "float sum %.1f want %.1f", fsum, want_f);
+    CHECK(imax == want_max && imin == want_min, "max %d/%d min %d/%d", imax, want_max, imin, want_min);
+    CHECK(usum == want_u && u64 == want_64, "unsigned sums");
+    CHECK(cas == 2 * N, "CAS loop %d", cas);
+    CHECK(bits == 0xFFFFFFFFu && dec == -N && full == NB, "or %08x sub %d shared %d", bits, dec, full);
+    /* exchange: the old values and the last one are every value once (a chain) */
+    char *seen = calloc(N + 1, 1);
+    int dup = 0;
+    for (int g = 0; g < N; g++) {
+        int v = exch_old[g] + 1; /* -1 .. N-1 -> 0 .. N */
+        if (v < 0 || v > N || seen[v]++) dup++;
+    }
+    if (exch < 0 || exch >= N || seen[exch + 1]++) dup++;
+    CHECK(dup == 0, "exchange chain broken (%d)", dup);
+    free(seen), free(exch_old);
+}
+
+static void test_deadlocks(mj_context_t c) {
+    const mj_function *f = get(c, "fixture_sim_deadlock", NULL);
+    if (!f) return;
+    int out[64 * 64];
+    double t0 = now_ms();
+    CHECK_STATUS(mj_launch_fixture_sim_dl_one(f, dims1(8, 64), out), MJ_ERR_KERNEL);
+    const char *e = mj_last_error();
+    CHECK(strstr(e, "fixture_sim_dl_one") && strstr(e, "block (0,0,0)") && strstr(e, "thread (0,0,0)") &&
+              strstr(e, "__syncthreads") && strstr(e, "sim_deadlock.cu:") && strstr(e, "thread (1,0,0) has exited"),
+          "dl_one: %s", e);
+    CHECK_STATUS(mj_launch_fixture_sim_dl_halfwarp(f, dims1(4, 32), out), MJ_ERR_KERNEL);
+    e = mj_last_error();
+    CHECK(strstr(e, "fixture_sim_dl_halfwarp") && strstr(e, "block (0,0,0), thread (0,0,0)") &&
+              strstr(e, "__shfl_sync") && strstr(e, "lane 16") && strstr(e, "exited"), "halfwarp: %s", e);
+    CHECK_STATUS(mj_launch_fixture_sim_dl_divergent(f, dims1(2, 32), out), MJ_ERR_KERNEL);
+    e = mj_last_error();
+    CHECK(strstr(e, "fixture_sim_dl_divergent") && strstr(e, "thread (0,0,0)") && strstr(e, "thread (16,0,0)") &&
+              strstr(e, "divergent"), "divergent: %s", e);
+    CHECK_STATUS(mj_launch_fixture_sim_dl_mixed(f, dims1(1, 64), out), MJ_ERR_KERNEL);
+    e = mj_last_error();
+    CHECK(strstr(e, "fixture_sim_dl_mixed") && strstr(e, "__shfl_xor_sync") && strstr(e, "lane 16") &&
+              strstr(e, "__syncthreads"), "mixed: %s", e);
+    printf("a deadlock reads: %s\n", e);
+    CHECK_STATUS(mj_launch_fixture_sim_trap(f, dims1(64, 64), out, 5, 7), MJ_ERR_KERNEL);
+    e = mj_last_error();
+    CHECK(strstr(e, "fixture_sim_trap (sim), block (5,0,0), thread (7,0,0): called __trap()"), "trap: %s", e);
+    printf("a trap reads: %s\n", e);
+    double ms = now_ms() - t0;
+    CHECK(ms < 5000, "deadlock reports took %.0f ms", ms);
+    /* the function still works after failed launches */
+    CHECK_OK(mj_launch_fixture_sim_trap(f, dims1(64, 64), out, -1, -1));
+    int bad = 0;
+    for (int i = 0; i < 64 * 64; i++) bad += out[i] != 1;
+    CHECK(bad == 0, "trap kernel without a trap: %d wrong", bad);
+}
+
+/* A second context on the same directory loads from disk and compiles nothing. */
+static void test_cache(const char *dir, mj_context_t first) {
+    int32_t kn[2] = {128, 4};
+    const mj_function *f1 = get(first, "fixture_saxpy", kn);
+    mj_context_t c2 = make_ctx(dir, MJ_BACKEND_SIM, NULL);
+    if (!c2 || !f1) return;
+    const mj_function *f2 = get(c2, "fixture_saxpy", kn);
+    mj_jit_stats st;
+    CHECK_OK(mj_context_stats(c2, &st));
+    CHECK(st.disk_hits == 1 && st.compiles == 0, "disk hits %lld compiles %lld", (long long)st.disk_hits,
+          (long long)st.compiles);
+    if (f2) {
+        CHECK(!strcmp(mj_function_key(f1), mj_function_key(f2)), "same key");
+        float x[256], y[256];
+        for (int i = 0; i < 256; i++) x[i] = (float)i, y[i] = 1.0f;
+        CHECK_OK(mj_launch_fixture_saxpy(f2, dims1(1, 64), 256, 2.0f, x, y));
+        int bad = 0;
+        for (int i = 0; i < 256; i++) bad += y[i] != 2.0f * (float)i + 1.0f;
+        CHECK(bad == 0, "saxpy from disk: %d wrong", bad);
+        /* The entry: a shared object, no PTX, metadata says sim. */
+        char path[4200];
+        mj_cache_entry e;
+        memset(&e, 0, sizeof e);
+        snprintf(path, sizeof path, "%s/v%d/entries/%s.mjc", dir, MJ_CACHE_FORMAT, mj_function_key(f2));
+        CHECK_OK(mj_cache_read_file(path, &e));
+        CHECK(e.binary_len > 4 && !memcmp(e.binary, "\177ELF", 4) && !e.ptx && e.meta_json &&
+                  strstr(e.meta_json, "\"backend\":\"sim\"") && strstr(e.meta_json, "\"registers\":0") &&
+                  strstr(e.key_text, "backend sim\n"),
+              "entry: %s", e.meta_json ? e.meta_json : "(none)");
+        mj_cache_entry_free(&e);
+    }
+    /* A sim manifest line prewarms (here: already cached). */
+    int was = -1;
+    CHECK_OK(mj_prewarm_json(c2, "{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":128,\"VEC\":4},"
+                                 "\"arch\":\"sm_120a\",\"backend\":\"sim\"}", &was));
+    CHECK(was == 1, "prewarm of a cached sim entry: was_cached %d", was);
+    mj_context_destroy(c2);
+}
+
+static void test_compile_error(void) {
+    mj_compile_result r;
+    CHECK_STATUS(mj_sim_compile("int broken = ;\n", "broken_fixture", &r), MJ_ERR_COMPILE);
+    const char *e = mj_last_error(), *kept = strstr(e, "source kept at ");
+    CHECK(strstr(e, "broken_fixture") && kept && r.log && strlen(r.log) > 0, "compile error: %s", e);
+    if (kept) {
+        char path[600];
+        kept += strlen("source kept at ");
+        size_t n = strcspn(kept, ";");
+        snprintf(path, sizeof path, "%.*s", (int)n, kept);
+        struct stat sb;
+        CHECK(stat(path, &sb) == 0, "kept source %s missing", path);
+        char *slash = strrchr(path, '/');
+        if (slash) *slash = '\0';
+        if (strstr(path, "moejit-sim-")) rm_rf(path);
+    }
+    mj_compile_result_free(&r);
+}
+
+int main(void) {
+    char tmpl[] = "/tmp/mj-test-sim-XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    CHECK(dir != NULL, "mkdtemp failed");
+    if (!dir) return test_finish();
+    unsetenv("MOEJIT_RECORD");
+    unsetenv("MOEJIT_STRICT");
+    double t0 = now_ms();
+    test_context(dir);
+    test_render_and_keys();
+    mj_context_t c = make_ctx(dir, MJ_BACKEND_SIM, NULL);
+    if (c) {
+        test_jit_fixtures(c);
+        test_sync(c);
+        test_warp(c);
+        test_atomics(c);
+        test_deadlocks(c);
+        test_cache(dir, c);
+        mj_jit_stats st;
+        CHECK_OK(mj_context_stats(c, &st));
+        printf("sim: %lld compiles, %.0f ms in the host compiler\n", (long long)st.compiles, st.compile_ms);
+        mj_context_destroy(c);
+    }
+    test_compile_error();
+    printf("sim tests: %.0f ms\n", now_ms() - t0);
+    rm_rf(dir);
+    return test_finish();
+}
