@@ -154,6 +154,32 @@ MJ_DEVICE int pick(const float *c, uint32_t cand, int lane) {
     return key == KEY_NONE ? -1 : key_expert(key);
 }
 
+/* Route one token: its best K0 eligible experts, then (while it has fewer than K) the best
+ * of the rest that are in S_base (in_base flags; 0: no restriction, plain top-k). The picks
+ * land in sel[] (by lane 0) in ranking order; returns how many. */
+MJ_DEVICE int route_token(const float *x, const float *bias, const int *in_base, float *s, float *c,
+                          int *sel, int lane) {
+    token_scores(x, bias, s, c, lane);
+    uint32_t cand = eligible_mask(c, lane), base = cand;
+    if (in_base) {
+        base = 0;
+        for (int i = 0; i < LOCAL; i++) {
+            int e = lane + 32 * i;
+            if (e < E && in_base[e]) base |= 1u << i;
+        }
+    }
+    int n = 0;
+    for (int j = 0; j < K; j++) {
+        int e = pick(c, j < K0 ? cand : (cand & base), lane);
+        if (e < 0) break;
+        if (e % 32 == lane) cand &= ~(1u << (e / 32));
+        if (lane == 0) sel[j] = e;
+        __syncwarp(0xFFFFFFFFu);
+        n = j + 1;
+    }
+    return n;
+}
+
 /* Weights of a token's n chosen experts, by lane 0: the sum in slot order, then w = s /
  * (sum + 1e-20) * rsf (or s * rsf); slots past n get id -1 and weight 0. */
 MJ_DEVICE void token_finish(const float *s, const int *sel, int n, float rsf, int32_t *ids,
@@ -246,23 +272,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, int num_
     __syncthreads();
     /* Phase 2: the best experts of S_base past each token's first K0, until K. */
     for (int b = w; b < B; b += NWARPS) {
-        int n = 0;
-        if (b < num_valid) {
-            token_scores(logits + (long long)b * E, bias, s, c, lane);
-            uint32_t cand = eligible_mask(c, lane), base = 0;
-            for (int i = 0; i < LOCAL; i++) {
-                int e = lane + 32 * i;
-                if (e < E && sm_base[e]) base |= 1u << i;
-            }
-            for (int j = 0; j < K; j++) {
-                int e = pick(c, j < K0 ? cand : (cand & base), lane);
-                if (e < 0) break;
-                if (e % 32 == lane) cand &= ~(1u << (e / 32));
-                if (lane == 0) sel[j] = e;
-                __syncwarp(0xFFFFFFFFu);
-                n = j + 1;
-            }
-        }
+        int n = b < num_valid ? route_token(logits + (long long)b * E, bias, sm_base, s, c, sel, lane) : 0;
         token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
         if (lane == 0)
             for (int j = 0; j < K; j++) sm_ids[b * K + j] = j < n ? sel[j] : -1;
@@ -283,19 +293,7 @@ MJ_KERNEL void topk_route(const float *logits, const float *bias, int B, int num
     float *s = sm_s[w], *c = sm_c[w];
     int *sel = sm_sel[w];
     for (int b = (int)blockIdx.x * NWARPS + w; b < B; b += (int)gridDim.x * NWARPS) {
-        int n = 0;
-        if (b < num_valid) {
-            token_scores(logits + (long long)b * E, bias, s, c, lane);
-            uint32_t cand = eligible_mask(c, lane);
-            for (int j = 0; j < K; j++) {
-                int e = pick(c, cand, lane);
-                if (e < 0) break;
-                if (e % 32 == lane) cand &= ~(1u << (e / 32));
-                if (lane == 0) sel[j] = e;
-                __syncwarp(0xFFFFFFFFu);
-                n = j + 1;
-            }
-        }
+        int n = b < num_valid ? route_token(logits + (long long)b * E, bias, 0, s, c, sel, lane) : 0;
         token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
         __syncwarp(0xFFFFFFFFu);
     }
