@@ -571,20 +571,28 @@ mj_status mj_context_backend(mj_context_t c, mj_backend *backend, const char **t
     return MJ_OK;
 }
 
+/* The launch-path form: template by index, no string work and no validation here (the
+ * table holds only validated specs; mj_jit_get validates on a miss). */
+void mj_context_spec_fill(mj_context_t c, int32_t tpl, const int32_t *knobs, int32_t n_knobs, mj_spec *out) {
+    memset(out, 0, sizeof *out);
+    out->tpl = tpl;
+    out->target = c->target;
+    out->backend = c->backend;
+    for (int32_t i = 0; i < n_knobs && i < MJ_MAX_KNOBS; i++) out->knobs[i] = knobs[i];
+}
+
 mj_status mj_context_spec(mj_context_t c, const char *template_name, const int32_t *knobs, mj_spec *out) {
     if (!c || !template_name || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_spec: NULL argument");
-    mj_spec s;
-    memset(&s, 0, sizeof s);
-    const mj_template_desc *t = mj_template_find(template_name, &s.tpl);
+    int32_t tpl = -1;
+    const mj_template_desc *t = mj_template_find(template_name, &tpl);
     if (!t)
         return mj_set_error(MJ_ERR_INVALID_ARG, "unknown template '%s' (see 'moejit inspect templates')",
                             template_name);
     if (t->n_knobs && !knobs)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_spec: template %s has %d knobs and knobs is NULL",
                             t->name, t->n_knobs);
-    s.target = c->target;
-    s.backend = c->backend;
-    for (int32_t i = 0; i < t->n_knobs; i++) s.knobs[i] = knobs[i];
+    mj_spec s;
+    mj_context_spec_fill(c, tpl, knobs, t->n_knobs, &s);
     MJ_CHECK(mj_spec_validate(&s));
     *out = s;
     return MJ_OK;

@@ -159,5 +159,8 @@ mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_laun
  * declare MJ_ERR_UNSUPPORTED. Then mj_jit_get(ctx, &spec, &fn) and mj_launch_<kernel>(fn...). */
 mj_status mj_context_spec(mj_context_t ctx, const char *template_name, const int32_t *knobs,
                           mj_spec *out);
+/* The same without the name lookup or validation, for launch paths that know the template's
+ * index (MJ_TPL_* from mj_kernels.h) and pass knobs mj_jit_get will validate on a miss. */
+void mj_context_spec_fill(mj_context_t c, int32_t tpl, const int32_t *knobs, int32_t n_knobs, mj_spec *out);
 
 #endif

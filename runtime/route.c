@@ -2,9 +2,9 @@
  * templates/router_gemm.cu (picking the specialization, the launch shape), the k0 policy,
  * and the host reference of the dispatch metadata.
  *
- * A call builds its specialization (a handful of integers; the template found by name among
- * the few in the registry) and looks it up in the context's lock-free in-memory table; only
- * the first call per shape renders, hashes or compiles.
+ * The launch path does no string work: a call fills its specialization (the template by its
+ * MJ_TPL_ index, a handful of integer knobs) and looks it up in the context's lock-free
+ * in-memory table; only the first call per shape validates, renders, hashes or compiles.
  */
 #include "jit.h"
 #include "mj_kernels.h"
@@ -210,7 +210,7 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *p, const float *logi
     if (B <= MJ_ROUTE_ONE_BLOCK_MAX) {
         int32_t bmax = next_pow2(B > 0 ? B : 1), nw = route_warps(E, k, bmax);
         route_knobs(p, p->k0, nw, bmax, kn);
-        MJ_CHECK(mj_context_spec(ctx, "oea_route", kn, &s));
+        mj_context_spec_fill(ctx, MJ_TPL_oea_route, kn, MJ_MAX_KNOBS, &s);
         MJ_CHECK(mj_jit_get(ctx, &s, &fn));
         mj_launch_dims d = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
         return mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p->routed_scaling_factor, out->ids,
@@ -220,7 +220,7 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *p, const float *logi
     /* Plain top-k over many blocks, then the dispatch in one block. */
     int32_t nw = route_warps(E, k, 1);
     route_knobs(p, k, nw, 1, kn);
-    MJ_CHECK(mj_context_spec(ctx, "oea_route", kn, &s));
+    mj_context_spec_fill(ctx, MJ_TPL_oea_route, kn, MJ_MAX_KNOBS, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     uint32_t blocks = (uint32_t)((B + nw - 1) / nw);
     if (blocks > 65535) blocks = 65535;
@@ -250,7 +250,7 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
     int32_t kn[MJ_MAX_KNOBS] = {H, E, rows, nw};
     mj_spec s;
     const mj_function *fn;
-    MJ_CHECK(mj_context_spec(ctx, "router_gemm", kn, &s));
+    mj_context_spec_fill(ctx, MJ_TPL_router_gemm, kn, MJ_MAX_KNOBS, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     mj_launch_dims d = {{(uint32_t)((E + nw - 1) / nw), (uint32_t)((B + rows - 1) / rows), 1},
                         {(uint32_t)nw * 32, 1, 1}, 0, stream};
