@@ -43,6 +43,7 @@
 #include "cache.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -67,6 +68,7 @@ static const char *const k_sub_name[SUB_COUNT] = {"entries", "locks", "quarantin
 
 struct mj_cache {
     char *root;               /* D; "" when no location could be found                 */
+    int v_fd;                 /* checked descriptor of D/v<N> (stats.json), -1 if absent */
     int sub_fd[SUB_COUNT];    /* checked descriptors of D/v<N>/<sub>, -1 when absent     */
     int64_t max_bytes;
     int unsafe;               /* some directory failed the ownership/mode check          */
@@ -356,12 +358,14 @@ static void setup_dirs(mj_cache *c) {
 
 done:
     if (root_fd >= 0) close(root_fd);
-    if (v_fd >= 0) close(v_fd);
+    c->v_fd = v_fd;
     if (c->unsafe) {
         for (int i = 0; i < SUB_COUNT; i++) {
             if (c->sub_fd[i] >= 0) close(c->sub_fd[i]);
             c->sub_fd[i] = -1;
         }
+        if (c->v_fd >= 0) close(c->v_fd);
+        c->v_fd = -1;
         return;
     }
     c->readable = c->sub_fd[SUB_ENTRIES] >= 0;
@@ -421,6 +425,7 @@ mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
     mj_cache *c = calloc(1, sizeof *c);
     if (!c) return mj_set_error(MJ_ERR_NOMEM, "mj_cache_open: out of memory");
     for (int i = 0; i < SUB_COUNT; i++) c->sub_fd[i] = -1;
+    c->v_fd = -1;
     MJ_CHECK_GOTO(resolve_root(dir, &c->root), ret, exit);
     c->max_bytes = max_bytes > 0 ? max_bytes : env_max_bytes();
 
@@ -438,6 +443,7 @@ void mj_cache_close(mj_cache *c) {
     if (!c) return;
     for (int i = 0; i < SUB_COUNT; i++)
         if (c->sub_fd[i] >= 0) close(c->sub_fd[i]);
+    if (c->v_fd >= 0) close(c->v_fd);
     free(c->root);
     free(c);
 }
@@ -848,4 +854,102 @@ mj_status mj_cache_gc(mj_cache *c, int64_t max_bytes, int *n_evicted) {
     if (c->unsafe || !is_writable(c)) return MJ_OK;
     remove_stale_temps(c);
     return evict(c, max_bytes < 0 ? c->max_bytes : max_bytes, NULL, n_evicted);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Running totals: v<N>/stats.json
+ *
+ * Each process adds its JIT counters when its context goes, so `moejit inspect --stats` can
+ * show what every process did with this cache. The file is a JSON object rewritten whole:
+ * under locks/stats.lock, read stats.json, add, write a temp file in tmp/ (a unique name,
+ * O_EXCL), rename it over stats.json. Every open is O_NOFOLLOW | O_NONBLOCK and must find a
+ * regular file: a symbolic link or a FIFO planted at either name is refused, never followed
+ * or waited on. Best effort: a problem costs the totals, never the program.
+ * ------------------------------------------------------------------------------------- */
+
+const char *const mj_cache_total_names[MJ_CACHE_N_TOTALS] = {
+    "mem_hits", "mem_misses", "disk_hits", "disk_misses", "compiles", "compile_failures",
+    "compile_ms", "quarantined", "lock_waits", "evicted", "strict_misses", "refused_unsafe"};
+#define TOTAL_MS 6 /* compile_ms: the one real-valued total */
+
+/* Open dir/name with flags, only if it is a regular file; -1 otherwise. */
+static int open_regular(int dir, const char *name, int flags, mode_t mode) {
+    int fd = openat(dir, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* The stats file's object (a new empty one when there is none or it is not usable). */
+static json_t *read_totals(const mj_cache *c, int *present) {
+    *present = 0;
+    if (c->v_fd < 0) return json_object();
+    int fd = open_regular(c->v_fd, "stats.json", O_RDONLY, 0);
+    if (fd < 0) return json_object();
+    struct stat st;
+    json_t *o = NULL;
+    if (fstat(fd, &st) == 0 && st.st_size < (1 << 20)) {
+        uint8_t *buf;
+        size_t len;
+        if (read_fd_all(fd, st.st_size, "stats.json", &buf, &len) == MJ_OK) {
+            o = json_loadb((const char *)buf, len, JSON_REJECT_DUPLICATES, NULL);
+            free(buf);
+        }
+    }
+    close(fd);
+    if (json_is_object(o)) *present = 1;
+    else json_decref(o), o = json_object();
+    return o;
+}
+
+void mj_cache_add_totals(mj_cache *c, const double v[MJ_CACHE_N_TOTALS]) {
+    int any = 0;
+    for (int i = 0; i < MJ_CACHE_N_TOTALS; i++) any |= v[i] != 0;
+    if (!any || !c || c->unsafe || !is_writable(c) || c->v_fd < 0) return;
+    int lfd = open_regular(c->sub_fd[SUB_LOCKS], "stats.lock", O_RDWR | O_CREAT, 0600);
+    if (lfd < 0) return;
+    if (flock(lfd, LOCK_EX) == 0) {
+        int present;
+        json_t *o = read_totals(c, &present);
+        for (int i = 0; i < MJ_CACHE_N_TOTALS; i++) {
+            json_t *old = json_object_get(o, mj_cache_total_names[i]);
+            double prev = json_is_number(old) ? json_number_value(old) : 0.0;
+            json_object_set_new(o, mj_cache_total_names[i],
+                                i == TOTAL_MS ? json_real(prev + v[i]) : json_integer((json_int_t)(prev + v[i])));
+        }
+        json_t *np = json_object_get(o, "processes");
+        json_object_set_new(o, "processes", json_integer(json_integer_value(np) + 1));
+        char *text = json_dumps(o, JSON_PRESERVE_ORDER | JSON_INDENT(1));
+        char temp[128];
+        snprintf(temp, sizeof temp, "stats.%ld.%ld.%llu.tmp", (long)getpid(), (long)gettid(),
+                 (unsigned long long)atomic_fetch_add(&g_temp_counter, 1));
+        int fd = text ? openat(c->sub_fd[SUB_TMP], temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
+        if (fd >= 0) {
+            int ok = write_all(fd, (const uint8_t *)text, strlen(text)) == 0;
+            ok &= close(fd) == 0;
+            if (!ok || renameat(c->sub_fd[SUB_TMP], temp, c->v_fd, "stats.json") != 0)
+                unlinkat(c->sub_fd[SUB_TMP], temp, 0);
+        }
+        free(text);
+        json_decref(o);
+    }
+    close(lfd);
+}
+
+mj_status mj_cache_totals(const mj_cache *c, double v[MJ_CACHE_N_TOTALS], int64_t *processes,
+                          int *present) {
+    if (!c || !v || !processes || !present) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_totals: NULL argument");
+    json_t *o = read_totals(c, present);
+    for (int i = 0; i < MJ_CACHE_N_TOTALS; i++) {
+        json_t *x = json_object_get(o, mj_cache_total_names[i]);
+        v[i] = json_is_number(x) ? json_number_value(x) : 0.0;
+    }
+    *processes = json_integer_value(json_object_get(o, "processes"));
+    json_decref(o);
+    return MJ_OK;
 }

@@ -6,12 +6,14 @@
  *   D/v<FORMAT>/locks/<key hex>.lock     per-key flock (released by the kernel if we die)
  *   D/v<FORMAT>/quarantine/<key hex>.<unix ns>.bad   entries that failed verification
  *   D/v<FORMAT>/tmp/                     temp files being written (unique names)
+ *   D/v<FORMAT>/stats.json               running totals of every process's JIT counters
+ *   D/v<FORMAT>/locks/stats.lock         serializes updates of stats.json
  * An entry's mtime is its last-used stamp: moejit sets it on every disk hit (not atime).
  */
 #ifndef MJ_CACHE_H
 #define MJ_CACHE_H
 
-#include "internal.h"
+#include "base.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -86,6 +88,17 @@ mj_status mj_cache_verify(mj_cache *c, int *n_ok, int *n_bad);
 /* Evict least-recently-used entries until the total is at most max_bytes (< 0: the cap). */
 mj_status mj_cache_gc(mj_cache *c, int64_t max_bytes, int *n_evicted);
 void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out);
+
+/* Running totals of the JIT counters of every process that used this cache (stats.json),
+ * in the order of mj_cache_total_names (mj_jit_stats's fields). */
+#define MJ_CACHE_N_TOTALS 12
+extern const char *const mj_cache_total_names[MJ_CACHE_N_TOTALS];
+/* Add one process's counters (best effort: nothing is written on a read-only or unsafe
+ * cache, and a symlink or FIFO at stats.json or its lock is refused, never followed). */
+void mj_cache_add_totals(mj_cache *c, const double v[MJ_CACHE_N_TOTALS]);
+/* Read the totals; *present = 0 when no process has added any yet. */
+mj_status mj_cache_totals(const mj_cache *c, double v[MJ_CACHE_N_TOTALS], int64_t *processes,
+                          int *present);
 
 /* Entry file encoding, exposed for tests: serialize to a buffer / parse from one. */
 mj_status mj_cache_encode(const mj_cache_entry *e, uint8_t **buf, size_t *len);

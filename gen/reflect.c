@@ -45,7 +45,7 @@
 #define _XOPEN_SOURCE 700 /* realpath */
 #endif
 
-#include "registry.h"
+#include "gen.h"
 
 #include <clang-c/Index.h>
 
@@ -62,10 +62,9 @@
 /* ---- what one template declares ------------------------------------------------------ */
 
 static const char *const target_names[MJ_TARGET_COUNT] = {
-    [MJ_TARGET_SM80] = "sm_80",     [MJ_TARGET_SM86] = "sm_86",
-    [MJ_TARGET_SM89] = "sm_89",     [MJ_TARGET_SM90A] = "sm_90a",
-    [MJ_TARGET_SM100A] = "sm_100a", [MJ_TARGET_SM120A] = "sm_120a",
-    [MJ_TARGET_SM121A] = "sm_121a",
+#define NAME_(e, name, sm) name,
+    MJ_TARGET_TABLE(NAME_)
+#undef NAME_
 };
 
 typedef struct knob {
@@ -76,6 +75,11 @@ typedef struct knob {
     int32_t values[MJ_MAX_KNOB_VALUES];
     unsigned line;
 } knob;
+
+typedef struct constraint {
+    char *expr, *doc;
+    unsigned line;
+} constraint;
 
 typedef struct param {
     char *name;
@@ -103,6 +107,8 @@ typedef struct template {
     bool have_targets;
     int n_knobs;
     knob knobs[MJ_MAX_KNOBS];
+    int n_constraints;
+    constraint constraints[MJ_MAX_CONSTRAINTS];
     int n_kernels;
     kernel *kernels;
 } template;
@@ -413,8 +419,7 @@ static void declare_targets(template *t, char *list, unsigned line) {
     for (char *word = strtok(list, " \t"); word; word = strtok(NULL, " \t")) {
         int i = target_from_name(word);
         if (i < 0)
-            fail_at(t->path, line, "unknown target '%s' in MJ_TARGETS (known: sm_80 sm_86 sm_89 "
-                    "sm_90a sm_100a sm_120a sm_121a)", word);
+            fail_at(t->path, line, "unknown target '%s' in MJ_TARGETS (known: %s)", word, MJ_TARGET_LIST);
         if (t->targets & (1u << i)) fail_at(t->path, line, "target %s listed twice in MJ_TARGETS", word);
         t->targets |= 1u << i;
     }
@@ -485,6 +490,30 @@ static void declare_knob(template *t, char *rest, unsigned line) {
     t->knobs[t->n_knobs++] = k;
 }
 
+/* MJ_CONSTRAINT("expr", "doc"): the annotation is "mj_constraint|doc|expr" (the doc first:
+ * an expression may itself contain '|'). The expression must parse and name only knobs
+ * declared before it; it is checked for syntax here and evaluated at render time. */
+static void declare_constraint(template *t, char *rest, unsigned line) {
+    char *doc = next_field(&rest), *expr = rest;
+    if (!doc || !expr) fail_at(t->path, line, "malformed MJ_CONSTRAINT annotation (a '|' in its doc?)");
+    if (strchr(doc, '\n') || strchr(expr, '\n'))
+        fail_at(t->path, line, "MJ_CONSTRAINT: the expression and the doc must be one line each");
+    if (!*doc) fail_at(t->path, line, "MJ_CONSTRAINT(\"%s\"): say why in its doc", expr);
+    if (t->n_constraints == MJ_MAX_CONSTRAINTS)
+        fail_at(t->path, line, "more than %d constraints", MJ_MAX_CONSTRAINTS);
+    const char *names[MJ_MAX_KNOBS];
+    int32_t values[MJ_MAX_KNOBS];
+    for (int i = 0; i < t->n_knobs; i++) names[i] = t->knobs[i].name, values[i] = 1;
+    char err[512];
+    /* Syntax and names only: every knob at 1 (a division by a knob cannot fault then). */
+    int64_t v;
+    if (mj_constraint_eval(expr, names, values, t->n_knobs, &v, err, sizeof err) != 0 &&
+        !strstr(err, "division by zero") && !strstr(err, "shift out of range"))
+        fail_at(t->path, line, "MJ_CONSTRAINT: %s (declare the knobs it names before it)", err);
+    constraint c = {xstrdup(expr), xstrdup(doc), line};
+    t->constraints[t->n_constraints++] = c;
+}
+
 /* A second MJ_TEMPLATE/MJ_TARGETS/MJ_KNOB_* of the same name redeclares its variable
  * (mj_decl_knob_BLOCK, ...): say which declaration is repeated. */
 static void check_not_redeclared(CXCursor c, const template *t) {
@@ -515,6 +544,7 @@ static void pass1_declaration(CXCursor c, template *t) {
     if (strcmp(tag, "mj_template") == 0) declare_template(t, rest, line);
     else if (strcmp(tag, "mj_targets") == 0) declare_targets(t, rest ? rest : (char *)"", line);
     else if (strcmp(tag, "mj_knob") == 0) declare_knob(t, rest, line);
+    else if (strcmp(tag, "mj_constraint") == 0) declare_constraint(t, rest, line);
     else if (strcmp(tag, "mj_kernel") != 0) fail_at(t->path, line, "unknown moejit annotation '%s'", tag);
     free(note);
 }
@@ -657,6 +687,9 @@ static void pass2(CXIndex index, template *t, const char *prelude_abs) {
     walk_main_file(tu, pass2_declaration, t);
     clang_disposeTranslationUnit(tu);
     if (t->n_kernels == 0) fail_at(t->path, 1, "no MJ_KERNEL function definition");
+    if (t->n_kernels > MJ_MAX_KERNELS)
+        fail_at(t->path, t->kernels[MJ_MAX_KERNELS].line, "template %s defines %d kernels; at most %d "
+                "(MJ_MAX_KERNELS in gen/registry.h)", t->name, t->n_kernels, MJ_MAX_KERNELS);
 }
 
 /* ---- all templates together ----------------------------------------------------------- */
@@ -768,6 +801,19 @@ static void emit_kernels(strbuf *b, const template *t) {
     sb_puts(b, "};\n\n");
 }
 
+static void emit_constraints(strbuf *b, const template *t) {
+    if (t->n_constraints == 0) return;
+    sb_printf(b, "static const mj_constraint_desc mj_constraints_%s[%d] = {\n", t->name, t->n_constraints);
+    for (int i = 0; i < t->n_constraints; i++) {
+        sb_puts(b, "    {.expr = ");
+        sb_c_str(b, t->constraints[i].expr);
+        sb_puts(b, ", .doc = ");
+        sb_c_str(b, t->constraints[i].doc);
+        sb_puts(b, "},\n");
+    }
+    sb_puts(b, "};\n\n");
+}
+
 static void emit_template_entry(strbuf *b, const template *t) {
     char *targets = targets_comment(t->targets);
     sb_puts(b, "    {\n        .name = ");
@@ -781,16 +827,24 @@ static void emit_template_entry(strbuf *b, const template *t) {
     sb_printf(b, "        .n_knobs = %d,\n", t->n_knobs);
     if (t->n_knobs) sb_printf(b, "        .knobs = mj_knobs_%s,\n", t->name);
     else sb_puts(b, "        .knobs = NULL,\n");
+    sb_printf(b, "        .n_constraints = %d,\n", t->n_constraints);
+    if (t->n_constraints) sb_printf(b, "        .constraints = mj_constraints_%s,\n", t->name);
+    else sb_puts(b, "        .constraints = NULL,\n");
     sb_printf(b, "        .n_kernels = %d,\n", t->n_kernels);
     sb_printf(b, "        .kernels = mj_kernels_%s,\n    },\n", t->name);
     free(targets);
 }
 
-static void emit_registry_c(strbuf *b, const template *ts, int n, const char *prelude_text,
-                            size_t prelude_len, const char *sim_text, size_t sim_len) {
-    sb_printf(b, "/* mj_registry.c — generated by gen/reflect.c (mj_reflect) from %d kernel template%s;\n"
+/* The registry's C file. The library's table (`table` mj_registry) also carries the
+ * preludes; an extension table (a test program's fixtures) instead registers itself at
+ * start-up, numbered after the library's templates. */
+static void emit_registry_c(strbuf *b, const template *ts, int n, const char *table, bool extension,
+                            const char *prelude_text, size_t prelude_len, const char *sim_text,
+                            size_t sim_len) {
+    sb_printf(b, "/* %s.c — generated by gen/reflect.c (mj_reflect) from %d kernel template%s;\n"
                  " * do not edit. The tables are described in gen/registry.h. */\n"
-                 "#include \"registry.h\"\n\n#include <stddef.h>\n\n", n, n == 1 ? "" : "s");
+                 "#include \"%s\"\n\n#include <stddef.h>\n\n", table, n, n == 1 ? "" : "s",
+              extension ? "gen.h" : "registry.h");
     for (int i = 0; i < n; i++) {
         const template *t = &ts[i];
         sb_printf(b, "/* ---- %s: %s ---- */\n\n", t->name, t->rel);
@@ -798,25 +852,33 @@ static void emit_registry_c(strbuf *b, const template *ts, int n, const char *pr
         sb_c_string(b, t->body, t->body_len, "    ");
         sb_puts(b, ";\n\n");
         emit_knobs(b, t);
+        emit_constraints(b, t);
         emit_kernels(b, t);
     }
     sb_puts(b, "/* ---- the templates, sorted by name ---- */\n\n");
     if (n == 0) {
-        sb_puts(b, "/* No templates: C allows no empty array, so one unused entry. */\n"
-                   "const mj_template_desc mj_registry_templates[1] = {{.name = NULL}};\n");
+        sb_printf(b, "/* No templates: C allows no empty array, so one unused entry. */\n"
+                     "%sconst mj_template_desc %s_templates[1] = {{.name = NULL}};\n",
+                  extension ? "static " : "", table);
     } else {
-        sb_printf(b, "const mj_template_desc mj_registry_templates[%d] = {\n", n);
+        sb_printf(b, "%sconst mj_template_desc %s_templates[%d] = {\n", extension ? "static " : "", table, n);
         for (int i = 0; i < n; i++) emit_template_entry(b, &ts[i]);
         sb_puts(b, "};\n");
     }
-    sb_printf(b, "const int32_t mj_registry_n_templates = %d;\n\n", n);
+    if (extension) {
+        sb_printf(b, "\n/* Linked into a program, this table joins the library's at start-up. */\n"
+                     "__attribute__((constructor)) static void %s_register(void) {\n"
+                     "    mj_registry_extend(%s_templates, %d);\n}\n", table, table, n);
+        return;
+    }
+    sb_printf(b, "const int32_t %s_n_templates = %d;\n\n", table, n);
     sb_puts(b, "/* ---- templates/prelude_cuda.h ---- */\n\n");
-    sb_puts(b, "const char mj_registry_prelude_cuda[] =\n    ");
+    sb_printf(b, "const char %s_prelude_cuda[] =\n    ", table);
     sb_c_string(b, prelude_text, prelude_len, "    ");
     sb_puts(b, ";\n");
     /* Without --prelude-sim the sim prelude is empty: rendering for the sim then fails. */
     sb_puts(b, "\n/* ---- templates/prelude_sim.h ---- */\n\n");
-    sb_puts(b, "const char mj_registry_prelude_sim[] =\n    ");
+    sb_printf(b, "const char %s_prelude_sim[] =\n    ", table);
     sb_c_string(b, sim_text, sim_len, "    ");
     sb_puts(b, ";\n");
 }
@@ -868,22 +930,55 @@ static void emit_wrapper(strbuf *b, const template *t, int kernel_index) {
                  "mj_dims, mj_args, %d);\n}\n\n", t->name, kernel_index, k->n_params);
 }
 
-static void emit_kernels_h(strbuf *b, const template *ts, int n) {
-    sb_puts(b, "/* mj_kernels.h — generated by gen/reflect.c (mj_reflect) from the kernel templates;\n"
-               " * do not edit. MJ_TPL_<template> indexes mj_registry_templates; MJ_KERNEL_<kernel>\n"
-               " * numbers every kernel of every template in that order; mj_launch_<kernel> is a\n"
-               " * typed launch of one kernel of a compiled mj_function. */\n"
-               "#ifndef MJ_KERNELS_H\n#define MJ_KERNELS_H\n\n"
-               "#include \"jit.h\"\n\n#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n\n");
-    sb_puts(b, "enum mj_template_id {\n");
-    for (int i = 0; i < n; i++) sb_printf(b, "    MJ_TPL_%s = %d,\n", ts[i].name, i);
-    sb_printf(b, "    MJ_N_TEMPLATES = %d\n};\n\n", n);
-    sb_puts(b, "enum mj_kernel_id {\n");
-    int k = 0;
+/* The typed knobs of a template: a struct with one field per knob (so a launcher names
+ * each value and a reordering of the declarations cannot shift them), each knob's limits, and
+ * the spec filler. For router_gemm:
+ *
+ *   typedef struct mj_knobs_router_gemm { int32_t H, E, ROWS, NWARPS; } mj_knobs_router_gemm;
+ *   #define MJ_KNOB_router_gemm_H_MIN 64
+ *   #define MJ_KNOB_router_gemm_H_MAX 16384
+ *   static inline void mj_spec_router_gemm(mj_context_t ctx, const mj_knobs_router_gemm *k,
+ *                                          mj_spec *out);
+ */
+static void emit_knob_struct(strbuf *b, const template *t) {
+    sb_printf(b, "/* ---- %s (%s) ---- */\n", t->name, t->rel);
+    sb_printf(b, "typedef struct mj_knobs_%s {\n", t->name);
+    if (t->n_knobs == 0) sb_puts(b, "    int32_t none_; /* no knobs */\n");
+    for (int i = 0; i < t->n_knobs; i++) {
+        const knob *k = &t->knobs[i];
+        sb_printf(b, "    int32_t %s; /* %s */\n", k->name, k->doc);
+    }
+    sb_printf(b, "} mj_knobs_%s;\n", t->name);
+    for (int i = 0; i < t->n_knobs; i++) {
+        const knob *k = &t->knobs[i];
+        sb_printf(b, "#define MJ_KNOB_%s_%s_MIN %d\n#define MJ_KNOB_%s_%s_MAX %d\n", t->name, k->name,
+                  (int)k->lo, t->name, k->name, (int)k->hi);
+    }
+    sb_printf(b, "static inline void mj_spec_%s(mj_context_t mj_ctx, const mj_knobs_%s *mj_k, mj_spec *mj_out) {\n",
+              t->name, t->name);
+    if (t->n_knobs == 0) {
+        sb_printf(b, "    (void)mj_k;\n    mj_context_spec_fill(mj_ctx, MJ_TPL_%s, NULL, 0, mj_out);\n}\n\n", t->name);
+        return;
+    }
+    sb_printf(b, "    const int32_t mj_v[%d] = {", t->n_knobs);
+    for (int i = 0; i < t->n_knobs; i++) sb_printf(b, "%smj_k->%s", i ? ", " : "", t->knobs[i].name);
+    sb_printf(b, "};\n    mj_context_spec_fill(mj_ctx, MJ_TPL_%s, mj_v, %d, mj_out);\n}\n\n", t->name, t->n_knobs);
+}
+
+static void emit_kernels_h(strbuf *b, const template *ts, int n, const char *guard, const char *extends) {
+    sb_printf(b, "/* generated by gen/reflect.c (mj_reflect) from the kernel templates; do not edit.\n"
+                 " * MJ_TPL_<template> is a template's registry index; mj_knobs_<template> its knobs by\n"
+                 " * name, mj_spec_<template> the specialization they select; mj_launch_<kernel> a typed\n"
+                 " * launch of one kernel of a compiled mj_function. */\n"
+                 "#ifndef %s\n#define %s\n\n", guard, guard);
+    if (extends) sb_printf(b, "#include \"%s\"\n\n", extends);
+    else sb_puts(b, "#include \"jit.h\"\n\n#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n\n");
+    sb_puts(b, "enum {\n");
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < ts[i].n_kernels; j++, k++)
-            sb_printf(b, "    MJ_KERNEL_%s = %d, /* %s #%d */\n", ts[i].kernels[j].name, k, ts[i].name, j);
-    sb_printf(b, "    MJ_N_KERNELS = %d\n};\n\n", k);
+        sb_printf(b, "    MJ_TPL_%s = %s%d,\n", ts[i].name, extends ? "MJ_N_TEMPLATES + " : "", i);
+    if (!extends) sb_printf(b, "    MJ_N_TEMPLATES = %d\n", n);
+    sb_puts(b, "};\n\n");
+    for (int i = 0; i < n; i++) emit_knob_struct(b, &ts[i]);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < ts[i].n_kernels; j++) emit_wrapper(b, &ts[i], j);
     sb_puts(b, "#endif\n");
@@ -893,6 +988,9 @@ static void emit_kernels_h(strbuf *b, const template *ts, int n) {
 
 typedef struct options {
     const char *root, *reflect_prelude, *prelude_cuda, *prelude_sim, *out_c, *out_h;
+    const char *table;    /* the tables' name prefix: mj_registry (the library's)          */
+    const char *extends;  /* an extension (a test program's fixtures): the library's kernel
+                             header, which the generated header includes                  */
     const char **templates;
     int n_templates;
 } options;
@@ -900,19 +998,22 @@ typedef struct options {
 __attribute__((noreturn))
 static void usage(const char *problem) {
     fprintf(stderr, "mj_reflect: error: %s\n"
-            "usage: mj_reflect --root SRCDIR --reflect-prelude gen/reflect_prelude.h "
-            "--prelude-cuda templates/prelude_cuda.h [--prelude-sim templates/prelude_sim.h] "
-            "--out-c OUT/mj_registry.c "
-            "--out-h OUT/mj_kernels.h TEMPLATE.cu...\n", problem);
+            "usage: mj_reflect --root SRCDIR --reflect-prelude gen/reflect_prelude.h\n"
+            "                  --prelude-cuda templates/prelude_cuda.h [--prelude-sim templates/prelude_sim.h]\n"
+            "                  --out-c OUT/mj_registry.c --out-h OUT/mj_kernels.h TEMPLATE.cu...\n"
+            "   or: mj_reflect --root SRCDIR --reflect-prelude gen/reflect_prelude.h --table NAME\n"
+            "                  --extends mj_kernels.h --out-c OUT/NAME.c --out-h OUT/NAME.h TEMPLATE.cu...\n"
+            "       (an extension table: a test program's fixtures, numbered after the library's)\n",
+            problem);
     exit(1);
 }
 
 static options parse_options(int argc, char **argv) {
-    options o = {.templates = xmalloc(sizeof(char *) * (size_t)argc)};
+    options o = {.templates = xmalloc(sizeof(char *) * (size_t)argc), .table = "mj_registry"};
     struct { const char *flag; const char **slot; } flags[] = {
         {"--root", &o.root}, {"--reflect-prelude", &o.reflect_prelude},
         {"--prelude-cuda", &o.prelude_cuda}, {"--prelude-sim", &o.prelude_sim},
-        {"--out-c", &o.out_c}, {"--out-h", &o.out_h},
+        {"--out-c", &o.out_c}, {"--out-h", &o.out_h}, {"--table", &o.table}, {"--extends", &o.extends},
     };
     for (int i = 1; i < argc; i++) {
         bool matched = false;
@@ -926,8 +1027,10 @@ static options parse_options(int argc, char **argv) {
         if (strncmp(argv[i], "--", 2) == 0) usage("unknown option");
         o.templates[o.n_templates++] = argv[i];
     }
-    if (!o.root || !o.reflect_prelude || !o.prelude_cuda || !o.out_c || !o.out_h)
-        usage("missing option");
+    if (!o.root || !o.reflect_prelude || !o.out_c || !o.out_h) usage("missing option");
+    if (!o.extends && !o.prelude_cuda) usage("missing --prelude-cuda");
+    if (!is_identifier(o.table)) usage("--table must be a C identifier");
+    if (!o.extends && strcmp(o.table, "mj_registry") != 0) usage("--table other than mj_registry needs --extends");
     return o;
 }
 
@@ -935,9 +1038,8 @@ int main(int argc, char **argv) {
     options o = parse_options(argc, argv);
     char *root_abs = absolute_path(o.root);
     char *prelude_abs = absolute_path(o.reflect_prelude);
-    size_t prelude_len;
-    char *prelude_cuda = read_whole_file(o.prelude_cuda, &prelude_len);
-    size_t sim_len = 0;
+    size_t prelude_len = 0, sim_len = 0;
+    char *prelude_cuda = o.prelude_cuda ? read_whole_file(o.prelude_cuda, &prelude_len) : xstrdup("");
     char *prelude_sim = o.prelude_sim ? read_whole_file(o.prelude_sim, &sim_len) : xstrdup("");
 
     template *ts = xmalloc(sizeof(template) * (size_t)(o.n_templates ? o.n_templates : 1));
@@ -957,8 +1059,12 @@ int main(int argc, char **argv) {
     check_unique_names(ts, o.n_templates);
 
     strbuf c = {0}, h = {0};
-    emit_registry_c(&c, ts, o.n_templates, prelude_cuda, prelude_len, prelude_sim, sim_len);
-    emit_kernels_h(&h, ts, o.n_templates);
+    char guard[256];
+    snprintf(guard, sizeof guard, "%s_H_", o.table);
+    for (char *g = guard; *g; g++) *g = (char)toupper((unsigned char)*g);
+    emit_registry_c(&c, ts, o.n_templates, o.table, o.extends != NULL, prelude_cuda, prelude_len,
+                    prelude_sim, sim_len);
+    emit_kernels_h(&h, ts, o.n_templates, o.extends ? guard : "MJ_KERNELS_H", o.extends);
     write_file(o.out_c, &c);
     write_file(o.out_h, &h);
     return 0;

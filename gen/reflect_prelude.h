@@ -22,6 +22,11 @@
 #define MJ_KNOB_SET(name, ctype, values, doc) \
     __attribute__((annotate("mj_knob|set|" #name "|" #ctype "|" values "|" doc))) \
     static const int mj_decl_knob_##name = 0;
+#define MJ_REFLECT_CAT2_(a, b) a##b
+#define MJ_REFLECT_CAT_(a, b) MJ_REFLECT_CAT2_(a, b)
+#define MJ_CONSTRAINT(expr, doc) \
+    __attribute__((annotate("mj_constraint|" doc "|" expr))) \
+    static const int MJ_REFLECT_CAT_(mj_decl_constraint_, __LINE__) = 0;
 typedef struct { unsigned x, y, z; } mj_reflect_dim3;
 extern const mj_reflect_dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern const int warpSize;

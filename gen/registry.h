@@ -1,8 +1,8 @@
 /* registry.h — what the build-time reflection tool (gen/reflect.c, libclang) knows about
  * each kernel template, as C data. The tool writes build/gen/mj_registry.c (the tables
  * below, with the template bodies and preludes embedded as strings) and
- * build/gen/mj_kernels.h (one typed launch wrapper per kernel). Nothing reads template
- * files at run time. */
+ * build/gen/mj_kernels.h (template and kernel ids, typed knob structs and one typed launch
+ * wrapper per kernel). Nothing reads template files at run time. */
 #ifndef MJ_REGISTRY_H
 #define MJ_REGISTRY_H
 
@@ -11,18 +11,30 @@
 #define MJ_MAX_KNOBS 16
 #define MJ_MAX_KNOB_VALUES 32
 #define MJ_MAX_PARAMS 32
+#define MJ_MAX_KERNELS 8       /* kernels a template may define (checked by mj_reflect)   */
+#define MJ_MAX_CONSTRAINTS 16  /* MJ_CONSTRAINT lines a template may declare              */
 
-/* Compile targets, in this order everywhere (bit i of a target mask = target i). */
+/* The compile targets: the one table. X(ENUM SUFFIX, name, sm number). Bit i of a target
+ * mask is target i, in this order. */
+#define MJ_TARGET_TABLE(X)         \
+    X(SM80, "sm_80", 80)           \
+    X(SM86, "sm_86", 86)           \
+    X(SM89, "sm_89", 89)           \
+    X(SM90A, "sm_90a", 90)         \
+    X(SM100A, "sm_100a", 100)      \
+    X(SM120A, "sm_120a", 120)      \
+    X(SM121A, "sm_121a", 121)
+
 typedef enum mj_target {
-    MJ_TARGET_SM80 = 0,
-    MJ_TARGET_SM86,
-    MJ_TARGET_SM89,
-    MJ_TARGET_SM90A,
-    MJ_TARGET_SM100A,
-    MJ_TARGET_SM120A,
-    MJ_TARGET_SM121A,
+#define MJ_TARGET_ENUM_(e, name, sm) MJ_TARGET_##e,
+    MJ_TARGET_TABLE(MJ_TARGET_ENUM_)
+#undef MJ_TARGET_ENUM_
     MJ_TARGET_COUNT
 } mj_target;
+
+/* "sm_80 sm_86 ... sm_121a", for messages. */
+#define MJ_TARGET_NAME_(e, name, sm) " " name
+#define MJ_TARGET_LIST (MJ_TARGET_TABLE(MJ_TARGET_NAME_) + 1)
 
 typedef enum mj_knob_kind { MJ_KNOB_KIND_RANGE = 0, MJ_KNOB_KIND_SET = 1 } mj_knob_kind;
 
@@ -36,6 +48,12 @@ typedef struct mj_knob_desc {
     int32_t values[MJ_MAX_KNOB_VALUES];
 } mj_knob_desc;
 
+/* A cross-knob rule: expr (a C integer expression over the knobs) must be non-zero. */
+typedef struct mj_constraint_desc {
+    const char *expr;          /* "K0 <= K"                                               */
+    const char *doc;           /* why, one line                                           */
+} mj_constraint_desc;
+
 typedef struct mj_param_desc {
     const char *name;          /* "x"                                                     */
     const char *ctype;         /* "const float *", as spelled in the template             */
@@ -48,14 +66,16 @@ typedef struct mj_kernel_desc {
 } mj_kernel_desc;
 
 typedef struct mj_template_desc {
-    const char *name;          /* "fixture_saxpy"                                         */
+    const char *name;          /* "router_gemm"                                           */
     const char *doc;           /* one line                                                */
     const char *file;          /* path relative to the source root, for messages          */
     const char *body;          /* the template file's text, embedded                      */
     uint32_t targets;          /* mask of mj_target the template declares                 */
     int32_t n_knobs;
     const mj_knob_desc *knobs;
-    int32_t n_kernels;
+    int32_t n_constraints;
+    const mj_constraint_desc *constraints;
+    int32_t n_kernels;         /* at most MJ_MAX_KERNELS                                  */
     const mj_kernel_desc *kernels;
 } mj_template_desc;
 

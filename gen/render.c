@@ -34,8 +34,7 @@
  * Knob values are integers checked against the declared ranges before anything is
  * written, so no caller text ever reaches the source. Same spec, same bytes.
  */
-#include "cache.h"
-#include "jit.h"
+#include "gen.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -80,15 +79,6 @@ static void sb_puts(sbuf *b, const char *s) { sb_printf(b, "%s", s); }
 
 /* ---- templates and knobs ------------------------------------------------------------- */
 
-const mj_template_desc *mj_template_find(const char *name, int32_t *index) {
-    for (int32_t i = 0; name && i < mj_registry_n_templates; i++)
-        if (!strcmp(mj_registry_templates[i].name, name)) {
-            if (index) *index = i;
-            return &mj_registry_templates[i];
-        }
-    return NULL;
-}
-
 static void knob_allowed(const mj_knob_desc *k, char *buf, size_t len) {
     if (k->kind == MJ_KNOB_KIND_RANGE) {
         snprintf(buf, len, "%d..%d", k->lo, k->hi);
@@ -107,12 +97,36 @@ static int knob_ok(const mj_knob_desc *k, int32_t v) {
     return 0;
 }
 
+/* Every MJ_CONSTRAINT of the template must hold for these knob values. */
+static mj_status check_constraints(const mj_template_desc *t, const int32_t *knobs) {
+    const char *names[MJ_MAX_KNOBS];
+    for (int32_t i = 0; i < t->n_knobs; i++) names[i] = t->knobs[i].name;
+    for (int32_t i = 0; i < t->n_constraints; i++) {
+        const mj_constraint_desc *c = &t->constraints[i];
+        char err[512];
+        int64_t v = 0;
+        if (mj_constraint_eval(c->expr, names, knobs, t->n_knobs, &v, err, sizeof err) != 0)
+            return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: constraint \"%s\" cannot be checked: %s",
+                                t->name, c->expr, err);
+        if (!v) {
+            char vals[512];
+            size_t n = 0;
+            vals[0] = '\0';
+            for (int32_t k = 0; k < t->n_knobs && n < sizeof vals; k++)
+                n += (size_t)snprintf(vals + n, sizeof vals - n, "%s%s=%d", k ? " " : "", names[k], knobs[k]);
+            return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: constraint \"%s\" does not hold (%s) for %s",
+                                t->name, c->expr, c->doc, vals);
+        }
+    }
+    return MJ_OK;
+}
+
 mj_status mj_spec_validate(const mj_spec *s) {
     if (!s) return mj_set_error(MJ_ERR_INVALID_ARG, "NULL specialization");
-    if (s->tpl < 0 || s->tpl >= mj_registry_n_templates)
+    const mj_template_desc *t = mj_template_at(s->tpl);
+    if (!t)
         return mj_set_error(MJ_ERR_INVALID_ARG, "template index %d out of range (%d templates)",
-                            s->tpl, mj_registry_n_templates);
-    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+                            s->tpl, mj_registry_count());
     if ((int)s->target < 0 || s->target >= MJ_TARGET_COUNT)
         return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: bad target %d", t->name, (int)s->target);
     if (!(t->targets & (1u << s->target)))
@@ -133,7 +147,7 @@ mj_status mj_spec_validate(const mj_spec *s) {
         if (s->knobs[i] != 0)
             return mj_set_error(MJ_ERR_INVALID_ARG, "template %s has %d knobs; slot %d must be 0",
                                 t->name, t->n_knobs, i);
-    return MJ_OK;
+    return check_constraints(t, s->knobs);
 }
 
 static const char *backend_prelude(mj_backend b) {
@@ -167,7 +181,7 @@ static void sim_entry_points(sbuf *b, const mj_template_desc *t) {
 mj_status mj_render(const mj_spec *s, char **source, size_t *len) {
     if (!source) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_render: NULL output");
     MJ_CHECK(mj_spec_validate(s));
-    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    const mj_template_desc *t = mj_template_at(s->tpl);
     sbuf b = {0};
     sb_printf(&b, "// moejit: %s for %s (%s), from %s\n", t->name, mj_target_name(s->target),
               backend_name(s->backend), t->file);
@@ -208,32 +222,12 @@ mj_status mj_render(const mj_spec *s, char **source, size_t *len) {
     return MJ_OK;
 }
 
-mj_status mj_key_text(const mj_spec *s, const char *source, size_t len, const char *compiler,
-                      const char *options, char **text) {
-    if (!s || !source || !compiler || !options || !text)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_key_text: NULL argument");
-    (void)len;
-    char src_hash[MJ_KEY_HEX_LEN + 1];
-    mj_key_hash(source, src_hash);
-    sbuf b = {0};
-    sb_printf(&b, "moejit cache key\nformat %d\nbackend %s\ntarget %s\ncompiler %s\noptions %s\n"
-                  "template %s\nsource-sha256 %s\n",
-              MJ_CACHE_FORMAT, backend_name(s->backend), mj_target_name(s->target), compiler, options,
-              mj_registry_templates[s->tpl].name, src_hash);
-    if (b.oom) {
-        free(b.p);
-        return mj_set_error(MJ_ERR_NOMEM, "out of memory building a key");
-    }
-    *text = b.p;
-    return MJ_OK;
-}
-
 const char *mj_spec_describe(const mj_spec *s, char *buf, size_t len) {
-    if (!s || s->tpl < 0 || s->tpl >= mj_registry_n_templates) {
+    const mj_template_desc *t = s ? mj_template_at(s->tpl) : NULL;
+    if (!t) {
         snprintf(buf, len, "(bad specialization)");
         return buf;
     }
-    const mj_template_desc *t = &mj_registry_templates[s->tpl];
     size_t n = (size_t)snprintf(buf, len, "%s", t->name);
     for (int32_t i = 0; i < t->n_knobs && n < len; i++)
         n += (size_t)snprintf(buf + n, len - n, " %s=%d", t->knobs[i].name, s->knobs[i]);
@@ -246,7 +240,7 @@ const char *mj_spec_describe(const mj_spec *s, char *buf, size_t len) {
 
 mj_status mj_spec_to_json(const mj_spec *s, char **line) {
     MJ_CHECK(mj_spec_validate(s));
-    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    const mj_template_desc *t = mj_template_at(s->tpl);
     json_t *o = json_object(), *k = json_object();
     json_object_set_new(o, "template", json_string(t->name));
     for (int32_t i = 0; i < t->n_knobs; i++) json_object_set_new(k, t->knobs[i].name, json_integer(s->knobs[i]));
@@ -263,7 +257,7 @@ mj_status mj_spec_from_json(const char *line, const char *where, mj_spec *out) {
     if (!line || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_spec_from_json: NULL argument");
     if (!where) where = "manifest";
     json_error_t je;
-    json_t *o = json_loads(line, 0, &je);
+    json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &je);
     if (!o) return mj_set_error(MJ_ERR_PARSE, "%s: malformed JSON at column %d: %s", where, je.column, je.text);
     mj_status st = MJ_OK;
     mj_spec s;
@@ -276,8 +270,9 @@ mj_status mj_spec_from_json(const char *line, const char *where, mj_spec *out) {
         goto exit;
     }
     if (!(t = mj_template_find(json_string_value(jt), &s.tpl))) {
+        char name[128];
         st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: unknown template '%s' (see 'moejit inspect templates')",
-                          where, json_string_value(jt));
+                          where, mj_printable(json_string_value(jt), name, sizeof name));
         goto exit;
     }
     if (!json_is_string(ja)) {
@@ -296,13 +291,19 @@ mj_status mj_spec_from_json(const char *line, const char *where, mj_spec *out) {
     }
     for (int32_t i = 0; i < t->n_knobs; i++) {
         json_t *v = json_object_get(jk, t->knobs[i].name);
-        if (json_is_true(v) || json_is_false(v)) {
+        /* true/false only for a bool knob: "VEC": true is a mistake, not 1. */
+        if ((json_is_true(v) || json_is_false(v)) && !strcmp(t->knobs[i].ctype, "bool")) {
             s.knobs[i] = json_is_true(v);
             continue;
         }
+        if (!v) {
+            st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: knob %s of %s is missing", where, t->knobs[i].name,
+                              t->name);
+            goto exit;
+        }
         if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX) {
-            st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: knob %s of %s must be an integer", where,
-                              t->knobs[i].name, t->name);
+            st = mj_set_error(MJ_ERR_INVALID_ARG, "%s: knob %s of %s must be an integer%s", where,
+                              t->knobs[i].name, t->name, !strcmp(t->knobs[i].ctype, "bool") ? " or a boolean" : "");
             goto exit;
         }
         s.knobs[i] = (int32_t)json_integer_value(v);

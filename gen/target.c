@@ -1,23 +1,22 @@
 /* target.c — compile targets: names, parsing, and the compute capability -> target map.
  * Needs neither NVRTC nor the driver. */
-#include "jit.h"
+#include "gen.h"
 
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
 
 static const char *const k_target_names[MJ_TARGET_COUNT] = {
-    [MJ_TARGET_SM80] = "sm_80",     [MJ_TARGET_SM86] = "sm_86",     [MJ_TARGET_SM89] = "sm_89",
-    [MJ_TARGET_SM90A] = "sm_90a",   [MJ_TARGET_SM100A] = "sm_100a", [MJ_TARGET_SM120A] = "sm_120a",
-    [MJ_TARGET_SM121A] = "sm_121a",
+#define NAME_(e, name, sm) name,
+    MJ_TARGET_TABLE(NAME_)
+#undef NAME_
 };
 
 static const int k_target_sm[MJ_TARGET_COUNT] = {
-    [MJ_TARGET_SM80] = 80,   [MJ_TARGET_SM86] = 86,   [MJ_TARGET_SM89] = 89,   [MJ_TARGET_SM90A] = 90,
-    [MJ_TARGET_SM100A] = 100, [MJ_TARGET_SM120A] = 120, [MJ_TARGET_SM121A] = 121,
+#define SM_(e, name, sm) sm,
+    MJ_TARGET_TABLE(SM_)
+#undef SM_
 };
-
-#define MJ_TARGET_LIST "sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a"
 
 const char *mj_target_name(mj_target t) {
     if ((int)t < 0 || t >= MJ_TARGET_COUNT) return "(invalid target)";
@@ -93,12 +92,11 @@ mj_status mj_target_parse(const char *name, mj_target *out) {
         for (int i = 0; i < MJ_TARGET_COUNT; i++)
             if (k_target_sm[i] == sm)
                 return mj_set_error(MJ_ERR_INVALID_ARG,
-                                    "unknown target '%s': did you mean %s? (targets: " MJ_TARGET_LIST
-                                    ", or a compute capability such as 12.0)",
-                                    name, k_target_names[i]);
+                                    "unknown target '%s': did you mean %s? (targets: %s, or a compute "
+                                    "capability such as 12.0)",
+                                    name, k_target_names[i], MJ_TARGET_LIST);
     }
     return mj_set_error(MJ_ERR_INVALID_ARG,
-                        "unknown target '%s' (targets: " MJ_TARGET_LIST
-                        ", or a compute capability such as 12.0)",
-                        name);
+                        "unknown target '%s' (targets: %s, or a compute capability such as 12.0)",
+                        name, MJ_TARGET_LIST);
 }

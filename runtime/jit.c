@@ -41,7 +41,7 @@ struct mj_function {
     int from_disk;
     mj_cuda_module *module;           /* NULL in a compile-only context                    */
     mj_sim_module *sim;               /* the loaded object of a sim function               */
-    mj_cuda_function fns[8];          /* per kernel of the template (first 8)              */
+    mj_cuda_function fns[MJ_MAX_KERNELS]; /* per kernel of the template                    */
     int n_fns;
 };
 
@@ -213,58 +213,15 @@ static void function_free(mj_function *f) {
     free(f);
 }
 
-/* Add this context's counters to the cache directory's running totals (stats.json, under
- * an flock), so `moejit inspect --stats` can show what every process did. Best effort. */
-static const char *const k_stat_names[] = {"mem_hits", "mem_misses", "disk_hits", "disk_misses",
-                                           "compiles", "compile_failures", "compile_ms", "quarantined",
-                                           "lock_waits", "evicted", "strict_misses", "refused_unsafe"};
-
-static void stats_values(const mj_jit_stats *s, double v[12]) {
-    const double vals[12] = {(double)s->mem_hits, (double)s->mem_misses, (double)s->disk_hits,
-                             (double)s->disk_misses, (double)s->compiles, (double)s->compile_failures,
-                             s->compile_ms, (double)s->quarantined, (double)s->lock_waits,
-                             (double)s->evicted, (double)s->strict_misses, (double)s->refused_unsafe};
-    memcpy(v, vals, sizeof vals);
-}
-
-mj_status mj_stats_file_path(const char *cache_dir, char *buf, size_t len) {
-    if ((size_t)snprintf(buf, len, "%s/v%d/stats.json", cache_dir, MJ_CACHE_FORMAT) >= len)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "cache path too long");
-    return MJ_OK;
-}
-
+/* Add this context's counters to the cache directory's running totals (best effort). */
 static void stats_persist(mj_context_t c) {
     mj_jit_stats s;
-    if (!c->cache || !mj_cache_writable(c->cache) || mj_context_stats(c, &s) != MJ_OK) return;
-    double v[12];
-    stats_values(&s, v);
-    int any = 0;
-    for (int i = 0; i < 12; i++) any |= v[i] != 0;
-    if (!any) return;
-    char path[4096], lockp[4200], tmp[4200];
-    if (mj_stats_file_path(mj_cache_dir(c->cache), path, sizeof path) != MJ_OK) return;
-    snprintf(lockp, sizeof lockp, "%s.lock", path);
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    int lfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lfd < 0) return;
-    if (flock(lfd, LOCK_EX) == 0) {
-        json_t *o = json_load_file(path, 0, NULL);
-        if (!json_is_object(o)) json_decref(o), o = json_object();
-        for (int i = 0; i < 12; i++) {
-            json_t *old = json_object_get(o, k_stat_names[i]);
-            double prev = json_is_number(old) ? json_number_value(old) : 0.0;
-            json_object_set_new(o, k_stat_names[i], i == 6 ? json_real(prev + v[i]) : json_integer((json_int_t)(prev + v[i])));
-        }
-        json_t *np = json_object_get(o, "processes");
-        json_object_set_new(o, "processes", json_integer(json_integer_value(np) + 1));
-        if (json_dump_file(o, tmp, JSON_PRESERVE_ORDER | JSON_INDENT(1)) == 0) {
-            if (rename(tmp, path) != 0) unlink(tmp);
-        } else {
-            unlink(tmp);
-        }
-        json_decref(o);
-    }
-    close(lfd);
+    if (!c->cache || mj_context_stats(c, &s) != MJ_OK) return;
+    const double v[MJ_CACHE_N_TOTALS] = {
+        (double)s.mem_hits, (double)s.mem_misses, (double)s.disk_hits, (double)s.disk_misses,
+        (double)s.compiles, (double)s.compile_failures, s.compile_ms, (double)s.quarantined,
+        (double)s.lock_waits, (double)s.evicted, (double)s.strict_misses, (double)s.refused_unsafe};
+    mj_cache_add_totals(c->cache, v);
 }
 
 mj_status mj_context_destroy(mj_context_t c) {
@@ -305,11 +262,32 @@ mj_status mj_context_stats(mj_context_t c, mj_jit_stats *out) {
     return MJ_OK;
 }
 
+/* ---- the disk key ------------------------------------------------------------------- */
+
+static const char *backend_name(mj_backend b) { return b == MJ_BACKEND_SIM ? "sim" : "cuda"; }
+
+mj_status mj_key_text(const mj_spec *s, const char *source, size_t len, const char *compiler,
+                      const char *options, char **text) {
+    if (!s || !source || !compiler || !options || !text || !mj_template_at(s->tpl))
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_key_text: NULL or invalid argument");
+    (void)len;
+    char src_hash[MJ_KEY_HEX_LEN + 1];
+    mj_key_hash(source, src_hash);
+    char *b = NULL;
+    if (asprintf(&b, "moejit cache key\nformat %d\nbackend %s\ntarget %s\ncompiler %s\noptions %s\n"
+                     "template %s\nsource-sha256 %s\n",
+                 MJ_CACHE_FORMAT, backend_name(s->backend), mj_target_name(s->target), compiler, options,
+                 mj_template_at(s->tpl)->name, src_hash) < 0)
+        return mj_set_error(MJ_ERR_NOMEM, "out of memory building a key");
+    *text = b;
+    return MJ_OK;
+}
+
 /* ---- building one function ------------------------------------------------------------ */
 
 static char *meta_json(const mj_spec *s, const char *compiler, const char *options,
                        const mj_compile_result *r) {
-    const mj_template_desc *t = &mj_registry_templates[s->tpl];
+    const mj_template_desc *t = mj_template_at(s->tpl);
     json_t *o = json_object(), *k = json_object(), *p = json_object(), *ks = json_array();
     json_object_set_new(o, "template", json_string(t->name));
     for (int32_t i = 0; i < t->n_knobs; i++) json_object_set_new(k, t->knobs[i].name, json_integer(s->knobs[i]));
@@ -460,13 +438,13 @@ static mj_status build(mj_context_t c, mj_function *f) {
         if (st != MJ_OK) goto exit;
     }
     if (s->backend == MJ_BACKEND_SIM) {
-        MJ_CHECK_GOTO(mj_sim_module_load(f->entry.binary, f->entry.binary_len, &mj_registry_templates[s->tpl],
+        MJ_CHECK_GOTO(mj_sim_module_load(f->entry.binary, f->entry.binary_len, mj_template_at(s->tpl),
                                          &f->sim), st, exit);
     } else if (c->device != MJ_DEVICE_NONE) {
-        const mj_template_desc *t = &mj_registry_templates[s->tpl];
+        const mj_template_desc *t = mj_template_at(s->tpl);
         MJ_CHECK_GOTO(mj_cuda_module_load(c->device, f->entry.binary, f->entry.binary_len, &f->module),
                       st, exit);
-        f->n_fns = t->n_kernels < 8 ? t->n_kernels : 8;
+        f->n_fns = t->n_kernels;
         for (int i = 0; i < f->n_fns; i++)
             MJ_CHECK_GOTO(mj_cuda_module_function(f->module, t->kernels[i].name, &f->fns[i]), st, exit);
     }
@@ -538,7 +516,7 @@ const char *mj_function_source(const mj_function *f) { return f->entry.source; }
 mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_launch_dims d,
                              void **args, int nargs) {
     if (!fn) return mj_set_error(MJ_ERR_INVALID_ARG, "launch: NULL function");
-    const mj_template_desc *t = &mj_registry_templates[fn->spec.tpl];
+    const mj_template_desc *t = mj_template_at(fn->spec.tpl);
     if (fn->spec.tpl != tpl || kernel < 0 || kernel >= t->n_kernels || t->kernels[kernel].n_params != nargs)
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "launch: this function is template %s, not the one the wrapper was made for",

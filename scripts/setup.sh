@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# setup.sh — install the Debian packages moejit builds with, if any are missing.
+# setup.sh — install what moejit builds and tests with, if any of it is missing: Debian
+# packages (apt-get) and nvdisasm (PyPI, for `moejit inspect --sass` and the SASS checks).
 # Safe to run again: it installs nothing when everything is there.
 set -euo pipefail
-pkgs=(cmake make gcc pkg-config libjansson-dev libssl-dev libclang-14-dev python3 perl)
+pkgs=(cmake make gcc clang pkg-config libjansson-dev libssl-dev libclang-14-dev python3 python3-pip perl)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}"
-    SUDO=""
-    [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+# nvdisasm: the CUDA toolkit here ships without it; NVIDIA publishes it on PyPI.
+if ! command -v nvdisasm >/dev/null 2>&1; then
+    py=$(command -v python3)
+    echo "setup: installing nvdisasm (pip: nvidia-cuda-nvdisasm)"
+    "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+        "nvidia-cuda-nvdisasm==13.2.78" 2>/dev/null ||
+        "$py" -m pip install -q --disable-pip-version-check --break-system-packages \
+            "nvidia-cuda-nvdisasm==13.2.78"
+    nv=$("$py" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13", "bin", "nvdisasm"))')
+    [ -x "$nv" ] || { echo "setup: nvdisasm not found after install ($nv)" >&2; exit 1; }
+    $SUDO ln -sf "$nv" /usr/local/bin/nvdisasm
 fi

@@ -20,6 +20,7 @@ typedef unsigned long long uint64_t;
 #define MJ_TARGETS(list)
 #define MJ_KNOB_RANGE(name, ctype, lo, hi, doc)
 #define MJ_KNOB_SET(name, ctype, values, doc)
+#define MJ_CONSTRAINT(expr, doc)
 /* Hooks: helpers that are inline PTX here and C in prelude_sim.h (same signatures). */
 /* The lane of the calling thread within its warp (%laneid). */
 MJ_DEVICE unsigned mj_lane_id(void) {

@@ -93,6 +93,7 @@ typedef unsigned long long uint64_t;
 #define MJ_TARGETS(list)
 #define MJ_KNOB_RANGE(name, ctype, lo, hi, doc)
 #define MJ_KNOB_SET(name, ctype, values, doc)
+#define MJ_CONSTRAINT(expr, doc)
 
 /* CUDA's own spellings, for kernels that use them. */
 #define __global__

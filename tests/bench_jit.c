@@ -41,7 +41,7 @@ static mj_spec first_spec(int32_t tpl, mj_target t) {
     mj_spec s;
     memset(&s, 0, sizeof s);
     s.tpl = tpl, s.target = t, s.backend = MJ_BACKEND_CUDA;
-    const mj_template_desc *d = &mj_registry_templates[tpl];
+    const mj_template_desc *d = mj_template_at(tpl);
     for (int32_t i = 0; i < d->n_knobs; i++)
         s.knobs[i] = d->knobs[i].kind == MJ_KNOB_KIND_RANGE ? d->knobs[i].lo : d->knobs[i].values[0];
     return s;
@@ -59,20 +59,20 @@ int main(int argc, char **argv) {
     /* Cold compile: render + NVRTC (source to cubin, with the ptxas report). */
     printf("%-24s %12s %12s %12s\n", "template", "median ms", "min ms", "max ms");
     double *t = malloc(sizeof *t * (size_t)reps);
-    for (int32_t i = 0; i < mj_registry_n_templates; i++) {
+    for (int32_t i = 0; i < mj_registry_count(); i++) {
         mj_spec s = first_spec(i, MJ_TARGET_SM120A);
         for (int r = 0; r < reps; r++) {
             double t0 = now_ms();
             char *src;
             if ((st = mj_render(&s, &src, NULL)) != MJ_OK) die("render", st);
             mj_compile_result cr;
-            if ((st = mj_nvrtc_compile(src, mj_registry_templates[i].name, s.target, &cr)) != MJ_OK) die("compile", st);
+            if ((st = mj_nvrtc_compile(src, mj_template_at(i)->name, s.target, &cr)) != MJ_OK) die("compile", st);
             t[r] = now_ms() - t0;
             mj_compile_result_free(&cr);
             free(src);
         }
         double med = median(t, reps);
-        printf("%-24s %12.1f %12.1f %12.1f\n", mj_registry_templates[i].name, med, t[0], t[reps - 1]);
+        printf("%-24s %12.1f %12.1f %12.1f\n", mj_template_at(i)->name, med, t[0], t[reps - 1]);
     }
 
     /* Warm load: a fresh context finds the entry on disk (open, read, verify checksum). */
@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
         mj_context_destroy(c2);
     }
     printf("\nwarm load (disk hit: render, key, read, verify), %s: median %.3f ms\n",
-           mj_registry_templates[0].name, median(w, warm_n));
+           mj_template_at(0)->name, median(w, warm_n));
 
     /* Hot lookup: the in-memory table, as a launch pays it. */
     const long n = 2000000;

@@ -3,7 +3,7 @@
  * must die with ASan's heap-buffer-overflow report (ctest checks the output); it is built
  * only with MJ_SANITIZE. */
 #include "jit.h"
-#include "mj_kernels.h"
+#include "mj_test_registry.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* test_config.c — reading a model's MoE shape from Hugging Face JSON.
  *
- * The happy paths: GLM-5's config.json with the ModelOpt hf_quant_config.json (shared/data)
+ * The happy paths: GLM-5's config.json with the ModelOpt hf_quant_config.json (tests/data/model)
  * gives exactly mj_moe_config_glm5; the newer layout with quantization_config inside
  * config.json, a Qwen-style config (num_experts alias, softmax defaults) and a multimodal
  * one (text_config) read as they should. The error paths: every malformed, missing,
@@ -18,7 +18,7 @@
 #error "build with -DMJ_SOURCE_DIR=\"/path/to/repo\""
 #endif
 
-#define SHARED_DATA MJ_SOURCE_DIR "/../shared/data/"
+#define MODEL_DATA MJ_SOURCE_DIR "/tests/data/model/"
 #define FIXTURES MJ_SOURCE_DIR "/tests/data/config/"
 
 #define NAME "inline.json"
@@ -149,15 +149,15 @@ static void test_glm5(void) {
           "mj_moe_config_glm5 values");
     CHECK_OK(mj_moe_config_validate(&want, 1));
 
-    /* shared/data: config.json + hf_quant_config.json (the struct starts zeroed on both
+    /* tests/data/model: config.json + hf_quant_config.json (the struct starts zeroed on both
      * sides; then 0xAB, to see every byte written). */
     memset(&got, 0, sizeof got);
-    CHECK_OK(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json",
-                                SHARED_DATA "hf_quant_config.example.json", &got));
+    CHECK_OK(mj_moe_config_read(MODEL_DATA "glm5_moe_config.json",
+                                MODEL_DATA "hf_quant_config.example.json", &got));
     check_same("shared glm5 + hf_quant_config", &got, &want);
     fill_ab(&got);
-    CHECK_OK(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json",
-                                SHARED_DATA "hf_quant_config.example.json", &got));
+    CHECK_OK(mj_moe_config_read(MODEL_DATA "glm5_moe_config.json",
+                                MODEL_DATA "hf_quant_config.example.json", &got));
     check_same("shared glm5 over 0xAB", &got, &want);
 
     /* Without a quantization file: the same layer, unquantized. */
@@ -165,7 +165,7 @@ static void test_glm5(void) {
     none.quant = MJ_QUANT_NONE;
     none.quant_group_size = 0;
     fill_ab(&got);
-    CHECK_OK(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json", NULL, &got));
+    CHECK_OK(mj_moe_config_read(MODEL_DATA "glm5_moe_config.json", NULL, &got));
     check_same("shared glm5, no quant file", &got, &none);
 
     /* quantization_config inside config.json, flat (quant_method modelopt) and nested. */
@@ -462,17 +462,17 @@ static void test_impossible(void) {
 
 static void test_quant_errors(void) {
     /* Files. */
-    expect_read_fail("hf_quant FP8", SHARED_DATA "glm5_moe_config.json",
+    expect_read_fail("hf_quant FP8", MODEL_DATA "glm5_moe_config.json",
                      FIXTURES "hf_quant_fp8.json", MJ_ERR_UNSUPPORTED, "quant_algo");
-    expect_read_fail("hf_quant FP8 names it", SHARED_DATA "glm5_moe_config.json",
+    expect_read_fail("hf_quant FP8 names it", MODEL_DATA "glm5_moe_config.json",
                      FIXTURES "hf_quant_fp8.json", MJ_ERR_UNSUPPORTED,
                      "quantization 'FP8' (field 'quantization.quant_algo') is not supported: "
                      "moejit runs NVFP4 (ModelOpt) checkpoints");
-    expect_read_fail("hf_quant FP8 names the file", SHARED_DATA "glm5_moe_config.json",
+    expect_read_fail("hf_quant FP8 names the file", MODEL_DATA "glm5_moe_config.json",
                      FIXTURES "hf_quant_fp8.json", MJ_ERR_UNSUPPORTED, "hf_quant_fp8.json");
-    expect_read_fail("NVFP4 group 32", SHARED_DATA "glm5_moe_config.json",
+    expect_read_fail("NVFP4 group 32", MODEL_DATA "glm5_moe_config.json",
                      FIXTURES "hf_quant_group32.json", MJ_ERR_UNSUPPORTED, "group_size 32");
-    expect_read_fail("NVFP4 group 32 names the file", SHARED_DATA "glm5_moe_config.json",
+    expect_read_fail("NVFP4 group 32 names the file", MODEL_DATA "glm5_moe_config.json",
                      FIXTURES "hf_quant_group32.json", MJ_ERR_UNSUPPORTED,
                      "hf_quant_group32.json");
     expect_read_fail("DeepSeek fp8 quant_method", FIXTURES "deepseek_fp8.json", NULL,
@@ -534,7 +534,7 @@ static void test_io(void) {
                      "no_such_config.json");
     expect_read_fail("missing config: strerror", FIXTURES "no_such_config.json", NULL,
                      MJ_ERR_IO, "No such file");
-    expect_read_fail("missing quant file", SHARED_DATA "glm5_moe_config.json",
+    expect_read_fail("missing quant file", MODEL_DATA "glm5_moe_config.json",
                      FIXTURES "no_such_quant.json", MJ_ERR_IO, "no_such_quant.json");
     expect_read_fail("directory", FIXTURES, NULL, MJ_ERR_IO, "tests/data/config");
 }
@@ -600,7 +600,7 @@ static void test_null_args(void) {
     CHECK_STATUS(mj_moe_config_parse(NULL, NULL, NAME, &c), MJ_ERR_INVALID_ARG);
     CHECK_STATUS(mj_moe_config_parse(k_base, NULL, NAME, NULL), MJ_ERR_INVALID_ARG);
     CHECK_STATUS(mj_moe_config_read(NULL, NULL, &c), MJ_ERR_INVALID_ARG);
-    CHECK_STATUS(mj_moe_config_read(SHARED_DATA "glm5_moe_config.json", NULL, NULL),
+    CHECK_STATUS(mj_moe_config_read(MODEL_DATA "glm5_moe_config.json", NULL, NULL),
                  MJ_ERR_INVALID_ARG);
 }
 

@@ -5,7 +5,7 @@
  * the CPU, deadlocks and traps reported (not hung), the disk cache, keys, context options. */
 #include "cache.h"
 #include "jit.h"
-#include "mj_kernels.h"
+#include "mj_test_registry.h"
 #include "sim/sim.h"
 #include "test.h"
 

@@ -1,7 +1,7 @@
 /* wrapper_mismatch.c — compiled by ctest, never run: with MJ_WRAPPER_OK the call matches
  * fixture_saxpy(int n, float a, const float *x, float *y) and compiles; without it the
  * call passes an int* where a float* belongs and must be rejected (-Werror). */
-#include "mj_kernels.h"
+#include "mj_test_registry.h"
 
 mj_status call(const mj_function *fn, mj_launch_dims d, const float *x, float *y, int *wrong);
 mj_status call(const mj_function *fn, mj_launch_dims d, const float *x, float *y, int *wrong) {

@@ -138,7 +138,12 @@ static int find_entry(mj_cache *c, const char *prefix, char hex[MJ_KEY_HEX_LEN +
 static int show_sass(const mj_cache_entry *e) {
     static const char *const tools_[] = {"nvdisasm", "cuobjdump"};
     char tool[4096] = "";
-    const char *path = getenv("PATH");
+    const char *path = getenv("PATH"), *env = getenv("MOEJIT_NVDISASM");
+    if (env && *env) {
+        if (access(env, X_OK) != 0)
+            return tool_fail("MOEJIT_NVDISASM=%s is not an executable file", env);
+        snprintf(tool, sizeof tool, "%s", env);
+    }
     for (int t = 0; t < 2 && !tool[0]; t++) {
         char *dirs = strdup(path ? path : ""), *save = NULL;
         for (char *d = strtok_r(dirs, ":", &save); d && !tool[0]; d = strtok_r(NULL, ":", &save)) {
@@ -152,9 +157,9 @@ static int show_sass(const mj_cache_entry *e) {
         if (!tool[0] && access(cand, X_OK) == 0) snprintf(tool, sizeof tool, "%s", cand);
     }
     if (!tool[0])
-        return tool_fail("no nvdisasm or cuobjdump found on PATH or in /usr/local/cuda/bin: install the "
-                         "CUDA toolkit's binary utilities (Debian: apt-get install cuda-nvdisasm-13-0 "
-                         "or cuda-cuobjdump-13-0) or add their directory to PATH");
+        return tool_fail("no nvdisasm or cuobjdump found on PATH or in /usr/local/cuda/bin: install one "
+                         "(pip install nvidia-cuda-nvdisasm, or the CUDA toolkit's cuda-nvdisasm "
+                         "package) and put it on PATH or name it in MOEJIT_NVDISASM");
     char tmp[] = "/tmp/moejit-sass-XXXXXX";
     int fd = mkstemp(tmp);
     if (fd < 0) return tool_fail("cannot create a temporary file: %s", strerror(errno));
@@ -239,8 +244,8 @@ static int cmd_show(mj_cache *c, const char *prefix, const char *what) {
 }
 
 static int cmd_templates(void) {
-    for (int32_t i = 0; i < mj_registry_n_templates; i++) {
-        const mj_template_desc *t = &mj_registry_templates[i];
+    for (int32_t i = 0; i < mj_registry_count(); i++) {
+        const mj_template_desc *t = mj_template_at(i);
         printf("%s  (%s)\n  %s\n  targets:", t->name, t->file, t->doc);
         for (int a = 0; a < MJ_TARGET_COUNT; a++)
             if (t->targets & (1u << a)) printf(" %s", mj_target_name((mj_target)a));
@@ -253,6 +258,8 @@ static int cmd_templates(void) {
                 for (int32_t v = 0; v < kd->n_values; v++) printf("%s%d", v ? "|" : "", kd->values[v]);
             printf("  %s\n", kd->doc);
         }
+        for (int32_t k = 0; k < t->n_constraints; k++)
+            printf("  constraint %s  (%s)\n", t->constraints[k].expr, t->constraints[k].doc);
         for (int32_t k = 0; k < t->n_kernels; k++) {
             printf("  kernel %s(", t->kernels[k].name);
             for (int32_t p = 0; p < t->kernels[k].n_params; p++)
@@ -288,21 +295,19 @@ static int cmd_stats(mj_cache *c) {
     printf("quarantine  %d files\n", nq);
     printf("writable    %s\n", mj_cache_writable(c) ? "yes" : "no");
     /* The counters every process using this cache added up when it finished. */
-    char sp[4096];
-    json_t *o = mj_stats_file_path(mj_cache_dir(c), sp, sizeof sp) == MJ_OK ? json_load_file(sp, 0, NULL) : NULL;
-    if (json_is_object(o)) {
-        printf("totals over %lld processes:\n", (long long)json_integer_value(json_object_get(o, "processes")));
-        const char *name;
-        json_t *v;
-        json_object_foreach(o, name, v) {
-            if (!strcmp(name, "processes")) continue;
-            if (json_is_real(v)) printf("  %-16s %.1f\n", name, json_real_value(v));
-            else printf("  %-16s %lld\n", name, (long long)json_integer_value(v));
+    double v[MJ_CACHE_N_TOTALS];
+    int64_t procs = 0;
+    int present = 0;
+    mj_cache_totals(c, v, &procs, &present);
+    if (present) {
+        printf("totals over %lld processes:\n", (long long)procs);
+        for (int i = 0; i < MJ_CACHE_N_TOTALS; i++) {
+            if (!strcmp(mj_cache_total_names[i], "compile_ms")) printf("  %-16s %.1f\n", mj_cache_total_names[i], v[i]);
+            else printf("  %-16s %lld\n", mj_cache_total_names[i], (long long)v[i]);
         }
     } else {
         printf("totals      none yet (no process has finished with this cache)\n");
     }
-    json_decref(o);
     return 0;
 }
 

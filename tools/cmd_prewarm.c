@@ -18,7 +18,7 @@ static const char k_help[] =
     "usage: moejit prewarm [options] MANIFEST...\n"
     "\n"
     "Compile every specialization a manifest lists into the kernel cache. A manifest has one\n"
-    "JSON object a line: {\"template\": \"fixture_saxpy\", \"knobs\": {\"BLOCK\": 256, \"VEC\": 4},\n"
+    "JSON object a line: {\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 4},\n"
     "\"arch\": \"sm_120a\"} (blank lines and lines starting with # are skipped). A server run\n"
     "with MOEJIT_RECORD=path writes such a manifest of every kernel it had to compile. No GPU\n"
     "is needed. Exit status 1 if any specialization failed.\n"

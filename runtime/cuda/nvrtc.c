@@ -4,9 +4,8 @@
  * The library is loaded once per process (pthread_once) and never unloaded. NVRTC itself
  * is thread-safe as long as a program object is not shared, and each compile here makes
  * and destroys its own program, so mj_nvrtc_compile may run on many threads at once. */
-#include "jit.h"
+#include "cuda.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -43,10 +42,7 @@ static struct {
     nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
 } nv;
 
-static const struct {
-    const char *name;
-    size_t offset;
-} k_syms[] = {
+static const mj_dl_sym k_syms[] = {
 #define SYM(f) {"nvrtc" #f, offsetof(__typeof__(nv), f)}
     SYM(GetErrorString), SYM(Version),       SYM(GetNumSupportedArchs), SYM(GetSupportedArchs),
     SYM(CreateProgram),  SYM(DestroyProgram), SYM(CompileProgram),      SYM(GetPTXSize),
@@ -67,22 +63,18 @@ static int g_archs[64];
 static int g_n_archs;
 
 static void load_once(void) {
-    char tried[600] = "";
-    char last_err[400] = "";
-    void *h = NULL;
+    char why[1200];
+    void *h;
     const char *env = getenv("MOEJIT_NVRTC");
     if (env && *env) {
         /* An explicit choice is authoritative: no silent fallback to another NVRTC. */
-        h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        h = mj_dl_open(&env, 1, g_lib_path, sizeof g_lib_path, why, sizeof why);
         if (!h) {
-            const char *e = dlerror();
             snprintf(g_load_error, sizeof g_load_error,
-                     "NVRTC not loaded: MOEJIT_NVRTC=%s cannot be opened (%s): " MJ_NVRTC_HINT, env,
-                     e ? e : "unknown error");
+                     "NVRTC not loaded: MOEJIT_NVRTC=%s cannot be opened (%s): " MJ_NVRTC_HINT, env, why);
             g_load_status = MJ_ERR_LIBRARY;
             return;
         }
-        snprintf(g_lib_path, sizeof g_lib_path, "%s", env);
     } else {
         char cuda_home[400] = "";
         const char *ch = getenv("CUDA_HOME");
@@ -91,37 +83,22 @@ static void load_once(void) {
             "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", cuda_home,
             "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so",
         };
-        for (size_t i = 0; i < sizeof cands / sizeof cands[0] && !h; i++) {
-            if (!cands[i][0]) continue;
-            h = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
-            if (h) {
-                snprintf(g_lib_path, sizeof g_lib_path, "%s", cands[i]);
-            } else {
-                const char *e = dlerror();
-                size_t n = strlen(tried);
-                snprintf(tried + n, sizeof tried - n, "%s%s", n ? ", " : "", cands[i]);
-                snprintf(last_err, sizeof last_err, "%s", e ? e : "unknown error");
-            }
-        }
+        h = mj_dl_open(cands, (int)(sizeof cands / sizeof cands[0]), g_lib_path, sizeof g_lib_path, why,
+                       sizeof why);
         if (!h) {
-            snprintf(g_load_error, sizeof g_load_error,
-                     "NVRTC not found (tried %s; last error: %s): " MJ_NVRTC_HINT, tried, last_err);
+            snprintf(g_load_error, sizeof g_load_error, "NVRTC not found (%s): " MJ_NVRTC_HINT, why);
             g_load_status = MJ_ERR_LIBRARY;
             return;
         }
     }
-    for (size_t i = 0; i < sizeof k_syms / sizeof k_syms[0]; i++) {
-        dlerror();
-        void *p = dlsym(h, k_syms[i].name);
-        if (!p) {
-            snprintf(g_load_error, sizeof g_load_error,
-                     "NVRTC library %s has no symbol %s (not NVRTC, or too old): " MJ_NVRTC_HINT,
-                     g_lib_path, k_syms[i].name);
-            g_load_status = MJ_ERR_LIBRARY;
-            dlclose(h);
-            return;
-        }
-        memcpy((char *)&nv + k_syms[i].offset, &p, sizeof p);
+    const char *missing = mj_dl_resolve(h, k_syms, sizeof k_syms / sizeof k_syms[0], &nv, sizeof nv);
+    if (missing) {
+        snprintf(g_load_error, sizeof g_load_error,
+                 "NVRTC library %s has no symbol %s (not NVRTC, or too old): " MJ_NVRTC_HINT,
+                 g_lib_path, missing);
+        g_load_status = MJ_ERR_LIBRARY;
+        mj_dl_close(h);
+        return;
     }
     nvrtcResult r = nv.Version(&g_major, &g_minor);
     int n = 0;
@@ -182,13 +159,9 @@ mj_status mj_nvrtc_supports(mj_target t, int *supported) {
  * is part of the cache key. */
 #define MJ_NVRTC_COMMON_OPTIONS " -std=c++17 -default-device --ptxas-options=-v"
 static const char *const k_options[MJ_TARGET_COUNT] = {
-    [MJ_TARGET_SM80] = "-arch=sm_80" MJ_NVRTC_COMMON_OPTIONS,
-    [MJ_TARGET_SM86] = "-arch=sm_86" MJ_NVRTC_COMMON_OPTIONS,
-    [MJ_TARGET_SM89] = "-arch=sm_89" MJ_NVRTC_COMMON_OPTIONS,
-    [MJ_TARGET_SM90A] = "-arch=sm_90a" MJ_NVRTC_COMMON_OPTIONS,
-    [MJ_TARGET_SM100A] = "-arch=sm_100a" MJ_NVRTC_COMMON_OPTIONS,
-    [MJ_TARGET_SM120A] = "-arch=sm_120a" MJ_NVRTC_COMMON_OPTIONS,
-    [MJ_TARGET_SM121A] = "-arch=sm_121a" MJ_NVRTC_COMMON_OPTIONS,
+#define OPTIONS_(e, name, sm) "-arch=" name MJ_NVRTC_COMMON_OPTIONS,
+    MJ_TARGET_TABLE(OPTIONS_)
+#undef OPTIONS_
 };
 
 const char *mj_nvrtc_options(mj_target t) {

@@ -1,4 +1,4 @@
-/* cuda.c — the CUDA driver API, dlopen'd from libcuda.so.1 at run time (never linked, and
+/* driver.c — the CUDA driver API, dlopen'd from libcuda.so.1 at run time (never linked, and
  * never the toolkit's stub in lib64/stubs): devices, modules, launches, and the few memory
  * calls tests and tools need.
  *
@@ -7,9 +7,8 @@
  * a caller when its last module is unloaded. mj_cuda_bind and mj_cuda_module_load make it
  * current on the calling thread; memory calls, launches and synchronize act in the calling
  * thread's current context. */
-#include "jit.h"
+#include "cuda.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,10 +61,7 @@ static struct {
 /* The exported names: the versioned ones where cuda.h (CUDA 13) maps the plain name to a
  * _v2 (cuMemAlloc, cuMemFree, cuMemcpyHtoD/DtoH); the others have never been versioned.
  * The per-thread-default-stream variants (_ptds/_ptsz) are deliberately not used. */
-static const struct {
-    const char *name;
-    size_t offset;
-} k_syms[] = {
+static const mj_dl_sym k_syms[] = {
 #define SYM(f, sym) {sym, offsetof(__typeof__(cu), f)}
     SYM(GetErrorName, "cuGetErrorName"),
     SYM(GetErrorString, "cuGetErrorString"),
@@ -170,34 +166,28 @@ static mj_status cuda_fail(CUresult r, const char *what) {
 static void load_once(void) {
     const char *env = getenv("MOEJIT_LIBCUDA");
     const char *path = (env && *env) ? env : "libcuda.so.1";
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    char why[1200];
+    void *h = mj_dl_open(&path, 1, NULL, 0, why, sizeof why);
     if (!h) {
-        const char *e = dlerror();
         if (env && *env)
             snprintf(g_load_error, sizeof g_load_error,
                      "no CUDA driver (MOEJIT_LIBCUDA=%s cannot be opened: %s): " MJ_NO_DRIVER_HINT,
-                     env, e ? e : "unknown error");
+                     env, why);
         else
             snprintf(g_load_error, sizeof g_load_error,
-                     "no CUDA driver (libcuda.so.1 not found: %s): " MJ_NO_DRIVER_HINT,
-                     e ? e : "unknown error");
+                     "no CUDA driver (libcuda.so.1 not found: %s): " MJ_NO_DRIVER_HINT, why);
         g_load_status = MJ_ERR_NO_DEVICE;
         return;
     }
-    for (size_t i = 0; i < sizeof k_syms / sizeof k_syms[0]; i++) {
-        dlerror();
-        void *p = dlsym(h, k_syms[i].name);
-        if (!p) {
-            snprintf(g_load_error, sizeof g_load_error,
-                     "the CUDA driver %s has no symbol %s: it is too old for moejit or not the "
-                     "driver (update the NVIDIA driver, or set MOEJIT_LIBCUDA=/path/to/libcuda.so.1)",
-                     path, k_syms[i].name);
-            g_load_status = MJ_ERR_LIBRARY;
-            memset(&cu, 0, sizeof cu);
-            dlclose(h);
-            return;
-        }
-        memcpy((char *)&cu + k_syms[i].offset, &p, sizeof p);
+    const char *missing = mj_dl_resolve(h, k_syms, sizeof k_syms / sizeof k_syms[0], &cu, sizeof cu);
+    if (missing) {
+        snprintf(g_load_error, sizeof g_load_error,
+                 "the CUDA driver %s has no symbol %s: it is too old for moejit or not the "
+                 "driver (update the NVIDIA driver, or set MOEJIT_LIBCUDA=/path/to/libcuda.so.1)",
+                 path, missing);
+        g_load_status = MJ_ERR_LIBRARY;
+        mj_dl_close(h);
+        return;
     }
     CUresult r = cu.Init(0);
     if (r != CUDA_SUCCESS) {

@@ -1,8 +1,9 @@
 /* error.c — status strings and the thread-local last-error detail. */
-#include "internal.h"
+#include "base.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static _Thread_local char g_last_error[4096];
 
@@ -47,4 +48,36 @@ mj_status mj_version(int *major, int *minor, int *patch, const char **text) {
     if (patch) *patch = MJ_VERSION_PATCH;
     if (text) *text = MJ_VERSION_STRING;
     return MJ_OK;
+}
+
+void mj_warn(const char *fmt, ...) {
+    const char *q = getenv("MOEJIT_QUIET");
+    if (q && *q && strcmp(q, "0") != 0) return;
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "moejit: warning: %s\n", line); /* one call: lines do not interleave */
+}
+
+const char *mj_printable(const char *s, char *buf, size_t len) {
+    if (!buf || len == 0) return "";
+    size_t n = 0;
+    buf[0] = '\0';
+    if (!s) return buf;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char piece[8];
+        if (c >= 0x20 && c < 0x7f) piece[0] = (char)c, piece[1] = '\0';
+        else snprintf(piece, sizeof piece, "\\x%02x", c);
+        size_t p = strlen(piece);
+        if (n + p + 4 > len) { /* room for "..." and the NUL */
+            if (len >= 4) snprintf(buf + (n < len - 4 ? n : len - 4), 4, "...");
+            return buf;
+        }
+        memcpy(buf + n, piece, p + 1);
+        n += p;
+    }
+    return buf;
 }

@@ -94,7 +94,7 @@ typedef struct mj_moe_config {
     int32_t quant_group_size;  /* 16 for NVFP4                                             */
 } mj_moe_config;
 
-/* Fill *cfg with GLM-5's MoE layer (equal to shared/data/glm5_moe_config.json, NVFP4). */
+/* Fill *cfg with GLM-5's MoE layer (the values of its config.json, NVFP4 quantized). */
 MJ_API mj_status mj_moe_config_glm5(mj_moe_config *cfg);
 
 /* Read a Hugging Face config.json and, optionally, hf_quant_config.json (NULL: look for
@@ -274,7 +274,7 @@ typedef struct mj_jit_stats {
 MJ_API mj_status mj_context_stats(mj_context_t ctx, mj_jit_stats *out);
 
 /* Compile one specialization into the cache without a device, from a manifest line:
- * {"template": "fixture_saxpy", "knobs": {"BLOCK": 256, "VEC": 4}, "arch": "sm_120a"}.
+ * {"template": "router_gemm", "knobs": {"H": 6144, "E": 256, "ROWS": 8, "NWARPS": 4}, "arch": "sm_120a"}.
  * *was_cached (may be NULL) says whether it was there already. */
 MJ_API mj_status mj_prewarm_json(mj_context_t ctx, const char *manifest_line, int *was_cached);
 

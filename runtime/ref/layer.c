@@ -20,7 +20,7 @@
  * experts [r*E/n, (r+1)*E/n) and rank 0 the shared expert. Every rank routes all tokens
  * (the router is replicated), so all ranks agree on the routing.
  */
-#include "internal.h"
+#include "ref.h"
 
 #include <math.h>
 #include <stdlib.h>

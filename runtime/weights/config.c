@@ -17,7 +17,7 @@
  *      quantization_config says FP8 fails with MJ_ERR_UNSUPPORTED instead of being read
  *      as a bf16 model.
  */
-#include "internal.h"
+#include "base.h"
 
 #include <errno.h>
 #include <float.h>

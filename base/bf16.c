@@ -1,5 +1,5 @@
 /* bf16.c — bfloat16 conversions and the normal deviate used by random layers. */
-#include "internal.h"
+#include "base.h"
 
 #include <math.h>
 

@@ -1,0 +1,60 @@
+/* base.h — what every layer of the library shares: error reporting, bf16, the seeded
+ * generator. Depends on the public header alone. Not installed, not public. */
+#ifndef MJ_BASE_H
+#define MJ_BASE_H
+
+#include "moejit.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define MJ_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define MJ_PRINTF(a, b)
+#endif
+
+/* ---- errors (base/error.c) ----
+ * mj_set_error records the detail for mj_last_error() and returns s, so a failure path is
+ * one line: `return mj_set_error(MJ_ERR_CONFIG, "...: %s", why);`. */
+mj_status mj_set_error(mj_status s, const char *fmt, ...) MJ_PRINTF(2, 3);
+void mj_clear_error(void);
+/* A warning on stderr ("moejit: warning: ..."), unless $MOEJIT_QUIET is set. */
+void mj_warn(const char *fmt, ...) MJ_PRINTF(1, 2);
+
+/* s made safe to quote in a message: control characters and non-ASCII bytes as \\xNN,
+ * cut with "..." to fit buf. Returns buf. */
+const char *mj_printable(const char *s, char *buf, size_t len);
+
+/* Propagate a failure, NCCL style. */
+#define MJ_CHECK(call)                                                                   \
+    do {                                                                                 \
+        mj_status mj_check_s_ = (call);                                                  \
+        if (mj_check_s_ != MJ_OK) return mj_check_s_;                                    \
+    } while (0)
+#define MJ_CHECK_GOTO(call, res, label)                                                  \
+    do {                                                                                 \
+        (res) = (call);                                                                  \
+        if ((res) != MJ_OK) goto label;                                                  \
+    } while (0)
+
+/* ---- bf16 (base/bf16.c) ---- round to nearest even; NaN stays a (quiet) NaN. */
+uint16_t mj_f32_to_bf16(float x);
+float mj_bf16_to_f32(uint16_t x);
+
+/* ---- the seeded generator of tests and random layers: splitmix64 ---- */
+static inline uint64_t mj_rng_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [0, 1). */
+static inline double mj_rng_uniform(uint64_t *state) {
+    return (double)(mj_rng_next(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+/* Standard normal (Box-Muller). */
+double mj_rng_normal(uint64_t *state);
+void mj_rng_normal2(uint64_t *state, double *a, double *b);
+
+#endif /* MJ_BASE_H */

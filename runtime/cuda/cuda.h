@@ -1,0 +1,105 @@
+/* cuda.h — the CUDA libraries moejit reaches at run time, never at link time: one dlopen
+ * helper, NVRTC (compile generated source to a cubin), the driver (devices, modules,
+ * launches, memory). Not installed, not public. */
+#ifndef MJ_CUDA_H
+#define MJ_CUDA_H
+
+#include "gen.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- loading a library (runtime/cuda/dl.c) --------------------------------------------- */
+/* One function pointer of a table: its exported name and its offset in the table. */
+typedef struct mj_dl_sym {
+    const char *name;
+    size_t offset;
+} mj_dl_sym;
+/* dlopen the first of candidates that loads (empty entries skipped); its name goes to
+ * loaded (may be NULL). NULL when none loads, with "tried a, b; last error: ..." in err. */
+void *mj_dl_open(const char *const *candidates, int n, char *loaded, size_t loaded_len, char *err,
+                 size_t err_len);
+/* Resolve every symbol into table. Returns NULL, or the name of the first missing symbol
+ * (the table is then zeroed). */
+const char *mj_dl_resolve(void *handle, const mj_dl_sym *syms, size_t n, void *table,
+                          size_t table_size);
+void mj_dl_close(void *handle);
+
+/* ---- NVRTC (runtime/cuda/nvrtc.c): dlopen'd, never linked ---------------------------------- */
+typedef struct mj_ptxas_report {
+    int32_t registers;         /* max over the module's entry functions                    */
+    int32_t spill_stores;      /* bytes, summed over entry functions                       */
+    int32_t spill_loads;
+    int32_t stack_frame;       /* bytes, max                                               */
+    int32_t smem_static;       /* bytes, max                                               */
+    int32_t cmem0;             /* bytes of constant bank 0, max                            */
+    int32_t n_functions;       /* entry functions reported                                 */
+} mj_ptxas_report;
+
+typedef struct mj_compile_result {
+    uint8_t *cubin;  size_t cubin_len;
+    char *ptx;       size_t ptx_len;     /* NUL-terminated too                             */
+    char *log;                           /* NVRTC's log incl. the ptxas report (may be "") */
+    mj_ptxas_report report;
+    double compile_ms;
+} mj_compile_result;
+
+/* Load libnvrtc (once per process; thread-safe). $MOEJIT_NVRTC names the library file to
+ * use instead of the search (no fallback). Fails with MJ_ERR_LIBRARY naming the library or
+ * the missing symbol. */
+mj_status mj_nvrtc_load(void);
+/* "nvrtc 13.0" */
+mj_status mj_nvrtc_version(int *major, int *minor);
+/* Whether NVRTC can compile for the target (nvrtcGetSupportedArchs). */
+mj_status mj_nvrtc_supports(mj_target t, int *supported);
+/* The fixed option list moejit compiles with for a target, space-separated (stable: part
+ * of the disk key). */
+const char *mj_nvrtc_options(mj_target t);
+/* Compile source (name labels messages) straight to a cubin for target t, keeping the PTX
+ * and the log. A compile error returns MJ_ERR_COMPILE; mj_last_error() has the log and the
+ * path of the dumped source ($TMPDIR/moejit-failed-<hash>.cu); out->log keeps the whole log
+ * on failure too (free out with mj_compile_result_free either way). */
+mj_status mj_nvrtc_compile(const char *source, const char *name, mj_target t,
+                           mj_compile_result *out);
+void mj_compile_result_free(mj_compile_result *r);
+/* Parse the "ptxas info" lines of a log. */
+void mj_ptxas_parse(const char *log, mj_ptxas_report *out);
+
+/* ---- the CUDA driver (runtime/cuda/driver.c): dlopen'd libcuda.so.1 ------------------------- */
+typedef struct mj_device_info {
+    int ordinal;
+    char name[256];
+    int cc_major, cc_minor;
+    mj_target target;          /* from the compute capability                              */
+    int sm_count;
+    int smem_per_block_optin;  /* bytes                                                    */
+    int l2_bytes;
+} mj_device_info;
+
+/* Load the driver and cuInit. No libcuda, or no device: MJ_ERR_NO_DEVICE. */
+mj_status mj_cuda_load(void);
+mj_status mj_cuda_device_count(int *n);
+/* A capability moejit does not target still fills out (target = MJ_TARGET_COUNT) and
+ * returns MJ_ERR_UNSUPPORTED. */
+mj_status mj_cuda_device_info(int ordinal, mj_device_info *out);
+
+typedef struct mj_cuda_module mj_cuda_module;   /* a loaded cubin (CUmodule)               */
+typedef void *mj_cuda_function;                  /* CUfunction                              */
+mj_status mj_cuda_module_load(int ordinal, const void *cubin, size_t len, mj_cuda_module **out);
+mj_status mj_cuda_module_function(mj_cuda_module *m, const char *name, mj_cuda_function *out);
+mj_status mj_cuda_set_max_dynamic_smem(mj_cuda_function f, int bytes);
+mj_status mj_cuda_launch(mj_cuda_function f, const uint32_t grid[3], const uint32_t block[3],
+                         uint32_t smem_bytes, void *stream, void **args);
+void mj_cuda_module_unload(mj_cuda_module *m);
+/* Make device ordinal's primary context (retained once, kept for the process) current on
+ * the calling thread; mj_cuda_module_load does this too. Memory calls, launches and
+ * synchronize act in the calling thread's current context. */
+mj_status mj_cuda_bind(int ordinal);
+/* Device memory, for tests and tools. */
+mj_status mj_cuda_malloc(size_t bytes, uint64_t *dptr);
+mj_status mj_cuda_free(uint64_t dptr);
+mj_status mj_cuda_memcpy_htod(uint64_t dst, const void *src, size_t bytes);
+mj_status mj_cuda_memcpy_dtoh(void *dst, uint64_t src, size_t bytes);
+mj_status mj_cuda_synchronize(void);
+
+#endif /* MJ_CUDA_H */

@@ -1,0 +1,41 @@
+/* ref.h — the CPU references (the oracle every kernel is tested against): NVFP4 codecs,
+ * routing, the MoE layer's weights and forward. Not installed, not public; tests include it
+ * to reach the bit-level helpers. */
+#ifndef MJ_REF_H
+#define MJ_REF_H
+
+#include "base.h"
+
+/* ---- NVFP4 bit-level helpers (runtime/ref/nvfp4.c) ---- */
+/* E2M1 code (low 4 bits; bit 3 = sign) -> value. */
+float mj_e2m1_decode(uint8_t code);
+/* Round to E2M1: nearest, ties to even code, saturating at +-6 (cvt.rn.satfinite).
+ * A negative x that rounds to zero gives code 8 (-0). x must not be NaN. */
+uint8_t mj_e2m1_encode(float x);
+/* E4M3FN byte -> value (0x7F / 0xFF are NaN). */
+float mj_e4m3_decode(uint8_t b);
+/* Round a float to E4M3FN: nearest, ties to even, saturating at +-448. x must not be NaN. */
+uint8_t mj_e4m3_encode(float x);
+
+#define MJ_E2M1_MAX 6.0f
+#define MJ_E4M3_MAX 448.0f
+
+/* ---- the layer (runtime/ref/layer.c) ---- */
+struct mj_layer {
+    mj_moe_config cfg;       /* the model's (unsplit) config                               */
+    mj_parallel par;         /* how this handle was sliced (MJ_PAR_NONE: the whole layer)  */
+    int32_t rank, n_ranks;
+    int32_t i_local;         /* intermediate rows of one routed expert held here           */
+    int32_t expert_begin;    /* first routed expert held here                              */
+    int32_t n_local;         /* routed experts held here                                   */
+    uint16_t *gate;          /* [E, H] bf16 router weight (every rank holds all of it)     */
+    float *bias;             /* [E] e_score_correction_bias, or NULL                       */
+    mj_nvfp4_linear *w13;    /* [n_local]: each [2*i_local, H], rows [gate ; up]           */
+    mj_nvfp4_linear *w2;     /* [n_local]: each [H, i_local]                               */
+    int32_t has_shared;      /* 1 if this handle holds (its slice of) the shared experts   */
+    int32_t is_local;        /* shared intermediate rows held here                         */
+    mj_nvfp4_linear shared_w13; /* [2*is_local, H]                                         */
+    mj_nvfp4_linear shared_w2;  /* [H, is_local]                                           */
+};
+
+#endif /* MJ_REF_H */
