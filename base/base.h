@@ -38,6 +38,17 @@ const char *mj_printable(const char *s, char *buf, size_t len);
         if ((res) != MJ_OK) goto label;                                                  \
     } while (0)
 
+/* ---- versioned structs (base/error.c) ----
+ * A public struct that starts with uint32_t struct_size (set by its _INIT macro) may grow:
+ * a caller built against an older header passes a smaller size. mj_struct_load copies what
+ * the caller has over *out, which the callee filled with the defaults first; any size from
+ * the first published one (v1_size) to sizeof is accepted, anything else is an error naming
+ * the struct and its initializer. mj_struct_store copies a result back, as much of it as the
+ * caller's struct holds. */
+mj_status mj_struct_load(const void *in, size_t v1_size, size_t size, void *out, const char *type,
+                         const char *init);
+void mj_struct_store(void *caller, const void *result, size_t size);
+
 /* ---- bf16 (base/bf16.c) ---- round to nearest even; NaN stays a (quiet) NaN. */
 uint16_t mj_f32_to_bf16(float x);
 float mj_bf16_to_f32(uint16_t x);

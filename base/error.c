@@ -81,3 +81,22 @@ const char *mj_printable(const char *s, char *buf, size_t len) {
     }
     return buf;
 }
+
+mj_status mj_struct_load(const void *in, size_t v1_size, size_t size, void *out, const char *type,
+                         const char *init) {
+    if (!in) return mj_set_error(MJ_ERR_INVALID_ARG, "%s is NULL", type);
+    uint32_t n;
+    memcpy(&n, in, sizeof n);
+    if (n < v1_size || n > size)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "%s.struct_size is %u, expected %zu: initialize it with %s", type, n, size, init);
+    memcpy(out, in, n);
+    return MJ_OK;
+}
+
+void mj_struct_store(void *caller, const void *result, size_t size) {
+    uint32_t n;
+    memcpy(&n, caller, sizeof n);
+    if (n > size) n = (uint32_t)size;
+    memcpy((char *)caller + sizeof n, (const char *)result + sizeof n, n > sizeof n ? n - sizeof n : 0);
+}

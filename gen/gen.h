@@ -15,6 +15,8 @@
 const char *mj_target_name(mj_target t);                /* "sm_120a"                       */
 mj_status mj_target_parse(const char *name, mj_target *out); /* "sm_120a" / "120a" / "12.0" */
 int mj_target_sm(mj_target t);                          /* 120                             */
+/* The most shared memory (bytes) one block may use on the target, after opting in. */
+int mj_target_smem_max(mj_target t);
 /* Compute capability -> target: 12.0 -> sm_120a, 9.0 -> sm_90a, 8.6 -> sm_86 ... */
 mj_status mj_target_from_cc(int major, int minor, mj_target *out);
 

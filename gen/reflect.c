@@ -62,7 +62,7 @@
 /* ---- what one template declares ------------------------------------------------------ */
 
 static const char *const target_names[MJ_TARGET_COUNT] = {
-#define NAME_(e, name, sm) name,
+#define NAME_(e, name, sm, smem) name,
     MJ_TARGET_TABLE(NAME_)
 #undef NAME_
 };
@@ -87,6 +87,7 @@ typedef struct param {
     char *wrapper_ctype;                /* what the C wrapper declares (typedefs local to
                                            the template resolved)                        */
     bool is_pointer;
+    int size;                           /* bytes of the argument on the host             */
 } param;
 
 typedef struct kernel {
@@ -637,6 +638,10 @@ static void read_param(const template *t, const kernel *k, CXCursor parm, int in
         ok = is_scalar_kind(canon.kind);
         if (ok) spell_type(type, false, &out->ctype, &out->wrapper_ctype);
     }
+    long long size = clang_Type_getSizeOf(canon);
+    if (ok && (size <= 0 || size > 16))
+        fail_at(t->path, line, "kernel %s: parameter %s: cannot tell the size of '%s'", k->name, out->name, spelled);
+    out->size = (int)size;
     if (!ok)
         fail_at(t->path, line, "kernel %s: parameter %s has type '%s'; a kernel parameter must be "
                 "an integer, floating-point or bool scalar, or a pointer to one (or void *)",
@@ -786,7 +791,7 @@ static void emit_kernels(strbuf *b, const template *t) {
             sb_c_str(b, k->params[p].name);
             sb_puts(b, ", .ctype = ");
             sb_c_str(b, k->params[p].ctype);
-            sb_puts(b, "},\n");
+            sb_printf(b, ", .size = %d},\n", k->params[p].size);
         }
         sb_puts(b, "};\n\n");
     }

@@ -14,26 +14,27 @@
 #define MJ_MAX_KERNELS 8       /* kernels a template may define (checked by mj_reflect)   */
 #define MJ_MAX_CONSTRAINTS 16  /* MJ_CONSTRAINT lines a template may declare              */
 
-/* The compile targets: the one table. X(ENUM SUFFIX, name, sm number). Bit i of a target
- * mask is target i, in this order. */
-#define MJ_TARGET_TABLE(X)         \
-    X(SM80, "sm_80", 80)           \
-    X(SM86, "sm_86", 86)           \
-    X(SM89, "sm_89", 89)           \
-    X(SM90A, "sm_90a", 90)         \
-    X(SM100A, "sm_100a", 100)      \
-    X(SM120A, "sm_120a", 120)      \
-    X(SM121A, "sm_121a", 121)
+/* The compile targets: the one table. X(ENUM SUFFIX, name, sm number, the most shared memory
+ * one block may use after opting in, in bytes). Bit i of a target mask is target i, in this
+ * order. */
+#define MJ_TARGET_TABLE(X)                  \
+    X(SM80, "sm_80", 80, 166912)            \
+    X(SM86, "sm_86", 86, 101376)            \
+    X(SM89, "sm_89", 89, 101376)            \
+    X(SM90A, "sm_90a", 90, 232448)          \
+    X(SM100A, "sm_100a", 100, 232448)       \
+    X(SM120A, "sm_120a", 120, 101376)       \
+    X(SM121A, "sm_121a", 121, 101376)
 
 typedef enum mj_target {
-#define MJ_TARGET_ENUM_(e, name, sm) MJ_TARGET_##e,
+#define MJ_TARGET_ENUM_(e, name, sm, smem) MJ_TARGET_##e,
     MJ_TARGET_TABLE(MJ_TARGET_ENUM_)
 #undef MJ_TARGET_ENUM_
     MJ_TARGET_COUNT
 } mj_target;
 
 /* "sm_80 sm_86 ... sm_121a", for messages. */
-#define MJ_TARGET_NAME_(e, name, sm) " " name
+#define MJ_TARGET_NAME_(e, name, sm, smem) " " name
 #define MJ_TARGET_LIST (MJ_TARGET_TABLE(MJ_TARGET_NAME_) + 1)
 
 typedef enum mj_knob_kind { MJ_KNOB_KIND_RANGE = 0, MJ_KNOB_KIND_SET = 1 } mj_knob_kind;
@@ -57,6 +58,7 @@ typedef struct mj_constraint_desc {
 typedef struct mj_param_desc {
     const char *name;          /* "x"                                                     */
     const char *ctype;         /* "const float *", as spelled in the template             */
+    int32_t size;              /* bytes of the argument (on the host, for the interpreter) */
 } mj_param_desc;
 
 typedef struct mj_kernel_desc {

@@ -7,16 +7,27 @@
 #include <strings.h>
 
 static const char *const k_target_names[MJ_TARGET_COUNT] = {
-#define NAME_(e, name, sm) name,
+#define NAME_(e, name, sm, smem) name,
     MJ_TARGET_TABLE(NAME_)
 #undef NAME_
 };
 
 static const int k_target_sm[MJ_TARGET_COUNT] = {
-#define SM_(e, name, sm) sm,
+#define SM_(e, name, sm, smem) sm,
     MJ_TARGET_TABLE(SM_)
 #undef SM_
 };
+
+static const int k_target_smem[MJ_TARGET_COUNT] = {
+#define SMEM_(e, name, sm, smem) smem,
+    MJ_TARGET_TABLE(SMEM_)
+#undef SMEM_
+};
+
+int mj_target_smem_max(mj_target t) {
+    if ((int)t < 0 || t >= MJ_TARGET_COUNT) return 0;
+    return k_target_smem[t];
+}
 
 const char *mj_target_name(mj_target t) {
     if ((int)t < 0 || t >= MJ_TARGET_COUNT) return "(invalid target)";

@@ -144,7 +144,11 @@ MJ_API mj_status mj_nvfp4_dequantize_act(const uint8_t *q, const uint8_t *sf, in
 /* ---------------------------------------------------------------------------------------
  * Routing (noaux_tc and OEA), CPU reference
  * ------------------------------------------------------------------------------------- */
+/* The route structs below, like mj_context_options, start with struct_size and have an
+ * initializer macro: a caller built against an older header passes its smaller size and the
+ * library fills the fields that caller does not know with their defaults. */
 typedef struct mj_route_params {
+    uint32_t struct_size;      /* sizeof(mj_route_params): set by MJ_ROUTE_PARAMS_INIT       */
     int32_t n_experts;         /* E                                                         */
     int32_t topk;              /* k                                                         */
     int32_t k0;                /* OEA phase-1 size, 1..k; k0 == k is plain top-k            */
@@ -154,17 +158,23 @@ typedef struct mj_route_params {
     float routed_scaling_factor;
     int32_t renormalize;       /* norm_topk_prob                                            */
 } mj_route_params;
+/* Plain top-k over no experts yet: set n_experts, topk and k0 (or use
+ * mj_route_params_from_config). */
+#define MJ_ROUTE_PARAMS_INIT \
+    {sizeof(mj_route_params), 0, 0, 0, 1, 1, MJ_SCORING_SIGMOID, 1.0f, 1}
 
 /* Routing parameters of a model, with k0 = k (plain top-k). */
 MJ_API mj_status mj_route_params_from_config(const mj_moe_config *cfg, mj_route_params *p);
 
 typedef struct mj_route_stats {
+    uint32_t struct_size;      /* sizeof(mj_route_stats): set by MJ_ROUTE_STATS_INIT         */
     int32_t unique_before;     /* distinct experts of plain top-k over the valid tokens    */
     int32_t unique_after;      /* distinct experts after OEA                                */
     double mean_experts;       /* mean experts per valid token after OEA                    */
     double retained_mass;      /* sum over tokens of chosen s / sum of top-k s (1 if k0=k) */
     int64_t nan_logits;        /* NaN logits seen in the valid rows                         */
 } mj_route_stats;
+#define MJ_ROUTE_STATS_INIT {sizeof(mj_route_stats), 0, 0, 0.0, 0.0, 0}
 
 /* Route B tokens. logits [B, E] f32; bias [E] f32 or NULL (used for selection only).
  * Rows at and past num_valid are padding: they get no experts and do not join S_base.
@@ -301,6 +311,7 @@ MJ_API mj_status mj_k0_policy_resolve(const mj_k0_policy *p, int32_t B, int32_t 
  * NULL. A "row" is one (token, slot) pair; rows are grouped by expert, experts in id order,
  * within an expert by token then slot. */
 typedef struct mj_route_outputs {
+    uint32_t struct_size;      /* sizeof(mj_route_outputs): set by MJ_ROUTE_OUTPUTS_INIT     */
     int32_t *ids;              /* [B, k] expert ids in ranking order, -1 past n_sel         */
     float *weights;            /* [B, k] routing weights, 0 past n_sel                      */
     int32_t *n_sel;            /* [B] experts each token got (k0..k; 0 for padding)         */
@@ -310,13 +321,25 @@ typedef struct mj_route_outputs {
     int32_t *n_active;         /* [1] number of active experts = unique experts (optional) */
     int32_t *permutation;      /* [B, k] row of each (token, slot), -1 past n_sel (optional) */
 } mj_route_outputs;
+#define MJ_ROUTE_OUTPUTS_INIT {sizeof(mj_route_outputs), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
 
-/* Route B tokens as mj_route_ref does (same ids and counts bit for bit, weights within
- * 1e-6 relative): one kernel, one thread block at decode sizes; with k0 == k above the
- * single-block limit a multi-block plain top-k. logits [B, E] f32, bias [E] or NULL.
- * Capturable in a CUDA graph once its kernel is in the cache: no allocation, no sync. */
+/* Route B tokens as mj_route_ref does: one kernel, one thread block at decode sizes; with
+ * k0 == k above the single-block limit a multi-block plain top-k. logits [B, E] f32, bias [E]
+ * or NULL.
+ *
+ * num_valid is a device pointer to one int32 (a host pointer on the sim backend), read when
+ * the kernel runs: rows at and past *num_valid are padding (a value outside 0..B is clamped
+ * to it). NULL means all B rows are tokens. So a CUDA graph captured once for a batch bucket
+ * B replays for every real token count the engine writes there before the replay.
+ * Capturable once its kernel is in the cache: no allocation, no host sync, no compile.
+ *
+ * What agrees with mj_route_ref: on the interpreter (the same arithmetic on the same CPU)
+ * ids, n_sel and the dispatch outputs bit for bit, weights within 1e-6 relative. On a GPU
+ * the sigmoid's expf may differ from the host's by an ulp, so two experts whose scores tie
+ * to within an ulp may rank the other way; the GPU test (test_route_gpu) checks ids and
+ * counts exactly on inputs without such near-ties and weights within 1e-6 relative. */
 MJ_API mj_status mj_route(mj_context_t ctx, const mj_route_params *p, const float *logits,
-                          const float *bias, int32_t B, int32_t num_valid,
+                          const float *bias, int32_t B, const int32_t *num_valid,
                           const mj_route_outputs *out, void *stream);
 
 /* The router GEMM: logits [B, E] f32 = hidden [B, H] bf16 x gate [E, H] bf16 (fp32

@@ -7,7 +7,10 @@
  *        miss: strict mode? error naming the key. Else take the key's file lock, look again
  *        (another process may have just written it), compile with NVRTC, store, unlock.
  *     3. with a device, load the cubin and look up each kernel of the template.
- * A failed build is remembered, so a bad spec is not recompiled on every call.
+ * A failure that the same inputs would repeat (a compile error, a target NVRTC lacks) is
+ * remembered, so a bad spec is not recompiled on every call. Anything else — a strict-mode
+ * miss (the cache may be prewarmed meanwhile), a missing library, an I/O or driver error,
+ * out of memory — is not: the next call tries again.
  *
  * The sim backend (runtime/sim/) goes the same way with the host C compiler in place of
  * NVRTC and a shared object in place of the cubin; a sim function is always loaded (no
@@ -28,10 +31,11 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { FN_BUILDING = 0, FN_READY = 1, FN_FAILED = 2 };
+enum { FN_BUILDING = 0, FN_READY = 1, FN_FAILED = 2, FN_RETRY = 3 };
 
 struct mj_function {
     mj_spec spec;
+    mj_context_t ctx;                 /* the context that owns it                            */
     _Atomic int state;
     mj_status fail_status;
     char *fail_message;
@@ -42,6 +46,7 @@ struct mj_function {
     mj_cuda_module *module;           /* NULL in a compile-only context                    */
     mj_sim_module *sim;               /* the loaded object of a sim function               */
     mj_cuda_function fns[MJ_MAX_KERNELS]; /* per kernel of the template                    */
+    _Atomic uint32_t smem_max[MJ_MAX_KERNELS]; /* dynamic shared memory allowed so far (bytes) */
     int n_fns;
 };
 
@@ -64,6 +69,7 @@ struct mj_context {
     mj_cache *cache;
     int strict;
     int device;                       /* ordinal or MJ_DEVICE_NONE                          */
+    int32_t max_blocks;               /* grid cap of grid-stride kernels                    */
     mj_device_info dev;
     mj_backend backend;               /* what mj_context_spec fills in                      */
     mj_target target;
@@ -72,6 +78,7 @@ struct mj_context {
     size_t n_used;
     pthread_mutex_t build_mu;
     pthread_cond_t build_cv;
+    mj_sim_graph *capture;            /* sim launches being recorded instead of run          */
     _Atomic int64_t mem_hits, mem_misses, compiles, compile_failures, strict_misses;
     _Atomic int64_t compile_us;
 };
@@ -197,11 +204,32 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
                      ? (c->device != MJ_DEVICE_NONE ? MJ_BACKEND_CUDA : MJ_BACKEND_SIM)
                      : (mj_backend)opts->backend;
     c->target = opts->target ? want_target : c->device != MJ_DEVICE_NONE ? c->dev.target : MJ_TARGET_SM120A;
+    /* Grid-stride kernels: enough blocks to fill the GPU several times over; on the
+     * interpreter, a few per worker (each block costs a fiber set-up). */
+    c->max_blocks = c->backend == MJ_BACKEND_SIM ? 64
+                    : c->device != MJ_DEVICE_NONE ? 8 * (c->dev.sm_count > 0 ? c->dev.sm_count : 16)
+                                                  : 65535;
     *out = c;
     return MJ_OK;
 fail:
     mj_context_destroy(c);
     return st;
+}
+
+/* Whether a failed build would fail the same way again (then it is remembered). */
+static int failure_is_final(mj_status st) {
+    return st == MJ_ERR_COMPILE || st == MJ_ERR_INVALID_ARG || st == MJ_ERR_UNSUPPORTED;
+}
+
+/* Drop what a failed build left in f, so the next try starts clean. */
+static void function_reset(mj_function *f) {
+    if (f->module) mj_cuda_module_unload(f->module);
+    mj_sim_module_unload(f->sim);
+    mj_cache_entry_free(&f->entry);
+    memset(&f->entry, 0, sizeof f->entry);
+    f->module = NULL, f->sim = NULL, f->n_fns = 0, f->from_disk = 0;
+    memset(f->fns, 0, sizeof f->fns);
+    memset(&f->report, 0, sizeof f->report);
 }
 
 static void function_free(mj_function *f) {
@@ -235,6 +263,7 @@ mj_status mj_context_destroy(mj_context_t c) {
         t = r;
     }
     mj_cache_close(c->cache);
+    mj_sim_graph_free(c->capture);
     free(c->record_path);
     pthread_mutex_destroy(&c->build_mu);
     pthread_cond_destroy(&c->build_cv);
@@ -477,10 +506,14 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
         if (!f) st = mj_set_error(MJ_ERR_NOMEM, "out of memory");
         else {
             f->spec = *s;
+            f->ctx = c;
             f->state = FN_BUILDING;
             if ((st = table_insert(c, f, h)) != MJ_OK) free(f), f = NULL;
             else builder = 1;
         }
+    } else if (f->state == FN_RETRY) { /* the last try failed in a way worth trying again */
+        f->state = FN_BUILDING;
+        builder = 1;
     }
     if (st != MJ_OK) {
         pthread_mutex_unlock(&c->build_mu);
@@ -493,20 +526,94 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
         pthread_mutex_lock(&c->build_mu);
         if (st == MJ_OK) atomic_store_explicit(&f->state, FN_READY, memory_order_release);
         else {
-            f->state = FN_FAILED;
             f->fail_status = st;
+            free(f->fail_message);
             f->fail_message = strdup(mj_last_error());
+            if (failure_is_final(st)) {
+                f->state = FN_FAILED;
+            } else {
+                function_reset(f);
+                f->state = FN_RETRY;
+            }
         }
         pthread_cond_broadcast(&c->build_cv);
     }
     while (f->state == FN_BUILDING) pthread_cond_wait(&c->build_cv, &c->build_mu);
+    int state = f->state;
+    mj_status fail = f->fail_status;
+    if (state != FN_READY && !builder)
+        mj_set_error(fail, "%s", f->fail_message ? f->fail_message : "build failed");
     pthread_mutex_unlock(&c->build_mu);
-    if (f->state == FN_FAILED) {
-        if (!builder) mj_set_error(f->fail_status, "%s", f->fail_message ? f->fail_message : "build failed");
-        return f->fail_status;
-    }
+    if (state != FN_READY) return fail;
     *out = f;
     return MJ_OK;
+}
+
+/* ---- recorded launches on the interpreter (what a CUDA graph is to a GPU) ---------------
+ * A launch is kept as its entry point, its dimensions and a copy of its argument values
+ * (pointers by value, as a graph keeps them), to be run again as often as wanted. */
+typedef struct recorded_launch {
+    mj_sim_entry entry;
+    const char *kernel;
+    mj_launch_dims dims;
+    int n_args;
+    unsigned char values[MJ_MAX_PARAMS][16];
+} recorded_launch;
+
+struct mj_sim_graph {
+    recorded_launch *launches;
+    int n, cap;
+};
+
+static mj_status capture_launch(mj_sim_graph *g, mj_sim_entry entry, const mj_kernel_desc *k, mj_launch_dims d,
+                                void **args) {
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 16;
+        recorded_launch *v = realloc(g->launches, sizeof *v * (size_t)cap);
+        if (!v) return mj_set_error(MJ_ERR_NOMEM, "out of memory recording a launch");
+        g->launches = v, g->cap = cap;
+    }
+    recorded_launch *r = &g->launches[g->n++];
+    memset(r, 0, sizeof *r);
+    r->entry = entry, r->kernel = k->name, r->dims = d, r->n_args = k->n_params;
+    for (int i = 0; i < k->n_params; i++) memcpy(r->values[i], args[i], (size_t)k->params[i].size);
+    return MJ_OK;
+}
+
+mj_status mj_sim_capture_begin(mj_context_t c) {
+    if (!c || c->backend != MJ_BACKEND_SIM)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_sim_capture_begin: a sim context is needed");
+    if (c->capture) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_sim_capture_begin: already capturing");
+    if (!(c->capture = calloc(1, sizeof *c->capture))) return mj_set_error(MJ_ERR_NOMEM, "out of memory");
+    return MJ_OK;
+}
+
+mj_status mj_sim_capture_end(mj_context_t c, mj_sim_graph **out) {
+    if (!c || !out || !c->capture) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_sim_capture_end: not capturing");
+    *out = c->capture;
+    c->capture = NULL;
+    return MJ_OK;
+}
+
+int mj_sim_graph_launches(const mj_sim_graph *g) { return g ? g->n : 0; }
+
+mj_status mj_sim_graph_replay(const mj_sim_graph *g) {
+    if (!g) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_sim_graph_replay: NULL graph");
+    for (int i = 0; i < g->n; i++) {
+        const recorded_launch *r = &g->launches[i];
+        void *args[MJ_MAX_PARAMS];
+        unsigned char values[MJ_MAX_PARAMS][16];
+        memcpy(values, r->values, sizeof values); /* the kernel may not change the recording */
+        for (int a = 0; a < r->n_args; a++) args[a] = values[a];
+        MJ_CHECK(mj_sim_run(r->entry, r->kernel, r->dims.grid, r->dims.block, r->dims.smem, args));
+    }
+    return MJ_OK;
+}
+
+void mj_sim_graph_free(mj_sim_graph *g) {
+    if (!g) return;
+    free(g->launches);
+    free(g);
 }
 
 const char *mj_function_key(const mj_function *f) { return f->key_hex; }
@@ -521,14 +628,28 @@ mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_laun
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "launch: this function is template %s, not the one the wrapper was made for",
                             t->name);
-    if (fn->sim)
-        return mj_sim_run(mj_sim_module_entry(fn->sim, kernel), t->kernels[kernel].name, d.grid, d.block,
-                          d.smem, args);
+    if (d.smem > (uint32_t)mj_target_smem_max(fn->spec.target))
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "launch of %s: %u bytes of dynamic shared memory; %s allows at most %d a block",
+                            t->kernels[kernel].name, d.smem, mj_target_name(fn->spec.target),
+                            mj_target_smem_max(fn->spec.target));
+    if (fn->sim) {
+        mj_sim_entry entry = mj_sim_module_entry(fn->sim, kernel);
+        if (fn->ctx->capture) return capture_launch(fn->ctx->capture, entry, &t->kernels[kernel], d, args);
+        return mj_sim_run(entry, t->kernels[kernel].name, d.grid, d.block, d.smem, args);
+    }
     if (!fn->module)
         return mj_set_error(MJ_ERR_NO_DEVICE,
                             "launch of %s: this context has no device (compile-only); create it "
                             "with a CUDA device to run kernels", t->kernels[kernel].name);
     if (kernel >= fn->n_fns) return mj_set_error(MJ_ERR_INTERNAL, "kernel index %d not loaded", kernel);
+    /* Above 48 KiB of dynamic shared memory a kernel must opt in, once per size it grows to
+     * (not a stream operation: fine during graph capture). */
+    _Atomic uint32_t *allowed = &((mj_function *)fn)->smem_max[kernel];
+    if (d.smem > MJ_SMEM_DEFAULT_LIMIT && d.smem > atomic_load_explicit(allowed, memory_order_relaxed)) {
+        MJ_CHECK(mj_cuda_set_max_dynamic_smem(fn->fns[kernel], (int)d.smem));
+        atomic_store_explicit(allowed, d.smem, memory_order_relaxed);
+    }
     return mj_cuda_launch(fn->fns[kernel], d.grid, d.block, d.smem, d.stream, args);
 }
 
@@ -541,6 +662,8 @@ mj_status mj_prewarm_json(mj_context_t c, const char *line, int *was_cached) {
     if (was_cached) *was_cached = f->from_disk;
     return MJ_OK;
 }
+
+int32_t mj_context_max_blocks(mj_context_t c) { return c->max_blocks; }
 
 mj_status mj_context_backend(mj_context_t c, mj_backend *backend, const char **target) {
     if (!c) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_backend: NULL context");

@@ -52,6 +52,25 @@ mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_laun
  * declare MJ_ERR_UNSUPPORTED. Then mj_jit_get(ctx, &spec, &fn) and mj_launch_<kernel>(fn...). */
 mj_status mj_context_spec(mj_context_t ctx, const char *template_name, const int32_t *knobs,
                           mj_spec *out);
+/* Recorded launches on the interpreter: what a captured CUDA graph is on a GPU. Between
+ * begin and end, every sim launch on ctx is recorded (argument values copied, pointers by
+ * value) instead of run; replay runs the recording again, as often as wanted. Lets a test
+ * prove that a launch sequence is graph-safe: replayed with new data in the same buffers
+ * (a new token count, say), it computes the new answer. One thread at a time per context. */
+typedef struct mj_sim_graph mj_sim_graph;
+mj_status mj_sim_capture_begin(mj_context_t ctx);
+mj_status mj_sim_capture_end(mj_context_t ctx, mj_sim_graph **out);
+int mj_sim_graph_launches(const mj_sim_graph *g);
+mj_status mj_sim_graph_replay(const mj_sim_graph *g);
+void mj_sim_graph_free(mj_sim_graph *g);
+
+/* The grid a grid-stride kernel should cap itself at on this context's device (8 blocks per
+ * SM on a GPU; 64 on the interpreter). */
+int32_t mj_context_max_blocks(mj_context_t ctx);
+
+/* Dynamic shared memory a kernel may use without opting in (every target). */
+#define MJ_SMEM_DEFAULT_LIMIT (48u * 1024u)
+
 /* The same without the name lookup or validation, for launch paths that know the template's
  * index (MJ_TPL_* from mj_kernels.h) and pass knobs mj_jit_get will validate on a miss. */
 void mj_context_spec_fill(mj_context_t c, int32_t tpl, const int32_t *knobs, int32_t n_knobs, mj_spec *out);

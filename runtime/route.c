@@ -15,10 +15,8 @@
 
 /* The one-block OEA kernel takes up to this many tokens; above it, plain top-k only. */
 #define MJ_ROUTE_ONE_BLOCK_MAX 256
-#define MJ_ROUTE_MAX_EXPERTS 1024
-#define MJ_ROUTE_MAX_TOPK 16
-#define MJ_ROUTE_MAX_GROUPS 32
-/* Static shared memory a route kernel may use (of the 48 KiB every target allows). */
+/* Shared memory a route kernel may use, static and dynamic (of the 48 KiB every target
+ * gives without opting in). */
 #define MJ_ROUTE_SMEM_BUDGET (44 * 1024)
 
 static int32_t next_pow2(int32_t v) {
@@ -150,18 +148,19 @@ mj_status mj_route_dispatch_ref(const int32_t *ids, const int32_t *n_sel, int32_
 
 /* ---- mj_route -------------------------------------------------------------------------- */
 
-static mj_status check_route(const mj_route_params *p, int32_t B, int32_t num_valid) {
+static mj_status check_route(const mj_route_params *p, int32_t B) {
     const int32_t E = p->n_experts, k = p->topk;
-    if (E < 8 || E > MJ_ROUTE_MAX_EXPERTS)
-        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_route: %d experts; the route kernel takes 8..%d", E,
-                            MJ_ROUTE_MAX_EXPERTS);
-    if (k < 1 || k > E || k > MJ_ROUTE_MAX_TOPK)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: top-k %d must be in 1..min(E, %d)", k, MJ_ROUTE_MAX_TOPK);
+    if (E < MJ_KNOB_oea_route_E_MIN || E > MJ_KNOB_oea_route_E_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_route: %d experts; the route kernel takes %d..%d", E,
+                            MJ_KNOB_oea_route_E_MIN, MJ_KNOB_oea_route_E_MAX);
+    if (k < 1 || k > E || k > MJ_KNOB_oea_route_K_MAX)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: top-k %d must be in 1..min(E, %d)", k,
+                            MJ_KNOB_oea_route_K_MAX);
     if (p->k0 < 1 || p->k0 > k)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: k0 %d must be in 1..top-k (%d)", p->k0, k);
-    if (p->n_group < 1 || p->n_group > MJ_ROUTE_MAX_GROUPS || E % p->n_group)
+    if (p->n_group < 1 || p->n_group > MJ_KNOB_oea_route_NG_MAX || E % p->n_group)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: n_group %d must divide %d experts and be at most %d",
-                            p->n_group, E, MJ_ROUTE_MAX_GROUPS);
+                            p->n_group, E, MJ_KNOB_oea_route_NG_MAX);
     if (p->topk_group < 1 || p->topk_group > p->n_group || (int64_t)p->topk_group * (E / p->n_group) < k)
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "mj_route: topk_group %d of %d groups leaves fewer than top-k %d experts",
@@ -170,8 +169,7 @@ static mj_status check_route(const mj_route_params *p, int32_t B, int32_t num_va
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: unknown scoring %d", (int)p->scoring);
     if (!(p->routed_scaling_factor == p->routed_scaling_factor) || p->routed_scaling_factor - p->routed_scaling_factor != 0.0f)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: routed scaling factor must be finite");
-    if (B < 0 || num_valid < 0 || num_valid > B)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: num_valid %d must be in 0..B (B=%d)", num_valid, B);
+    if (B < 0) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: B = %d must not be negative", B);
     if (B > MJ_ROUTE_ONE_BLOCK_MAX && p->k0 != k)
         return mj_set_error(MJ_ERR_UNSUPPORTED,
                             "mj_route: OEA (k0 %d < top-k %d) runs in one block of at most %d tokens; "
@@ -181,58 +179,86 @@ static mj_status check_route(const mj_route_params *p, int32_t B, int32_t num_va
     return MJ_OK;
 }
 
-/* Warps per block: 8, fewer when the experts' score arrays would not fit shared memory. */
-static int32_t route_warps(int32_t E, int32_t k, int32_t bmax) {
-    for (int32_t nw = 8; nw > 1; nw /= 2) {
-        int64_t bytes = 2LL * nw * E * 4 + (int64_t)E * 4 + (int64_t)bmax * k * 4 + (int64_t)nw * k * 4;
-        if (bytes <= MJ_ROUTE_SMEM_BUDGET) return nw;
+/* Shared memory of a route kernel: per warp a token's s and c, the S_base flags, per warp
+ * the picks (static), and the B x k ids of the one-block kernel (dynamic). */
+static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
+    return 2LL * nw * E * 4 + (int64_t)E * 4 + (int64_t)nw * k * 4 + (int64_t)B * k * 4;
+}
+
+/* Warps per block: 8, fewer when the shared memory would not fit the budget. */
+static int32_t route_warps(int32_t E, int32_t k, int32_t B) {
+    int32_t nw = 8;
+    while (nw > 1 && route_smem(nw, E, k, B) > MJ_ROUTE_SMEM_BUDGET) nw /= 2;
+    return nw;
+}
+
+static mj_knobs_oea_route route_knobs(const mj_route_params *p, int32_t k0, int32_t nwarps) {
+    return (mj_knobs_oea_route){.E = p->n_experts,
+                                .K = p->topk,
+                                .K0 = k0,
+                                .NG = p->n_group,
+                                .TG = p->n_group > 1 ? p->topk_group : 1,
+                                .SCORING = p->scoring == MJ_SCORING_SOFTMAX,
+                                .RENORM = p->renormalize != 0,
+                                .NWARPS = nwarps};
+}
+
+static mj_status load_outputs(const mj_route_outputs *in, mj_route_outputs *out) {
+    mj_route_outputs d = MJ_ROUTE_OUTPUTS_INIT;
+    *out = d;
+    if (!in) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: outputs are NULL");
+    mj_status st = mj_struct_load(in, sizeof(mj_route_outputs), sizeof(mj_route_outputs), out,
+                                  "mj_route_outputs", "MJ_ROUTE_OUTPUTS_INIT");
+    if (st != MJ_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", mj_last_error());
+        return mj_set_error(st, "mj_route: %s", why);
     }
-    return 1;
+    return MJ_OK;
 }
 
-static void route_knobs(const mj_route_params *p, int32_t k0, int32_t nwarps, int32_t bmax, int32_t *kn) {
-    kn[0] = p->n_experts, kn[1] = p->topk, kn[2] = k0, kn[3] = p->n_group;
-    kn[4] = p->n_group > 1 ? p->topk_group : 1;
-    kn[5] = p->scoring == MJ_SCORING_SOFTMAX, kn[6] = p->renormalize != 0;
-    kn[7] = nwarps, kn[8] = bmax;
-}
-
-mj_status mj_route(mj_context_t ctx, const mj_route_params *p, const float *logits, const float *bias,
-                   int32_t B, int32_t num_valid, const mj_route_outputs *out, void *stream) {
-    if (!ctx || !p || !out || (B > 0 && (!logits || !out->ids || !out->weights || !out->n_sel)))
-        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: NULL context, params, logits or a required output "
+mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float *logits, const float *bias,
+                   int32_t B, const int32_t *num_valid, const mj_route_outputs *outputs, void *stream) {
+    if (!ctx || !params || !outputs)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: NULL context, params or outputs");
+    mj_route_params p;
+    mj_route_outputs out;
+    MJ_CHECK(mj_route_params_load(params, "mj_route", &p));
+    MJ_CHECK(load_outputs(outputs, &out));
+    if (B > 0 && (!logits || !out.ids || !out.weights || !out.n_sel))
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: NULL logits or a required output "
                                                 "(ids, weights, n_sel)");
-    MJ_CHECK(check_route(p, B, num_valid));
-    const int32_t E = p->n_experts, k = p->topk;
-    int32_t kn[MJ_MAX_KNOBS] = {0};
+    MJ_CHECK(check_route(&p, B));
+    const int32_t E = p.n_experts, k = p.topk;
     mj_spec s;
     const mj_function *fn;
     if (B <= MJ_ROUTE_ONE_BLOCK_MAX) {
-        int32_t bmax = next_pow2(B > 0 ? B : 1), nw = route_warps(E, k, bmax);
-        route_knobs(p, p->k0, nw, bmax, kn);
-        mj_context_spec_fill(ctx, MJ_TPL_oea_route, kn, MJ_MAX_KNOBS, &s);
+        int32_t nw = route_warps(E, k, B);
+        mj_knobs_oea_route kn = route_knobs(&p, p.k0, nw);
+        mj_spec_oea_route(ctx, &kn, &s);
         MJ_CHECK(mj_jit_get(ctx, &s, &fn));
-        mj_launch_dims d = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
-        return mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p->routed_scaling_factor, out->ids,
-                                   out->weights, out->n_sel, out->expert_counts, out->expert_offsets,
-                                   out->active_experts, out->n_active, out->permutation);
+        mj_launch_dims d = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, (uint32_t)B * (uint32_t)k * 4, stream};
+        return mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
+                                   out.weights, out.n_sel, out.expert_counts, out.expert_offsets,
+                                   out.active_experts, out.n_active, out.permutation);
     }
-    /* Plain top-k over many blocks, then the dispatch in one block. */
-    int32_t nw = route_warps(E, k, 1);
-    route_knobs(p, k, nw, 1, kn);
-    mj_context_spec_fill(ctx, MJ_TPL_oea_route, kn, MJ_MAX_KNOBS, &s);
+    /* Plain top-k over many blocks (a grid-stride loop over tokens, the grid capped at what
+     * the device keeps busy), then the dispatch in one block. */
+    int32_t nw = route_warps(E, k, 0);
+    mj_knobs_oea_route kn = route_knobs(&p, k, nw);
+    mj_spec_oea_route(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
-    uint32_t blocks = (uint32_t)((B + nw - 1) / nw);
-    if (blocks > 65535) blocks = 65535;
-    mj_launch_dims d = {{blocks, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
-    MJ_CHECK(mj_launch_topk_route(fn, d, logits, bias, B, num_valid, p->routed_scaling_factor, out->ids,
-                                  out->weights, out->n_sel));
-    if (!out->expert_counts && !out->expert_offsets && !out->active_experts && !out->n_active &&
-        !out->permutation)
+    int64_t blocks = (B + nw - 1) / nw, cap = mj_context_max_blocks(ctx);
+    if (blocks > cap) blocks = cap;
+    mj_launch_dims d = {{(uint32_t)blocks, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
+    MJ_CHECK(mj_launch_topk_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
+                                  out.weights, out.n_sel));
+    if (!out.expert_counts && !out.expert_offsets && !out.active_experts && !out.n_active &&
+        !out.permutation)
         return MJ_OK;
     mj_launch_dims d1 = {{1, 1, 1}, {256, 1, 1}, 0, stream};
-    return mj_launch_route_dispatch(fn, d1, out->ids, B, out->expert_counts, out->expert_offsets,
-                                    out->active_experts, out->n_active, out->permutation);
+    return mj_launch_route_dispatch(fn, d1, out.ids, B, out.expert_counts, out.expert_offsets,
+                                    out.active_experts, out.n_active, out.permutation);
 }
 
 /* ---- the router GEMM -------------------------------------------------------------------- */
@@ -241,18 +267,19 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
                          int32_t H, int32_t E, float *logits, void *stream) {
     if (!ctx || (B > 0 && (!hidden || !gate || !logits)) || B < 0)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm: NULL argument or B < 0");
-    if (H < 64 || H > 16384 || H % 64)
-        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: hidden %d must be a multiple of 64 in 64..16384", H);
-    if (E < 1 || E > MJ_ROUTE_MAX_EXPERTS)
-        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: %d experts; 1..%d supported", E, MJ_ROUTE_MAX_EXPERTS);
+    if (H < MJ_KNOB_router_gemm_H_MIN || H > MJ_KNOB_router_gemm_H_MAX || H % 64)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: hidden %d must be a multiple of 64 in %d..%d", H,
+                            MJ_KNOB_router_gemm_H_MIN, MJ_KNOB_router_gemm_H_MAX);
+    if (E < MJ_KNOB_router_gemm_E_MIN || E > MJ_KNOB_router_gemm_E_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: %d experts; %d..%d supported", E,
+                            MJ_KNOB_router_gemm_E_MIN, MJ_KNOB_router_gemm_E_MAX);
     if (B == 0) return MJ_OK;
-    int32_t rows = next_pow2(B) < 8 ? next_pow2(B) : 8, nw = 4;
-    int32_t kn[MJ_MAX_KNOBS] = {H, E, rows, nw};
+    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = next_pow2(B) < 8 ? next_pow2(B) : 8, .NWARPS = 4};
     mj_spec s;
     const mj_function *fn;
-    mj_context_spec_fill(ctx, MJ_TPL_router_gemm, kn, MJ_MAX_KNOBS, &s);
+    mj_spec_router_gemm(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
-    mj_launch_dims d = {{(uint32_t)((E + nw - 1) / nw), (uint32_t)((B + rows - 1) / rows), 1},
-                        {(uint32_t)nw * 32, 1, 1}, 0, stream};
+    mj_launch_dims d = {{(uint32_t)((E + kn.NWARPS - 1) / kn.NWARPS), (uint32_t)((B + kn.ROWS - 1) / kn.ROWS), 1},
+                        {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
     return mj_launch_router_gemm(fn, d, hidden, gate, B, logits);
 }

@@ -10,6 +10,7 @@
  *
  *   oea_route        one block: phase 1 for every valid token, S_base as flags in shared
  *                    memory, __syncthreads, phase 2 + weights, __syncthreads, dispatch.
+ *                    Any B up to 256 (dynamic shared memory holds the B x K ids).
  *   topk_route       many blocks, plain top-k (k0 == k: no batch-wide set), for big batches;
  *   route_dispatch   then this one block computes the dispatch metadata from the ids.
  */
@@ -23,7 +24,13 @@ MJ_KNOB_RANGE(TG, int, 1, 32, "groups kept per token")
 MJ_KNOB_SET(SCORING, int, "0 1", "0 sigmoid, 1 softmax")
 MJ_KNOB_SET(RENORM, int, "0 1", "renormalize the chosen weights to sum 1 (then x rsf)")
 MJ_KNOB_SET(NWARPS, int, "1 2 4 8 16", "warps per block (tokens routed at once)")
-MJ_KNOB_SET(BMAX, int, "1 2 4 8 16 32 64 128 256", "batch-size bucket: most tokens the one-block kernel takes")
+MJ_CONSTRAINT("K0 <= K", "phase 1 keeps at most top-k experts")
+MJ_CONSTRAINT("K <= E", "top-k cannot exceed the experts")
+MJ_CONSTRAINT("E % NG == 0", "groups split the experts evenly")
+MJ_CONSTRAINT("TG <= NG", "cannot keep more groups than there are")
+MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
+MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
+MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K) * 4 <= 48 * 1024", "static shared memory fits the 48 KiB every target gives")
 
 #define LOCAL ((E + 31) / 32)       /* experts per lane                                       */
 #define GSIZE (E / NG)              /* experts per group                                      */
@@ -239,15 +246,24 @@ MJ_DEVICE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *off
     }
 }
 
-/* One block routes the whole batch (B <= BMAX) with OEA. */
-MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, int num_valid, float rsf,
-                         int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
+/* The real token count: *num_valid when given (read on every launch, so a CUDA graph replays
+ * with whatever count was written there), clamped to 0..B; B when NULL. */
+MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
+    if (!num_valid) return B;
+    int v = num_valid[0];
+    return v < 0 ? 0 : v > B ? B : v;
+}
+
+/* One block routes the whole batch with OEA; dynamic shared memory: B * K int32. */
+MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
+                         float rsf, int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
                          int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm) {
     MJ_SHARED float sm_s[NWARPS][E];
     MJ_SHARED float sm_c[NWARPS][E];
     MJ_SHARED int sm_base[E];
-    MJ_SHARED int32_t sm_ids[BMAX * K];
     MJ_SHARED int sm_sel[NWARPS][K];
+    MJ_DYNAMIC_SHARED(int32_t, sm_ids);
+    const int num_valid = valid_rows(num_valid_p, B);
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
     float *s = sm_s[w], *c = sm_c[w];
     int *sel = sm_sel[w];
@@ -284,8 +300,9 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, int num_
 
 /* Plain top-k for big batches (K0 == K): a block's warps take tokens blockIdx.x*NWARPS + w,
  * stepping by the grid. The dispatch follows in route_dispatch. */
-MJ_KERNEL void topk_route(const float *logits, const float *bias, int B, int num_valid, float rsf,
-                          int32_t *ids, float *weights, int32_t *n_sel) {
+MJ_KERNEL void topk_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
+                          float rsf, int32_t *ids, float *weights, int32_t *n_sel) {
+    const int num_valid = valid_rows(num_valid_p, B);
     MJ_SHARED float sm_s[NWARPS][E];
     MJ_SHARED float sm_c[NWARPS][E];
     MJ_SHARED int sm_sel[NWARPS][K];

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # driver.sh — every subcommand and flag of `moejit`, run in a temporary directory.
-# usage: driver.sh PATH/TO/moejit SOURCE_DIR
+# usage: driver.sh PATH/TO/moejit SOURCE_DIR PATH/TO/libcuda_stub.so
 # Each check prints nothing when it passes; a failure prints what was expected. The last
 # line is "N passed, N failed".
 set -u
 MJ=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 SRC=$(cd "$2" && pwd)
+STUB=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 cd "$T" || exit 1
@@ -96,6 +97,11 @@ expect_fail "$MJ" route --backend tpu l.npy;                                cont
 # Without a driver the cuda backend is one clear error (a GPU machine runs the GPU tests).
 MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_fail "$MJ" route --backend cuda --topk 4 l.npy
 contains err "no CUDA driver"
+# With the stub driver (kernels do not run, calls are checked): memory is allocated in a
+# current context, the route kernel is loaded and launched.
+MJ_STUB_LOG=$T/stub.log MOEJIT_LIBCUDA=$STUB MOEJIT_CACHE_DIR=$T/stubcache expect_rc 0 "$MJ" route --backend cuda --topk 4 --valid 2 l.npy
+contains stub.log "cuLaunchKernel oea_route grid 1,1,1"
+grep -q "without a current context" stub.log && bad "a driver call without a context: $(cat stub.log)" || ok
 expect_rc 0 "$MJ" route --topk 2 --rsf 2.5 l.npy
 json_check 'abs(sum(j["weights"][0]) - 2.5) < 1e-5'
 expect_rc 0 "$MJ" route --topk 2 --no-renorm l.npy
@@ -221,7 +227,7 @@ cat >m.jsonl <<'EOF'
 {"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}
 {"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 8, "NWARPS": 4}, "arch": "sm_120a"}
 
-{"template": "oea_route", "knobs": {"E": 64, "K": 4, "K0": 2, "NG": 1, "TG": 1, "SCORING": 0, "RENORM": 1, "NWARPS": 4, "BMAX": 8}, "arch": "sm_120a"}
+{"template": "oea_route", "knobs": {"E": 64, "K": 4, "K0": 2, "NG": 1, "TG": 1, "SCORING": 0, "RENORM": 1, "NWARPS": 4}, "arch": "sm_120a"}
 EOF
 MOEJIT_RECORD=$T/rec.jsonl expect_rc 0 "$MJ" prewarm --cache-dir "$C" -j 2 m.jsonl
 contains out "3 specializations: 3 compiled, 0 already cached, 0 failed"

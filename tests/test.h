@@ -1,12 +1,22 @@
-/* test.h — the assertions every test uses. A failed CHECK prints where and what, the run
- * goes on, and test_finish() prints "N passed, N failed" and returns the exit code. */
+/* test.h — what every test shares: the assertions, the seed, temporary directories, timing,
+ * running this program again as a child, and guarded buffers (poisoned, with sentinels).
+ * A failed CHECK prints where and what, the run goes on, and test_finish() prints
+ * "N passed, N failed" and returns the exit code. */
 #ifndef MJ_TEST_H
 #define MJ_TEST_H
 
+#include "jit.h"
+
+#include <ftw.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 static int g_pass, g_fail;
 
@@ -57,6 +67,152 @@ static inline uint64_t test_seed(uint64_t dflt) {
 static inline int test_finish(void) {
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
+}
+
+/* ---- files and time ---------------------------------------------------------------------- */
+static inline double test_now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
+}
+
+static inline int test_rm_cb_(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+/* rm -rf, without following links. */
+static inline void test_rm_rf(const char *path) { nftw(path, test_rm_cb_, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* A new empty directory under $TMPDIR (malloc'd), or NULL. */
+static inline char *test_tmpdir(const char *tag) {
+    const char *base = getenv("TMPDIR");
+    char *dir = NULL;
+    if (asprintf(&dir, "%s/mj-%s-XXXXXX", base && *base ? base : "/tmp", tag) < 0) return NULL;
+    if (!mkdtemp(dir)) {
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
+/* The kernel cache the interpreter-heavy tests share within one build: compiled kernel
+ * objects are reused across tests and runs instead of rebuilt in a fresh directory each
+ * time. ctest sets MJ_TEST_CACHE (CMakeLists.txt); run by hand, a private one is made. */
+static char *test_private_cache_;
+static inline void test_private_cache_rm_(void) {
+    if (test_private_cache_) test_rm_rf(test_private_cache_);
+}
+static inline const char *test_shared_cache(void) {
+    const char *env = getenv("MJ_TEST_CACHE");
+    if (env && *env) return env;
+    if (!test_private_cache_ && (test_private_cache_ = test_tmpdir("cache"))) atexit(test_private_cache_rm_);
+    return test_private_cache_;
+}
+
+/* ---- children: load-once paths are tested in a fresh process ------------------------------ */
+/* Run this program again as `argv0 mode` with env var name=value; its stdout into out.
+ * Returns the child's exit status (-1 if it did not exit). */
+static inline int test_run_child(const char *argv0, const char *mode, const char *name, const char *value,
+                                 char *out, size_t out_len) {
+    int fd[2];
+    out[0] = '\0';
+    if (pipe(fd) != 0) return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        if (name) setenv(name, value, 1);
+        execl("/proc/self/exe", argv0, mode, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < out_len && (k = read(fd[0], out + n, out_len - 1 - n)) > 0) n += (size_t)k;
+    out[n] = '\0';
+    close(fd[0]);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    return WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+}
+
+/* ---- guarded buffers ------------------------------------------------------------------------
+ * As ggml's test-backend-ops does: an output buffer starts poisoned (so an output a kernel
+ * forgets to write cannot pass for a zero), and sentinel bytes around it must come back
+ * unchanged (so a write past either end shows). On a GPU (device = 1) the whole guarded
+ * region lives in device memory. */
+#define TEST_GUARD 256
+#define TEST_SENTINEL 0xA5
+typedef struct tbuf {
+    unsigned char *base; /* TEST_GUARD sentinels, the payload, TEST_GUARD sentinels        */
+    size_t bytes;
+    int device;
+    void *p;             /* the payload: what the kernel gets                                */
+} tbuf;
+
+static inline tbuf tbuf_new(size_t bytes, int device) {
+    tbuf b = {NULL, bytes, device, NULL};
+    size_t total = bytes + 2 * TEST_GUARD;
+    unsigned char *h = malloc(total);
+    if (!h) return b;
+    memset(h, TEST_SENTINEL, total);
+    if (device) {
+        uint64_t d = 0;
+        if (mj_cuda_malloc(total, &d) != MJ_OK || mj_cuda_memcpy_htod(d, h, total) != MJ_OK) {
+            free(h);
+            return b;
+        }
+        free(h);
+        b.base = (unsigned char *)(uintptr_t)d;
+    } else {
+        b.base = h;
+    }
+    b.p = b.base + TEST_GUARD;
+    return b;
+}
+
+/* Fill the payload with one byte value (0xFF makes int32 -1 and float NaN; 0x55 neither). */
+static inline void tbuf_poison(tbuf *b, int byte) {
+    if (!b->device) {
+        memset(b->p, byte, b->bytes);
+        return;
+    }
+    unsigned char *h = malloc(b->bytes ? b->bytes : 1);
+    memset(h, byte, b->bytes);
+    mj_cuda_memcpy_htod((uint64_t)(uintptr_t)b->p, h, b->bytes);
+    free(h);
+}
+
+static inline void tbuf_put(tbuf *b, const void *src, size_t bytes) {
+    if (!b->device) memcpy(b->p, src, bytes);
+    else mj_cuda_memcpy_htod((uint64_t)(uintptr_t)b->p, src, bytes);
+}
+
+/* Copy the payload out and check the sentinels; returns 1 when they are intact. */
+static inline int tbuf_get(const tbuf *b, void *dst, const char *name) {
+    size_t total = b->bytes + 2 * TEST_GUARD;
+    unsigned char *h = b->device ? malloc(total) : b->base;
+    if (b->device) {
+        mj_cuda_synchronize();
+        mj_cuda_memcpy_dtoh(h, (uint64_t)(uintptr_t)b->base, total);
+    }
+    int ok = 1;
+    for (size_t i = 0; i < TEST_GUARD; i++)
+        ok &= h[i] == TEST_SENTINEL && h[TEST_GUARD + b->bytes + i] == TEST_SENTINEL;
+    CHECK(ok, "%s: a sentinel beside the buffer was overwritten (a write out of bounds)", name);
+    if (dst) memcpy(dst, h + TEST_GUARD, b->bytes);
+    if (b->device) free(h);
+    return ok;
+}
+
+static inline void tbuf_free(tbuf *b) {
+    if (!b->base) return;
+    if (b->device) mj_cuda_free((uint64_t)(uintptr_t)b->base);
+    else free(b->base);
+    b->base = NULL, b->p = NULL;
 }
 
 #endif

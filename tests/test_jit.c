@@ -240,10 +240,22 @@ int main(void) {
     CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS);
     CHECK(strstr(mj_last_error(), "fixture_saxpy BLOCK=256 VEC=4 sm_120a") && strstr(mj_last_error(), "prewarm"),
           "strict message: %s", mj_last_error());
-    CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS); /* remembered, same answer */
+    CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS); /* looked up again, same answer */
     mj_jit_stats sst;
     CHECK_OK(mj_context_stats(strict, &sst));
-    CHECK(sst.compiles == 0 && sst.strict_misses == 1, "strict compiled %lld", (long long)sst.compiles);
+    CHECK(sst.compiles == 0 && sst.strict_misses == 2, "strict: %lld compiles, %lld misses (a miss must not "
+          "be remembered)", (long long)sst.compiles, (long long)sst.strict_misses);
+    /* The operator prewarms the cache meanwhile: the same strict context now finds it. */
+    mj_context_t warm = make_ctx(dir2, 0);
+    const mj_function *hw = NULL;
+    CHECK_OK(mj_jit_get(warm, &s, &hw));
+    mj_context_destroy(warm);
+    CHECK_OK(mj_jit_get(strict, &s, &h));
+    CHECK(h != NULL, "strict context after prewarm");
+    CHECK_OK(mj_jit_get(strict, &s, &h)); /* and from memory from then on */
+    CHECK_OK(mj_context_stats(strict, &sst));
+    CHECK(sst.compiles == 0 && sst.disk_hits == 1 && sst.mem_hits == 1, "strict after prewarm: %lld compiles, "
+          "%lld disk hits, %lld mem hits", (long long)sst.compiles, (long long)sst.disk_hits, (long long)sst.mem_hits);
     mj_context_destroy(strict);
     setenv("MOEJIT_STRICT", "1", 1);
     strict = make_ctx(dir, -1); /* from the environment */
@@ -287,6 +299,57 @@ int main(void) {
     CHECK_STATUS(mj_spec_from_json("{\"template\":", "m:6", &back), MJ_ERR_PARSE);
     CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":2000,\"VEC\":4},\"arch\":\"sm_80\"}", "m:7", &back), MJ_ERR_INVALID_ARG);
     CHECK(strstr(mj_last_error(), "m:7") && strstr(mj_last_error(), "BLOCK"), "msg %s", mj_last_error());
+    /* A boolean for an int knob, and a knob given twice, are mistakes, not 1 and "the last". */
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256,\"VEC\":true},\"arch\":\"sm_80\"}", "m:8", &back), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "VEC") && strstr(mj_last_error(), "integer"), "msg %s", mj_last_error());
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256,\"VEC\":4,\"VEC\":2},\"arch\":\"sm_80\"}", "m:9", &back), MJ_ERR_PARSE);
+    CHECK(strstr(mj_last_error(), "m:9") && strstr(mj_last_error(), "duplicate"), "msg %s", mj_last_error());
+    /* A template name is quoted safely: no control characters reach the message. */
+    CHECK_STATUS(mj_spec_from_json("{\"template\":\"evil\\n\\u001b[31mred\",\"knobs\":{},\"arch\":\"sm_80\"}", "m:10", &back), MJ_ERR_INVALID_ARG);
+    CHECK(!strchr(mj_last_error(), '\n') && !strchr(mj_last_error(), 0x1b) && strstr(mj_last_error(), "evil\\x0a\\x1b[31mred"),
+          "unsafe name in message: %s", mj_last_error());
+
+    /* 11b. Knobs by name: the generated struct maps each value to its knob whatever the
+     * order they are written in (a launcher cannot swap two knobs by position). */
+    {
+        mj_knobs_fixture_saxpy kn = {.VEC = 4, .BLOCK = 128};
+        mj_spec ns;
+        char *nsrc = NULL;
+        mj_spec_fixture_saxpy(ctx, &kn, &ns);
+        CHECK_OK(mj_render(&ns, &nsrc, NULL));
+        CHECK(nsrc && strstr(nsrc, "#define BLOCK 128\n") && strstr(nsrc, "#define VEC 4\n"), "named knobs rendered wrong");
+        free(nsrc);
+        CHECK(MJ_KNOB_fixture_saxpy_BLOCK_MIN == 32 && MJ_KNOB_fixture_saxpy_BLOCK_MAX == 1024 &&
+                  MJ_KNOB_fixture_saxpy_VEC_MAX == 4, "knob limits from the registry");
+    }
+
+    /* 11c. The constraint evaluator: C's precedence and operators, and its refusals. */
+    {
+        const char *names[] = {"A", "B", "C"};
+        const int32_t vals[] = {6, 4, 0};
+        static const struct { const char *e; int64_t v; } ok_cases[] = {
+            {"A + B * 2", 14}, {"(A + B) * 2", 20}, {"A - B - 1", 1}, {"A / B", 1}, {"A % B", 2},
+            {"1 << B", 16}, {"A >> 1", 3}, {"A > B && B > C", 1}, {"A < B || C", 0}, {"!C", 1},
+            {"-A + ~0", -7}, {"A & B | 1", 5}, {"A ^ B", 2}, {"A == 6 != 0", 1}, {"A <= 6 && A >= 6", 1},
+            {"C && A / C", 0}, {"1 || A % C", 1}, {"  A*B  ", 24}};
+        for (size_t i = 0; i < sizeof ok_cases / sizeof ok_cases[0]; i++) {
+            int64_t v = -999;
+            char err[256] = "";
+            CHECK(mj_constraint_eval(ok_cases[i].e, names, vals, 3, &v, err, sizeof err) == 0 && v == ok_cases[i].v,
+                  "\"%s\" = %lld (want %lld) %s", ok_cases[i].e, (long long)v, (long long)ok_cases[i].v, err);
+        }
+        static const struct { const char *e, *why; } bad_cases[] = {
+            {"A / C", "division by zero"}, {"A % C", "division by zero"}, {"A +", "unexpected end"},
+            {"(A", "expected ')'"}, {"D > 1", "unknown knob name"}, {"A B", "unexpected text"},
+            {"A = B", "unexpected text"}, {"1 << 70", "shift out of range"}, {"99999999999999999999", "too large"}};
+        for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+            int64_t v;
+            char err[256] = "";
+            CHECK(mj_constraint_eval(bad_cases[i].e, names, vals, 3, &v, err, sizeof err) != 0 &&
+                      strstr(err, bad_cases[i].why),
+                  "\"%s\": %s (want %s)", bad_cases[i].e, err, bad_cases[i].why);
+        }
+    }
 
     /* 12. MOEJIT_RECORD got one line per compile (and per strict miss), each replayable. */
     FILE *fp = fopen(record, "r");

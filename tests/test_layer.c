@@ -107,7 +107,7 @@ int main(void) {
 
     /* 1. W4A16 equals the naive forward; swapping gate/up is caught. */
     for (int k0 = cfg.topk; k0 >= 1; k0 -= 3) {
-        mj_route_stats st;
+        mj_route_stats st = MJ_ROUTE_STATS_INIT;
         CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, k0, y, &st));
         naive_forward(L, hidden, B, k0, ref, 0);
         double e = rel_err(y, ref, n);
@@ -134,7 +134,7 @@ int main(void) {
     CHECK(e44 > 1e-4 && e44 < 0.35, "W4A4 vs W4A16 rel err %.3g should be small but nonzero", e44);
 
     /* 5. OEA with k0 < k changes the output but not wildly; unique experts fall. */
-    mj_route_stats sp, so;
+    mj_route_stats sp = MJ_ROUTE_STATS_INIT, so = MJ_ROUTE_STATS_INIT;
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, cfg.topk, ref, &sp));
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, 1, y, &so));
     CHECK(so.unique_after < sp.unique_after, "k0=1 unique %d not below top-k's %d", so.unique_after, sp.unique_after);

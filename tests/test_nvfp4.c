@@ -345,15 +345,48 @@ static void test_quantize_zero(void) {
     for (int i = 0; i < 3 * 48; i++) bad += back[i] != 0.0f;
     CHECK(bad == 0, "zero tensor dequantizes to zeros");
 
-    /* One nonzero block among zero blocks, and a block too small for E4M3 (underflows to 0,
-     * replaced by 1.0, whose codes are then 0 too). */
+    /* One nonzero block among zero blocks, and a block too small for E4M3 (its scale is
+     * clamped to the smallest subnormal, 0x01, as ModelOpt does; this one's codes are 0). */
     w[16 + 3] = -5.0f; /* row 0, block 1 */
     w[48 + 0] = 1e-7f; /* row 1, block 0: 1e-7 / (6 * 5/2688) ~ 9e-6 < 2^-10 */
     CHECK_OK(mj_nvfp4_quantize(w, 3, 48, "sparse", q, sf, &ws2));
     CHECK(ws2 == 5.0f / 2688.0f, "ws2 = %.9g", (double)ws2);
     CHECK(sf[0] == 0x38 && sf[2] == 0x38 && sf[1] == 0x7E, "zero blocks keep 0x38, max 0x7E");
-    CHECK(sf[3] == 0x38 && q[24] == 0x00, "underflowing block -> 0x38 and code 0");
+    CHECK(sf[3] == 0x01 && q[24] == 0x00, "underflowing block -> 0x01 and code 0: 0x%02X", sf[3]);
     CHECK(q[8 + 1] == 0xF0, "-5 at block 1 col 3 -> -6 in the high nibble: 0x%02X", q[9]);
+}
+
+/* Blocks whose scale block_amax / (6 * ws2) falls below E4M3's smallest subnormal, worked
+ * out by hand as ModelOpt 0.45+ writes them: the scale is clamped to 2^-9 (byte 0x01) and
+ * the codes are those of W / 2^-9 (ModelOpt <= 0.44, and moejit before, wrote the block as
+ * scale 1.0 with all-zero codes, losing it). ws2 = 2688 / 2688 = 1 exactly.
+ *   block 0: 2688 -> scale 448 (0x7E), code of 6: 0x07
+ *   block 1: amax 2e-3 -> scale 3.3e-4 < 2^-9 -> 0x01; x * 512: 0.512 -> 0.5 (1),
+ *            -1.024 -> -1 (0xA), 0.256 -> 0.5 (1), 0, -0.0 -> +0 (0), 0.6144 -> 0.5 (1)
+ *   block 2: amax 5.4e-3 -> scale 9e-4 (would round to 0x00) -> 0x01; 2.7648 -> 3 (5),
+ *            -2.7648 -> -3 (0xD)
+ *   block 3: amax 0.017578125 -> scale 3 * 2^-10, a tie between 0x01 and 0x02 -> 0x02 (even,
+ *            no clamp); x * 256 = 4.5 -> 4 (6) */
+static void test_quantize_underflow(void) {
+    float w[64] = {0};
+    w[0] = 2688.0f;
+    w[16] = 1e-3f, w[17] = -2e-3f, w[18] = 5e-4f, w[19] = 0.0f, w[20] = -0.0f, w[21] = 1.2e-3f;
+    w[32] = 5.4e-3f, w[33] = -5.4e-3f;
+    w[48] = 0.017578125f;
+    uint8_t q[32], sf[4];
+    float ws2 = 0;
+    CHECK_OK(mj_nvfp4_quantize(w, 1, 64, "underflow", q, sf, &ws2));
+    static const uint8_t want_sf[4] = {0x7E, 0x01, 0x01, 0x02};
+    static const uint8_t want_q[32] = {0x07, 0, 0, 0, 0, 0, 0, 0, 0xA1, 0x01, 0x10, 0, 0, 0, 0, 0,
+                                       0xD5, 0, 0, 0, 0, 0, 0, 0, 0x06, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(ws2 == 1.0f, "ws2 = %.9g", (double)ws2);
+    for (int b = 0; b < 4; b++) CHECK(sf[b] == want_sf[b], "block %d scale 0x%02X, want 0x%02X", b, sf[b], want_sf[b]);
+    for (int i = 0; i < 32; i++) CHECK(q[i] == want_q[i], "byte %d: 0x%02X, want 0x%02X", i, q[i], want_q[i]);
+    /* And back: the tiny block is kept, not flushed. */
+    float back[64];
+    CHECK_OK(mj_nvfp4_dequantize(q, sf, ws2, 1, 64, back));
+    CHECK(back[16] == 0x1p-10f && back[17] == -0x1p-9f && back[32] == 3.0f * 0x1p-9f,
+          "dequantized tiny blocks: %g %g %g", (double)back[16], (double)back[17], (double)back[32]);
 }
 
 static void test_quantize_errors(void) {
@@ -760,6 +793,7 @@ int main(void) {
     test_e4m3_saturation_and_subnormals();
     test_quantize_hand();
     test_quantize_zero();
+    test_quantize_underflow();
     test_quantize_errors();
     test_quantize_order();
     test_quantize_random(seed);

@@ -141,6 +141,30 @@ $head
 MJ_KERNEL void k(int n, float y[4]) { y[0] = n + BLOCK; }
 EOF
 
+# More kernels than the registry holds a template (MJ_MAX_KERNELS): refused at build time,
+# not found at launch.
+{
+    echo "$head"
+    for i in 1 2 3 4 5 6 7 8 9; do echo "MJ_KERNEL void k$i(int n, float *y) { y[0] = n + BLOCK; }"; done
+} | expect_fail too_many_kernels 'too_many_kernels\.cu:12: error: template t defines 9 kernels; at most 8'
+
+# Cross-knob constraints: each must parse and name only knobs declared before it.
+expect_fail constraint_unknown_knob "constraint_unknown_knob\.cu:4: error: MJ_CONSTRAINT: unknown knob name at column 1 of \"VEC <= 4\"" <<EOF
+$head
+MJ_CONSTRAINT("VEC <= 4", "at most four")
+$kernel
+EOF
+expect_fail constraint_syntax 'constraint_syntax\.cu:4: error: MJ_CONSTRAINT: expected .\).' <<EOF
+$head
+MJ_CONSTRAINT("(BLOCK % 32 == 0", "whole warps")
+$kernel
+EOF
+expect_fail constraint_no_doc 'constraint_no_doc\.cu:4: error: MJ_CONSTRAINT\("BLOCK >= 64"\): say why in its doc' <<EOF
+$head
+MJ_CONSTRAINT("BLOCK >= 64", "")
+$kernel
+EOF
+
 # A kernel name used by two templates.
 cat >"$work/dup_a.cu" <<EOF
 $head
@@ -159,6 +183,7 @@ fi
 cat >"$work/good.cu" <<EOF
 $head
 MJ_KNOB_SET(VEC, int, "1 2 4", "elements per thread")
+MJ_CONSTRAINT("BLOCK % 32 == 0 && BLOCK * VEC <= 512 || VEC == 1", "whole warps, bounded work")
 MJ_DEVICE float twice(float v) { return 2.0f * v; }
 MJ_KERNEL void good_kernel(int n, const float *MJ_RESTRICT x, float *MJ_RESTRICT y) {
     int i = ((int)blockIdx.x * BLOCK + (int)threadIdx.x) * VEC;
@@ -169,6 +194,9 @@ if ! reflect "$work/good.cu" 2>"$work/good.err"; then
     bad good "the tool refused a good template"
 elif ! grep -q 'MJ_TPL_t = 0' "$work/out/mj_kernels.h" ||
      ! grep -q 'mj_launch_good_kernel' "$work/out/mj_kernels.h" ||
+     ! grep -q 'typedef struct mj_knobs_t {' "$work/out/mj_kernels.h" ||
+     ! grep -q '#define MJ_KNOB_t_VEC_MAX 4' "$work/out/mj_kernels.h" ||
+     ! grep -q '.expr = "BLOCK % 32 == 0 && BLOCK \* VEC <= 512 || VEC == 1"' "$work/out/mj_registry.c" ||
      ! grep -q '.file = "good.cu"' "$work/out/mj_registry.c"; then
     bad good "the outputs do not describe the template"
 else

@@ -1,54 +1,22 @@
 /* test_route_kernels.c — the router GEMM and the OEA route kernels, run on the CPU
  * interpreter, against the CPU reference: ids, counts and the dispatch metadata bit for
- * bit, weights within 1e-6 relative, over a table of cases that forces every branch. Also:
- * GLM-5-shaped specializations compile for sm_120a, sm_90a and sm_80 with 0 spills, and the
- * k0 policy. With MJ_ROUTE_BACKEND=cuda (tests/test_route_gpu.c) the same table runs on a GPU. */
-#include "jit.h"
+ * bit, weights within 1e-6 relative, over a table of cases that forces every branch.
+ * Every output starts poisoned and sits between sentinels. Also: a recorded launch
+ * sequence replayed at several token counts (what a CUDA graph does), GLM-5-shaped
+ * specializations compiling for sm_120a, sm_90a and sm_80 with 0 spills, the knobs' cross
+ * constraints, and the k0 policy. With ROUTE_TEST_GPU (tests/test_route_gpu.c) the same
+ * table runs on a GPU. */
+#include "mj_kernels.h"
 #include "test.h"
-
-#include <ftw.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #ifndef ROUTE_TEST_GPU
 #define ROUTE_TEST_GPU 0
 #endif
 
-/* Buffers the kernels see: host memory on the sim, device memory on a GPU. */
-static void *dev_alloc(size_t bytes) {
-    if (!ROUTE_TEST_GPU) return calloc(1, bytes ? bytes : 1);
-    uint64_t d = 0;
-    CHECK_OK(mj_cuda_malloc(bytes ? bytes : 4, &d));
-    return (void *)(uintptr_t)d;
-}
-static void dev_free(void *p) {
-    if (!ROUTE_TEST_GPU) free(p);
-    else if (p) mj_cuda_free((uint64_t)(uintptr_t)p);
-}
-static void to_dev(void *d, const void *h, size_t bytes) {
-    if (!ROUTE_TEST_GPU) memcpy(d, h, bytes);
-    else CHECK_OK(mj_cuda_memcpy_htod((uint64_t)(uintptr_t)d, h, bytes));
-}
-static void from_dev(void *h, const void *d, size_t bytes) {
-    if (!ROUTE_TEST_GPU) memcpy(h, d, bytes);
-    else {
-        CHECK_OK(mj_cuda_synchronize());
-        CHECK_OK(mj_cuda_memcpy_dtoh(h, (uint64_t)(uintptr_t)d, bytes));
-    }
-}
-
 typedef struct rcase {
     int B, V, E, k, k0, ng, tg, softmax, renorm, bias;
-    int special; /* 0 random, 1 ties, 2 NaN logits, 3 one expert takes every token */
+    int special; /* 0 random, 1 ties, 2 NaN logits, 3 one expert takes every token, 4 +-inf */
 } rcase;
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
-}
 
 static void fill_logits(const rcase *c, uint64_t *rng, float *x, float *bias) {
     for (int64_t i = 0; i < (int64_t)c->B * c->E; i++) x[i] = (float)(mj_rng_normal(rng) * 2.0);
@@ -62,77 +30,140 @@ static void fill_logits(const rcase *c, uint64_t *rng, float *x, float *bias) {
             if (mj_rng_uniform(rng) < 0.1 || i / c->E == 0) x[i] = NAN;
     if (c->special == 3)
         for (int b = 0; b < c->B; b++) x[(int64_t)b * c->E + 5] = 30.0f;
+    if (c->special == 4) /* infinities: one +inf, two +inf (they share softmax's mass), -infs */
+        for (int b = 0; b < c->B; b++) {
+            float *r = x + (int64_t)b * c->E;
+            if (b % 3 == 0) r[(b * 7) % c->E] = INFINITY;
+            if (b % 3 == 1) r[1] = INFINITY, r[c->E - 1] = INFINITY;
+            for (int e = 0; e < c->E; e += 5) r[e] = -INFINITY;
+            if (b % 4 == 3) /* a row of -inf and NaN only: nothing to pick but NaN and -inf */
+                for (int e = 0; e < c->E; e++) r[e] = e % 2 ? -INFINITY : NAN;
+        }
 }
 
-/* One case on the backend of ctx (host pointers: the sim). Returns 1 if it matched. */
-static int run_case(mj_context_t ctx, const rcase *c, uint64_t seed) {
-    const int B = c->B, E = c->E, k = c->k, BK = (B ? B : 1) * k;
+/* What one routing writes, on the host. */
+typedef struct routed {
+    int32_t *ids, *n, *cnt, *off, *act, *perm, na;
+    float *w;
+} routed;
+
+static routed routed_new(int B, int E, int k) {
+    size_t BK = (size_t)(B ? B : 1) * (size_t)k;
+    routed r = {malloc(4 * BK), malloc(4 * (size_t)(B ? B : 1)), malloc(4 * (size_t)E), malloc(4 * (size_t)(E + 1)),
+                malloc(4 * (size_t)E), malloc(4 * BK), -7, malloc(4 * BK)};
+    return r;
+}
+static void routed_free(routed *r) { free(r->ids), free(r->n), free(r->cnt), free(r->off), free(r->act), free(r->perm), free(r->w); }
+
+/* The reference for B rows of which the first V are tokens. */
+static void reference(const mj_route_params *p, const float *x, const float *bias, int B, int V, routed *r) {
+    CHECK_OK(mj_route_ref(p, x, bias, B, V, r->ids, r->w, r->n, NULL));
+    CHECK_OK(mj_route_dispatch_ref(r->ids, r->n, B, p->topk, p->n_experts, r->cnt, r->off, r->act, &r->na, r->perm));
+}
+
+/* The kernel's buffers: poisoned outputs between sentinels. */
+typedef struct dbufs {
+    tbuf x, bias, ids, w, n, cnt, off, act, na, perm, nv;
+} dbufs;
+
+static dbufs dbufs_new(int B, int E, int k) {
+    size_t BK = (size_t)(B ? B : 1) * (size_t)k;
+    dbufs d = {tbuf_new(4 * (size_t)(B ? B : 1) * (size_t)E, ROUTE_TEST_GPU), tbuf_new(4 * (size_t)E, ROUTE_TEST_GPU),
+               tbuf_new(4 * BK, ROUTE_TEST_GPU),  tbuf_new(4 * BK, ROUTE_TEST_GPU),
+               tbuf_new(4 * (size_t)(B ? B : 1), ROUTE_TEST_GPU), tbuf_new(4 * (size_t)E, ROUTE_TEST_GPU),
+               tbuf_new(4 * (size_t)(E + 1), ROUTE_TEST_GPU), tbuf_new(4 * (size_t)E, ROUTE_TEST_GPU),
+               tbuf_new(4, ROUTE_TEST_GPU), tbuf_new(4 * BK, ROUTE_TEST_GPU), tbuf_new(4, ROUTE_TEST_GPU)};
+    return d;
+}
+
+static void dbufs_poison(dbufs *d) {
+    tbuf *outs[] = {&d->ids, &d->w, &d->n, &d->cnt, &d->off, &d->act, &d->na, &d->perm};
+    for (int i = 0; i < 8; i++) tbuf_poison(outs[i], 0x55); /* int 0x55555555, float 1.5e13 */
+}
+
+static void dbufs_free(dbufs *d) {
+    tbuf *all[] = {&d->x, &d->bias, &d->ids, &d->w, &d->n, &d->cnt, &d->off, &d->act, &d->na, &d->perm, &d->nv};
+    for (int i = 0; i < 11; i++) tbuf_free(all[i]);
+}
+
+static mj_route_outputs dbufs_outputs(dbufs *d) {
+    mj_route_outputs o = MJ_ROUTE_OUTPUTS_INIT;
+    o.ids = d->ids.p, o.weights = d->w.p, o.n_sel = d->n.p, o.expert_counts = d->cnt.p;
+    o.expert_offsets = d->off.p, o.active_experts = d->act.p, o.n_active = d->na.p, o.permutation = d->perm.p;
+    return o;
+}
+
+/* Read the kernel's outputs (checking every sentinel) and compare them with the reference. */
+static void compare(dbufs *d, const routed *want, int B, int E, int k) {
+    routed got = routed_new(B, E, k);
+    tbuf_get(&d->ids, got.ids, "ids");
+    tbuf_get(&d->w, got.w, "weights");
+    tbuf_get(&d->n, got.n, "n_sel");
+    tbuf_get(&d->cnt, got.cnt, "expert_counts");
+    tbuf_get(&d->off, got.off, "expert_offsets");
+    tbuf_get(&d->act, got.act, "active_experts");
+    tbuf_get(&d->na, &got.na, "n_active");
+    tbuf_get(&d->perm, got.perm, "permutation");
+    CHECK(!memcmp(got.n, want->n, 4 * (size_t)B), "n_sel differs");
+    CHECK(!memcmp(got.ids, want->ids, 4 * (size_t)B * k), "ids differ");
+    CHECK(!memcmp(got.cnt, want->cnt, 4 * (size_t)E), "counts differ");
+    CHECK(!memcmp(got.off, want->off, 4 * (size_t)(E + 1)), "offsets differ");
+    CHECK(!memcmp(got.act, want->act, 4 * (size_t)E) && got.na == want->na, "active experts differ (%d vs %d)",
+          got.na, want->na);
+    CHECK(!memcmp(got.perm, want->perm, 4 * (size_t)B * k), "permutation differs");
+    int bad_w = 0;
+    for (int i = 0; i < B * k; i++) {
+        double df = fabs((double)got.w[i] - want->w[i]), m = fabs((double)want->w[i]);
+        if (df > 1e-6 * m + 1e-30 || isnan(got.w[i])) bad_w++;
+    }
+    CHECK(bad_w == 0, "%d weights off by more than 1e-6 relative", bad_w);
+    routed_free(&got);
+}
+
+static mj_route_params params_of(const rcase *c) {
+    mj_route_params p = MJ_ROUTE_PARAMS_INIT;
+    p.n_experts = c->E, p.topk = c->k, p.k0 = c->k0, p.n_group = c->ng, p.topk_group = c->tg;
+    p.scoring = c->softmax ? MJ_SCORING_SOFTMAX : MJ_SCORING_SIGMOID;
+    p.routed_scaling_factor = 2.5f, p.renormalize = c->renorm;
+    return p;
+}
+
+/* One case on the backend of ctx. The count goes through device memory, or (every other
+ * case with no padding) as NULL: all rows valid. Returns 1 if it matched. */
+static int run_case(mj_context_t ctx, const rcase *c, uint64_t seed, int case_index) {
+    const int B = c->B, E = c->E, k = c->k;
     uint64_t rng = seed;
     float *x = malloc(sizeof(float) * (size_t)((B ? B : 1) * E)), *bias = malloc(sizeof(float) * (size_t)E);
     fill_logits(c, &rng, x, bias);
-    mj_route_params p = {E, k, c->k0, c->ng, c->tg, c->softmax ? MJ_SCORING_SOFTMAX : MJ_SCORING_SIGMOID,
-                         2.5f, c->renorm};
-    int32_t *rid = malloc(sizeof(int32_t) * (size_t)BK), *rn = malloc(sizeof(int32_t) * (size_t)(B ? B : 1));
-    float *rw = malloc(sizeof(float) * (size_t)BK);
-    int32_t *rcnt = malloc(sizeof(int32_t) * (size_t)E), *roff = malloc(sizeof(int32_t) * (size_t)(E + 1));
-    int32_t *ract = malloc(sizeof(int32_t) * (size_t)E), *rperm = malloc(sizeof(int32_t) * (size_t)BK), rna = 0;
-    int32_t *id = malloc(sizeof(int32_t) * (size_t)BK), *n = malloc(sizeof(int32_t) * (size_t)(B ? B : 1));
-    float *w = malloc(sizeof(float) * (size_t)BK);
-    int32_t *cnt = malloc(sizeof(int32_t) * (size_t)E), *off = malloc(sizeof(int32_t) * (size_t)(E + 1));
-    int32_t *act = malloc(sizeof(int32_t) * (size_t)E), *perm = malloc(sizeof(int32_t) * (size_t)BK), na = -7;
+    mj_route_params p = params_of(c);
     int before = g_fail;
-    CHECK_OK(mj_route_ref(&p, x, c->bias ? bias : NULL, B, c->V, rid, rw, rn, NULL));
-    CHECK_OK(mj_route_dispatch_ref(rid, rn, B, k, E, rcnt, roff, ract, &rna, rperm));
-    memset(id, 0x55, sizeof(int32_t) * (size_t)BK);
-    memset(perm, 0x55, sizeof(int32_t) * (size_t)BK);
-    /* The kernel's buffers, poisoned so unwritten outputs show. */
-    size_t sx = sizeof(float) * (size_t)((B ? B : 1) * E), sk = sizeof(int32_t) * (size_t)BK;
-    float *dx = dev_alloc(sx), *dbias = dev_alloc(sizeof(float) * (size_t)E), *dw = dev_alloc(sk);
-    int32_t *did = dev_alloc(sk), *dn = dev_alloc(sizeof(int32_t) * (size_t)(B ? B : 1));
-    int32_t *dcnt = dev_alloc(sizeof(int32_t) * (size_t)E), *doff = dev_alloc(sizeof(int32_t) * (size_t)(E + 1));
-    int32_t *dact = dev_alloc(sizeof(int32_t) * (size_t)E), *dperm = dev_alloc(sk), *dna = dev_alloc(4);
-    to_dev(dx, x, sx);
-    to_dev(dbias, bias, sizeof(float) * (size_t)E);
-    to_dev(did, id, sk);
-    to_dev(dperm, perm, sk);
-    mj_route_outputs o = {did, dw, dn, dcnt, doff, dact, dna, dperm};
-    CHECK_OK(mj_route(ctx, &p, dx, c->bias ? dbias : NULL, B, c->V, &o, NULL));
-    from_dev(id, did, sk);
-    from_dev(w, dw, sk);
-    from_dev(n, dn, sizeof(int32_t) * (size_t)(B ? B : 1));
-    from_dev(cnt, dcnt, sizeof(int32_t) * (size_t)E);
-    from_dev(off, doff, sizeof(int32_t) * (size_t)(E + 1));
-    from_dev(act, dact, sizeof(int32_t) * (size_t)E);
-    from_dev(perm, dperm, sk);
-    from_dev(&na, dna, 4);
-    dev_free(dx), dev_free(dbias), dev_free(dw), dev_free(did), dev_free(dn), dev_free(dcnt), dev_free(doff);
-    dev_free(dact), dev_free(dperm), dev_free(dna);
-    if (g_fail == before) {
-        CHECK(!memcmp(n, rn, sizeof(int32_t) * (size_t)B), "n_sel differs");
-        CHECK(!memcmp(id, rid, sizeof(int32_t) * (size_t)B * k), "ids differ");
-        CHECK(!memcmp(cnt, rcnt, sizeof(int32_t) * (size_t)E), "counts differ");
-        CHECK(!memcmp(off, roff, sizeof(int32_t) * (size_t)(E + 1)), "offsets differ");
-        CHECK(!memcmp(act, ract, sizeof(int32_t) * (size_t)E) && na == rna, "active experts differ (%d vs %d)", na, rna);
-        CHECK(!memcmp(perm, rperm, sizeof(int32_t) * (size_t)B * k), "permutation differs");
-        int bad_w = 0;
-        for (int i = 0; i < B * k; i++) {
-            double d = fabs((double)w[i] - rw[i]), m = fabs((double)rw[i]);
-            if (d > 1e-6 * m + 1e-30 || isnan(w[i])) bad_w++;
-        }
-        CHECK(bad_w == 0, "%d weights off by more than 1e-6 relative", bad_w);
-    }
+    routed want = routed_new(B, E, k);
+    reference(&p, x, c->bias ? bias : NULL, B, c->V, &want);
+    dbufs d = dbufs_new(B, E, k);
+    tbuf_put(&d.x, x, sizeof(float) * (size_t)B * E);
+    tbuf_put(&d.bias, bias, sizeof(float) * (size_t)E);
+    int32_t nv = c->V;
+    tbuf_put(&d.nv, &nv, 4);
+    dbufs_poison(&d);
+    mj_route_outputs o = dbufs_outputs(&d);
+    const int32_t *count = (c->V == B && case_index % 2) ? NULL : d.nv.p;
+    CHECK_OK(mj_route(ctx, &p, d.x.p, c->bias ? d.bias.p : NULL, B, count, &o, NULL));
+    if (g_fail == before) compare(&d, &want, B, E, k);
+    tbuf_get(&d.x, NULL, "logits");
+    dbufs_free(&d);
     int ok = g_fail == before;
     if (!ok)
         fprintf(stderr, "  case B=%d valid=%d E=%d k=%d k0=%d groups=%d/%d %s renorm=%d bias=%d special=%d seed=%llu\n",
                 c->B, c->V, c->E, c->k, c->k0, c->ng, c->tg, c->softmax ? "softmax" : "sigmoid", c->renorm,
                 c->bias, c->special, (unsigned long long)seed);
-    free(x), free(bias), free(rid), free(rn), free(rw), free(rcnt), free(roff), free(ract), free(rperm);
-    free(id), free(n), free(w), free(cnt), free(off), free(act), free(perm);
+    routed_free(&want);
+    free(x), free(bias);
     return ok;
 }
 
 /* The table: every B, E and k of the brief, every k0 for some, groups, scorings, renorm,
- * padding, ties, NaN, one hot expert. */
+ * padding, ties, NaN, infinities, one hot expert, one expert a group, the smallest warp
+ * counts, the multi-block path with its grid both capped and not. */
 static int build_table(rcase *t) {
     int n = 0;
     static const int Bs[] = {1, 2, 3, 16, 64, 255, 256, 257, 1024};
@@ -157,24 +188,108 @@ static int build_table(rcase *t) {
     /* Every k0 for one shape, and the special inputs. */
     for (int k0 = 1; k0 <= 8; k0++) t[n++] = (rcase){16, 13, 256, 8, k0, 1, 1, 0, 1, 1, 0};
     for (int k0 = 1; k0 <= 8; k0 += 3) t[n++] = (rcase){16, 16, 64, 8, k0, 8, 4, 1, 1, 1, 0};
-    for (int sp = 1; sp <= 3; sp++) {
+    for (int sp = 1; sp <= 4; sp++) {
         t[n++] = (rcase){32, 30, 256, 8, 3, 1, 1, 0, 1, 1, sp};
         t[n++] = (rcase){32, 32, 64, 6, 6, 4, 2, 1, 1, 0, sp};
         t[n++] = (rcase){300, 300, 256, 8, 8, 1, 1, 0, 1, 1, sp};
     }
+    t[n++] = (rcase){24, 24, 64, 4, 2, 1, 1, 1, 1, 0, 4};   /* infinities under softmax, OEA */
+    t[n++] = (rcase){24, 20, 64, 4, 4, 1, 1, 0, 0, 1, 4};   /* infinities under sigmoid */
+    t[n++] = (rcase){12, 12, 8, 3, 2, 8, 4, 0, 1, 1, 0};    /* one expert a group */
+    t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0};  /* one expert a group, 32 groups */
+    t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0}; /* big E and k: 4 warps */
+    t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0}; /* and B = 256: 2 warps */
+    t[n++] = (rcase){600, 599, 1024, 16, 16, 1, 1, 1, 1, 1, 0}; /* multi-block, 4 warps */
     t[n++] = (rcase){16, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0}; /* all padding */
     t[n++] = (rcase){0, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0};  /* empty batch */
     return n;
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
+/* Whether ctx has already built the oea_route specialization with these knobs (a lookup
+ * that is a hit in its in-memory table). */
+static int built(mj_context_t ctx, mj_knobs_oea_route kn) {
+    mj_jit_stats a, b;
+    mj_spec s;
+    const mj_function *f;
+    mj_context_stats(ctx, &a);
+    mj_spec_oea_route(ctx, &kn, &s);
+    if (mj_jit_get(ctx, &s, &f) != MJ_OK) return 0;
+    mj_context_stats(ctx, &b);
+    return b.mem_misses == a.mem_misses;
 }
 
-/* The router GEMM against an fp64 reference. */
+static void test_branches_reached(mj_context_t ctx) {
+    /* The cases above reached the smaller warp counts and the grid cap. */
+    mj_knobs_oea_route w4 = {.E = 1024, .K = 16, .K0 = 8, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4};
+    mj_knobs_oea_route w2 = {.E = 1024, .K = 16, .K0 = 5, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 2};
+    CHECK(built(ctx, w4), "the 4-warp route kernel was not reached");
+    CHECK(built(ctx, w2), "the 2-warp route kernel was not reached");
+    int32_t cap = mj_context_max_blocks(ctx);
+    CHECK((1024 + 7) / 8 > cap && (257 + 7) / 8 <= cap,
+          "B = 1024 must exceed the grid cap (%d blocks) and B = 257 stay under it", cap);
+}
+
+/* One launch sequence recorded, then replayed with new counts written to the same device
+ * int: each replay routes exactly that many tokens. (The interpreter's recording is what a
+ * CUDA graph is on a GPU: same kernels, same argument values, new data.) */
+static void test_replay(mj_context_t ctx, uint64_t seed) {
+    static const rcase shapes[] = {{16, 16, 64, 6, 2, 1, 1, 0, 1, 1, 0}, {300, 300, 64, 4, 4, 1, 1, 0, 1, 1, 0}};
+    for (int si = 0; si < 2; si++) {
+        const rcase *c = &shapes[si];
+        uint64_t rng = seed + 99 + (uint64_t)si;
+        float *x = malloc(sizeof(float) * (size_t)c->B * c->E), *bias = malloc(sizeof(float) * (size_t)c->E);
+        fill_logits(c, &rng, x, bias);
+        mj_route_params p = params_of(c);
+        dbufs d = dbufs_new(c->B, c->E, c->k);
+        tbuf_put(&d.x, x, sizeof(float) * (size_t)c->B * c->E);
+        tbuf_put(&d.bias, bias, sizeof(float) * (size_t)c->E);
+        mj_route_outputs o = dbufs_outputs(&d);
+        int32_t nv = c->B;
+        tbuf_put(&d.nv, &nv, 4);
+        mj_sim_graph *g = NULL;
+        CHECK_OK(mj_route(ctx, &p, d.x.p, d.bias.p, c->B, d.nv.p, &o, NULL)); /* compiles: not in the graph */
+        CHECK_OK(mj_sim_capture_begin(ctx));
+        CHECK_OK(mj_route(ctx, &p, d.x.p, d.bias.p, c->B, d.nv.p, &o, NULL));
+        CHECK_OK(mj_sim_capture_end(ctx, &g));
+        CHECK(mj_sim_graph_launches(g) == (si ? 2 : 1), "recorded %d launches", mj_sim_graph_launches(g));
+        const int32_t counts[] = {c->B, c->B - 3, 1, 0, c->B + 5, -2, 7};
+        for (int i = 0; i < 7; i++) {
+            nv = counts[i];
+            int V = nv < 0 ? 0 : nv > c->B ? c->B : nv;
+            tbuf_put(&d.nv, &nv, 4);
+            dbufs_poison(&d);
+            CHECK_OK(mj_sim_graph_replay(g));
+            routed want = routed_new(c->B, c->E, c->k);
+            reference(&p, x, bias, c->B, V, &want);
+            int before = g_fail;
+            compare(&d, &want, c->B, c->E, c->k);
+            if (g_fail != before) fprintf(stderr, "  replay B=%d with count %d\n", c->B, nv);
+            routed_free(&want);
+        }
+        mj_sim_graph_free(g);
+        dbufs_free(&d);
+        free(x), free(bias);
+    }
+}
+
+/* The router GEMM against an fp64 reference: every ROWS bucket through mj_router_gemm, and
+ * every warp count straight through the kernel. */
+static void router_check(const uint16_t *x, const uint16_t *g, const float *y, int B, int H, int E, const char *what) {
+    int bad = 0;
+    for (int b = 0; b < B; b++)
+        for (int e = 0; e < E; e++) {
+            double acc = 0, mag = 0;
+            for (int h = 0; h < H; h++) {
+                double p = (double)mj_bf16_to_f32(x[b * H + h]) * mj_bf16_to_f32(g[e * H + h]);
+                acc += p, mag += fabs(p);
+            }
+            if (fabs(y[b * E + e] - acc) > 1e-5 * mag + 1e-7) bad++;
+        }
+    CHECK(bad == 0, "router %s B=%d H=%d E=%d: %d logits off", what, B, H, E, bad);
+}
+
 static void test_router(mj_context_t ctx, uint64_t seed) {
-    static const int shapes[][3] = {{1, 256, 64}, {3, 512, 8}, {16, 1024, 256}, {5, 6144, 256}, {33, 128, 384}};
+    static const int shapes[][3] = {{1, 256, 64}, {2, 512, 8}, {3, 1024, 256}, {5, 6144, 256}, {33, 128, 384}};
     for (int si = 0; si < 5; si++) {
         int B = shapes[si][0], H = shapes[si][1], E = shapes[si][2];
         uint64_t rng = seed + (uint64_t)si;
@@ -182,24 +297,33 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
         float *y = malloc(sizeof(float) * (size_t)(B * E));
         for (int i = 0; i < B * H; i++) x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
         for (int i = 0; i < E * H; i++) g[i] = mj_f32_to_bf16((float)(mj_rng_normal(&rng) * 0.02));
-        uint16_t *dxh = dev_alloc(sizeof(uint16_t) * (size_t)(B * H)), *dg = dev_alloc(sizeof(uint16_t) * (size_t)(E * H));
-        float *dy = dev_alloc(sizeof(float) * (size_t)(B * E));
-        to_dev(dxh, x, sizeof(uint16_t) * (size_t)(B * H));
-        to_dev(dg, g, sizeof(uint16_t) * (size_t)(E * H));
-        CHECK_OK(mj_router_gemm(ctx, dxh, dg, B, H, E, dy, NULL));
-        from_dev(y, dy, sizeof(float) * (size_t)(B * E));
-        dev_free(dxh), dev_free(dg), dev_free(dy);
-        int bad = 0;
-        for (int b = 0; b < B; b++)
-            for (int e = 0; e < E; e++) {
-                double acc = 0, mag = 0;
-                for (int h = 0; h < H; h++) {
-                    double p = (double)mj_bf16_to_f32(x[b * H + h]) * mj_bf16_to_f32(g[e * H + h]);
-                    acc += p, mag += fabs(p);
-                }
-                if (fabs(y[b * E + e] - acc) > 1e-5 * mag + 1e-7) bad++;
-            }
-        CHECK(bad == 0, "router B=%d H=%d E=%d: %d logits off", B, H, E, bad);
+        tbuf dx = tbuf_new(2 * (size_t)B * H, ROUTE_TEST_GPU), dg = tbuf_new(2 * (size_t)E * H, ROUTE_TEST_GPU);
+        tbuf dy = tbuf_new(4 * (size_t)B * E, ROUTE_TEST_GPU);
+        tbuf_put(&dx, x, 2 * (size_t)B * H);
+        tbuf_put(&dg, g, 2 * (size_t)E * H);
+        /* mj_router_gemm: ROWS = 1, 2, 4, 8, 8 for these B. */
+        tbuf_poison(&dy, 0x55);
+        CHECK_OK(mj_router_gemm(ctx, dx.p, dg.p, B, H, E, dy.p, NULL));
+        tbuf_get(&dy, y, "logits");
+        router_check(x, g, y, B, H, E, "mj_router_gemm");
+        /* Every warp count, at this shape's ROWS. */
+        for (int nw = 1; nw <= 8; nw *= 2) {
+            mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = B > 4 ? 8 : B == 3 ? 4 : B, .NWARPS = nw};
+            mj_spec s;
+            const mj_function *f = NULL;
+            mj_spec_router_gemm(ctx, &kn, &s);
+            CHECK_OK(mj_jit_get(ctx, &s, &f));
+            if (!f) continue;
+            tbuf_poison(&dy, 0x55);
+            mj_launch_dims dd = {{(uint32_t)((E + nw - 1) / nw), (uint32_t)((B + kn.ROWS - 1) / kn.ROWS), 1},
+                                 {(uint32_t)nw * 32, 1, 1}, 0, NULL};
+            CHECK_OK(mj_launch_router_gemm(f, dd, dx.p, dg.p, B, dy.p));
+            tbuf_get(&dy, y, "logits");
+            char what[32];
+            snprintf(what, sizeof what, "NWARPS=%d", nw);
+            router_check(x, g, y, B, H, E, what);
+        }
+        tbuf_free(&dx), tbuf_free(&dg), tbuf_free(&dy);
         free(x), free(g), free(y);
     }
     uint16_t dummy = 0;
@@ -210,31 +334,67 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
 /* GLM-5-shaped kernels compile for the three reference targets with 0 spills. */
 static void test_compile(const char *dir) {
     static const char *targets[] = {"sm_120a", "sm_90a", "sm_80"};
+    const mj_knobs_oea_route specs[] = {
+        {.E = 256, .K = 8, .K0 = 4, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 8},
+        {.E = 256, .K = 8, .K0 = 8, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 8},
+        {.E = 384, .K = 8, .K0 = 3, .NG = 8, .TG = 4, .SCORING = 1, .RENORM = 1, .NWARPS = 4},
+        {.E = 1024, .K = 16, .K0 = 8, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 2}};
     for (int t = 0; t < 3; t++) {
         mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
         o.cache_dir = dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = targets[t];
         mj_context_t c = NULL;
         CHECK_OK(mj_context_create(&o, &c));
         if (!c) continue;
-        const int32_t specs[][MJ_MAX_KNOBS] = {
-            {256, 8, 4, 1, 1, 0, 1, 8, 256}, {256, 8, 8, 1, 1, 0, 1, 8, 1}, {384, 8, 3, 8, 4, 1, 1, 4, 64},
-            {1024, 16, 8, 32, 8, 0, 1, 2, 256}};
         for (int i = 0; i < 4; i++) {
             mj_spec s;
             const mj_function *f = NULL;
-            CHECK_OK(mj_context_spec(c, "oea_route", specs[i], &s));
+            mj_spec_oea_route(c, &specs[i], &s);
             CHECK_OK(mj_jit_get(c, &s, &f));
             if (f) CHECK(mj_function_report(f)->spill_stores == 0 && mj_function_report(f)->spill_loads == 0,
                          "oea_route spec %d on %s spills", i, targets[t]);
         }
-        const int32_t rg[MJ_MAX_KNOBS] = {6144, 256, 8, 4};
+        mj_knobs_router_gemm rg = {.H = 6144, .E = 256, .ROWS = 8, .NWARPS = 4};
         mj_spec s;
         const mj_function *f = NULL;
-        CHECK_OK(mj_context_spec(c, "router_gemm", rg, &s));
+        mj_spec_router_gemm(c, &rg, &s);
         CHECK_OK(mj_jit_get(c, &s, &f));
         if (f) CHECK(mj_function_report(f)->spill_stores == 0, "router_gemm spills on %s", targets[t]);
         mj_context_destroy(c);
     }
+}
+
+/* Impossible specializations are refused before anything is rendered, naming the rule. */
+static void test_constraints(mj_context_t ctx) {
+    static const struct {
+        mj_knobs_oea_route k;
+        const char *rule;
+    } bad[] = {
+        {{.E = 64, .K = 4, .K0 = 6, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "K0 <= K"},
+        {{.E = 8, .K = 12, .K0 = 2, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "K <= E"},
+        {{.E = 64, .K = 4, .K0 = 2, .NG = 3, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "E % NG == 0"},
+        {{.E = 64, .K = 4, .K0 = 2, .NG = 4, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "TG <= NG"},
+        {{.E = 64, .K = 8, .K0 = 2, .NG = 16, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "TG * (E / NG) >= K"},
+        {{.E = 1024, .K = 8, .K0 = 2, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 16}, "48 * 1024"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mj_spec s;
+        const mj_function *f;
+        char *src = NULL;
+        mj_spec_oea_route(ctx, &bad[i].k, &s);
+        CHECK_STATUS(mj_spec_validate(&s), MJ_ERR_INVALID_ARG);
+        CHECK(strstr(mj_last_error(), bad[i].rule) && strstr(mj_last_error(), "does not hold"),
+              "constraint %zu: %s", i, mj_last_error());
+        CHECK_STATUS(mj_jit_get(ctx, &s, &f), MJ_ERR_INVALID_ARG);
+        CHECK_STATUS(mj_render(&s, &src, NULL), MJ_ERR_INVALID_ARG);
+        free(src);
+    }
+    /* Every constraint the templates declare parses and holds at the launchers' choices. */
+    mj_knobs_oea_route good = {.E = 256, .K = 8, .K0 = 4, .NG = 8, .TG = 4, .SCORING = 0, .RENORM = 1, .NWARPS = 8};
+    mj_spec s;
+    mj_spec_oea_route(ctx, &good, &s);
+    CHECK_OK(mj_spec_validate(&s));
+    const mj_template_desc *t = mj_template_at(MJ_TPL_oea_route);
+    CHECK(t->n_constraints >= 6, "oea_route declares %d constraints", t->n_constraints);
 }
 
 static void test_policy(void) {
@@ -257,23 +417,53 @@ static void test_policy(void) {
     for (int i = 0; i < 11; i++) CHECK_STATUS(mj_k0_policy_parse(bad[i], 8, &p), MJ_ERR_INVALID_ARG);
 }
 
+/* Refusals, checked before any memory is touched. */
+static void test_refusals(mj_context_t ctx) {
+    float x[16] = {0};
+    int32_t ids[8], ns[2];
+    float w[8];
+    mj_route_outputs out = MJ_ROUTE_OUTPUTS_INIT;
+    out.ids = ids, out.weights = w, out.n_sel = ns;
+    mj_route_params p = MJ_ROUTE_PARAMS_INIT;
+    p.n_experts = 8, p.topk = 4, p.k0 = 2;
+    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 257, NULL, &out, NULL), MJ_ERR_UNSUPPORTED); /* OEA, one block */
+    p.k0 = 5;
+    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, NULL, &out, NULL), MJ_ERR_INVALID_ARG);
+    p.k0 = 2, p.n_experts = 2048;
+    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, NULL, &out, NULL), MJ_ERR_UNSUPPORTED);
+    p.n_experts = 8;
+    CHECK_STATUS(mj_route(ctx, &p, x, NULL, -1, NULL, &out, NULL), MJ_ERR_INVALID_ARG);
+    out.ids = NULL;
+    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, NULL, &out, NULL), MJ_ERR_INVALID_ARG);
+    out.ids = ids;
+    /* Versioned structs: a size the library does not know is refused, naming the macro. */
+    mj_route_params bp = p;
+    bp.struct_size = 12;
+    CHECK_STATUS(mj_route(ctx, &bp, x, NULL, 2, NULL, &out, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "MJ_ROUTE_PARAMS_INIT") != NULL, "%s", mj_last_error());
+    mj_route_outputs bo = out;
+    bo.struct_size = sizeof bo + 8;
+    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, NULL, &bo, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "MJ_ROUTE_OUTPUTS_INIT") != NULL, "%s", mj_last_error());
+    mj_route_stats st = MJ_ROUTE_STATS_INIT;
+    st.struct_size = 4;
+    CHECK_STATUS(mj_route_ref(&p, x, NULL, 2, 2, ids, w, ns, &st), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "MJ_ROUTE_STATS_INIT") != NULL, "%s", mj_last_error());
+}
+
 int main(void) {
     uint64_t seed = test_seed(4242);
-    char dir[] = "/tmp/mj-test-route-XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    const char *dir = test_shared_cache();
     if (!ROUTE_TEST_GPU) {
         test_policy();
         test_compile(dir);
     }
-
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM;
     if (ROUTE_TEST_GPU) {
         /* The same table on a real GPU, when there is one. */
-        mj_status ds = mj_cuda_load();
-        if (ds != MJ_OK) {
+        if (mj_cuda_load() != MJ_OK) {
             printf("SKIP: no CUDA device (%s); this test runs the routing table on a GPU\n", mj_last_error());
-            nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
             return 77;
         }
         o.device = 0, o.backend = MJ_BACKEND_CUDA;
@@ -288,31 +478,19 @@ int main(void) {
     int n = build_table(table), n_ok = 0;
     double t_glm = 0;
     for (int i = 0; i < n; i++) {
-        double t0 = now_ms();
-        n_ok += run_case(ctx, &table[i], seed + (uint64_t)i * 7919);
+        double t0 = test_now_ms();
+        n_ok += run_case(ctx, &table[i], seed + (uint64_t)i * 7919, i);
         if (table[i].B == 256 && table[i].E == 256 && table[i].k == 8 && table[i].k0 < 8 && t_glm == 0)
-            t_glm = now_ms() - t0;
+            t_glm = test_now_ms() - t0;
     }
     printf("%d of %d routing cases match the reference; B=256 E=256 k=8 OEA case: %.1f ms on the %s\n",
            n_ok, n, t_glm, ROUTE_TEST_GPU ? "GPU (with copies)" : "interpreter");
-
-    /* Refusals (checked before any memory is touched): OEA above one block, bad k0, too many
-     * experts, a missing output. */
-    float x[16] = {0};
-    int32_t ids[8], ns[2];
-    float w[8];
-    mj_route_outputs out = {ids, w, ns, NULL, NULL, NULL, NULL, NULL};
-    mj_route_params p = {8, 4, 2, 1, 1, MJ_SCORING_SIGMOID, 1.0f, 1};
-    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 257, 257, &out, NULL), MJ_ERR_UNSUPPORTED);
-    p.k0 = 5;
-    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, 2, &out, NULL), MJ_ERR_INVALID_ARG);
-    p.k0 = 2, p.n_experts = 2048;
-    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, 2, &out, NULL), MJ_ERR_UNSUPPORTED);
-    p.n_experts = 8;
-    out.ids = NULL;
-    CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, 2, &out, NULL), MJ_ERR_INVALID_ARG);
-
+    if (!ROUTE_TEST_GPU) {
+        test_branches_reached(ctx);
+        test_replay(ctx, seed);
+        test_constraints(ctx);
+    }
+    test_refusals(ctx);
     mj_context_destroy(ctx);
-    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     return test_finish();
 }

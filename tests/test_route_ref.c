@@ -148,7 +148,7 @@ static void check_plain(const rcase *rc, const float *x, const float *bias) {
     int E = p->n_experts, k = p->topk, B = rc->B, nv = rc->num_valid;
     int32_t ids[MAXB * MAXK], n_sel[MAXB], all_ids[MAXB * MAXK];
     float w[MAXB * MAXK];
-    mj_route_stats st;
+    mj_route_stats st = MJ_ROUTE_STATS_INIT;
     CHECK_OK(mj_route_ref(p, x, rc->use_bias ? bias : NULL, B, nv, ids, w, n_sel, &st));
 
     int bad = 0;
@@ -205,7 +205,7 @@ static void check_oea_sweep(const rcase *rc, const float *x, const float *bias) 
         p.k0 = k0;
         int32_t ids[MAXB * MAXK], n_sel[MAXB];
         float w[MAXB * MAXK];
-        mj_route_stats st;
+        mj_route_stats st = MJ_ROUTE_STATS_INIT;
         CHECK_OK(mj_route_ref(&p, x, b, B, nv, ids, w, n_sel, &st));
 
         unsigned char base[MAXE] = {0};
@@ -349,6 +349,7 @@ static void test_random(uint64_t seed) {
                     for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
                         rcase rc;
                         memset(&rc, 0, sizeof rc);
+                        rc.p = (mj_route_params)MJ_ROUTE_PARAMS_INIT;
                         rc.p.n_experts = shapes[sh].E;
                         rc.p.topk = rc.p.k0 = shapes[sh].k;
                         rc.p.n_group = shapes[sh].G;
@@ -382,8 +383,7 @@ static void test_random(uint64_t seed) {
  * ------------------------------------------------------------------------------------- */
 
 static mj_route_params small_params(int E, int k, int k0) {
-    mj_route_params p;
-    memset(&p, 0, sizeof p);
+    mj_route_params p = MJ_ROUTE_PARAMS_INIT;
     p.n_experts = E;
     p.topk = k;
     p.k0 = k0;
@@ -449,7 +449,7 @@ static void test_hand_examples(void) {
     float x[3 * 8];
     int32_t ids[3 * 4], n_sel[3];
     float w[3 * 4];
-    mj_route_stats st;
+    mj_route_stats st = MJ_ROUTE_STATS_INIT;
     double s3 = sig(3.0f), s25 = sig(2.5f), s2 = sig(2.0f), s15 = sig(1.5f), s0 = sig(0.0f);
 
     {
@@ -504,7 +504,7 @@ static void test_identical_and_agreeing(uint64_t seed) {
     float x[B * E];
     int32_t ids[B * K], ids1[K], n_sel[B], n1;
     float w[B * K], w1[K];
-    mj_route_stats st;
+    mj_route_stats st = MJ_ROUTE_STATS_INIT;
     for (int e = 0; e < E; e++) x[e] = (float)mj_rng_normal(&seed);
     for (int i = 1; i < B; i++) memcpy(x + i * E, x, sizeof(float) * E);
     for (int k0 = 1; k0 <= K; k0++) {
@@ -567,7 +567,7 @@ static void test_padding(uint64_t seed) {
     }
     int32_t ids[B * K], n_sel[B], ids_v[NV * K], n_v[NV], ids_all[B * K], n_all[B];
     float w[B * K], w_v[NV * K], w_all[B * K];
-    mj_route_stats st, st_v;
+    mj_route_stats st = MJ_ROUTE_STATS_INIT, st_v = MJ_ROUTE_STATS_INIT;
     for (int k0 = 1; k0 <= K; k0++) {
         p.k0 = k0;
         CHECK_OK(mj_route_ref(&p, x, NULL, B, NV, ids, w, n_sel, &st));
@@ -693,7 +693,7 @@ static void test_nan_and_inf(void) {
     const float nan = NAN, inf = INFINITY;
     int32_t ids[16], n_sel[4];
     float w[16];
-    mj_route_stats st;
+    mj_route_stats st = MJ_ROUTE_STATS_INIT;
     mj_route_params p = small_params(8, 4, 4);
     p.routed_scaling_factor = 2.0f;
 
@@ -803,12 +803,13 @@ static void fill_sentinels(void) {
     memset(g_nsel, 0x5A, sizeof g_nsel);
     memset(g_w, 0x5A, sizeof g_w);
     memset(&g_st, 0x5A, sizeof g_st);
+    g_st.struct_size = sizeof g_st; /* a valid struct, every other byte a sentinel */
 }
 
 static int sentinels_intact(void) {
     const unsigned char *bufs[4] = {(const void *)g_ids, (const void *)g_nsel,
-                                    (const void *)g_w, (const void *)&g_st};
-    size_t sizes[4] = {sizeof g_ids, sizeof g_nsel, sizeof g_w, sizeof g_st};
+                                    (const void *)g_w, (const unsigned char *)&g_st + sizeof g_st.struct_size};
+    size_t sizes[4] = {sizeof g_ids, sizeof g_nsel, sizeof g_w, sizeof g_st - sizeof g_st.struct_size};
     for (int b = 0; b < 4; b++)
         for (size_t i = 0; i < sizes[b]; i++)
             if (bufs[b][i] != 0x5A) return 0;
@@ -883,7 +884,7 @@ static void test_params_from_config(void) {
     mj_route_params p;
     memset(&p, 0x5A, sizeof p);
     CHECK_OK(mj_route_params_from_config(&cfg, &p));
-    CHECK(p.n_experts == 256 && p.topk == 8 && p.k0 == 8 && p.n_group == 8 &&
+    CHECK(p.struct_size == sizeof p && p.n_experts == 256 && p.topk == 8 && p.k0 == 8 && p.n_group == 8 &&
               p.topk_group == 4 && p.scoring == MJ_SCORING_SOFTMAX &&
               p.routed_scaling_factor == 2.5f && p.renormalize == 1,
           "params: E %d k %d k0 %d groups %d/%d scoring %d rsf %g renorm %d", p.n_experts,

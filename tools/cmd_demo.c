@@ -99,7 +99,7 @@ int cmd_demo(int argc, char **argv) {
     uint64_t rng = (uint64_t)seed ^ 0xD1B54A32D192ED03ull;
     for (size_t i = 0; i < n; i++) hidden[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
 
-    mj_route_stats st_plain, st_oea;
+    mj_route_stats st_plain = MJ_ROUTE_STATS_INIT, st_oea = MJ_ROUTE_STATS_INIT;
     t0 = now_s();
     s = mj_moe_forward_ref(layer, mode, hidden, batch, batch, cfg.topk, y_plain, &st_plain);
     t1 = now_s();

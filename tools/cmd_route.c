@@ -82,29 +82,37 @@ static mj_status route_on_backend(const char *backend, const mj_route_params *p,
     const char *target;
     mj_context_backend(ctx, &used, &target);
     size_t nx = sizeof(float) * (size_t)B * (size_t)p->n_experts, nk = (size_t)B * (size_t)p->topk;
+    mj_route_outputs out = MJ_ROUTE_OUTPUTS_INIT;
     if (used == MJ_BACKEND_SIM) {
-        mj_route_outputs out = {ids, w, nsel, NULL, NULL, NULL, NULL, NULL};
-        s = mj_route(ctx, p, x, bias, B, V, &out, NULL);
+        out.ids = ids, out.weights = w, out.n_sel = nsel;
+        int32_t nv = V;
+        s = mj_route(ctx, p, x, bias, B, &nv, &out, NULL);
     } else {
-        uint64_t dx = 0, db = 0, di = 0, dw = 0, dn = 0;
-        s = mj_cuda_malloc(nx, &dx);
+        uint64_t dx = 0, db = 0, di = 0, dw = 0, dn = 0, dv = 0;
+        int32_t nv = V;
+        /* Device memory lives in a context: make the device's current on this thread first. */
+        s = mj_cuda_bind(0);
+        if (s == MJ_OK) s = mj_cuda_malloc(nx, &dx);
         if (s == MJ_OK && bias) s = mj_cuda_malloc(sizeof(float) * (size_t)p->n_experts, &db);
         if (s == MJ_OK) s = mj_cuda_malloc(4 * nk, &di);
         if (s == MJ_OK) s = mj_cuda_malloc(4 * nk, &dw);
         if (s == MJ_OK) s = mj_cuda_malloc(4 * (size_t)B, &dn);
+        if (s == MJ_OK) s = mj_cuda_malloc(4, &dv);
+        if (s == MJ_OK) s = mj_cuda_memcpy_htod(dv, &nv, 4);
         if (s == MJ_OK) s = mj_cuda_memcpy_htod(dx, x, nx);
         if (s == MJ_OK && bias) s = mj_cuda_memcpy_htod(db, bias, sizeof(float) * (size_t)p->n_experts);
         if (s == MJ_OK) {
-            mj_route_outputs out = {(int32_t *)(uintptr_t)di, (float *)(uintptr_t)dw, (int32_t *)(uintptr_t)dn,
-                                    NULL, NULL, NULL, NULL, NULL};
-            s = mj_route(ctx, p, (const float *)(uintptr_t)dx, bias ? (const float *)(uintptr_t)db : NULL, B, V, &out, NULL);
+            out.ids = (int32_t *)(uintptr_t)di, out.weights = (float *)(uintptr_t)dw;
+            out.n_sel = (int32_t *)(uintptr_t)dn;
+            s = mj_route(ctx, p, (const float *)(uintptr_t)dx, bias ? (const float *)(uintptr_t)db : NULL, B,
+                         (const int32_t *)(uintptr_t)dv, &out, NULL);
         }
         if (s == MJ_OK) s = mj_cuda_synchronize();
         if (s == MJ_OK) s = mj_cuda_memcpy_dtoh(ids, di, 4 * nk);
         if (s == MJ_OK) s = mj_cuda_memcpy_dtoh(w, dw, 4 * nk);
         if (s == MJ_OK) s = mj_cuda_memcpy_dtoh(nsel, dn, 4 * (size_t)B);
-        uint64_t all[5] = {dx, db, di, dw, dn};
-        for (int i = 0; i < 5; i++)
+        uint64_t all[6] = {dx, db, di, dw, dn, dv};
+        for (int i = 0; i < 6; i++)
             if (all[i]) mj_cuda_free(all[i]);
     }
     mj_context_destroy(ctx);
@@ -157,8 +165,8 @@ int cmd_route(int argc, char **argv) {
     }
     if (optind + 1 != argc) return tool_usage("route", "expected one LOGITS.npy file");
 
-    mj_route_params p = {.n_experts = 0, .topk = 8, .k0 = 0, .n_group = 1, .topk_group = 1,
-                         .scoring = MJ_SCORING_SIGMOID, .routed_scaling_factor = 1.0f, .renormalize = 1};
+    mj_route_params p = MJ_ROUTE_PARAMS_INIT;
+    p.topk = 8;
     mj_moe_config cfg;
     if (config_path) {
         mj_status s = mj_moe_config_read(config_path, NULL, &cfg);
@@ -226,7 +234,7 @@ int cmd_route(int argc, char **argv) {
         }
     }
     /* The statistics always come from the reference; the ids and weights from the backend. */
-    mj_route_stats st;
+    mj_route_stats st = MJ_ROUTE_STATS_INIT;
     mj_status s = mj_route_ref(&p, lg.data, bias_path ? bias.data : NULL, B, valid, ids, w, nsel, &st);
     if (s != MJ_OK) {
         tool_fail_status("routing", s);

@@ -159,7 +159,7 @@ mj_status mj_nvrtc_supports(mj_target t, int *supported) {
  * is part of the cache key. */
 #define MJ_NVRTC_COMMON_OPTIONS " -std=c++17 -default-device --ptxas-options=-v"
 static const char *const k_options[MJ_TARGET_COUNT] = {
-#define OPTIONS_(e, name, sm) "-arch=" name MJ_NVRTC_COMMON_OPTIONS,
+#define OPTIONS_(e, name, sm, smem) "-arch=" name MJ_NVRTC_COMMON_OPTIONS,
     MJ_TARGET_TABLE(OPTIONS_)
 #undef OPTIONS_
 };

@@ -236,16 +236,16 @@ static float tensor_amax(const float *w, int64_t count) {
     return m;
 }
 
-/* The block's E4M3 scale byte: block_amax / (6 * ws2), with the two degenerate cases
- * (an all-zero block, and a scale so small that E4M3 flushes it to 0) replaced by 1.0.
- * Either way the block's codes stay finite: a zero block gives all zeros, and an underflowed
- * block's elements are tiny next to ws2, so they round to 0 too. */
+/* The block's E4M3 scale byte, as ModelOpt (0.45 and later) computes it in float32:
+ * block_amax / (6 * ws2); an all-zero block's 0 becomes 1.0 (its codes are all 0); then
+ * anything below the smallest E4M3 subnormal, 2^-9, is clamped up to it, so a tiny non-zero
+ * block (block_amax below about 2.2e-6 of the tensor's amax) gets byte 0x01 and keeps its
+ * codes instead of flushing to 0 (ModelOpt 0.44 and earlier wrote 0x00 there). */
 static uint8_t weight_block_scale(float amax_block, float ws2) {
     float scale = amax_block / (6.0f * ws2);
     if (scale == 0.0f) scale = 1.0f;
-    uint8_t byte = mj_e4m3_encode(scale);
-    if (mj_e4m3_decode(byte) == 0.0f) byte = 0x38u; /* 1.0 */
-    return byte;
+    if (scale < 0x1p-9f) scale = 0x1p-9f;
+    return mj_e4m3_encode(scale);
 }
 
 mj_status mj_nvfp4_quantize(const float *w, int64_t n, int64_t k, const char *name,

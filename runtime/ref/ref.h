@@ -38,4 +38,9 @@ struct mj_layer {
     mj_nvfp4_linear shared_w2;  /* [H, is_local]                                           */
 };
 
+/* ---- routing (runtime/ref/route_ref.c) ---- */
+/* A caller's params (any struct_size the library knows) as today's struct; fn labels the
+ * error. */
+mj_status mj_route_params_load(const mj_route_params *in, const char *fn, mj_route_params *out);
+
 #endif /* MJ_REF_H */

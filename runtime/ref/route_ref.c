@@ -30,6 +30,7 @@
 #include "ref.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* ---------------------------------------------------------------------------------------
@@ -42,8 +43,7 @@ mj_status mj_route_params_from_config(const mj_moe_config *cfg, mj_route_params 
                             "mj_route_params_from_config: %s is NULL; pass a config (e.g. from "
                             "mj_moe_config_read) and a params struct to fill",
                             !cfg ? "cfg" : "p");
-    mj_route_params r;
-    memset(&r, 0, sizeof r);
+    mj_route_params r = MJ_ROUTE_PARAMS_INIT;
     r.n_experts = cfg->n_experts;
     r.topk = cfg->topk;
     r.k0 = cfg->topk; /* plain top-k until the caller chooses an OEA k0 */
@@ -53,6 +53,21 @@ mj_status mj_route_params_from_config(const mj_moe_config *cfg, mj_route_params 
     r.routed_scaling_factor = cfg->routed_scaling_factor;
     r.renormalize = cfg->norm_topk_prob;
     *p = r;
+    return MJ_OK;
+}
+
+mj_status mj_route_params_load(const mj_route_params *in, const char *fn, mj_route_params *out) {
+    mj_route_params d = MJ_ROUTE_PARAMS_INIT;
+    *out = d;
+    if (!in) return mj_set_error(MJ_ERR_INVALID_ARG, "%s: params is NULL", fn);
+    /* v1 is today's struct: every field is known to every caller so far. */
+    mj_status st = mj_struct_load(in, sizeof(mj_route_params), sizeof(mj_route_params), out,
+                                  "mj_route_params", "MJ_ROUTE_PARAMS_INIT");
+    if (st != MJ_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", mj_last_error());
+        return mj_set_error(st, "%s: %s", fn, why);
+    }
     return MJ_OK;
 }
 
@@ -329,14 +344,22 @@ static double mass_of(const float *s, const int32_t *list, int32_t n) {
     return m;
 }
 
-mj_status mj_route_ref(const mj_route_params *p, const float *logits, const float *bias,
+mj_status mj_route_ref(const mj_route_params *params, const float *logits, const float *bias,
                        int32_t B, int32_t num_valid, int32_t *ids, float *weights,
                        int32_t *n_sel, mj_route_stats *stats) {
-    if (!p || !logits || !ids || !weights || !n_sel)
+    if (!params || !logits || !ids || !weights || !n_sel)
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "mj_route_ref: %s is NULL; only bias and stats may be NULL",
-                            !p ? "p" : !logits ? "logits" : !ids ? "ids" : !weights ? "weights"
-                                                                                     : "n_sel");
+                            !params ? "p" : !logits ? "logits" : !ids ? "ids" : !weights ? "weights"
+                                                                                          : "n_sel");
+    mj_route_params pv;
+    MJ_CHECK(mj_route_params_load(params, "mj_route_ref", &pv));
+    const mj_route_params *p = &pv;
+    if (stats) {
+        mj_route_stats probe;
+        MJ_CHECK(mj_struct_load(stats, sizeof(mj_route_stats), sizeof(mj_route_stats), &probe,
+                                "mj_route_stats", "MJ_ROUTE_STATS_INIT"));
+    }
     MJ_CHECK(check_params(p));
     if (B < 0 || num_valid < 0 || num_valid > B)
         return mj_set_error(MJ_ERR_INVALID_ARG,
@@ -394,14 +417,13 @@ mj_status mj_route_ref(const mj_route_params *p, const float *logits, const floa
     }
 
     if (stats) {
-        mj_route_stats st;
-        memset(&st, 0, sizeof st);
+        mj_route_stats st = MJ_ROUTE_STATS_INIT;
         st.unique_before = unique_before;
         st.unique_after = unique_after;
         st.mean_experts = num_valid > 0 ? (double)total_sel / num_valid : 0.0;
         st.retained_mass = (k0 == k || mass_topk == 0.0) ? 1.0 : mass_kept / mass_topk;
         st.nan_logits = nan_logits;
-        *stats = st;
+        mj_struct_store(stats, &st, sizeof st);
     }
     scratch_free(&w);
     return MJ_OK;
