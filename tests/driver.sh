@@ -199,6 +199,27 @@ expect_fail "$MJ" nvfp4 dequantize z d3.npy;             contains err "shapes do
 [ ! -f d3.npy ] && ok || bad "d3.npy written after a failure"
 expect_fail "$MJ" nvfp4 squash m.npy q
 expect_fail "$MJ" nvfp4 quantize m.npy
+# Outputs are written through unpredictable temporaries beside them (O_EXCL): a symlink
+# planted at the old predictable name <out>.tmp.<pid> is not followed, and its target is left
+# alone. The shell that plants the links execs the command, so $$ is the command's pid.
+mkdir sl && printf 'precious\n' >sl/target
+planted() { # planted "OUTNAMES" CMD...: in sl/, with a link to target at each OUTNAME.tmp.<pid>
+    local names=$1
+    shift
+    (cd sl && NAMES=$names bash -c 'for f in $NAMES; do ln -s target "$f.tmp.$$"; done; exec "$@"' planted "$@") >out 2>err
+}
+planted "q.weight.npy q.weight_scale.npy q.weight_scale_2.npy" "$MJ" nvfp4 quantize ../m.npy q
+[ $? = 0 ] && ok || bad "quantize with planted links failed: $(cat err)"
+planted "d.npy" "$MJ" nvfp4 dequantize q d.npy
+[ $? = 0 ] && ok || bad "dequantize with planted links failed: $(cat err)"
+[ "$(cat sl/target)" = precious ] && ok || bad "a planted symlink's target was overwritten: $(head -c 80 sl/target | od -c | head -2)"
+for f in q.weight.npy q.weight_scale.npy q.weight_scale_2.npy d.npy; do
+    [ -f "sl/$f" ] && [ ! -L "sl/$f" ] && cmp -s "sl/$f" "$f" && ok || bad "sl/$f is not the regular file it should be: $(ls -l "sl/$f")"
+done
+[ "$(find sl -type l | wc -l)" = 4 ] && [ "$(find sl -type l -lname target | wc -l)" = 4 ] && ok || bad "planted links were moved: $(ls -l sl)"
+[ "$(find sl -type f | wc -l)" = 5 ] && ok || bad "temporaries left behind: $(ls -l sl)"
+want_mode=$(printf '%o' $((0666 & ~$(umask))))
+[ "$(stat -c %a sl/q.weight.npy)" = "$want_mode" ] && ok || bad "output mode $(stat -c %a sl/q.weight.npy), want $want_mode"
 
 # ---- demo -------------------------------------------------------------------------------
 expect_rc 0 "$MJ" demo --hidden 128 --intermediate 128 --experts 32 --batch 8 --k0 2 --seed 3

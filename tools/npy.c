@@ -11,6 +11,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,8 +169,33 @@ done:
     return rc;
 }
 
-int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, const int64_t *shape,
-             const void *data, char *err, size_t errlen) {
+/* The directory part of path ("." when it has none), for fsync after a rename. */
+static void dir_of(const char *path, char *buf, size_t len) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(buf, len, ".");
+    else if (slash == path) snprintf(buf, len, "/");
+    else snprintf(buf, len, "%.*s", (int)(slash - path), path);
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t itemsize, int ndim,
+                   const int64_t *shape, const void *data, char *err, size_t errlen) {
+    o->tmp[0] = '\0';
+    if ((size_t)snprintf(o->path, sizeof o->path, "%s", path) >= sizeof o->path ||
+        (size_t)snprintf(o->tmp, sizeof o->tmp, "%s.tmp.XXXXXX", path) >= sizeof o->tmp) {
+        o->tmp[0] = '\0';
+        return ERR("%s: path too long", path);
+    }
     char dict[256];
     size_t n = (size_t)snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", dtype);
     int64_t count = 1;
@@ -193,19 +219,55 @@ int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, con
     header[10 + n + pad] = '\n';
     size_t hbytes = 10 + n + pad + 1;
 
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) return ERR("%s: cannot create: %s", path, strerror(errno));
-    size_t bytes = (size_t)count * itemsize;
-    int ok = fwrite(header, 1, hbytes, fp) == hbytes && fwrite(data, 1, bytes, fp) == bytes;
-    ok = (fflush(fp) == 0) && ok;
-    ok = (fsync(fileno(fp)) == 0) && ok;
-    ok = (fclose(fp) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    /* A new file of a random name beside the output, created O_EXCL (so never through a
+     * link or into someone else's file), mode 0600 until it is complete. */
+    int fd = mkostemp(o->tmp, O_CLOEXEC);
+    if (fd < 0) {
         int e = errno;
-        unlink(tmp);
+        o->tmp[0] = '\0';
+        return ERR("%s: cannot create a temporary file beside it: %s", path, strerror(e));
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    size_t bytes = (size_t)count * itemsize;
+    int ok = write_all(fd, header, hbytes) == 0 && write_all(fd, data, bytes) == 0;
+    ok = ok && fchmod(fd, 0666 & ~mask) == 0;
+    ok = ok && fsync(fd) == 0;
+    int e = errno;
+    if (close(fd) != 0 && ok) ok = 0, e = errno;
+    if (!ok) {
+        npy_discard(o);
         return ERR("%s: write failed: %s", path, strerror(e));
     }
     return 0;
+}
+
+int npy_commit(npy_out *o, char *err, size_t errlen) {
+    if (rename(o->tmp, o->path) != 0) {
+        int e = errno;
+        npy_discard(o);
+        return ERR("%s: cannot replace it: %s", o->path, strerror(e));
+    }
+    o->tmp[0] = '\0';
+    /* Make the rename durable (best effort: the data itself is already synced). */
+    char dir[4096];
+    dir_of(o->path, dir, sizeof dir);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+void npy_discard(npy_out *o) {
+    if (o->tmp[0]) unlink(o->tmp);
+    o->tmp[0] = '\0';
+}
+
+int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, const int64_t *shape,
+             const void *data, char *err, size_t errlen) {
+    npy_out o;
+    if (npy_write_temp(&o, path, dtype, itemsize, ndim, shape, data, err, errlen)) return -1;
+    return npy_commit(&o, err, errlen);
 }
