@@ -188,6 +188,21 @@ mknpy nan.npy '<f4' '(1, 16)' 'f<' 0 1 2 3 4 5 6 7 8 9 10 11 12 13 NaN 15
 rm -f qn.*
 expect_fail "$MJ" nvfp4 quantize nan.npy qn;             contains err "NaN"; contains err "14"
 [ -z "$(ls qn.* 2>/dev/null)" ] && ok || bad "files left after a failed quantize"
+# A failed re-run leaves the outputs of an earlier run as they were: a NaN input...
+mkdir keep && cp q.weight.npy q.weight_scale.npy q.weight_scale_2.npy keep/
+expect_fail "$MJ" nvfp4 quantize nan.npy q;              contains err "NaN"
+for p in weight weight_scale weight_scale_2; do cmp -s "q.$p.npy" "keep/q.$p.npy" && ok || bad "q.$p.npy changed by a failed run"; done
+# ... and a run that can write two of its three outputs but not the third (a directory is
+# in the way): nothing is replaced, and no temporary is left.
+mknpy m2.npy '<f4' '(2, 32)' 'f<' $(perl -e 'print join(" ", map { $_ / 3 - 5 } 0..63)')
+"$MJ" nvfp4 quantize m.npy r >/dev/null 2>&1 && cp r.weight.npy r.weight_scale.npy keep/
+rm -f r.weight_scale_2.npy && mkdir r.weight_scale_2.npy
+expect_fail "$MJ" nvfp4 quantize m2.npy r;               contains err "r.weight_scale_2.npy"; contains err "directory"
+for p in weight weight_scale; do cmp -s "r.$p.npy" "keep/r.$p.npy" && ok || bad "r.$p.npy removed or changed by a failed run: $(ls -d r.* 2>&1)"; done
+[ -z "$(ls -d r.*.tmp.* 2>/dev/null)" ] && ok || bad "temporaries left: $(ls -d r.*)"
+rmdir r.weight_scale_2.npy
+expect_rc 0 "$MJ" nvfp4 quantize m2.npy r
+cmp -s r.weight.npy keep/r.weight.npy && bad "r.weight.npy not replaced by a successful run" || ok
 mknpy k15.npy '<f4' '(1, 15)' 'f<' 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
 expect_fail "$MJ" nvfp4 quantize k15.npy qk;             contains err "multiple of 16"
 expect_fail "$MJ" nvfp4 quantize l3.npy qk

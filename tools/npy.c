@@ -219,6 +219,12 @@ int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t items
     header[10 + n + pad] = '\n';
     size_t hbytes = 10 + n + pad + 1;
 
+    /* What rename could not replace, said before anything is written. */
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        o->tmp[0] = '\0';
+        return ERR("%s: is a directory; remove it or choose another output name", path);
+    }
     /* A new file of a random name beside the output, created O_EXCL (so never through a
      * link or into someone else's file), mode 0600 until it is complete. */
     int fd = mkostemp(o->tmp, O_CLOEXEC);
