@@ -325,5 +325,27 @@ mkdir -p "$T/open" && chmod 777 "$T/open"
 "$MJ" inspect --cache-dir "$T/open" list >out 2>err
 [ $? != 0 ] && grep -q "writable by other users" err && ok || bad "unsafe directory not refused: $(cat err)"
 
+# ---- standard output that cannot be written -------------------------------------------
+# A command whose output is lost did not do its job: exit 1, one line on stderr.
+full() { # full CMD...: run with stdout on /dev/full
+    "$@" >/dev/full 2>err
+    local rc=$?
+    if [ "$rc" = 1 ] && [ "$(wc -l <err)" = 1 ] && grep -q "standard output" err; then ok
+    else bad "stdout on /dev/full: rc $rc (want 1), stderr $(wc -l <err) lines: $* :: $(head -c 300 err)"; fi
+}
+full "$MJ" --help
+full "$MJ" --version
+full "$MJ" route --help
+full "$MJ" route --topk 4 l.npy
+full "$MJ" route --backend sim --topk 4 --k0 2 l.npy
+full "$MJ" nvfp4 --help
+full "$MJ" demo --hidden 128 --intermediate 64 --experts 16 --topk 4 --batch 2
+full "$MJ" prewarm --cache-dir "$T/cache2" -q rec.jsonl
+full "$MJ" inspect templates
+full "$MJ" inspect --cache-dir "$T/cache2" list
+full "$MJ" inspect --cache-dir "$T/cache2" --stats
+# A command with nothing to print does not fail for it.
+expect_rc 0 "$MJ" nvfp4 quantize m.npy full_q >/dev/full
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
