@@ -146,6 +146,21 @@ mknpy b3.npy '<f4' '(3,)' 'f<' 0 0 0
 expect_fail "$MJ" route --bias b3.npy l.npy;             contains err "bias must be [8]"
 mknpy l3.npy '<f4' '(2, 2, 2)' 'f<' 1 2 3 4 5 6 7 8
 expect_fail "$MJ" route l3.npy;                          contains err "[B, E]"
+# Dimensions are checked as the file gives them (int64) before they are narrowed: header-only
+# files with a 0 dimension load, and 4294967304 must not become 8.
+mknpy bigE.npy '<f4' '(0, 4294967304)' 'f<'
+expect_fail "$MJ" route bigE.npy;                        contains err "4294967304 experts"; contains err "8..1024"
+expect_fail "$MJ" route --backend ref bigE.npy;          contains err "4294967304 experts"; contains err "1..65536"
+mknpy bigB.npy '<f4' '(4294967304, 0)' 'f<'
+expect_fail "$MJ" route --backend ref bigB.npy;          contains err "4294967304 tokens"; contains err "16777216"
+mknpy negB.npy '<f4' '(3000000000, 0)' 'f<'
+expect_fail "$MJ" route --backend ref negB.npy;          contains err "3000000000 tokens"
+mknpy e4.npy '<f4' '(0, 4)' 'f<'
+expect_fail "$MJ" route --backend sim --topk 2 e4.npy;   contains err "4 experts"; contains err "8..1024"
+mknpy e2000.npy '<f4' '(0, 2000)' 'f<'
+expect_fail "$MJ" route e2000.npy;                       contains err "2000 experts"; contains err "8..1024"
+expect_rc 0 "$MJ" route --backend ref e2000.npy
+json_check 'j["experts"] == 2000 and j["tokens"] == 0 and j["ids"] == []'
 expect_fail "$MJ" route --topk 9 l.npy
 expect_fail "$MJ" route --topk 4 --k0 5 l.npy
 expect_fail "$MJ" route --topk x l.npy;                  contains err "--topk"
