@@ -165,6 +165,11 @@ expect_fail "$MJ" route --topk 9 l.npy
 expect_fail "$MJ" route --topk 4 --k0 5 l.npy
 expect_fail "$MJ" route --topk x l.npy;                  contains err "--topk"
 expect_fail "$MJ" route --rsf nan l.npy
+for x in 0 -0 -1 -2.5 1e-60 inf 1e40; do
+    expect_fail "$MJ" route --rsf "$x" l.npy;            contains err "--rsf wants a positive finite number"
+done
+expect_rc 2 "$MJ" route --rsf 0 l.npy
+expect_rc 0 "$MJ" route --topk 2 --rsf 0.5 l.npy;        json_check 'abs(sum(j["weights"][0]) - 0.5) < 1e-6'
 expect_fail "$MJ" route --scoring tanh l.npy;            contains err "sigmoid or softmax"
 expect_fail "$MJ" route --n-group 3 l.npy
 expect_fail "$MJ" route --valid 4 l.npy;                 contains err "--valid"

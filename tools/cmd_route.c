@@ -26,7 +26,8 @@ static const char k_help[] =
     "                       groups come from it (flags below override)\n"
     "  --topk K             experts per token (default 8, or the model's)\n"
     "  --k0 K0              OEA phase-1 experts, 1..K (default K: plain top-k)\n"
-    "  --rsf X              routed scaling factor (default 1.0, or the model's)\n"
+    "  --rsf X              routed scaling factor, a positive number (default 1.0, or the\n"
+    "                       model's)\n"
     "  --no-renorm          do not renormalize the chosen weights to sum 1\n"
     "  --scoring S          sigmoid (default) or softmax\n"
     "  --n-group G          expert groups for group-limited routing (default 1)\n"
@@ -145,7 +146,7 @@ int cmd_route(int argc, char **argv) {
         case OPT_CONFIG: config_path = optarg; break;
         case OPT_TOPK: if (tool_parse_int("route", "--topk", optarg, 1, 1 << 20, &topk)) return 2; break;
         case OPT_K0: if (tool_parse_int("route", "--k0", optarg, 1, 1 << 20, &k0)) return 2; break;
-        case OPT_RSF: if (tool_parse_float("route", "--rsf", optarg, &rsf)) return 2; have_rsf = 1; break;
+        case OPT_RSF: if (tool_parse_positive_float("route", "--rsf", optarg, &rsf)) return 2; have_rsf = 1; break;
         case OPT_NORENORM: no_renorm = 1; break;
         case OPT_SCORING:
             if (!strcmp(optarg, "sigmoid")) scoring = MJ_SCORING_SIGMOID;

@@ -62,12 +62,12 @@ int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, 
     return 0;
 }
 
-int tool_parse_float(const char *cmd, const char *opt, const char *text, float *out) {
+int tool_parse_positive_float(const char *cmd, const char *opt, const char *text, float *out) {
     char *end;
     errno = 0;
     float v = strtof(text, &end);
-    if (errno || end == text || *end || !isfinite(v)) {
-        tool_usage(cmd, "%s wants a finite number, got '%s'", opt, text);
+    if (errno || end == text || *end || !isfinite(v) || !(v > 0.0f)) {
+        tool_usage(cmd, "%s wants a positive finite number, got '%s'", opt, text);
         return -1;
     }
     *out = v;
