@@ -226,6 +226,12 @@ cmp -s r.weight.npy keep/r.weight.npy && bad "r.weight.npy not replaced by a suc
 mknpy k15.npy '<f4' '(1, 15)' 'f<' 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
 expect_fail "$MJ" nvfp4 quantize k15.npy qk;             contains err "multiple of 16"
 expect_fail "$MJ" nvfp4 quantize l3.npy qk
+mknpy n0.npy '<f4' '(0, 16)' 'f<'
+expect_fail "$MJ" nvfp4 quantize n0.npy qk;              contains err "no rows"
+grep -q "multiple of 16" err && bad "a matrix with no rows reported as a K problem: $(cat err)" || ok
+mknpy k0.npy '<f4' '(2, 0)' 'f<'
+expect_fail "$MJ" nvfp4 quantize k0.npy qk;              contains err "K must be a positive multiple of 16"
+[ -z "$(ls qk.* 2>/dev/null)" ] && ok || bad "files left after a failed quantize: $(ls qk.*)"
 expect_fail "$MJ" nvfp4 quantize missing.npy qk
 expect_fail "$MJ" nvfp4 dequantize nothere d2.npy;       contains err "nothere.weight.npy"
 cp q.weight.npy z.weight.npy; cp q.weight_scale_2.npy z.weight_scale_2.npy

@@ -36,7 +36,12 @@ static int quantize(const char *in, const char *prefix) {
         goto done;
     }
     int64_t n = a.shape[0], k = a.shape[1];
-    if (n < 1 || k < 1 || k % MJ_NVFP4_GROUP) {
+    if (n < 1) {
+        tool_fail("%s: shape %s: the matrix has no rows; quantize wants at least one row [N >= 1, K]", in,
+                  npy_shape_str(&a, sh, sizeof sh));
+        goto done;
+    }
+    if (k < 1 || k % MJ_NVFP4_GROUP) {
         tool_fail("%s: shape %s: K must be a positive multiple of %d (one NVFP4 block)", in,
                   npy_shape_str(&a, sh, sizeof sh), MJ_NVFP4_GROUP);
         goto done;
