@@ -140,6 +140,14 @@ head -c 5 l.npy >short.npy
 expect_fail "$MJ" route short.npy
 echo "hello world, not numpy" >txt.npy
 expect_fail "$MJ" route txt.npy;                         contains err "bad magic"
+mkdir dir.npy
+expect_fail "$MJ" route dir.npy;                         contains err "dir.npy: is a directory"
+# A FIFO (no writer) is refused at once, not waited on; timeout turns a hang into rc 124.
+mkfifo fifo.npy
+expect_fail timeout 10 "$MJ" route fifo.npy;             contains err "fifo.npy: not a regular file"
+expect_fail timeout 10 "$MJ" route --bias fifo.npy l.npy; contains err "fifo.npy: not a regular file"
+expect_fail timeout 10 "$MJ" nvfp4 quantize fifo.npy qf; contains err "fifo.npy: not a regular file"
+[ -p fifo.npy ] && ok || bad "fifo.npy is no longer a FIFO"
 mknpy fo.npy '<f4' '(3, 8)' 'f<' ; perl -pi -e 's/False/True /' fo.npy
 expect_fail "$MJ" route fo.npy;                          contains err "Fortran"
 mknpy b3.npy '<f4' '(3,)' 'f<' 0 0 0

@@ -105,8 +105,28 @@ static int parse_header(const char *hdr, const char *path, npy_array *a, char *e
 
 int npy_load(const char *path, const char *want, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return ERR("%s: cannot open: %s", path, strerror(errno));
+    /* O_NONBLOCK so that a FIFO with no writer cannot hang the open; then only a regular
+     * file is read (a FIFO, device or socket never is), in blocking mode. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return ERR("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ERR("%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        if (S_ISDIR(st.st_mode)) return ERR("%s: is a directory; give the path of a .npy file", path);
+        return ERR("%s: not a regular file (a FIFO, device or socket); give the path of a .npy file", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    FILE *fp = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, "rb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        return ERR("%s: cannot open: %s", path, strerror(e));
+    }
     npy_array a = {0};
     char *hdr = NULL;
     int rc = -1;
