@@ -76,6 +76,29 @@ int main(void) {
     char err[512];
     npy_array a;
 
+    /* A header that promises 16 GiB of float32 with no data behind it: refused as truncated
+     * after comparing with the file's size, without asking for the 16 GiB first. */
+    write_npy(in_dir("huge.npy"), "<f4", "(4294967296,)", NULL, 0);
+    CHECK(watched_load(in_dir("huge.npy"), "<f4", &a, err, sizeof err) == -1, "a 16 GiB promise loaded");
+    CHECK(strstr(err, "truncated") && strstr(err, "17179869184"), "err: %s", err);
+    CHECK(g_max_request < (1u << 20), "npy_load asked for %zu bytes for a file of %d bytes", g_max_request, 128);
+    CHECK(a.data == NULL, "a failed load left data");
+    /* The same with some data: still far short of the promise. */
+    float some[64] = {0};
+    write_npy(in_dir("huge2.npy"), "<f4", "(4096, 1048576)", some, sizeof some);
+    CHECK(watched_load(in_dir("huge2.npy"), "<f4", &a, err, sizeof err) == -1, "a 16 GiB promise loaded");
+    CHECK(strstr(err, "truncated") && strstr(err, "holds 256"), "err: %s", err);
+    CHECK(g_max_request < (1u << 20), "npy_load asked for %zu bytes for a file of %zu bytes", g_max_request,
+          128 + sizeof some);
+
+    /* A version-2 prefix whose header length says 1 MiB, with nothing after it. */
+    FILE *fp = fopen(in_dir("hdr.npy"), "wb");
+    CHECK(fp != NULL, "cannot create hdr.npy");
+    if (fp) fwrite("\x93NUMPY\x02\x00\x00\x00\x10\x00", 1, 12, fp), fclose(fp);
+    CHECK(watched_load(in_dir("hdr.npy"), "<f4", &a, err, sizeof err) == -1, "hdr.npy loaded");
+    CHECK(strstr(err, "truncated .npy header") != NULL, "err: %s", err);
+    CHECK(g_max_request < 4096, "npy_load asked for %zu bytes for a 12-byte file", g_max_request);
+
     /* A file that holds what it promises loads, and asks for about that much. */
     float v[6] = {1, 2, 3, 4, 5, 6};
     write_npy(in_dir("ok.npy"), "<f4", "(2, 3)", v, sizeof v);
@@ -135,7 +158,7 @@ int main(void) {
           "err: %s", err);
 
     /* Clean up: everything in the directory, then it. */
-    const char *names[] = {"ok.npy", "short.npy", "over.npy", "empty.npy",
+    const char *names[] = {"huge.npy", "huge2.npy", "hdr.npy", "ok.npy", "short.npy", "over.npy", "empty.npy",
                            "fifo.npy", "target", "out.npy"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) unlink(in_dir(names[i]));
     unlink(link_name);

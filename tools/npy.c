@@ -153,6 +153,11 @@ int npy_load(const char *path, const char *want, npy_array *out, char *err, size
         ERR("%s: .npy header too large", path);
         goto done;
     }
+    if ((int64_t)hlen > (int64_t)st.st_size - (major == 1 ? 10 : 12)) {
+        ERR("%s: truncated .npy header (it promises %u bytes; the file is %lld bytes)", path, hlen,
+            (long long)st.st_size);
+        goto done;
+    }
     hdr = malloc(hlen + 1);
     if (!hdr || fread(hdr, 1, hlen, fp) != hlen) {
         ERR("%s: truncated .npy header", path);
@@ -165,12 +170,26 @@ int npy_load(const char *path, const char *want, npy_array *out, char *err, size
         ERR("%s: dtype is '%s', expected '%s'", path, a.dtype, want);
         goto done;
     }
+    /* The file's size against the header's promise first: a header is not allowed to make
+     * me allocate more than the file holds. */
     size_t bytes = (size_t)a.count * a.itemsize;
+    int64_t held = (int64_t)st.st_size - (int64_t)(major == 1 ? 10 : 12) - (int64_t)hlen;
+    if (held < 0 || (uint64_t)held < bytes) {
+        ERR("%s: truncated: the header promises %zu bytes of data, the file holds %lld", path, bytes,
+            (long long)(held < 0 ? 0 : held));
+        goto done;
+    }
+    if ((uint64_t)held > bytes) {
+        ERR("%s: trailing bytes after the array data (the header promises %zu bytes, the file holds %lld)",
+            path, bytes, (long long)held);
+        goto done;
+    }
     a.data = malloc(bytes ? bytes : 1);
     if (!a.data) {
         ERR("%s: out of memory (%zu bytes)", path, bytes);
         goto done;
     }
+    /* The file may change under me: read what the header promised, and no more. */
     if (fread(a.data, 1, bytes, fp) != bytes) {
         ERR("%s: truncated: the header promises %zu bytes of data", path, bytes);
         goto done;
