@@ -16,7 +16,9 @@ typedef struct npy_array {
     void *data;             /* count * itemsize bytes, owned                             */
 } npy_array;
 
-/* Load `path` and check its dtype is `want_dtype` (e.g. "<f4"; NULL accepts any). On
+/* Load `path` and check its dtype is `want_dtype` (e.g. "<f4"; NULL accepts any). Only a
+ * regular file is read (a directory, FIFO or device is refused without blocking), and the
+ * file's size must match the header's shape before anything is allocated for the data. On
  * failure returns -1 with a one-line reason in err (no partial result). */
 int npy_load(const char *path, const char *want_dtype, npy_array *out, char *err, size_t errlen);
 
