@@ -146,16 +146,44 @@ head -c 5 l.npy >short.npy
 expect_fail "$MJ" route short.npy
 echo "hello world, not numpy" >txt.npy
 expect_fail "$MJ" route txt.npy;                         contains err "bad magic"
+mkdir dir.npy
+expect_fail "$MJ" route dir.npy;                         contains err "dir.npy: is a directory"
+# A FIFO (no writer) is refused at once, not waited on; timeout turns a hang into rc 124.
+mkfifo fifo.npy
+expect_fail timeout 10 "$MJ" route fifo.npy;             contains err "fifo.npy: not a regular file"
+expect_fail timeout 10 "$MJ" route --bias fifo.npy l.npy; contains err "fifo.npy: not a regular file"
+expect_fail timeout 10 "$MJ" nvfp4 quantize fifo.npy qf; contains err "fifo.npy: not a regular file"
+[ -p fifo.npy ] && ok || bad "fifo.npy is no longer a FIFO"
 mknpy fo.npy '<f4' '(3, 8)' 'f<' ; perl -pi -e 's/False/True /' fo.npy
 expect_fail "$MJ" route fo.npy;                          contains err "Fortran"
 mknpy b3.npy '<f4' '(3,)' 'f<' 0 0 0
 expect_fail "$MJ" route --bias b3.npy l.npy;             contains err "bias must be [8]"
 mknpy l3.npy '<f4' '(2, 2, 2)' 'f<' 1 2 3 4 5 6 7 8
 expect_fail "$MJ" route l3.npy;                          contains err "[B, E]"
+# Dimensions are checked as the file gives them (int64) before they are narrowed: header-only
+# files with a 0 dimension load, and 4294967304 must not become 8.
+mknpy bigE.npy '<f4' '(0, 4294967304)' 'f<'
+expect_fail "$MJ" route bigE.npy;                        contains err "4294967304 experts"; contains err "8..1024"
+expect_fail "$MJ" route --backend ref bigE.npy;          contains err "4294967304 experts"; contains err "1..65536"
+mknpy bigB.npy '<f4' '(4294967304, 0)' 'f<'
+expect_fail "$MJ" route --backend ref bigB.npy;          contains err "4294967304 tokens"; contains err "16777216"
+mknpy negB.npy '<f4' '(3000000000, 0)' 'f<'
+expect_fail "$MJ" route --backend ref negB.npy;          contains err "3000000000 tokens"
+mknpy e4.npy '<f4' '(0, 4)' 'f<'
+expect_fail "$MJ" route --backend sim --topk 2 e4.npy;   contains err "4 experts"; contains err "8..1024"
+mknpy e2000.npy '<f4' '(0, 2000)' 'f<'
+expect_fail "$MJ" route e2000.npy;                       contains err "2000 experts"; contains err "8..1024"
+expect_rc 0 "$MJ" route --backend ref e2000.npy
+json_check 'j["experts"] == 2000 and j["tokens"] == 0 and j["ids"] == []'
 expect_fail "$MJ" route --topk 9 l.npy
 expect_fail "$MJ" route --topk 4 --k0 5 l.npy
 expect_fail "$MJ" route --topk x l.npy;                  contains err "--topk"
 expect_fail "$MJ" route --rsf nan l.npy
+for x in 0 -0 -1 -2.5 1e-60 inf 1e40; do
+    expect_fail "$MJ" route --rsf "$x" l.npy;            contains err "--rsf wants a positive finite number"
+done
+expect_rc 2 "$MJ" route --rsf 0 l.npy
+expect_rc 0 "$MJ" route --topk 2 --rsf 0.5 l.npy;        json_check 'abs(sum(j["weights"][0]) - 0.5) < 1e-6'
 expect_fail "$MJ" route --scoring tanh l.npy;            contains err "sigmoid or softmax"
 expect_fail "$MJ" route --n-group 3 l.npy
 expect_fail "$MJ" route --valid 4 l.npy;                 contains err "--valid"
@@ -194,9 +222,30 @@ mknpy nan.npy '<f4' '(1, 16)' 'f<' 0 1 2 3 4 5 6 7 8 9 10 11 12 13 NaN 15
 rm -f qn.*
 expect_fail "$MJ" nvfp4 quantize nan.npy qn;             contains err "NaN"; contains err "14"
 [ -z "$(ls qn.* 2>/dev/null)" ] && ok || bad "files left after a failed quantize"
+# A failed re-run leaves the outputs of an earlier run as they were: a NaN input...
+mkdir keep && cp q.weight.npy q.weight_scale.npy q.weight_scale_2.npy keep/
+expect_fail "$MJ" nvfp4 quantize nan.npy q;              contains err "NaN"
+for p in weight weight_scale weight_scale_2; do cmp -s "q.$p.npy" "keep/q.$p.npy" && ok || bad "q.$p.npy changed by a failed run"; done
+# ... and a run that can write two of its three outputs but not the third (a directory is
+# in the way): nothing is replaced, and no temporary is left.
+mknpy m2.npy '<f4' '(2, 32)' 'f<' $(perl -e 'print join(" ", map { $_ / 3 - 5 } 0..63)')
+"$MJ" nvfp4 quantize m.npy r >/dev/null 2>&1 && cp r.weight.npy r.weight_scale.npy keep/
+rm -f r.weight_scale_2.npy && mkdir r.weight_scale_2.npy
+expect_fail "$MJ" nvfp4 quantize m2.npy r;               contains err "r.weight_scale_2.npy"; contains err "directory"
+for p in weight weight_scale; do cmp -s "r.$p.npy" "keep/r.$p.npy" && ok || bad "r.$p.npy removed or changed by a failed run: $(ls -d r.* 2>&1)"; done
+[ -z "$(ls -d r.*.tmp.* 2>/dev/null)" ] && ok || bad "temporaries left: $(ls -d r.*)"
+rmdir r.weight_scale_2.npy
+expect_rc 0 "$MJ" nvfp4 quantize m2.npy r
+cmp -s r.weight.npy keep/r.weight.npy && bad "r.weight.npy not replaced by a successful run" || ok
 mknpy k15.npy '<f4' '(1, 15)' 'f<' 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
 expect_fail "$MJ" nvfp4 quantize k15.npy qk;             contains err "multiple of 16"
 expect_fail "$MJ" nvfp4 quantize l3.npy qk
+mknpy n0.npy '<f4' '(0, 16)' 'f<'
+expect_fail "$MJ" nvfp4 quantize n0.npy qk;              contains err "no rows"
+grep -q "multiple of 16" err && bad "a matrix with no rows reported as a K problem: $(cat err)" || ok
+mknpy k0.npy '<f4' '(2, 0)' 'f<'
+expect_fail "$MJ" nvfp4 quantize k0.npy qk;              contains err "K must be a positive multiple of 16"
+[ -z "$(ls qk.* 2>/dev/null)" ] && ok || bad "files left after a failed quantize: $(ls qk.*)"
 expect_fail "$MJ" nvfp4 quantize missing.npy qk
 expect_fail "$MJ" nvfp4 dequantize nothere d2.npy;       contains err "nothere.weight.npy"
 cp q.weight.npy z.weight.npy; cp q.weight_scale_2.npy z.weight_scale_2.npy
@@ -205,6 +254,27 @@ expect_fail "$MJ" nvfp4 dequantize z d3.npy;             contains err "shapes do
 [ ! -f d3.npy ] && ok || bad "d3.npy written after a failure"
 expect_fail "$MJ" nvfp4 squash m.npy q
 expect_fail "$MJ" nvfp4 quantize m.npy
+# Outputs are written through unpredictable temporaries beside them (O_EXCL): a symlink
+# planted at the old predictable name <out>.tmp.<pid> is not followed, and its target is left
+# alone. The shell that plants the links execs the command, so $$ is the command's pid.
+mkdir sl && printf 'precious\n' >sl/target
+planted() { # planted "OUTNAMES" CMD...: in sl/, with a link to target at each OUTNAME.tmp.<pid>
+    local names=$1
+    shift
+    (cd sl && NAMES=$names bash -c 'for f in $NAMES; do ln -s target "$f.tmp.$$"; done; exec "$@"' planted "$@") >out 2>err
+}
+planted "q.weight.npy q.weight_scale.npy q.weight_scale_2.npy" "$MJ" nvfp4 quantize ../m.npy q
+[ $? = 0 ] && ok || bad "quantize with planted links failed: $(cat err)"
+planted "d.npy" "$MJ" nvfp4 dequantize q d.npy
+[ $? = 0 ] && ok || bad "dequantize with planted links failed: $(cat err)"
+[ "$(cat sl/target)" = precious ] && ok || bad "a planted symlink's target was overwritten: $(head -c 80 sl/target | od -c | head -2)"
+for f in q.weight.npy q.weight_scale.npy q.weight_scale_2.npy d.npy; do
+    [ -f "sl/$f" ] && [ ! -L "sl/$f" ] && cmp -s "sl/$f" "$f" && ok || bad "sl/$f is not the regular file it should be: $(ls -l "sl/$f")"
+done
+[ "$(find sl -type l | wc -l)" = 4 ] && [ "$(find sl -type l -lname target | wc -l)" = 4 ] && ok || bad "planted links were moved: $(ls -l sl)"
+[ "$(find sl -type f | wc -l)" = 5 ] && ok || bad "temporaries left behind: $(ls -l sl)"
+want_mode=$(printf '%o' $((0666 & ~$(umask))))
+[ "$(stat -c %a sl/q.weight.npy)" = "$want_mode" ] && ok || bad "output mode $(stat -c %a sl/q.weight.npy), want $want_mode"
 
 # ---- demo -------------------------------------------------------------------------------
 expect_rc 0 "$MJ" demo --hidden 128 --intermediate 128 --experts 32 --batch 8 --k0 2 --seed 3
@@ -294,6 +364,28 @@ expect_fail "$MJ" inspect
 mkdir -p "$T/open" && chmod 777 "$T/open"
 "$MJ" inspect --cache-dir "$T/open" list >out 2>err
 [ $? != 0 ] && grep -q "writable by other users" err && ok || bad "unsafe directory not refused: $(cat err)"
+
+# ---- standard output that cannot be written -------------------------------------------
+# A command whose output is lost did not do its job: exit 1, one line on stderr.
+full() { # full CMD...: run with stdout on /dev/full
+    "$@" >/dev/full 2>err
+    local rc=$?
+    if [ "$rc" = 1 ] && [ "$(wc -l <err)" = 1 ] && grep -q "standard output" err; then ok
+    else bad "stdout on /dev/full: rc $rc (want 1), stderr $(wc -l <err) lines: $* :: $(head -c 300 err)"; fi
+}
+full "$MJ" --help
+full "$MJ" --version
+full "$MJ" route --help
+full "$MJ" route --topk 4 l.npy
+full "$MJ" route --backend sim --topk 4 --k0 2 l.npy
+full "$MJ" nvfp4 --help
+full "$MJ" demo --hidden 128 --intermediate 64 --experts 16 --topk 4 --batch 2
+full "$MJ" prewarm --cache-dir "$T/cache2" -q rec.jsonl
+full "$MJ" inspect templates
+full "$MJ" inspect --cache-dir "$T/cache2" list
+full "$MJ" inspect --cache-dir "$T/cache2" --stats
+# A command with nothing to print does not fail for it.
+expect_rc 0 "$MJ" nvfp4 quantize m.npy full_q >/dev/full
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -3,7 +3,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const char k_help[] =
     "usage: moejit nvfp4 quantize IN.npy OUTPREFIX\n"
@@ -14,8 +13,9 @@ static const char k_help[] =
     "  OUTPREFIX.weight_scale.npy    uint8 [N, K/16] E4M3 block scales (one per 16 elements)\n"
     "  OUTPREFIX.weight_scale_2.npy  float32 scalar  amax / (6 * 448)\n"
     "dequantize reads those three files and writes float32 [N, K].\n"
-    "A NaN or Inf in the input is an error naming its index; on any error nothing is left\n"
-    "half-written.\n"
+    "A NaN or Inf in the input is an error naming its index. Outputs are written to\n"
+    "temporary files beside them and renamed into place when all are complete: on an error,\n"
+    "earlier outputs of the same names are left as they were and nothing is half-written.\n"
     "\n"
     "options:\n"
     "  -h, --help      this text\n"
@@ -36,7 +36,12 @@ static int quantize(const char *in, const char *prefix) {
         goto done;
     }
     int64_t n = a.shape[0], k = a.shape[1];
-    if (n < 1 || k < 1 || k % MJ_NVFP4_GROUP) {
+    if (n < 1) {
+        tool_fail("%s: shape %s: the matrix has no rows; quantize wants at least one row [N >= 1, K]", in,
+                  npy_shape_str(&a, sh, sizeof sh));
+        goto done;
+    }
+    if (k < 1 || k % MJ_NVFP4_GROUP) {
         tool_fail("%s: shape %s: K must be a positive multiple of %d (one NVFP4 block)", in,
                   npy_shape_str(&a, sh, sizeof sh), MJ_NVFP4_GROUP);
         goto done;
@@ -58,20 +63,25 @@ static int quantize(const char *in, const char *prefix) {
     part_path(p2, sizeof p2, prefix, "weight_scale");
     part_path(p3, sizeof p3, prefix, "weight_scale_2");
     int64_t s_w[2] = {n, k / 2}, s_s[2] = {n, k / 16};
-    /* Three files: if a later one fails, take back the earlier ones. */
-    if (npy_save(p1, "|u1", 1, 2, s_w, q, err, sizeof err)) {
-        tool_fail("%s", err);
+    /* Three files, all replaced or none: write every temporary first, and rename only when
+     * all three are complete (a failure removes our temporaries, never an earlier output). */
+    npy_out o[3];
+    int written = 0;
+    if (npy_write_temp(&o[0], p1, "|u1", 1, 2, s_w, q, err, sizeof err) == 0) written++;
+    if (written == 1 && npy_write_temp(&o[1], p2, "|u1", 1, 2, s_s, sf, err, sizeof err) == 0) written++;
+    if (written == 2 && npy_write_temp(&o[2], p3, "<f4", 4, 0, NULL, &s2, err, sizeof err) == 0) written++;
+    if (written < 3) {
+        for (int i = 0; i < written; i++) npy_discard(&o[i]);
+        tool_fail("%s (no output was changed)", err);
         goto done;
     }
-    if (npy_save(p2, "|u1", 1, 2, s_s, sf, err, sizeof err)) {
-        unlink(p1);
-        tool_fail("%s", err);
-        goto done;
-    }
-    if (npy_save(p3, "<f4", 4, 0, NULL, &s2, err, sizeof err)) {
-        unlink(p1), unlink(p2);
-        tool_fail("%s", err);
-        goto done;
+    for (int i = 0; i < 3; i++) {
+        if (npy_commit(&o[i], err, sizeof err)) {
+            for (int j = i + 1; j < 3; j++) npy_discard(&o[j]);
+            if (i == 0) tool_fail("%s (no output was changed)", err);
+            else tool_fail("%s (%s%s%s already replaced: run again)", err, p1, i > 1 ? " and " : "", i > 1 ? p2 : "");
+            goto done;
+        }
     }
     rc = 0;
 done:

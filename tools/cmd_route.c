@@ -4,6 +4,8 @@
 #include "jit.h"
 
 #include <getopt.h>
+#include <inttypes.h>
+#include <stdint.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +14,8 @@ static const char k_help[] =
     "usage: moejit route [options] LOGITS.npy\n"
     "\n"
     "Route tokens with the noaux_tc router (DeepSeek-V3 / GLM-5) and OEA. LOGITS.npy is\n"
-    "float32 [B, E] (or [E] for one token), C order. Prints JSON on stdout: for each token\n"
+    "float32 [B, E] (or [E] for one token), C order: E 8..1024 (1..65536 with --backend ref),\n"
+    "B at most 16777216 and B*E at most 2147483647. Prints JSON on stdout: for each token\n"
     "the chosen expert ids and weights (in ranking order, only the chosen ones), the number of\n"
     "experts it got, and for the batch the unique experts before/after OEA, the mean experts\n"
     "per token, the retained routing mass and the count of NaN logits.\n"
@@ -23,7 +26,8 @@ static const char k_help[] =
     "                       groups come from it (flags below override)\n"
     "  --topk K             experts per token (default 8, or the model's)\n"
     "  --k0 K0              OEA phase-1 experts, 1..K (default K: plain top-k)\n"
-    "  --rsf X              routed scaling factor (default 1.0, or the model's)\n"
+    "  --rsf X              routed scaling factor, a positive number (default 1.0, or the\n"
+    "                       model's)\n"
     "  --no-renorm          do not renormalize the chosen weights to sum 1\n"
     "  --scoring S          sigmoid (default) or softmax\n"
     "  --n-group G          expert groups for group-limited routing (default 1)\n"
@@ -35,6 +39,14 @@ static const char k_help[] =
     "                       interpreter) or cuda (on GPU 0); default sim, cuda with a GPU\n"
     "  -h, --help           this text\n"
     "  -V, --version        print the version\n";
+
+/* What the command routes in one call, checked on the file's int64 shape before narrowing
+ * to int. The route kernel (sim and cuda backends) takes 8..1024 experts (runtime/route.c);
+ * the CPU reference any number from 1, bounded here to what a model could have. */
+#define ROUTE_KERNEL_MIN_EXPERTS 8
+#define ROUTE_KERNEL_MAX_EXPERTS 1024
+#define ROUTE_REF_MAX_EXPERTS 65536
+#define ROUTE_MAX_TOKENS (1 << 24)
 
 enum { OPT_BIAS = 256, OPT_CONFIG, OPT_TOPK, OPT_K0, OPT_RSF, OPT_NORENORM, OPT_SCORING,
        OPT_NGROUP, OPT_TOPKGROUP, OPT_VALID, OPT_BACKEND, OPT_POLICY };
@@ -142,7 +154,7 @@ int cmd_route(int argc, char **argv) {
         case OPT_CONFIG: config_path = optarg; break;
         case OPT_TOPK: if (tool_parse_int("route", "--topk", optarg, 1, 1 << 20, &topk)) return 2; break;
         case OPT_K0: if (tool_parse_int("route", "--k0", optarg, 1, 1 << 20, &k0)) return 2; break;
-        case OPT_RSF: if (tool_parse_float("route", "--rsf", optarg, &rsf)) return 2; have_rsf = 1; break;
+        case OPT_RSF: if (tool_parse_positive_float("route", "--rsf", optarg, &rsf)) return 2; have_rsf = 1; break;
         case OPT_NORENORM: no_renorm = 1; break;
         case OPT_SCORING:
             if (!strcmp(optarg, "sigmoid")) scoring = MJ_SCORING_SIGMOID;
@@ -192,8 +204,27 @@ int cmd_route(int argc, char **argv) {
         tool_fail("%s: logits must be [B, E] or [E], got shape %s", argv[optind], npy_shape_str(&lg, sh, sizeof sh));
         goto done;
     }
-    int B = lg.ndim == 2 ? (int)lg.shape[0] : 1;
-    int E = (int)lg.shape[lg.ndim - 1];
+    /* Check the file's int64 dimensions against what routing takes before narrowing them. */
+    int64_t B64 = lg.ndim == 2 ? lg.shape[0] : 1, E64 = lg.shape[lg.ndim - 1];
+    int kernel = !backend || strcmp(backend, "ref");
+    int64_t e_lo = kernel ? ROUTE_KERNEL_MIN_EXPERTS : 1, e_hi = kernel ? ROUTE_KERNEL_MAX_EXPERTS : ROUTE_REF_MAX_EXPERTS;
+    if (B64 > ROUTE_MAX_TOKENS) {
+        tool_fail("%s: logits have %" PRId64 " tokens (shape %s); at most %d in one call: split the batch",
+                  argv[optind], B64, npy_shape_str(&lg, sh, sizeof sh), ROUTE_MAX_TOKENS);
+        goto done;
+    }
+    if (E64 < e_lo || E64 > e_hi) {
+        tool_fail("%s: logits have %" PRId64 " experts (shape %s); the %s takes %" PRId64 "..%" PRId64, argv[optind],
+                  E64, npy_shape_str(&lg, sh, sizeof sh),
+                  kernel ? "route kernel (--backend sim, cuda)" : "CPU reference (--backend ref)", e_lo, e_hi);
+        goto done;
+    }
+    if (B64 * E64 > INT32_MAX) {
+        tool_fail("%s: logits [%" PRId64 ", %" PRId64 "] have more than %d values: split the batch", argv[optind],
+                  B64, E64, INT32_MAX);
+        goto done;
+    }
+    int B = (int)B64, E = (int)E64;
     if (config_path && E != p.n_experts) {
         tool_fail("%s: logits have %d experts but %s has n_routed_experts %d", argv[optind], E,
                   config_path, p.n_experts);

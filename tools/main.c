@@ -62,19 +62,19 @@ int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, 
     return 0;
 }
 
-int tool_parse_float(const char *cmd, const char *opt, const char *text, float *out) {
+int tool_parse_positive_float(const char *cmd, const char *opt, const char *text, float *out) {
     char *end;
     errno = 0;
     float v = strtof(text, &end);
-    if (errno || end == text || *end || !isfinite(v)) {
-        tool_usage(cmd, "%s wants a finite number, got '%s'", opt, text);
+    if (errno || end == text || *end || !isfinite(v) || !(v > 0.0f)) {
+        tool_usage(cmd, "%s wants a positive finite number, got '%s'", opt, text);
         return -1;
     }
     *out = v;
     return 0;
 }
 
-int main(int argc, char **argv) {
+static int run(int argc, char **argv) {
     if (argc < 2) {
         fputs(k_usage, stderr);
         return 2;
@@ -97,4 +97,21 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     fprintf(stderr, "moejit: unknown command '%s' (see 'moejit --help')\n", cmd);
     return 2;
+}
+
+int main(int argc, char **argv) {
+    int rc = run(argc, argv);
+    /* Output that never reached its reader (a full disk, a closed pipe, /dev/full) means
+     * the command did not do its job: say so once and exit 1. A command that already
+     * failed has said why; its exit code stands. */
+    int lost = ferror(stdout) != 0, err = 0;
+    errno = 0;
+    if (fflush(stdout) != 0) lost = 1, err = errno;
+    if (fclose(stdout) != 0 && !err) lost = 1, err = errno;
+    if (lost && rc == 0) {
+        fprintf(stderr, "moejit: cannot write to standard output%s%s: the output is incomplete; "
+                "check the disk or pipe it goes to\n", err ? ": " : "", err ? strerror(err) : "");
+        rc = 1;
+    }
+    return rc;
 }

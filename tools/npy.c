@@ -11,6 +11,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,8 +105,28 @@ static int parse_header(const char *hdr, const char *path, npy_array *a, char *e
 
 int npy_load(const char *path, const char *want, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return ERR("%s: cannot open: %s", path, strerror(errno));
+    /* O_NONBLOCK so that a FIFO with no writer cannot hang the open; then only a regular
+     * file is read (a FIFO, device or socket never is), in blocking mode. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return ERR("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return ERR("%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        if (S_ISDIR(st.st_mode)) return ERR("%s: is a directory; give the path of a .npy file", path);
+        return ERR("%s: not a regular file (a FIFO, device or socket); give the path of a .npy file", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    FILE *fp = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, "rb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        return ERR("%s: cannot open: %s", path, strerror(e));
+    }
     npy_array a = {0};
     char *hdr = NULL;
     int rc = -1;
@@ -132,6 +153,11 @@ int npy_load(const char *path, const char *want, npy_array *out, char *err, size
         ERR("%s: .npy header too large", path);
         goto done;
     }
+    if ((int64_t)hlen > (int64_t)st.st_size - (major == 1 ? 10 : 12)) {
+        ERR("%s: truncated .npy header (it promises %u bytes; the file is %lld bytes)", path, hlen,
+            (long long)st.st_size);
+        goto done;
+    }
     hdr = malloc(hlen + 1);
     if (!hdr || fread(hdr, 1, hlen, fp) != hlen) {
         ERR("%s: truncated .npy header", path);
@@ -144,12 +170,26 @@ int npy_load(const char *path, const char *want, npy_array *out, char *err, size
         ERR("%s: dtype is '%s', expected '%s'", path, a.dtype, want);
         goto done;
     }
+    /* The file's size against the header's promise first: a header is not allowed to make
+     * me allocate more than the file holds. */
     size_t bytes = (size_t)a.count * a.itemsize;
+    int64_t held = (int64_t)st.st_size - (int64_t)(major == 1 ? 10 : 12) - (int64_t)hlen;
+    if (held < 0 || (uint64_t)held < bytes) {
+        ERR("%s: truncated: the header promises %zu bytes of data, the file holds %lld", path, bytes,
+            (long long)(held < 0 ? 0 : held));
+        goto done;
+    }
+    if ((uint64_t)held > bytes) {
+        ERR("%s: trailing bytes after the array data (the header promises %zu bytes, the file holds %lld)",
+            path, bytes, (long long)held);
+        goto done;
+    }
     a.data = malloc(bytes ? bytes : 1);
     if (!a.data) {
         ERR("%s: out of memory (%zu bytes)", path, bytes);
         goto done;
     }
+    /* The file may change under me: read what the header promised, and no more. */
     if (fread(a.data, 1, bytes, fp) != bytes) {
         ERR("%s: truncated: the header promises %zu bytes of data", path, bytes);
         goto done;
@@ -168,8 +208,33 @@ done:
     return rc;
 }
 
-int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, const int64_t *shape,
-             const void *data, char *err, size_t errlen) {
+/* The directory part of path ("." when it has none), for fsync after a rename. */
+static void dir_of(const char *path, char *buf, size_t len) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(buf, len, ".");
+    else if (slash == path) snprintf(buf, len, "/");
+    else snprintf(buf, len, "%.*s", (int)(slash - path), path);
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t itemsize, int ndim,
+                   const int64_t *shape, const void *data, char *err, size_t errlen) {
+    o->tmp[0] = '\0';
+    if ((size_t)snprintf(o->path, sizeof o->path, "%s", path) >= sizeof o->path ||
+        (size_t)snprintf(o->tmp, sizeof o->tmp, "%s.tmp.XXXXXX", path) >= sizeof o->tmp) {
+        o->tmp[0] = '\0';
+        return ERR("%s: path too long", path);
+    }
     char dict[256];
     size_t n = (size_t)snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", dtype);
     int64_t count = 1;
@@ -193,19 +258,61 @@ int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, con
     header[10 + n + pad] = '\n';
     size_t hbytes = 10 + n + pad + 1;
 
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) return ERR("%s: cannot create: %s", path, strerror(errno));
-    size_t bytes = (size_t)count * itemsize;
-    int ok = fwrite(header, 1, hbytes, fp) == hbytes && fwrite(data, 1, bytes, fp) == bytes;
-    ok = (fflush(fp) == 0) && ok;
-    ok = (fsync(fileno(fp)) == 0) && ok;
-    ok = (fclose(fp) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
+    /* What rename could not replace, said before anything is written. */
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        o->tmp[0] = '\0';
+        return ERR("%s: is a directory; remove it or choose another output name", path);
+    }
+    /* A new file of a random name beside the output, created O_EXCL (so never through a
+     * link or into someone else's file), mode 0600 until it is complete. */
+    int fd = mkostemp(o->tmp, O_CLOEXEC);
+    if (fd < 0) {
         int e = errno;
-        unlink(tmp);
+        o->tmp[0] = '\0';
+        return ERR("%s: cannot create a temporary file beside it: %s", path, strerror(e));
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    size_t bytes = (size_t)count * itemsize;
+    int ok = write_all(fd, header, hbytes) == 0 && write_all(fd, data, bytes) == 0;
+    ok = ok && fchmod(fd, 0666 & ~mask) == 0;
+    ok = ok && fsync(fd) == 0;
+    int e = errno;
+    if (close(fd) != 0 && ok) ok = 0, e = errno;
+    if (!ok) {
+        npy_discard(o);
         return ERR("%s: write failed: %s", path, strerror(e));
     }
     return 0;
+}
+
+int npy_commit(npy_out *o, char *err, size_t errlen) {
+    if (rename(o->tmp, o->path) != 0) {
+        int e = errno;
+        npy_discard(o);
+        return ERR("%s: cannot replace it: %s", o->path, strerror(e));
+    }
+    o->tmp[0] = '\0';
+    /* Make the rename durable (best effort: the data itself is already synced). */
+    char dir[4096];
+    dir_of(o->path, dir, sizeof dir);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+void npy_discard(npy_out *o) {
+    if (o->tmp[0]) unlink(o->tmp);
+    o->tmp[0] = '\0';
+}
+
+int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, const int64_t *shape,
+             const void *data, char *err, size_t errlen) {
+    npy_out o;
+    if (npy_write_temp(&o, path, dtype, itemsize, ndim, shape, data, err, errlen)) return -1;
+    return npy_commit(&o, err, errlen);
 }

@@ -16,13 +16,29 @@ typedef struct npy_array {
     void *data;             /* count * itemsize bytes, owned                             */
 } npy_array;
 
-/* Load `path` and check its dtype is `want_dtype` (e.g. "<f4"; NULL accepts any). On
+/* Load `path` and check its dtype is `want_dtype` (e.g. "<f4"; NULL accepts any). Only a
+ * regular file is read (a directory, FIFO or device is refused without blocking), and the
+ * file's size must match the header's shape before anything is allocated for the data. On
  * failure returns -1 with a one-line reason in err (no partial result). */
 int npy_load(const char *path, const char *want_dtype, npy_array *out, char *err, size_t errlen);
 
-/* Write an array atomically (temp file + rename). Returns 0, or -1 with err. */
+/* Write an array atomically: to a new temporary file beside path (random name, created
+ * O_EXCL, so never through a planted link), fsynced, then renamed over path. Returns 0, or
+ * -1 with err (and no temporary left). */
 int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim,
              const int64_t *shape, const void *data, char *err, size_t errlen);
+
+/* The same in two steps, for several outputs that should all be replaced or none:
+ * npy_write_temp each (a failure leaves no temporary of its own), then npy_commit each, or
+ * npy_discard the temporaries already written. */
+typedef struct npy_out {
+    char path[4096];        /* the destination                                            */
+    char tmp[4096];         /* the temporary beside it; "" once committed or discarded    */
+} npy_out;
+int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t itemsize, int ndim,
+                   const int64_t *shape, const void *data, char *err, size_t errlen);
+int npy_commit(npy_out *o, char *err, size_t errlen); /* a failure discards the temporary */
+void npy_discard(npy_out *o);
 
 void npy_free(npy_array *a);
 

@@ -20,8 +20,8 @@ int tool_usage(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 /* A failed library call: the status and mj_last_error(). */
 int tool_fail_status(const char *what, mj_status s);
 
-/* Parse a whole integer / float argument or fail with a usage line. */
+/* Parse a whole integer / positive finite float argument or fail with a usage line. */
 int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, long hi, int *out);
-int tool_parse_float(const char *cmd, const char *opt, const char *text, float *out);
+int tool_parse_positive_float(const char *cmd, const char *opt, const char *text, float *out);
 
 #endif
