@@ -35,7 +35,7 @@ typedef enum mj_target {
 
 /* "sm_80 sm_86 ... sm_121a", for messages. */
 #define MJ_TARGET_NAME_(e, name, sm, smem) " " name
-#define MJ_TARGET_LIST (MJ_TARGET_TABLE(MJ_TARGET_NAME_) + 1)
+#define MJ_TARGET_LIST (&(MJ_TARGET_TABLE(MJ_TARGET_NAME_))[1]) /* past the first space */
 
 typedef enum mj_knob_kind { MJ_KNOB_KIND_RANGE = 0, MJ_KNOB_KIND_SET = 1 } mj_knob_kind;
 

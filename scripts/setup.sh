@@ -3,7 +3,9 @@
 # packages (apt-get) and nvdisasm (PyPI, for `moejit inspect --sass` and the SASS checks).
 # Safe to run again: it installs nothing when everything is there.
 set -euo pipefail
-pkgs=(cmake make gcc clang pkg-config libjansson-dev libssl-dev libclang-14-dev python3 python3-pip perl)
+# libclang-rt-14-dev: libFuzzer and the sanitizer runtimes for clang (the fuzz harnesses);
+# clang only recommends it.
+pkgs=(cmake make gcc clang libclang-rt-14-dev pkg-config libjansson-dev libssl-dev libclang-14-dev python3 python3-pip perl)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh — the whole test suite, as CI runs it: install what is missing, build with
-# warnings as errors, run ctest; then the same under AddressSanitizer + UBSan.
+# warnings as errors, run ctest; then the same under AddressSanitizer + UBSan; then the
+# libFuzzer harnesses (tests/fuzz), built with clang, a few seconds each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,3 +12,9 @@ ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs"
 cmake -S . -B build-asan -DMJ_WERROR=ON -DMJ_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure --timeout 900 -j"$jobs"
+# Fuzz: each harness fuzzes MJ_FUZZ_SECONDS (5) from its seed corpus, two at a time (about
+# 20 s, plus the clang build). A crash or a broken invariant fails the test, and this script;
+# the reproducer is in build-fuzz/fuzz/artifacts/.
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DMJ_WERROR=ON -DMJ_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz
+ctest --test-dir build-fuzz -L '^fuzz$' --output-on-failure --timeout 120 -j"$jobs"

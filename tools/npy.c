@@ -103,6 +103,65 @@ static int parse_header(const char *hdr, const char *path, npy_array *a, char *e
     return 0;
 }
 
+/* The fixed start of a file: magic, version, header length. `p` holds the n bytes there are
+ * (n >= 10). On success *pre is the preamble's size (10 for version 1, 12 for 2 and 3) and
+ * *hlen the header's; version 2 and 3 need 12 bytes, and fewer is a truncated header. */
+static int parse_preamble(const unsigned char *p, size_t n, const char *name, size_t *pre,
+                          uint32_t *hlen, char *err, size_t errlen) {
+    if (n < 10 || memcmp(p, "\x93NUMPY", 6) != 0) return ERR("%s: not a .npy file (bad magic)", name);
+    int major = p[6];
+    if (major == 1) {
+        *pre = 10;
+        *hlen = (uint32_t)p[8] | (uint32_t)p[9] << 8;
+    } else if (major == 2 || major == 3) {
+        if (n < 12) return ERR("%s: truncated .npy header", name);
+        *pre = 12;
+        *hlen = (uint32_t)p[8] | (uint32_t)p[9] << 8 | (uint32_t)p[10] << 16 | (uint32_t)p[11] << 24;
+    } else {
+        return ERR("%s: unsupported .npy format version %d", name, major);
+    }
+    if (*hlen > (1u << 20)) return ERR("%s: .npy header too large", name);
+    return 0;
+}
+
+/* The header dict (hdr, NUL-terminated), then the dtype the caller wants. */
+static int check_header(const char *hdr, const char *name, const char *want, npy_array *a, char *err,
+                        size_t errlen) {
+    if (parse_header(hdr, name, a, err, errlen)) return -1;
+    /* '<', '|' and '=' all mean little-endian (or byte-sized) here: compare the rest. */
+    if (want && strcmp(a->dtype + 1, want + 1) != 0)
+        return ERR("%s: dtype is '%s', expected '%s'", name, a->dtype, want);
+    return 0;
+}
+
+int npy_parse(const void *buf, size_t len, const char *name, const char *want, npy_array *out,
+              char *err, size_t errlen) {
+    memset(out, 0, sizeof *out);
+    if (!buf && len) return ERR("%s: no buffer", name);
+    const unsigned char *p = buf;
+    npy_array a = {0};
+    size_t pre;
+    uint32_t hlen;
+    if (parse_preamble(p, len, name, &pre, &hlen, err, errlen)) return -1;
+    if (len - pre < hlen) return ERR("%s: truncated .npy header", name);
+    char *hdr = malloc((size_t)hlen + 1);
+    if (!hdr) return ERR("%s: out of memory", name);
+    memcpy(hdr, p + pre, hlen);
+    hdr[hlen] = '\0';
+    int rc = check_header(hdr, name, want, &a, err, errlen);
+    free(hdr);
+    if (rc) return -1;
+    size_t left = len - pre - hlen;
+    size_t bytes = (size_t)a.count * a.itemsize;
+    if (left < bytes) return ERR("%s: truncated: the header promises %zu bytes of data", name, bytes);
+    if (left > bytes) return ERR("%s: trailing bytes after the array data", name);
+    a.data = malloc(bytes ? bytes : 1);
+    if (!a.data) return ERR("%s: out of memory (%zu bytes)", name, bytes);
+    if (bytes) memcpy(a.data, p + pre + hlen, bytes);
+    *out = a;
+    return 0;
+}
+
 int npy_load(const char *path, const char *want, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     /* O_NONBLOCK so that a FIFO with no writer cannot hang the open; then only a regular
@@ -131,49 +190,26 @@ int npy_load(const char *path, const char *want, npy_array *out, char *err, size
     char *hdr = NULL;
     int rc = -1;
     unsigned char pre[12];
-    if (fread(pre, 1, 10, fp) != 10 || memcmp(pre, "\x93NUMPY", 6) != 0) {
-        ERR("%s: not a .npy file (bad magic)", path);
-        goto done;
-    }
+    size_t npre = fread(pre, 1, 10, fp), prelen;
     uint32_t hlen;
-    int major = pre[6];
-    if (major == 1) {
-        hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8;
-    } else if (major == 2 || major == 3) {
-        if (fread(pre + 10, 1, 2, fp) != 2) {
-            ERR("%s: truncated .npy header", path);
-            goto done;
-        }
-        hlen = (uint32_t)pre[8] | (uint32_t)pre[9] << 8 | (uint32_t)pre[10] << 16 | (uint32_t)pre[11] << 24;
-    } else {
-        ERR("%s: unsupported .npy format version %d", path, major);
-        goto done;
-    }
-    if (hlen > (1u << 20)) {
-        ERR("%s: .npy header too large", path);
-        goto done;
-    }
-    if ((int64_t)hlen > (int64_t)st.st_size - (major == 1 ? 10 : 12)) {
+    if (npre == 10 && (pre[6] == 2 || pre[6] == 3)) npre += fread(pre + 10, 1, 2, fp);
+    if (parse_preamble(pre, npre, path, &prelen, &hlen, err, errlen)) goto done;
+    if ((int64_t)hlen > (int64_t)st.st_size - (int64_t)prelen) {
         ERR("%s: truncated .npy header (it promises %u bytes; the file is %lld bytes)", path, hlen,
             (long long)st.st_size);
         goto done;
     }
-    hdr = malloc(hlen + 1);
+    hdr = malloc((size_t)hlen + 1);
     if (!hdr || fread(hdr, 1, hlen, fp) != hlen) {
         ERR("%s: truncated .npy header", path);
         goto done;
     }
     hdr[hlen] = '\0';
-    if (parse_header(hdr, path, &a, err, errlen)) goto done;
-    /* '<', '|' and '=' all mean little-endian (or byte-sized) here: compare the rest. */
-    if (want && strcmp(a.dtype + 1, want + 1) != 0) {
-        ERR("%s: dtype is '%s', expected '%s'", path, a.dtype, want);
-        goto done;
-    }
+    if (check_header(hdr, path, want, &a, err, errlen)) goto done;
     /* The file's size against the header's promise first: a header is not allowed to make
      * me allocate more than the file holds. */
     size_t bytes = (size_t)a.count * a.itemsize;
-    int64_t held = (int64_t)st.st_size - (int64_t)(major == 1 ? 10 : 12) - (int64_t)hlen;
+    int64_t held = (int64_t)st.st_size - (int64_t)prelen - (int64_t)hlen;
     if (held < 0 || (uint64_t)held < bytes) {
         ERR("%s: truncated: the header promises %zu bytes of data, the file holds %lld", path, bytes,
             (long long)(held < 0 ? 0 : held));
@@ -227,6 +263,31 @@ static int write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
+int npy_header(const char *dtype, int ndim, const int64_t *shape, char *out, size_t cap) {
+    char dict[256];
+    if (ndim < 0 || ndim > NPY_MAX_DIMS || strlen(dtype) >= sizeof ((npy_array *)0)->dtype) return -1;
+    size_t n = (size_t)snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", dtype);
+    for (int i = 0; i < ndim; i++)
+        n += (size_t)snprintf(dict + n, sizeof dict - n, "%" PRId64 "%s", shape[i],
+                              ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));
+    n += (size_t)snprintf(dict + n, sizeof dict - n, "), }");
+    if (n >= sizeof dict) return -1;
+    /* Pad with spaces so that magic(6) + version(2) + len(2) + header ends on 64 bytes,
+     * the header ending in '\n'. */
+    size_t total = 10 + n + 1;
+    size_t pad = (64 - total % 64) % 64;
+    size_t hbytes = 10 + n + pad + 1;
+    if (hbytes > cap) return -1;
+    memcpy(out, "\x93NUMPY\x01\x00", 8);
+    uint16_t hl = (uint16_t)(n + pad + 1);
+    out[8] = (char)(hl & 0xFF);
+    out[9] = (char)(hl >> 8);
+    memcpy(out + 10, dict, n);
+    memset(out + 10 + n, ' ', pad);
+    out[10 + n + pad] = '\n';
+    return (int)hbytes;
+}
+
 int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t itemsize, int ndim,
                    const int64_t *shape, const void *data, char *err, size_t errlen) {
     o->tmp[0] = '\0';
@@ -235,28 +296,15 @@ int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t items
         o->tmp[0] = '\0';
         return ERR("%s: path too long", path);
     }
-    char dict[256];
-    size_t n = (size_t)snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", dtype);
-    int64_t count = 1;
-    for (int i = 0; i < ndim; i++) {
-        n += (size_t)snprintf(dict + n, sizeof dict - n, "%" PRId64 "%s", shape[i],
-                              ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));
-        count *= shape[i];
+    char header[NPY_MAX_HEADER];
+    int hb = npy_header(dtype, ndim, shape, header, sizeof header);
+    if (hb < 0) {
+        o->tmp[0] = '\0';
+        return ERR("%s: cannot describe dtype '%s' with %d dimensions", path, dtype, ndim);
     }
-    n += (size_t)snprintf(dict + n, sizeof dict - n, "), }");
-    /* Pad with spaces so that magic(6) + version(2) + len(2) + header ends on 64 bytes,
-     * the header ending in '\n'. */
-    size_t total = 10 + n + 1;
-    size_t pad = (64 - total % 64) % 64;
-    char header[512];
-    memcpy(header, "\x93NUMPY\x01\x00", 8);
-    uint16_t hl = (uint16_t)(n + pad + 1);
-    header[8] = (char)(hl & 0xFF);
-    header[9] = (char)(hl >> 8);
-    memcpy(header + 10, dict, n);
-    memset(header + 10 + n, ' ', pad);
-    header[10 + n + pad] = '\n';
-    size_t hbytes = 10 + n + pad + 1;
+    size_t hbytes = (size_t)hb;
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++) count *= shape[i];
 
     /* What rename could not replace, said before anything is written. */
     struct stat st;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #define NPY_MAX_DIMS 8
+#define NPY_MAX_HEADER 512  /* the most bytes npy_header writes                          */
 
 typedef struct npy_array {
     char dtype[8];          /* "<f4", "|u1", "<i4", ...                                  */
@@ -21,6 +22,16 @@ typedef struct npy_array {
  * file's size must match the header's shape before anything is allocated for the data. On
  * failure returns -1 with a one-line reason in err (no partial result). */
 int npy_load(const char *path, const char *want_dtype, npy_array *out, char *err, size_t errlen);
+
+/* The same from memory: `buf` holds a whole .npy file of `len` bytes; `name` labels the
+ * messages. npy_load reads a file with the same preamble and header parser. */
+int npy_parse(const void *buf, size_t len, const char *name, const char *want_dtype, npy_array *out,
+              char *err, size_t errlen);
+
+/* The preamble and header npy_save writes (version 1, padded to 64 bytes): the byte count
+ * (at most NPY_MAX_HEADER), or -1 when it does not fit `cap` or ndim/dtype are out of range.
+ * The data follows it. */
+int npy_header(const char *dtype, int ndim, const int64_t *shape, char *out, size_t cap);
 
 /* Write an array atomically: to a new temporary file beside path (random name, created
  * O_EXCL, so never through a planted link), fsynced, then renamed over path. Returns 0, or
