@@ -3,6 +3,7 @@
  * a benchmark target (make bench_jit), not a test. */
 #include "cache.h"
 #include "jit.h"
+#include "test.h"
 
 #include <ftw.h>
 #include <stdio.h>
@@ -11,11 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
-}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -27,10 +23,6 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
 
 static void die(const char *what, mj_status s) {
     fprintf(stderr, "bench_jit: %s: %s: %s\n", what, mj_status_string(s), mj_last_error());
@@ -62,12 +54,12 @@ int main(int argc, char **argv) {
     for (int32_t i = 0; i < mj_registry_count(); i++) {
         mj_spec s = first_spec(i, MJ_TARGET_SM120A);
         for (int r = 0; r < reps; r++) {
-            double t0 = now_ms();
+            double t0 = test_now_ms();
             char *src;
             if ((st = mj_render(&s, &src, NULL)) != MJ_OK) die("render", st);
             mj_compile_result cr;
             if ((st = mj_nvrtc_compile(src, mj_template_at(i)->name, s.target, &cr)) != MJ_OK) die("compile", st);
-            t[r] = now_ms() - t0;
+            t[r] = test_now_ms() - t0;
             mj_compile_result_free(&cr);
             free(src);
         }
@@ -91,9 +83,9 @@ int main(int argc, char **argv) {
     for (int r = 0; r < warm_n; r++) {
         mj_context_t c2;
         if ((st = mj_context_create(&o, &c2)) != MJ_OK) die("context", st);
-        double t0 = now_ms();
+        double t0 = test_now_ms();
         if ((st = mj_jit_get(c2, &hot, &f)) != MJ_OK) die("warm get", st);
-        w[r] = now_ms() - t0;
+        w[r] = test_now_ms() - t0;
         mj_context_destroy(c2);
     }
     printf("\nwarm load (disk hit: render, key, read, verify), %s: median %.3f ms\n",
@@ -101,14 +93,14 @@ int main(int argc, char **argv) {
 
     /* Hot lookup: the in-memory table, as a launch pays it. */
     const long n = 2000000;
-    double t0 = now_ms();
+    double t0 = test_now_ms();
     for (long i = 0; i < n; i++)
         if (mj_jit_get(ctx, &hot, &f) != MJ_OK) die("hot get", MJ_ERR_INTERNAL);
-    double ns = (now_ms() - t0) * 1e6 / (double)n;
+    double ns = (test_now_ms() - t0) * 1e6 / (double)n;
     printf("in-memory lookup (one spec, %ld calls): %.1f ns per call\n", n, ns);
 
     mj_context_destroy(ctx);
-    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_rm_rf(dir);
     free(t), free(w);
     return 0;
 }

@@ -12,17 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-static void rm_rf(const char *dir) { nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
-
-static char *make_tmpdir(void) {
-    char tmpl[] = "/tmp/mj-test-jit-XXXXXX";
-    char *d = mkdtemp(tmpl);
-    return d ? strdup(d) : NULL;
-}
 
 static mj_context_t make_ctx(const char *dir, int strict) {
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
@@ -73,7 +62,7 @@ int main(void) {
     /* No driver, whatever the machine: the compile-only and no-device paths are tested here
      * (a GPU machine runs the GPU tests). */
     setenv("MOEJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
-    char *dir = make_tmpdir();
+    char *dir = test_tmpdir("jit");
     CHECK(dir != NULL, "mkdtemp failed");
     if (!dir) return test_finish();
     char record[4200];
@@ -234,7 +223,7 @@ int main(void) {
     mj_context_destroy(ctx2);
 
     /* 9. Strict mode: a miss is an error naming the key; a hit is fine. */
-    char *dir2 = make_tmpdir();
+    char *dir2 = test_tmpdir("jit");
     mj_context_t strict = make_ctx(dir2, 1);
     const mj_function *h = NULL;
     CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS);
@@ -377,7 +366,7 @@ int main(void) {
 
     mj_context_destroy(ctx);
     free(k0), free(src1), free(src2);
-    rm_rf(dir), rm_rf(dir2);
+    test_rm_rf(dir), test_rm_rf(dir2);
     unlink(record);
     free(dir), free(dir2);
     return test_finish();

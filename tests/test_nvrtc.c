@@ -193,29 +193,7 @@ static int child_mode(void) {
 
 /* Run this binary in --child-load mode with MOEJIT_NVRTC=lib; its stdout into out. */
 static int run_child(const char *lib, char *out, size_t out_len) {
-    int fd[2];
-    out[0] = '\0';
-    if (pipe(fd) != 0) return -1;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        dup2(fd[1], 1);
-        close(fd[0]);
-        close(fd[1]);
-        setenv("MOEJIT_NVRTC", lib, 1);
-        execl("/proc/self/exe", "test_nvrtc", "--child-load", (char *)NULL);
-        _exit(127);
-    }
-    close(fd[1]);
-    size_t n = 0;
-    ssize_t k;
-    while ((k = read(fd[0], out + n, out_len - 1 - n)) > 0 && n + 1 < out_len) n += (size_t)k;
-    out[n] = '\0';
-    close(fd[0]);
-    int wst = 0;
-    waitpid(pid, &wst, 0);
-    return WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+    return test_run_child("test_nvrtc", "--child-load", "MOEJIT_NVRTC", lib, out, out_len);
 }
 
 static void test_missing_library(void) {

@@ -16,17 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-static void rm_rf(const char *dir) { nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static mj_context_t make_ctx(const char *dir, int backend, const char *target) {
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
@@ -305,9 +294,9 @@ static void test_sync(mj_context_t c) {
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         if (modes[m][0]) setenv(modes[m][0], modes[m][1], 1);
         memcpy(x, x0, RB * RT * sizeof *x);
-        double t0 = now_ms();
+        double t0 = test_now_ms();
         CHECK_OK(mj_launch_fixture_sim_rounds(f, dims1(RB, RT), x));
-        double ms = now_ms() - t0;
+        double ms = test_now_ms() - t0;
         printf("sim: %d blocks x %d threads, %d barriers: %.1f ms (%s%s%s)\n", RB, RT, 2 * R, ms,
                modes[m][0] ? modes[m][0] : "default", modes[m][0] ? "=" : "", modes[m][0] ? modes[m][1] : "");
         if (modes[m][0]) unsetenv(modes[m][0]);
@@ -506,7 +495,7 @@ static void test_deadlocks(mj_context_t c) {
     const mj_function *f = get(c, "fixture_sim_deadlock", NULL);
     if (!f) return;
     int out[64 * 64];
-    double t0 = now_ms();
+    double t0 = test_now_ms();
     CHECK_STATUS(mj_launch_fixture_sim_dl_one(f, dims1(8, 64), out), MJ_ERR_KERNEL);
     const char *e = mj_last_error();
     CHECK(strstr(e, "fixture_sim_dl_one") && strstr(e, "block (0,0,0)") && strstr(e, "thread (0,0,0)") &&
@@ -529,7 +518,7 @@ static void test_deadlocks(mj_context_t c) {
     e = mj_last_error();
     CHECK(strstr(e, "fixture_sim_trap (sim), block (5,0,0), thread (7,0,0): called __trap()"), "trap: %s", e);
     printf("a trap reads: %s\n", e);
-    double ms = now_ms() - t0;
+    double ms = test_now_ms() - t0;
     CHECK(ms < 5000, "deadlock reports took %.0f ms", ms);
     /* the function still works after failed launches */
     CHECK_OK(mj_launch_fixture_sim_trap(f, dims1(64, 64), out, -1, -1));
@@ -591,7 +580,7 @@ static void test_compile_error(void) {
         CHECK(stat(path, &sb) == 0, "kept source %s missing", path);
         char *slash = strrchr(path, '/');
         if (slash) *slash = '\0';
-        if (strstr(path, "moejit-sim-")) rm_rf(path);
+        if (strstr(path, "moejit-sim-")) test_rm_rf(path);
     }
     mj_compile_result_free(&r);
 }
@@ -603,7 +592,7 @@ int main(void) {
     if (!dir) return test_finish();
     unsetenv("MOEJIT_RECORD");
     unsetenv("MOEJIT_STRICT");
-    double t0 = now_ms();
+    double t0 = test_now_ms();
     test_context(dir);
     test_render_and_keys();
     mj_context_t c = make_ctx(dir, MJ_BACKEND_SIM, NULL);
@@ -620,7 +609,7 @@ int main(void) {
         mj_context_destroy(c);
     }
     test_compile_error();
-    printf("sim tests: %.0f ms\n", now_ms() - t0);
-    rm_rf(dir);
+    printf("sim tests: %.0f ms\n", test_now_ms() - t0);
+    test_rm_rf(dir);
     return test_finish();
 }
