@@ -94,3 +94,7 @@ uint3 make_uint3(unsigned x, unsigned y, unsigned z);
 uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w);
 /* Hooks (inline PTX in prelude_cuda.h, C in prelude_sim.h). */
 unsigned mj_lane_id(void);
+void mj_mma_bf16_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+void mj_mma_e2m1_m16n8k64(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
+                          uint32_t sfa, uint32_t sfb);
+uint4 mj_ld_stream(const void *p);

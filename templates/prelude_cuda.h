@@ -28,4 +28,37 @@ MJ_DEVICE unsigned mj_lane_id(void) {
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(r));
     return r;
 }
+/* The warp-wide MMAs, D = A B + C with the PTX fragment layouts (every lane of the warp). */
+MJ_DEVICE void mj_mma_bf16_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%10,%11,%12,%13};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+                   "f"(c[2]), "f"(c[3]));
+}
+/* Block-scaled FP4 (sm_120a, sm_121a): 4 ue4m3 scales per row of A (lanes p = 0, 1) and per
+ * column of B (lane p = 0), one per 16 k; byte and thread ids 0. */
+MJ_DEVICE void mj_mma_e2m1_m16n8k64(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
+                                    uint32_t sfa, uint32_t sfb) {
+#if MJ_TARGET_SM >= 120
+    asm volatile("mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1."
+                 "e2m1.f32.ue4m3 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13}, %14, {0, 0}, "
+                 "%15, {0, 0};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+                   "f"(c[2]), "f"(c[3]), "r"(sfa), "r"(sfb));
+#else
+    (void)d, (void)a, (void)b, (void)c, (void)sfa, (void)sfb;
+    __trap(); /* no FP4 tensor cores on this target: the dispatcher never picks it */
+#endif
+}
+/* A 16-byte load of weights that are read once: through the non-coherent path, not kept in
+ * L1 (they will not be read again). */
+MJ_DEVICE uint4 mj_ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
 /* ---- end of prelude ------------------------------------------------------------------ */

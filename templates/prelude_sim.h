@@ -28,7 +28,7 @@
 /* ---- the ABI shared with the runtime (runtime/sim/sim.c includes this part alone) ---- */
 #ifndef MJ_SIM_ABI_H
 #define MJ_SIM_ABI_H
-#define MJ_SIM_ABI_VERSION 1
+#define MJ_SIM_ABI_VERSION 2
 
 typedef struct mj_sim_dim3 { unsigned x, y, z; } mj_sim_dim3;
 
@@ -38,6 +38,7 @@ typedef struct mj_sim_thread {
     unsigned lane;             /* linear thread index % 32                                 */
     unsigned warp;             /* linear thread index / 32                                 */
     void *dyn_smem;            /* the block's dynamic shared memory (launch's smem bytes)  */
+    unsigned long long *stream_bytes; /* bytes loaded through mj_ld_stream (per worker)   */
 } mj_sim_thread;
 
 /* Warp collectives: one runtime entry, the operation named by op. */
@@ -51,8 +52,22 @@ enum mj_sim_op {
     MJ_SIM_OP_ANY,
     MJ_SIM_OP_ALL,
     MJ_SIM_OP_ACTIVEMASK,      /* the lanes that reached it together (no mask)             */
+    MJ_SIM_OP_MMA,             /* a warp-wide mma.sync: value points at the lane's fragments */
     MJ_SIM_OP_COUNT
 };
+
+/* The MMAs the interpreter computes (the arg of MJ_SIM_OP_MMA), and one lane's fragments,
+ * laid out as the PTX instruction takes them (see runtime/sim/sim.c, mma_compute). */
+enum mj_sim_mma_kind {
+    MJ_SIM_MMA_BF16_M16N8K16 = 1,   /* mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32          */
+    MJ_SIM_MMA_E2M1_M16N8K64 = 2    /* mma.sync.m16n8k64.row.col.kind::mxf4nvf4.block_scale
+                                       .scale_vec::4X.f32.e2m1.e2m1.f32.ue4m3, ids {0, 0}    */
+};
+typedef struct mj_sim_mma {
+    unsigned a[4], b[2];       /* A and B fragments                                        */
+    float c[4], d[4];          /* C in, D out                                              */
+    unsigned sfa, sfb;         /* block scales (E2M1 only): 4 ue4m3 bytes each             */
+} mj_sim_mma;
 
 struct mj_sim_api {
     int abi_version;
@@ -318,5 +333,27 @@ static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
 /* ---- hooks: helpers that are inline PTX under NVRTC (prelude_cuda.h) ------------------- */
 /* The lane of the calling thread within its warp (%laneid). */
 MJ_DEVICE unsigned mj_lane_id(void) { return mj_sim_self()->lane; }
+
+/* The warp-wide MMAs: every lane of the warp must reach them (as mma.sync requires);
+ * the runtime gathers the 32 lanes' fragments and computes D = A B + C. */
+static inline void mj_sim_mma_(int kind, float d[4], const unsigned a[4], const unsigned b[2],
+                               const float c[4], unsigned sfa, unsigned sfb, const char *f, int l) {
+    mj_sim_mma m;
+    for (int i = 0; i < 4; i++) m.a[i] = a[i], m.c[i] = c[i];
+    m.b[0] = b[0], m.b[1] = b[1], m.sfa = sfa, m.sfb = sfb;
+    mj_sim_api_->warp(MJ_SIM_OP_MMA, 0xFFFFFFFFu, (unsigned long long)(size_t)&m, kind, 32, f, l);
+    for (int i = 0; i < 4; i++) d[i] = m.d[i];
+}
+#define mj_mma_bf16_m16n8k16(d, a, b, c) \
+    mj_sim_mma_(MJ_SIM_MMA_BF16_M16N8K16, (d), (a), (b), (c), 0u, 0u, __FILE__, __LINE__)
+#define mj_mma_e2m1_m16n8k64(d, a, b, c, sfa, sfb) \
+    mj_sim_mma_(MJ_SIM_MMA_E2M1_M16N8K64, (d), (a), (b), (c), (sfa), (sfb), __FILE__, __LINE__)
+
+/* A 16-byte load of weights that are read once: counted, so tests can prove which bytes a
+ * launch read and how often. */
+MJ_DEVICE uint4 mj_ld_stream(const void *p) {
+    *mj_sim_self()->stream_bytes += 16;
+    return *(const uint4 *)p;
+}
 #endif /* MJ_SIM_ABI_ONLY */
 /* ---- end of prelude ------------------------------------------------------------------ */

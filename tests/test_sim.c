@@ -585,6 +585,133 @@ static void test_compile_error(void) {
     mj_compile_result_free(&r);
 }
 
+/* ---- the MMA hooks against CuTe's layouts -----------------------------------------------
+ * The sim computes mma.sync from the PTX ISA's fragment figures (runtime/sim/sim.c). Here
+ * the fragments are placed by an independent description, CuTe's TV layouts (SPEC §2,
+ * cute/atom/mma_traits_sm80.hpp and mma_traits_sm120.hpp): a (thread, value) pair maps to
+ * an offset m + M k in the M x K operand (n + N k for B, m + M n for C). The answer must be
+ * the scalar D = A B + C, exactly (the sim sums in double and rounds once; so does this). */
+typedef struct cute_layout {
+    int rank;
+    int shape[6], stride[6];
+} cute_layout;
+
+/* Offset of (thread t, value v): t splits over the first `tr` modes, v over the rest, each
+ * in colexicographic order (the first mode fastest). */
+static int cute_offset(const cute_layout *L, int tr, int t, int v) {
+    int off = 0;
+    for (int i = 0; i < L->rank; i++) {
+        int *x = i < tr ? &t : &v;
+        off += (*x % L->shape[i]) * L->stride[i];
+        *x /= L->shape[i];
+    }
+    return off;
+}
+
+static float bf16_val(uint16_t h) { return mj_bf16_to_f32(h); }
+
+static void test_mma(mj_context_t c, uint64_t *rng) {
+    /* bf16 m16n8k16: SM80_16x8x16_F32BF16BF16F32_TN. */
+    const cute_layout A16 = {5, {4, 8, 2, 2, 2}, {32, 1, 16, 8, 128}};
+    const cute_layout B16 = {4, {4, 8, 2, 2}, {16, 1, 8, 64}};
+    const cute_layout C8 = {4, {4, 8, 2, 2}, {32, 1, 16, 8}};
+    /* e2m1 m16n8k64 block-scaled: SM120 16x8x64 TN. */
+    const cute_layout A64 = {5, {4, 8, 8, 2, 2}, {128, 1, 16, 8, 512}};
+    const cute_layout B64 = {4, {4, 8, 8, 2}, {64, 1, 8, 256}};
+    for (int kind = 1; kind <= 2; kind++) {
+        const int K = kind == 1 ? 16 : 64, per_reg = kind == 1 ? 2 : 8;
+        const cute_layout *LA = kind == 1 ? &A16 : &A64, *LB = kind == 1 ? &B16 : &B64;
+        uint16_t A[16][64], B[64][8]; /* bf16 bits, or e2m1 codes */
+        uint8_t sfa[16][4], sfb[8][4];
+        float C[16][8];
+        for (int m = 0; m < 16; m++)
+            for (int k = 0; k < K; k++)
+                A[m][k] = kind == 1 ? mj_f32_to_bf16((float)mj_rng_normal(rng)) : (uint16_t)(mj_rng_next(rng) & 15);
+        for (int k = 0; k < K; k++)
+            for (int n = 0; n < 8; n++)
+                B[k][n] = kind == 1 ? mj_f32_to_bf16((float)mj_rng_normal(rng)) : (uint16_t)(mj_rng_next(rng) & 15);
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 8; n++) C[m][n] = (float)mj_rng_normal(rng);
+        for (int q = 0; q < 4; q++) { /* scales 2^-4 .. 2^3, a subnormal and a zero among them */
+            for (int m = 0; m < 16; m++) sfa[m][q] = (uint8_t)(0x18 + mj_rng_next(rng) % 0x38);
+            for (int n = 0; n < 8; n++) sfb[n][q] = (uint8_t)(0x18 + mj_rng_next(rng) % 0x38);
+        }
+        sfa[3][1] = 0x01, sfb[5][2] = 0x03, sfa[12][3] = 0x00;
+        /* Lane fragments from the CuTe layouts. */
+        uint32_t fa[32][4] = {{0}}, fb[32][2] = {{0}}, fsf[32][2] = {{0}};
+        float fc[32][4], fd[32][4];
+        for (int t = 0; t < 32; t++) {
+            for (int v = 0; v < 4 * per_reg; v++) {
+                int off = cute_offset(LA, 2, t, v), m = off % 16, k = off / 16;
+                fa[t][v / per_reg] |= (uint32_t)A[m][k] << ((v % per_reg) * (kind == 1 ? 16 : 4));
+            }
+            for (int v = 0; v < 2 * per_reg; v++) {
+                int off = cute_offset(LB, 2, t, v), n = off % 8, k = off / 8;
+                fb[t][v / per_reg] |= (uint32_t)B[k][n] << ((v % per_reg) * (kind == 1 ? 16 : 4));
+            }
+            for (int v = 0; v < 4; v++) {
+                int off = cute_offset(&C8, 2, t, v);
+                fc[t][v] = C[off % 16][off / 16];
+            }
+            /* SFA ((2,2,8),64):((8,0,1),16): thread (t0,t1,t2) holds row t2 + 8 t0; thread id 0
+             * is t1 = 0. SFB ((4,8),64):((0,1),8): thread (t0, t1) holds column t1; id 0 is
+             * t0 = 0. A lane that supplies none gets noise: it must be ignored. */
+            int t0 = t % 2, t1 = (t / 2) % 2, t2 = t / 4;
+            fsf[t][0] = t1 == 0 ? 0 : 0x7F7F7F7Fu;
+            if (t1 == 0)
+                for (int q = 0; q < 4; q++) fsf[t][0] |= (uint32_t)sfa[t2 + 8 * t0][q] << (8 * q);
+            fsf[t][1] = t % 4 == 0 ? 0 : 0x7F7F7F7Fu;
+            if (t % 4 == 0)
+                for (int q = 0; q < 4; q++) fsf[t][1] |= (uint32_t)sfb[t / 4][q] << (8 * q);
+        }
+        int32_t kn[MJ_MAX_KNOBS] = {kind};
+        const mj_function *f = get(c, "fixture_sim_mma", kn);
+        if (!f) return;
+        CHECK_OK(mj_launch_fixture_mma(f, dims1(1, 32), &fa[0][0], &fb[0][0], &fc[0][0], &fsf[0][0], &fd[0][0], 32));
+        int bad = 0;
+        for (int t = 0; t < 32; t++)
+            for (int v = 0; v < 4; v++) {
+                int off = cute_offset(&C8, 2, t, v), m = off % 16, n = off / 16;
+                double acc = 0;
+                for (int k = 0; k < K; k++)
+                    acc += kind == 1 ? (double)bf16_val(A[m][k]) * bf16_val(B[k][n])
+                                     : (double)mj_e2m1_decode((uint8_t)A[m][k]) * mj_e4m3_decode(sfa[m][k / 16]) *
+                                           ((double)mj_e2m1_decode((uint8_t)B[k][n]) * mj_e4m3_decode(sfb[n][k / 16]));
+                float want = (float)(acc + (double)C[m][n]);
+                if (fd[t][v] != want) {
+                    if (bad++ < 4)
+                        fprintf(stderr, "  mma kind %d lane %d d%d (D[%d][%d]): %.9g want %.9g\n", kind, t, v, m, n,
+                                (double)fd[t][v], (double)want);
+                }
+            }
+        CHECK(bad == 0, "mma kind %d: %d of 128 outputs differ from the scalar D = A B + C", kind, bad);
+        /* The check can fail: the same data with two of lane 5's A registers swapped. */
+        uint32_t tmp = fa[5][1];
+        fa[5][1] = fa[5][2], fa[5][2] = tmp;
+        float fd2[32][4];
+        CHECK_OK(mj_launch_fixture_mma(f, dims1(1, 32), &fa[0][0], &fb[0][0], &fc[0][0], &fsf[0][0], &fd2[0][0], 32));
+        CHECK(memcmp(fd, fd2, sizeof fd) != 0, "mma kind %d: a swapped fragment went unnoticed", kind);
+        /* Fewer than 32 lanes at the MMA: refused, not computed from garbage. */
+        CHECK_STATUS(mj_launch_fixture_mma(f, dims1(1, 32), &fa[0][0], &fb[0][0], &fc[0][0], &fsf[0][0], &fd2[0][0], 16),
+                     MJ_ERR_KERNEL);
+        CHECK(strstr(mj_last_error(), "mma.sync") && strstr(mj_last_error(), "every lane"), "partial mma: %s",
+              mj_last_error());
+    }
+    /* The weight stream: counted, 16 bytes a load, across blocks and workers. */
+    int32_t kn[MJ_MAX_KNOBS] = {1};
+    const mj_function *f = get(c, "fixture_sim_mma", kn);
+    if (!f) return;
+    enum { N = 1000 };
+    static uint32_t src[4 * N], dst[4 * N];
+    for (int i = 0; i < 4 * N; i++) src[i] = (uint32_t)mj_rng_next(rng);
+    mj_sim_stream_bytes_take();
+    CHECK_OK(mj_launch_fixture_stream_copy(f, dims1(4, 64), src, dst, N));
+    CHECK(!memcmp(src, dst, sizeof src), "stream copy");
+    unsigned long long n = mj_sim_stream_bytes_take();
+    CHECK(n == 16ull * N, "stream bytes %llu, want %d", n, 16 * N);
+    CHECK(mj_sim_stream_bytes_take() == 0, "the count restarts after a take");
+}
+
 int main(void) {
     char tmpl[] = "/tmp/mj-test-sim-XXXXXX";
     char *dir = mkdtemp(tmpl);
@@ -602,6 +729,8 @@ int main(void) {
         test_warp(c);
         test_atomics(c);
         test_deadlocks(c);
+        uint64_t rng = test_seed(77);
+        test_mma(c, &rng);
         test_cache(dir, c);
         mj_jit_stats st;
         CHECK_OK(mj_context_stats(c, &st));

@@ -198,6 +198,7 @@ struct worker {
     void *sched_fake;
     pthread_t th;
     int started;
+    unsigned long long stream_bytes; /* mj_ld_stream bytes of this worker's blocks         */
 };
 
 /* The fiber running on this thread (NULL in the scheduler). */
@@ -208,7 +209,7 @@ static const char *const k_op_names[MJ_SIM_OP_COUNT] = {
     [MJ_SIM_OP_SHFL_UP] = "__shfl_up_sync",    [MJ_SIM_OP_SHFL_DOWN] = "__shfl_down_sync",
     [MJ_SIM_OP_SHFL_XOR] = "__shfl_xor_sync",  [MJ_SIM_OP_BALLOT] = "__ballot_sync",
     [MJ_SIM_OP_ANY] = "__any_sync",            [MJ_SIM_OP_ALL] = "__all_sync",
-    [MJ_SIM_OP_ACTIVEMASK] = "__activemask",
+    [MJ_SIM_OP_ACTIVEMASK] = "__activemask",  [MJ_SIM_OP_MMA] = "mma.sync",
 };
 
 static const char *op_name(int op) {
@@ -376,9 +377,89 @@ MJ_PRINTF(3, 4) static int fail(worker *w, const fiber *f, const char *fmt, ...)
 
 /* ---- warp collectives ------------------------------------------------------------------ */
 
+/* ---- the MMAs ---------------------------------------------------------------------------
+ * What mma.sync computes, from the fragments each lane passed (PTX ISA fragment layouts;
+ * g = lane >> 2, p = lane & 3):
+ *
+ *   m16n8k16 bf16:  a0 = A[g][2p, 2p+1]     a1 = A[g+8][2p, 2p+1]
+ *                   a2 = A[g][2p+8, 2p+9]   a3 = A[g+8][2p+8, 2p+9]   (low half first)
+ *                   b0 = B[2p, 2p+1][g]     b1 = B[2p+8, 2p+9][g]
+ *   m16n8k64 e2m1:  a0 = A[g][8p+j]  a1 = A[g+8][8p+j]  a2 = A[g][32+8p+j]  a3 = A[g+8][32+8p+j]
+ *                   b0 = B[8p+j][g]  b1 = B[32+8p+j][g]           (nibble j = k offset j)
+ *                   scales: byte q of lane (g, 0)'s sfa is A row g's for k in [16q, 16q+16),
+ *                   lane (g, 1)'s is row g+8's; byte q of lane (g, 0)'s sfb is B column g's
+ *   both:           d0 = D[g][2p]  d1 = D[g][2p+1]  d2 = D[g+8][2p]  d3 = D[g+8][2p+1]
+ *
+ * Products are exact and summed in double, then C is added and the sum rounded once to
+ * float: the most accurate answer, which a GPU's tensor cores approach within a few ulps. */
+static float bf16_lo(unsigned w) {
+    union { unsigned u; float f; } v = {w << 16};
+    return v.f;
+}
+static float bf16_hi(unsigned w) {
+    union { unsigned u; float f; } v = {w & 0xFFFF0000u};
+    return v.f;
+}
+
+static void mma_compute(int kind, mj_sim_mma *const *f) {
+    double A[16][64], B[64][8];
+    int K = kind == MJ_SIM_MMA_BF16_M16N8K16 ? 16 : 64;
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, p = l & 3;
+        const mj_sim_mma *m = f[l];
+        if (K == 16) {
+            for (int h = 0; h < 2; h++) {
+                int k0 = 2 * p + 8 * h;
+                A[g][k0] = bf16_lo(m->a[2 * h]), A[g][k0 + 1] = bf16_hi(m->a[2 * h]);
+                A[g + 8][k0] = bf16_lo(m->a[2 * h + 1]), A[g + 8][k0 + 1] = bf16_hi(m->a[2 * h + 1]);
+                B[k0][g] = bf16_lo(m->b[h]), B[k0 + 1][g] = bf16_hi(m->b[h]);
+            }
+        } else {
+            /* Each element times its block's scale (the scale of row/column and k / 16). */
+            const mj_sim_mma *ra = f[g * 4 + 0], *rb = f[g * 4 + 1], *cb = f[g * 4 + 0];
+            for (int j = 0; j < 8; j++)
+                for (int h = 0; h < 2; h++) {
+                    int k = 8 * p + j + 32 * h;
+                    double sa = mj_e4m3_decode((uint8_t)(ra->sfa >> (8 * (k / 16))));
+                    double sa8 = mj_e4m3_decode((uint8_t)(rb->sfa >> (8 * (k / 16))));
+                    double sb = mj_e4m3_decode((uint8_t)(cb->sfb >> (8 * (k / 16))));
+                    A[g][k] = mj_e2m1_decode((uint8_t)(m->a[2 * h] >> (4 * j)) & 15) * sa;
+                    A[g + 8][k] = mj_e2m1_decode((uint8_t)(m->a[2 * h + 1] >> (4 * j)) & 15) * sa8;
+                    B[k][g] = mj_e2m1_decode((uint8_t)(m->b[h] >> (4 * j)) & 15) * sb;
+                }
+        }
+    }
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, p = l & 3;
+        mj_sim_mma *m = f[l];
+        for (int i = 0; i < 4; i++) {
+            int row = g + 8 * (i >> 1), col = 2 * p + (i & 1);
+            double acc = 0.0;
+            for (int k = 0; k < K; k++) acc += A[row][k] * B[k][col];
+            m->d[i] = (float)(acc + (double)m->c[i]);
+        }
+    }
+}
+
 /* Lanes m of a warp all wait at f0's collective with f0's mask: compute every result. */
 static int collective(worker *w, fiber *lanes, const fiber *f0, unsigned m) {
     int op = f0->op;
+    if (op == MJ_SIM_OP_MMA) {
+        if (m != 0xFFFFFFFFu)
+            return fail(w, f0, "mma.sync (%s:%d) reached by lanes 0x%08x: every lane of the warp must "
+                        "execute it", f0->file, f0->line, m);
+        mj_sim_mma *frags[32];
+        for (unsigned j = 0; j < 32; j++) {
+            if (lanes[j].arg != f0->arg)
+                return fail(w, &lanes[j], "mma.sync (%s:%d) of kind %d while lane 0 runs kind %d (%s:%d)",
+                            lanes[j].file, lanes[j].line, lanes[j].arg, f0->arg, f0->file, f0->line);
+            frags[j] = (mj_sim_mma *)(size_t)lanes[j].value;
+        }
+        if (f0->arg != MJ_SIM_MMA_BF16_M16N8K16 && f0->arg != MJ_SIM_MMA_E2M1_M16N8K64)
+            return fail(w, f0, "unknown mma kind %d (%s:%d)", f0->arg, f0->file, f0->line);
+        mma_compute(f0->arg, frags);
+        return 0;
+    }
     if (op == MJ_SIM_OP_SYNCWARP || op == MJ_SIM_OP_BALLOT || op == MJ_SIM_OP_ANY || op == MJ_SIM_OP_ALL) {
         unsigned bits = 0;
         for (unsigned j = 0; j < 32; j++)
@@ -672,6 +753,7 @@ static int worker_setup(worker *w) {
         f->pub.lane = i % 32;
         f->pub.warp = i / 32;
         f->pub.dyn_smem = w->dyn_smem;
+        f->pub.stream_bytes = &w->stream_bytes;
     }
     return 0;
 }
@@ -729,6 +811,15 @@ static unsigned cpu_count(void) {
 
 /* ---- a launch -------------------------------------------------------------------------- */
 
+/* Bytes the launches of this thread loaded through mj_ld_stream, since the last take. */
+static _Thread_local unsigned long long tls_stream_bytes;
+
+unsigned long long mj_sim_stream_bytes_take(void) {
+    unsigned long long n = tls_stream_bytes;
+    tls_stream_bytes = 0;
+    return n;
+}
+
 mj_status mj_sim_run(mj_sim_entry entry, const char *kernel, const uint32_t grid[3],
                      const uint32_t block[3], uint32_t smem, void **args) {
     if (!entry || !grid || !block) return mj_set_error(MJ_ERR_INVALID_ARG, "sim launch: NULL argument");
@@ -779,6 +870,7 @@ mj_status mj_sim_run(mj_sim_entry entry, const char *kernel, const uint32_t grid
     worker_run(&ws[0]);
     for (unsigned i = 1; i < n_workers; i++)
         if (ws[i].started) pthread_join(ws[i].th, NULL);
+    for (unsigned i = 0; i < n_workers; i++) tls_stream_bytes += ws[i].stream_bytes;
     free(ws);
     pthread_mutex_destroy(&L.mu);
     if (L.st != MJ_OK) return mj_set_error(L.st, "%s", L.err);
