@@ -320,8 +320,13 @@ typedef struct mj_route_outputs {
     int32_t *active_experts;   /* [E] experts with rows, ascending, then -1 (optional)     */
     int32_t *n_active;         /* [1] number of active experts = unique experts (optional) */
     int32_t *permutation;      /* [B, k] row of each (token, slot), -1 past n_sel (optional) */
+    int32_t *row_index;        /* [B, k] the inverse: the (token * k + slot) of each row, then
+                                  -1 past the routed rows (optional; the experts need it)   */
 } mj_route_outputs;
-#define MJ_ROUTE_OUTPUTS_INIT {sizeof(mj_route_outputs), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+#define MJ_ROUTE_OUTPUTS_INIT \
+    {sizeof(mj_route_outputs), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL}
+/* The size of mj_route_outputs before row_index was added (0.1): still accepted. */
+#define MJ_ROUTE_OUTPUTS_V1_SIZE offsetof(mj_route_outputs, row_index)
 
 /* Route B tokens as mj_route_ref does: one kernel, one thread block at decode sizes; with
  * k0 == k above the single-block limit a multi-block plain top-k. logits [B, E] f32, bias [E]
@@ -351,7 +356,8 @@ MJ_API mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const 
 MJ_API mj_status mj_route_dispatch_ref(const int32_t *ids, const int32_t *n_sel, int32_t B,
                                        int32_t k, int32_t E, int32_t *expert_counts,
                                        int32_t *expert_offsets, int32_t *active_experts,
-                                       int32_t *n_active, int32_t *permutation);
+                                       int32_t *n_active, int32_t *permutation,
+                                       int32_t *row_index);
 
 #ifdef __cplusplus
 }

@@ -107,7 +107,7 @@ mj_status mj_k0_policy_resolve(const mj_k0_policy *p, int32_t B, int32_t *k0) {
 
 mj_status mj_route_dispatch_ref(const int32_t *ids, const int32_t *n_sel, int32_t B, int32_t k,
                                 int32_t E, int32_t *counts, int32_t *offsets, int32_t *active,
-                                int32_t *n_active, int32_t *perm) {
+                                int32_t *n_active, int32_t *perm, int32_t *row_index) {
     if ((B > 0 && (!ids || !n_sel)) || B < 0 || k < 1 || E < 1)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route_dispatch_ref: bad arguments (B=%d k=%d E=%d)", B, k, E);
     int32_t *cnt = calloc((size_t)E, sizeof *cnt), *next = malloc(sizeof *next * (size_t)E);
@@ -138,10 +138,14 @@ mj_status mj_route_dispatch_ref(const int32_t *ids, const int32_t *n_sel, int32_
     if (active)
         for (int32_t e = na; e < E; e++) active[e] = -1;
     if (n_active) *n_active = na;
-    if (perm)
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < k; j++)
-                perm[b * k + j] = j < n_sel[b] ? next[ids[b * k + j]]++ : -1;
+    if (row_index)
+        for (int64_t r = 0; r < (int64_t)B * k; r++) row_index[r] = -1;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t row = j < n_sel[b] ? next[ids[b * k + j]]++ : -1;
+            if (perm) perm[b * k + j] = row;
+            if (row_index && row >= 0) row_index[row] = (int32_t)(b * k + j);
+        }
     free(cnt), free(next);
     return MJ_OK;
 }
@@ -207,7 +211,7 @@ static mj_status load_outputs(const mj_route_outputs *in, mj_route_outputs *out)
     mj_route_outputs d = MJ_ROUTE_OUTPUTS_INIT;
     *out = d;
     if (!in) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: outputs are NULL");
-    mj_status st = mj_struct_load(in, sizeof(mj_route_outputs), sizeof(mj_route_outputs), out,
+    mj_status st = mj_struct_load(in, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof(mj_route_outputs), out,
                                   "mj_route_outputs", "MJ_ROUTE_OUTPUTS_INIT");
     if (st != MJ_OK) {
         char why[512];
@@ -240,7 +244,7 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
         mj_launch_dims d = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, (uint32_t)B * (uint32_t)k * 4, stream};
         return mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
                                    out.weights, out.n_sel, out.expert_counts, out.expert_offsets,
-                                   out.active_experts, out.n_active, out.permutation);
+                                   out.active_experts, out.n_active, out.permutation, out.row_index);
     }
     /* Plain top-k over many blocks (a grid-stride loop over tokens, the grid capped at what
      * the device keeps busy), then the dispatch in one block. */
@@ -254,11 +258,11 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
     MJ_CHECK(mj_launch_topk_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
                                   out.weights, out.n_sel));
     if (!out.expert_counts && !out.expert_offsets && !out.active_experts && !out.n_active &&
-        !out.permutation)
+        !out.permutation && !out.row_index)
         return MJ_OK;
     mj_launch_dims d1 = {{1, 1, 1}, {256, 1, 1}, 0, stream};
     return mj_launch_route_dispatch(fn, d1, out.ids, B, out.expert_counts, out.expert_offsets,
-                                    out.active_experts, out.n_active, out.permutation);
+                                    out.active_experts, out.n_active, out.permutation, out.row_index);
 }
 
 /* ---- the router GEMM -------------------------------------------------------------------- */

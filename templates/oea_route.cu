@@ -205,11 +205,17 @@ MJ_DEVICE void token_finish(const float *s, const int *sel, int n, float rsf, in
     n_sel[b] = n;
 }
 
-/* Counts, offsets, active experts and the permutation from ids [B, K] (rows of a token in
- * slot order, tokens in order). One thread an expert: deterministic, no atomics. */
+/* Counts, offsets, active experts, the permutation and its inverse (row_index) from ids
+ * [B, K] (rows of a token in slot order, tokens in order). One thread an expert:
+ * deterministic, no atomics. */
 MJ_DEVICE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
-                        int32_t *active, int32_t *n_active, int32_t *perm, int32_t *cnt) {
+                        int32_t *active, int32_t *n_active, int32_t *perm, int32_t *row_index,
+                        int32_t *cnt) {
     int t = (int)threadIdx.x, nt = (int)blockDim.x;
+    /* Rows past the routed ones have no source: -1 (the routed rows are written below, after
+     * a barrier). */
+    if (row_index)
+        for (int r = t; r < B * K; r += nt) row_index[r] = -1;
     for (int e = t; e < E; e += nt) {
         int n = 0;
         for (int r = 0; r < B * K; r++) n += ids[r] == e;
@@ -235,14 +241,18 @@ MJ_DEVICE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *off
         if (n_active) n_active[0] = na;
     }
     __syncthreads();
-    if (perm) {
+    if (perm || row_index) {
         for (int e = t; e < E; e += nt) {
             int row = cnt[e];
             for (int r = 0; r < B * K; r++)
-                if (ids[r] == e) perm[r] = row++;
+                if (ids[r] == e) {
+                    if (perm) perm[r] = row;
+                    if (row_index) row_index[row] = r;
+                    row++;
+                }
         }
         for (int r = t; r < B * K; r += nt)
-            if (ids[r] < 0) perm[r] = -1;
+            if (ids[r] < 0 && perm) perm[r] = -1;
     }
 }
 
@@ -257,7 +267,8 @@ MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
 /* One block routes the whole batch with OEA; dynamic shared memory: B * K int32. */
 MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
                          float rsf, int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
-                         int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm) {
+                         int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm,
+                         int32_t *row_index) {
     MJ_SHARED float sm_s[NWARPS][E];
     MJ_SHARED float sm_c[NWARPS][E];
     MJ_SHARED int sm_base[E];
@@ -295,7 +306,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
         __syncwarp(0xFFFFFFFFu);
     }
     __syncthreads();
-    dispatch(sm_ids, B, counts, offsets, active, n_active, perm, sm_base);
+    dispatch(sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_base);
 }
 
 /* Plain top-k for big batches (K0 == K): a block's warps take tokens blockIdx.x*NWARPS + w,
@@ -318,7 +329,8 @@ MJ_KERNEL void topk_route(const float *logits, const float *bias, int B, const i
 
 /* The dispatch metadata of ids [B, K], one block. */
 MJ_KERNEL void route_dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
-                              int32_t *active, int32_t *n_active, int32_t *perm) {
+                              int32_t *active, int32_t *n_active, int32_t *perm,
+                              int32_t *row_index) {
     MJ_SHARED int sm_cnt[E];
-    dispatch(ids, B, counts, offsets, active, n_active, perm, sm_cnt);
+    dispatch(ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt);
 }

@@ -9,6 +9,8 @@
 #include "mj_kernels.h"
 #include "test.h"
 
+#include <stddef.h>
+
 #ifndef ROUTE_TEST_GPU
 #define ROUTE_TEST_GPU 0
 #endif
@@ -45,25 +47,29 @@ static void fill_logits(const rcase *c, uint64_t *rng, float *x, float *bias) {
 typedef struct routed {
     int32_t *ids, *n, *cnt, *off, *act, *perm, na;
     float *w;
+    int32_t *rix;
 } routed;
 
 static routed routed_new(int B, int E, int k) {
     size_t BK = (size_t)(B ? B : 1) * (size_t)k;
     routed r = {malloc(4 * BK), malloc(4 * (size_t)(B ? B : 1)), malloc(4 * (size_t)E), malloc(4 * (size_t)(E + 1)),
-                malloc(4 * (size_t)E), malloc(4 * BK), -7, malloc(4 * BK)};
+                malloc(4 * (size_t)E), malloc(4 * BK), -7, malloc(4 * BK), malloc(4 * BK)};
     return r;
 }
-static void routed_free(routed *r) { free(r->ids), free(r->n), free(r->cnt), free(r->off), free(r->act), free(r->perm), free(r->w); }
+static void routed_free(routed *r) {
+    free(r->ids), free(r->n), free(r->cnt), free(r->off), free(r->act), free(r->perm), free(r->w), free(r->rix);
+}
 
 /* The reference for B rows of which the first V are tokens. */
 static void reference(const mj_route_params *p, const float *x, const float *bias, int B, int V, routed *r) {
     CHECK_OK(mj_route_ref(p, x, bias, B, V, r->ids, r->w, r->n, NULL));
-    CHECK_OK(mj_route_dispatch_ref(r->ids, r->n, B, p->topk, p->n_experts, r->cnt, r->off, r->act, &r->na, r->perm));
+    CHECK_OK(mj_route_dispatch_ref(r->ids, r->n, B, p->topk, p->n_experts, r->cnt, r->off, r->act, &r->na, r->perm,
+                                   r->rix));
 }
 
 /* The kernel's buffers: poisoned outputs between sentinels. */
 typedef struct dbufs {
-    tbuf x, bias, ids, w, n, cnt, off, act, na, perm, nv;
+    tbuf x, bias, ids, w, n, cnt, off, act, na, perm, nv, rix;
 } dbufs;
 
 static dbufs dbufs_new(int B, int E, int k) {
@@ -72,24 +78,26 @@ static dbufs dbufs_new(int B, int E, int k) {
                tbuf_new(4 * BK, ROUTE_TEST_GPU),  tbuf_new(4 * BK, ROUTE_TEST_GPU),
                tbuf_new(4 * (size_t)(B ? B : 1), ROUTE_TEST_GPU), tbuf_new(4 * (size_t)E, ROUTE_TEST_GPU),
                tbuf_new(4 * (size_t)(E + 1), ROUTE_TEST_GPU), tbuf_new(4 * (size_t)E, ROUTE_TEST_GPU),
-               tbuf_new(4, ROUTE_TEST_GPU), tbuf_new(4 * BK, ROUTE_TEST_GPU), tbuf_new(4, ROUTE_TEST_GPU)};
+               tbuf_new(4, ROUTE_TEST_GPU), tbuf_new(4 * BK, ROUTE_TEST_GPU), tbuf_new(4, ROUTE_TEST_GPU),
+               tbuf_new(4 * BK, ROUTE_TEST_GPU)};
     return d;
 }
 
 static void dbufs_poison(dbufs *d) {
-    tbuf *outs[] = {&d->ids, &d->w, &d->n, &d->cnt, &d->off, &d->act, &d->na, &d->perm};
-    for (int i = 0; i < 8; i++) tbuf_poison(outs[i], 0x55); /* int 0x55555555, float 1.5e13 */
+    tbuf *outs[] = {&d->ids, &d->w, &d->n, &d->cnt, &d->off, &d->act, &d->na, &d->perm, &d->rix};
+    for (int i = 0; i < 9; i++) tbuf_poison(outs[i], 0x55); /* int 0x55555555, float 1.5e13 */
 }
 
 static void dbufs_free(dbufs *d) {
-    tbuf *all[] = {&d->x, &d->bias, &d->ids, &d->w, &d->n, &d->cnt, &d->off, &d->act, &d->na, &d->perm, &d->nv};
-    for (int i = 0; i < 11; i++) tbuf_free(all[i]);
+    tbuf *all[] = {&d->x, &d->bias, &d->ids, &d->w, &d->n, &d->cnt, &d->off, &d->act, &d->na, &d->perm, &d->nv, &d->rix};
+    for (int i = 0; i < 12; i++) tbuf_free(all[i]);
 }
 
 static mj_route_outputs dbufs_outputs(dbufs *d) {
     mj_route_outputs o = MJ_ROUTE_OUTPUTS_INIT;
     o.ids = d->ids.p, o.weights = d->w.p, o.n_sel = d->n.p, o.expert_counts = d->cnt.p;
     o.expert_offsets = d->off.p, o.active_experts = d->act.p, o.n_active = d->na.p, o.permutation = d->perm.p;
+    o.row_index = d->rix.p;
     return o;
 }
 
@@ -104,6 +112,7 @@ static void compare(dbufs *d, const routed *want, int B, int E, int k) {
     tbuf_get(&d->act, got.act, "active_experts");
     tbuf_get(&d->na, &got.na, "n_active");
     tbuf_get(&d->perm, got.perm, "permutation");
+    tbuf_get(&d->rix, got.rix, "row_index");
     CHECK(!memcmp(got.n, want->n, 4 * (size_t)B), "n_sel differs");
     CHECK(!memcmp(got.ids, want->ids, 4 * (size_t)B * k), "ids differ");
     CHECK(!memcmp(got.cnt, want->cnt, 4 * (size_t)E), "counts differ");
@@ -111,6 +120,7 @@ static void compare(dbufs *d, const routed *want, int B, int E, int k) {
     CHECK(!memcmp(got.act, want->act, 4 * (size_t)E) && got.na == want->na, "active experts differ (%d vs %d)",
           got.na, want->na);
     CHECK(!memcmp(got.perm, want->perm, 4 * (size_t)B * k), "permutation differs");
+    CHECK(!memcmp(got.rix, want->rix, 4 * (size_t)B * k), "row_index differs");
     int bad_w = 0;
     for (int i = 0; i < B * k; i++) {
         double df = fabs((double)got.w[i] - want->w[i]), m = fabs((double)want->w[i]);
@@ -445,6 +455,13 @@ static void test_refusals(mj_context_t ctx) {
     bo.struct_size = sizeof bo + 8;
     CHECK_STATUS(mj_route(ctx, &p, x, NULL, 2, NULL, &bo, NULL), MJ_ERR_INVALID_ARG);
     CHECK(strstr(mj_last_error(), "MJ_ROUTE_OUTPUTS_INIT") != NULL, "%s", mj_last_error());
+    /* A caller built before row_index existed passes the old size: accepted, and the field
+     * past its struct (garbage here) is never touched. */
+    mj_route_outputs old = out;
+    old.struct_size = MJ_ROUTE_OUTPUTS_V1_SIZE;
+    old.row_index = (int32_t *)(uintptr_t)0x10;
+    CHECK(MJ_ROUTE_OUTPUTS_V1_SIZE == offsetof(mj_route_outputs, row_index), "v1 size");
+    CHECK_OK(mj_route(ctx, &p, x, NULL, 2, NULL, &old, NULL));
     mj_route_stats st = MJ_ROUTE_STATS_INIT;
     st.struct_size = 4;
     CHECK_STATUS(mj_route_ref(&p, x, NULL, 2, 2, ids, w, ns, &st), MJ_ERR_INVALID_ARG);
