@@ -504,17 +504,32 @@ static mj_status load_entry(mj_cache *c, const char *name, const char *key_text,
     *existed = 0;
     memset(e, 0, sizeof *e);
 
-    int fd = openat(c->sub_fd[SUB_ENTRIES], name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) goto exit;
-        *existed = 1;
-        /* A symlink (ELOOP) or something else we cannot open: never use it. */
-        if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            S_ISLNK(st.st_mode))
-            quarantine(c, name, &st);
+    /* Only a regular file is ever opened: a FIFO would block open() until someone writes
+     * to it, a device could do anything, a socket cannot be opened at all. What is not a
+     * regular file is quarantined unopened. The open below is O_NONBLOCK in case one was
+     * swapped in since the lstat, and fstat checks the opened file again. */
+    int fd = -1;
+    if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno != ENOENT) *existed = 1;
         goto exit;
     }
     *existed = 1;
+    if (!S_ISREG(st.st_mode)) {
+        quarantine(c, name, &st);
+        goto exit;
+    }
+    fd = openat(c->sub_fd[SUB_ENTRIES], name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) { /* removed since the lstat: a plain miss */
+            *existed = 0;
+            goto exit;
+        }
+        /* A symlink (ELOOP) or something else swapped in that we cannot open: never use it. */
+        if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            !S_ISREG(st.st_mode))
+            quarantine(c, name, &st);
+        goto exit;
+    }
     if (fstat(fd, &st) != 0) goto exit;
     if (!S_ISREG(st.st_mode)) {
         quarantine(c, name, &st);
@@ -605,7 +620,10 @@ static int by_last_used(const void *pa, const void *pb) {
     return strcmp(a->key_hex, b->key_hex);
 }
 
-static mj_status scan_entries(mj_cache *c, item_list *out) {
+/* with_special: also list names <hex>.mjc that are not regular files (a FIFO, a socket, a
+ * directory: damage that verify must find and list must show), with bytes 0. Eviction
+ * counts regular files only. */
+static mj_status scan_entries(mj_cache *c, int with_special, item_list *out) {
     memset(out, 0, sizeof *out);
     DIR *d = open_sub(c, SUB_ENTRIES);
     if (!d) return mj_set_error(MJ_ERR_IO, "%s: cannot list entries: %s", c->root, strerror(errno));
@@ -616,8 +634,8 @@ static mj_status scan_entries(mj_cache *c, item_list *out) {
         struct stat st;
         if (!entry_name_hex(de->d_name, it.key_hex)) continue;
         if (fstatat(c->sub_fd[SUB_ENTRIES], de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        if (!S_ISREG(st.st_mode)) continue;
-        it.bytes = (int64_t)st.st_size;
+        if (!S_ISREG(st.st_mode) && !with_special) continue;
+        it.bytes = S_ISREG(st.st_mode) ? (int64_t)st.st_size : 0;
         it.last_used_ns = mtime_ns(&st);
         if (out->n == out->cap) {
             int cap = out->cap ? 2 * out->cap : 64;
@@ -646,7 +664,7 @@ exit:
  * NULL) is never evicted: the entry just stored stays even when it alone is over the cap. */
 static mj_status evict(mj_cache *c, int64_t cap, const char *keep, int *n_evicted) {
     item_list items;
-    MJ_CHECK(scan_entries(c, &items));
+    MJ_CHECK(scan_entries(c, 0, &items));
     int64_t total = 0;
     for (int i = 0; i < items.n; i++) total += items.v[i].bytes;
     for (int i = 0; i < items.n && total > cap; i++) {
@@ -783,7 +801,7 @@ mj_status mj_cache_list(mj_cache *c, mj_cache_item **items, int *n) {
     if (!c || !items || !n) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_list: NULL argument");
     if (c->unsafe || !c->readable) return MJ_OK;
     item_list list;
-    MJ_CHECK(scan_entries(c, &list));
+    MJ_CHECK(scan_entries(c, 1, &list));
     *items = list.v;
     *n = list.n;
     return MJ_OK;
@@ -796,9 +814,14 @@ mj_status mj_cache_read_file(const char *path, mj_cache_entry *out) {
     uint8_t *buf = NULL;
     size_t len = 0;
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO planted at an entry's name must not block us (it is then refused
+     * as not a regular file); O_NOFOLLOW: an entry is never a symbolic link. */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(errno));
+        int err = errno;
+        if (err == ELOOP) ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file (a symbolic link)", path);
+        else if (err == ENXIO) ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file (a socket?)", path);
+        else ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(err));
         goto exit;
     }
     if (fstat(fd, &st) != 0) {
@@ -831,7 +854,7 @@ mj_status mj_cache_verify(mj_cache *c, int *n_ok, int *n_bad) {
 
     mj_status ret = MJ_OK;
     item_list list;
-    MJ_CHECK(scan_entries(c, &list));
+    MJ_CHECK(scan_entries(c, 1, &list));
     for (int i = 0; i < list.n; i++) {
         char name[ENTRY_NAME_MAX];
         mj_cache_entry e;

@@ -59,8 +59,10 @@ int mj_cache_readable(const mj_cache *c);
 int mj_cache_writable(const mj_cache *c);
 
 /* Look a key up. *found = 1 and *out filled on a verified hit (its stored key text equals
- * key_text); a truncated, corrupted, wrong-magic, wrong-version or wrong-key entry is moved
- * to quarantine and reported as a miss. Readers take no lock. */
+ * key_text); a truncated, corrupted, wrong-magic, wrong-version or wrong-key entry, or
+ * anything at the entry's name that is not a regular file (symlink, FIFO, socket, directory:
+ * never opened, so never waited on), is moved to quarantine and reported as a miss. Readers
+ * take no lock. */
 mj_status mj_cache_lookup(mj_cache *c, const char *key_hex, const char *key_text,
                           mj_cache_entry *out, int *found);
 /* Write an entry: unique temp file, fsync, rename into place (a reader never sees half an
@@ -73,7 +75,9 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
 mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited);
 void mj_cache_unlock(int fd);
 
-/* Every entry file: its key hex, size and last-used time. */
+/* Every entry name <hex>.mjc: its key hex, size and last-used time. One that is not a
+ * regular file (a FIFO, say) is listed too, with bytes 0: reading it fails at once and
+ * verify quarantines it. */
 typedef struct mj_cache_item {
     char key_hex[MJ_KEY_HEX_LEN + 1];
     int64_t bytes;

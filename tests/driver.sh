@@ -279,6 +279,20 @@ expect_rc 1 "$MJ" inspect --cache-dir "$C" verify;             contains out "5 e
 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats;            contains out "quarantine  1"
 expect_rc 0 "$MJ" prewarm --cache-dir "$C" --arch sm_80 --arch sm_120a m.jsonl
 contains out "1 compiled, 5 already cached"
+# A FIFO at an entry's name (open() on it would wait for a writer forever): list shows it
+# at once, verify counts it bad and moves it to quarantine, a lookup misses at once.
+fkey=$(basename "$(ls "$C"/v1/entries/*.mjc | head -1)" .mjc)
+rm "$C/v1/entries/$fkey.mjc" && mkfifo "$C/v1/entries/$fkey.mjc"
+expect_rc 0 timeout 10 "$MJ" inspect --cache-dir "$C" list
+contains out "${fkey:0:12}  (does not verify"; contains out "6 entries"
+expect_rc 1 timeout 10 "$MJ" inspect --cache-dir "$C" verify; contains out "5 entries ok, 1 bad"
+[ ! -e "$C/v1/entries/$fkey.mjc" ] && [ -n "$(find "$C/v1/quarantine" -name "$fkey.*.bad" -type p)" ] && ok ||
+    bad "verify did not move the FIFO to quarantine: $(ls -l "$C/v1/entries" "$C/v1/quarantine")"
+mkfifo "$C/v1/entries/$fkey.mjc"
+expect_rc 0 timeout 60 "$MJ" prewarm --cache-dir "$C" --arch sm_80 --arch sm_120a m.jsonl
+contains out "1 compiled, 5 already cached"
+[ -f "$C/v1/entries/$fkey.mjc" ] && [ "$(find "$C/v1/quarantine" -name "$fkey.*.bad" -type p | wc -l)" = 2 ] && ok ||
+    bad "prewarm did not quarantine the FIFO and store the entry: $(ls -l "$C/v1/quarantine")"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" gc --max-bytes 0;   contains out "evicted 6 entries"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" list;               contains out "0 entries"
 expect_fail "$MJ" inspect --cache-dir "$C" gc --max-bytes -5

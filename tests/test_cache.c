@@ -32,6 +32,9 @@
  *                temp file is removed by a later open only once it is an hour old.
  *   concurrency  8 processes on 20 keys with the lock + re-check protocol: each key is
  *                compiled exactly once; threads share one handle and its counters.
+ *   special      a FIFO, a socket or a directory at an entry's name: the lookup misses at
+ *                once (a child under alarm(), so a hang fails instead of waiting forever) and
+ *                quarantines it; list shows it, read_file refuses it, verify counts it bad.
  */
 #include "cache.h"
 #include "test.h"
@@ -49,7 +52,9 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1495,6 +1500,120 @@ static void test_threads(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Special files: a FIFO, a socket or a directory where an entry should be
+ * ------------------------------------------------------------------------------------- */
+
+/* Each case below runs in a child under alarm(): a call that blocks (open() of a FIFO waits
+ * for a writer forever) is killed by SIGALRM, which reap() reports as a failure. */
+#define HANG_LIMIT_S 10
+
+typedef struct special_arg {
+    const char *dir;
+    const test_entry *t, *good;
+} special_arg;
+
+/* Plant a non-regular file of `kind` ('f' FIFO, 's' socket, 'd' directory) at t's path. */
+static int plant_special(const char *root, const test_entry *t, char kind) {
+    char path[PATH_BUF];
+    entry_path(path, root, t->hex);
+    if (kind == 'f') return mkfifo(path, 0600);
+    if (kind == 'd') return mkdir(path, 0700);
+    /* The full path is longer than sun_path: bind the name relative to entries/. */
+    char entries[PATH_BUF];
+    sub_path(entries, root, "entries", NULL);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    fmt_into(sa.sun_path, sizeof sa.sun_path, "%s.mjc", t->hex);
+    int cwd = open(".", O_RDONLY | O_DIRECTORY), s = socket(AF_UNIX, SOCK_STREAM, 0);
+    int r = cwd >= 0 && s >= 0 && chdir(entries) == 0 ? bind(s, (struct sockaddr *)&sa, sizeof sa) : -1;
+    if (cwd >= 0 && fchdir(cwd) != 0) r = -1;
+    if (cwd >= 0) close(cwd);
+    if (s >= 0) close(s);
+    return r;
+}
+
+static void special_lookup_child(void *p) {
+    const special_arg *a = p;
+    alarm(HANG_LIMIT_S);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(a->dir, 0, &c));
+    static const char kinds[] = "fsd";
+    for (int k = 0; kinds[k]; k++) {
+        char what[64];
+        fmt_into(what, sizeof what, "a %s at the entry path",
+                 kinds[k] == 'f' ? "FIFO" : kinds[k] == 's' ? "socket" : "directory");
+        CHECK(plant_special(a->dir, a->t, kinds[k]) == 0, "%s: %s", what, strerror(errno));
+        int64_t t0 = now_ns();
+        expect_quarantined(c, a->dir, a->t, what);
+        CHECK(now_ns() - t0 < 2000000000ll, "%s: the lookup took %.1f s", what,
+              (double)(now_ns() - t0) / 1e9);
+    }
+    mj_cache_close(c);
+}
+
+static void special_verify_child(void *p) {
+    const special_arg *a = p;
+    alarm(HANG_LIMIT_S);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(a->dir, 0, &c));
+    CHECK(plant_special(a->dir, a->t, 'f') == 0, "mkfifo: %s", strerror(errno));
+    /* list shows it (bytes 0) so it is not invisible; reading it fails at once. */
+    mj_cache_item *items = NULL;
+    int n = 0, fifo_listed = 0;
+    CHECK_OK(mj_cache_list(c, &items, &n));
+    for (int i = 0; i < n; i++) fifo_listed += !strcmp(items[i].key_hex, a->t->hex) && items[i].bytes == 0;
+    CHECK(n == 2 && fifo_listed == 1, "list with a FIFO entry: %d items, FIFO listed %d", n,
+          fifo_listed);
+    free(items);
+    char path[PATH_BUF];
+    entry_path(path, a->dir, a->t->hex);
+    mj_cache_entry out;
+    CHECK_STATUS(mj_cache_read_file(path, &out), MJ_ERR_IO);
+    CHECK(strstr(mj_last_error(), "not a regular file") != NULL, "read_file: %s", mj_last_error());
+    /* verify counts it bad and moves it aside; the good entry stays. */
+    int ok = -1, bad = -1;
+    mj_cache_stats st;
+    CHECK_OK(mj_cache_verify(c, &ok, &bad));
+    mj_cache_get_stats(c, &st);
+    CHECK(ok == 1 && bad == 1 && st.quarantined == 1, "verify: %d ok, %d bad, %lld quarantined",
+          ok, bad, (long long)st.quarantined);
+    CHECK(!exists(path), "the FIFO is still in entries/");
+    mj_cache_close(c);
+}
+
+static void test_special_entries(void) {
+    char dir[PATH_BUF];
+    make_temp_dir(dir, "special");
+    test_entry t, good;
+    make_entry(&t, "special-file-key", 32, 0);
+    make_entry(&good, "a-good-neighbour", 32, 0);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    CHECK_OK(mj_cache_store(c, good.hex, &good.e));
+    mj_cache_close(c);
+    special_arg a = {dir, &t, &good};
+    reap(spawn(special_lookup_child, &a, -1), "lookups of special files (hang = SIGALRM)");
+    reap(spawn(special_verify_child, &a, -1), "list/verify with a FIFO (hang = SIGALRM)");
+    /* Quarantined: the FIFO, the socket, the directory (lookups) and the FIFO (verify). */
+    char qdir[PATH_BUF];
+    sub_path(qdir, dir, "quarantine", NULL);
+    int fifos = 0, socks = 0, dirs = 0;
+    DIR *d = opendir(qdir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        struct stat st;
+        if (de->d_name[0] == '.' || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        fifos += S_ISFIFO(st.st_mode), socks += S_ISSOCK(st.st_mode), dirs += S_ISDIR(st.st_mode);
+    }
+    if (d) closedir(d);
+    CHECK(fifos == 2 && socks == 1 && dirs == 1, "quarantine: %d FIFOs, %d sockets, %d dirs",
+          fifos, socks, dirs);
+    CHECK(count_in(dir, "entries") == 1, "entries/ holds %d files, want the good one",
+          count_in(dir, "entries"));
+    rm_rf(dir);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The default location
  * ------------------------------------------------------------------------------------- */
 
@@ -1576,6 +1695,7 @@ int main(void) {
     test_killed_writer();
     test_processes();
     test_threads();
+    test_special_entries();
     test_default_dir();
     return test_finish();
 }
