@@ -271,6 +271,17 @@ expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
 contains out "entries     6"; contains out "quarantine  0"
 contains out "totals over 3 processes"
 grep -qE '^  compiles +6$' out && ok || bad "stats totals: $(cat out)"
+# A FIFO at stats.json blocks neither --stats nor a process's exit (which adds its totals),
+# and a symlink there is never written through.
+mv "$C/v1/stats.json" stats.saved && mkfifo "$C/v1/stats.json"
+expect_rc 0 timeout 10 "$MJ" inspect --cache-dir "$C" --stats; contains out "totals      none yet"
+expect_rc 0 timeout 60 "$MJ" prewarm --cache-dir "$C" -q m.jsonl; contains out "3 already cached"
+[ -f "$C/v1/stats.json" ] && [ ! -p "$C/v1/stats.json" ] && ok || bad "stats.json after a FIFO: $(ls -l "$C/v1")"
+echo '{"processes": 99}' >outside.json
+rm "$C/v1/stats.json" && ln -s "$T/outside.json" "$C/v1/stats.json"
+expect_rc 0 "$MJ" prewarm --cache-dir "$C" -q m.jsonl
+[ "$(cat outside.json)" = '{"processes": 99}' ] && [ ! -L "$C/v1/stats.json" ] && ok || bad "stats.json symlink followed: $(cat outside.json)"
+mv stats.saved "$C/v1/stats.json"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" verify;             contains out "6 entries ok, 0 bad"
 # Corrupt one entry: verify finds it, quarantines it, and the next prewarm rebuilds it.
 f=$(ls "$C"/v1/entries/*.mjc | head -1)

@@ -35,6 +35,8 @@
  *   special      a FIFO, a socket or a directory at an entry's name: the lookup misses at
  *                once (a child under alarm(), so a hang fails instead of waiting forever) and
  *                quarantines it; list shows it, read_file refuses it, verify counts it bad.
+ *   stats file   a symlink at stats.json or locks/stats.lock pointing outside the cache is
+ *                never read or written through; a FIFO at either never blocks (alarm()).
  */
 #include "cache.h"
 #include "test.h"
@@ -1614,6 +1616,113 @@ static void test_special_entries(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * The running totals file (v1/stats.json) and its lock (v1/locks/stats.lock)
+ * ------------------------------------------------------------------------------------- */
+
+static const double k_one_process[MJ_CACHE_N_TOTALS] = {1, 2, 3, 4, 5, 0, 6.5, 0, 0, 0, 0, 0};
+
+static void expect_totals(mj_cache *c, int want_present, int64_t want_procs, const char *what) {
+    double v[MJ_CACHE_N_TOTALS];
+    int64_t procs = -1;
+    int present = -1;
+    CHECK_OK(mj_cache_totals(c, v, &procs, &present));
+    CHECK(present == want_present && procs == want_procs &&
+              (!want_present || (v[0] == 1 * (double)want_procs && v[4] == 5 * (double)want_procs)),
+          "%s: present %d, %lld processes, mem_hits %g, compiles %g", what, present,
+          (long long)procs, v[0], v[4]);
+}
+
+typedef struct stats_arg {
+    const char *dir, *scratch;
+} stats_arg;
+
+/* In a child under alarm(): a FIFO at stats.json or stats.lock is never waited on. */
+static void stats_fifo_child(void *p) {
+    const stats_arg *a = p;
+    alarm(HANG_LIMIT_S);
+    char path[PATH_BUF];
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(a->dir, 0, &c));
+
+    /* FIFO at stats.json: reading the totals finds none, adding replaces the FIFO. */
+    sub_path(path, a->dir, "stats.json", NULL);
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo stats.json: %s", strerror(errno));
+    expect_totals(c, 0, 0, "FIFO at stats.json");
+    mj_cache_add_totals(c, k_one_process);
+    struct stat st;
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "stats.json after adding: mode %o",
+          (unsigned)st.st_mode);
+    expect_totals(c, 1, 1, "FIFO at stats.json, replaced");
+    unlink(path);
+    CHECK(!exists(path), "stats.json is still there");
+
+    /* FIFO at locks/stats.lock: refused, so nothing is written. */
+    sub_path(path, a->dir, "locks", "stats.lock");
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo stats.lock: %s", strerror(errno));
+    mj_cache_add_totals(c, k_one_process);
+    expect_totals(c, 0, 0, "FIFO at stats.lock");
+    CHECK(lstat(path, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO at stats.lock was replaced");
+    unlink(path);
+    mj_cache_close(c);
+}
+
+static void test_stats_file(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF], path[PATH_BUF], outside[PATH_BUF];
+    make_temp_dir(scratch, "stats");
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    expect_totals(c, 0, 0, "fresh cache");
+    mj_cache_add_totals(c, k_one_process);
+    mj_cache_add_totals(c, k_one_process);
+    expect_totals(c, 1, 2, "two processes");
+    sub_path(path, dir, "stats.json", NULL);
+    unlink(path);
+
+    /* A symlink at stats.json to a file outside the cache (holding totals of its own): it is
+     * neither read through nor written through; the link itself is replaced. */
+    static const char planted[] = "{\"processes\": 1000, \"mem_hits\": 1000, \"compiles\": 1000}\n";
+    fmt_into(outside, sizeof outside, "%s/outside.json", scratch);
+    write_file(outside, planted, strlen(planted));
+    CHECK(symlink(outside, path) == 0, "symlink: %s", strerror(errno));
+    expect_totals(c, 0, 0, "symlink at stats.json (read)");
+    mj_cache_add_totals(c, k_one_process);
+    char *text = slurp(outside);
+    CHECK(!strcmp(text, planted), "the symlink's target was changed: \"%s\"", text);
+    free(text);
+    struct stat st;
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "stats.json is not a regular file now");
+    expect_totals(c, 1, 1, "symlink at stats.json, replaced");
+    unlink(path);
+    unlink(outside);
+
+    /* A symlink at locks/stats.lock: its target is neither created nor changed, and since
+     * there is no lock to hold, nothing is written. */
+    char lock[PATH_BUF];
+    sub_path(lock, dir, "locks", "stats.lock");
+    unlink(lock); /* the real one, created by the adds above */
+    CHECK(symlink(outside, lock) == 0, "symlink: %s", strerror(errno));
+    mj_cache_add_totals(c, k_one_process);
+    CHECK(!exists(outside), "a symlink at stats.lock created its target");
+    expect_totals(c, 0, 0, "dangling symlink at stats.lock");
+    write_file(outside, "keep me\n", 8);
+    mj_cache_add_totals(c, k_one_process);
+    text = slurp(outside);
+    CHECK(!strcmp(text, "keep me\n"), "the lock symlink's target was changed: \"%s\"", text);
+    free(text);
+    expect_totals(c, 0, 0, "symlink at stats.lock");
+    unlink(lock);
+    CHECK(count_in(dir, "tmp") == 0, "tmp/ holds %d files", count_in(dir, "tmp"));
+    mj_cache_close(c);
+
+    stats_arg a = {dir, scratch};
+    reap(spawn(stats_fifo_child, &a, -1), "FIFOs at stats.json / stats.lock (hang = SIGALRM)");
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The default location
  * ------------------------------------------------------------------------------------- */
 
@@ -1696,6 +1805,7 @@ int main(void) {
     test_processes();
     test_threads();
     test_special_entries();
+    test_stats_file();
     test_default_dir();
     return test_finish();
 }
