@@ -74,7 +74,7 @@ struct mj_cache {
     int unsafe;               /* some directory failed the ownership/mode check          */
     int readable;
     atomic_int writable;
-    atomic_int warned_unsafe, warned_unwritable;
+    atomic_int warned_unsafe, warned_unwritable, warned_lock;
     _Atomic int64_t disk_hits, disk_misses, stores, quarantined, evicted, lock_waits;
     _Atomic int64_t refused_unsafe;
 };
@@ -751,6 +751,14 @@ exit:
  * Locks
  * ------------------------------------------------------------------------------------- */
 
+/* A lock file we cannot use (something planted at its name, or flock failing): the lock
+ * only saves duplicate compiles, so compile without it rather than fail. */
+static void lock_unusable(mj_cache *c, const char *name, const char *why) {
+    warn_once(&c->warned_lock, "cache lock file %s/v%d/locks/%s cannot be used (%s); compiling "
+              "without the lock, so another process may compile the same kernel at the same "
+              "time \u2014 remove it", c->root, MJ_CACHE_FORMAT, name, why);
+}
+
 mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited) {
     if (fd) *fd = -1;
     if (waited) *waited = 0;
@@ -760,15 +768,24 @@ mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited) 
 
     char name[ENTRY_NAME_MAX];
     snprintf(name, sizeof name, "%s.lock", key_hex);
-    int lfd = openat(c->sub_fd[SUB_LOCKS], name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    /* O_NOFOLLOW: a symlink planted here is never followed (nor its target created);
+     * O_NONBLOCK: nor is a FIFO waited on. */
+    int lfd = openat(c->sub_fd[SUB_LOCKS], name,
+                     O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (lfd < 0) {
         int err = errno;
         if (is_permission_error(err)) {
             became_unwritable(c, "creating a lock file", err);
             return MJ_OK;
         }
-        return mj_set_error(MJ_ERR_IO, "cache lock: opening %s/v%d/locks/%s: %s", c->root,
-                            MJ_CACHE_FORMAT, name, strerror(err));
+        lock_unusable(c, name, err == ELOOP ? "it is a symbolic link" : strerror(err));
+        return MJ_OK;
+    }
+    struct stat st;
+    if (fstat(lfd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(lfd);
+        lock_unusable(c, name, "it is not a regular file");
+        return MJ_OK;
     }
     if (flock(lfd, LOCK_EX | LOCK_NB) != 0) {
         int err = errno;
@@ -780,7 +797,10 @@ mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited) 
         }
         if (err != 0) {
             close(lfd);
-            return mj_set_error(MJ_ERR_IO, "cache lock: flock %s: %s", name, strerror(err));
+            char why[256];
+            snprintf(why, sizeof why, "flock: %s", strerror(err));
+            lock_unusable(c, name, why);
+            return MJ_OK;
         }
     }
     *fd = lfd;

@@ -71,7 +71,10 @@ mj_status mj_cache_lookup(mj_cache *c, const char *key_hex, const char *key_text
 mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry *e);
 
 /* The per-key lock, held while compiling so N processes compile a key once. *waited = 1
- * if another holder made us wait. On an unwritable cache: a no-op lock (fd -1). */
+ * if another holder made us wait. On an unwritable cache: a no-op lock (fd -1). A lock file
+ * that cannot be used (a symlink, FIFO or directory at its name, or flock failing) is never
+ * followed nor waited on: a warning (once per handle), MJ_OK and fd -1, so the caller
+ * compiles without the lock. Errors only for bad arguments. */
 mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited);
 void mj_cache_unlock(int fd);
 

@@ -37,6 +37,9 @@
  *                quarantines it; list shows it, read_file refuses it, verify counts it bad.
  *   stats file   a symlink at stats.json or locks/stats.lock pointing outside the cache is
  *                never read or written through; a FIFO at either never blocks (alarm()).
+ *   lock files   a symlink (dangling or not), a FIFO or a directory at locks/<hex>.lock:
+ *                the lock is a no-op (fd -1, one warning), the link is never followed, and
+ *                the compile's store still lands.
  */
 #include "cache.h"
 #include "test.h"
@@ -1723,6 +1726,86 @@ static void test_stats_file(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Unusable lock files: compile without the lock, never follow the link
+ * ------------------------------------------------------------------------------------- */
+
+static void lock_files_child(void *p) {
+    const char *scratch = p;
+    alarm(HANG_LIMIT_S);
+    char dir[PATH_BUF], lock[PATH_BUF], outside[PATH_BUF], name[MJ_KEY_HEX_LEN + 8];
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    fmt_into(outside, sizeof outside, "%s/outside", scratch);
+    static const char kinds[] = "LlfdF"; /* dangling link, link to a file, FIFO, dir, ok */
+    for (int k = 0; kinds[k]; k++) {
+        test_entry t;
+        char key[32];
+        fmt_into(key, sizeof key, "lock-file-key-%c", kinds[k]);
+        make_entry(&t, key, 24, 0);
+        fmt_into(name, sizeof name, "%s.lock", t.hex);
+        mj_cache *c = NULL;
+        CHECK_OK(mj_cache_open(dir, 0, &c));
+        sub_path(lock, dir, "locks", name);
+        unlink(outside);
+        int planted = 0;
+        switch (kinds[k]) {
+        case 'L': planted = symlink(outside, lock); break;
+        case 'l': planted = write_file(outside, "keep\n", 5) || symlink(outside, lock); break;
+        case 'f': planted = mkfifo(lock, 0600); break;
+        case 'd': planted = mkdir(lock, 0700); break;
+        default: break;
+        }
+        CHECK(planted == 0, "%c: planting at %s: %s", kinds[k], lock, strerror(errno));
+        capture cap;
+        capture_begin(&cap, scratch);
+        int fd = -2, waited = -1, fd2 = -2;
+        mj_status s1 = mj_cache_lock(c, t.hex, &fd, &waited);
+        mj_cache_unlock(fd);
+        mj_status s2 = mj_cache_lock(c, t.hex, &fd2, NULL);
+        mj_cache_unlock(fd2);
+        mj_status s3 = mj_cache_store(c, t.hex, &t.e); /* the compile goes on, and is stored */
+        char *err = capture_end(&cap);
+        struct stat st;
+        if (kinds[k] == 'F') {
+            CHECK(s1 == MJ_OK && fd >= 0 && fd2 >= 0 && !err[0], "a good lock: %s fd %d, stderr \"%s\"",
+                  mj_status_string(s1), fd, err);
+        } else {
+            CHECK(s1 == MJ_OK && s2 == MJ_OK && fd == -1 && fd2 == -1 && waited == 0,
+                  "%c: lock -> %s (%s), fd %d, fd %d", kinds[k], mj_status_string(s1),
+                  mj_last_error(), fd, fd2);
+            CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, name) &&
+                      strstr(err, "without the lock") && strstr(err, "remove it"),
+                  "%c: stderr was \"%s\"", kinds[k], err);
+            CHECK(lstat(lock, &st) == 0 && (kinds[k] == 'f'   ? S_ISFIFO(st.st_mode)
+                                            : kinds[k] == 'd' ? S_ISDIR(st.st_mode)
+                                                              : S_ISLNK(st.st_mode)),
+                  "%c: what was planted at the lock changed", kinds[k]);
+        }
+        if (kinds[k] == 'L') CHECK(!exists(outside), "a symlinked lock created its target");
+        if (kinds[k] == 'l') {
+            char *text = slurp(outside);
+            CHECK(!strcmp(text, "keep\n"), "a symlinked lock changed its target: \"%s\"", text);
+            free(text);
+        }
+        CHECK(s3 == MJ_OK && mj_cache_writable(c), "%c: store -> %s, writable %d", kinds[k],
+              mj_status_string(s3), mj_cache_writable(c));
+        mj_cache_entry out;
+        int found = 0;
+        CHECK_OK(mj_cache_lookup(c, t.hex, t.key, &out, &found));
+        CHECK(found == 1, "%c: the entry stored without the lock is there", kinds[k]);
+        mj_cache_entry_free(&out);
+        free(err);
+        mj_cache_close(c);
+    }
+}
+
+static void test_lock_files(void) {
+    char scratch[PATH_BUF];
+    make_temp_dir(scratch, "locks");
+    reap(spawn(lock_files_child, scratch, -1), "unusable lock files (hang = SIGALRM)");
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The default location
  * ------------------------------------------------------------------------------------- */
 
@@ -1806,6 +1889,7 @@ int main(void) {
     test_threads();
     test_special_entries();
     test_stats_file();
+    test_lock_files();
     test_default_dir();
     return test_finish();
 }

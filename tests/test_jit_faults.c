@@ -6,6 +6,8 @@
  *
  *   stats file   a FIFO at v1/stats.json does not block mj_context_destroy (which adds the
  *                context's counters to it); the totals land in a regular file.
+ *   lock file    a symlink at v1/locks/<key>.lock: the kernel is still compiled (without
+ *                the lock), usable and stored; the link's target is never created.
  */
 #include "cache.h"
 #include "jit.h"
@@ -141,6 +143,55 @@ static void test_stats_fifo(void) {
     rm_rf(dir);
 }
 
+/* ---- a symlink at the key's lock file -------------------------------------------------- */
+
+static void lock_symlink_child(const char *scratch) {
+    char a[PATH_BUF], b[PATH_BUF], lock[PATH_BUF], entry[PATH_BUF], outside[PATH_BUF];
+    fmt_into(a, sizeof a, "%s/a", scratch);
+    fmt_into(b, sizeof b, "%s/b", scratch);
+    fmt_into(outside, sizeof outside, "%s/outside", scratch);
+    /* The key (it does not depend on the directory): from a compile in a scratch cache. */
+    mj_spec s = saxpy(128);
+    mj_context_t ctx = make_ctx(a);
+    const mj_function *f = NULL;
+    CHECK_OK(mj_jit_get(ctx, &s, &f));
+    char hex[MJ_KEY_HEX_LEN + 1] = "";
+    if (f) fmt_into(hex, sizeof hex, "%s", mj_function_key(f));
+    mj_context_destroy(ctx);
+
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(b, 0, &c)); /* the directories, so the link can be planted */
+    mj_cache_close(c);
+    char name[MJ_KEY_HEX_LEN + 8];
+    fmt_into(name, sizeof name, "%s.lock", hex);
+    v1_path(lock, b, "locks", name);
+    CHECK(symlink(outside, lock) == 0, "symlink %s: %s", lock, strerror(errno));
+
+    ctx = make_ctx(b);
+    f = NULL;
+    CHECK_OK(mj_jit_get(ctx, &s, &f));
+    CHECK(f && mj_function_report(f)->registers > 0 && !strcmp(mj_function_key(f), hex),
+          "the kernel compiled without the lock is usable");
+    mj_jit_stats st;
+    CHECK_OK(mj_context_stats(ctx, &st));
+    CHECK(st.compiles == 1 && st.compile_failures == 0, "compiles %lld, failures %lld",
+          (long long)st.compiles, (long long)st.compile_failures);
+    mj_context_destroy(ctx);
+    struct stat sb;
+    CHECK(lstat(outside, &sb) != 0, "the lock symlink's target was created");
+    CHECK(lstat(lock, &sb) == 0 && S_ISLNK(sb.st_mode), "the planted link changed");
+    fmt_into(name, sizeof name, "%s.mjc", hex);
+    v1_path(entry, b, "entries", name);
+    CHECK(stat(entry, &sb) == 0 && S_ISREG(sb.st_mode), "the entry was not stored");
+}
+
+static void test_lock_symlink(void) {
+    char dir[PATH_BUF];
+    make_temp_dir(dir, "lock");
+    in_child(lock_symlink_child, dir, "a symlink at the lock file");
+    rm_rf(dir);
+}
+
 int main(void) {
     /* No driver, whatever the machine: compile-only. */
     setenv("MOEJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
@@ -149,5 +200,6 @@ int main(void) {
     unsetenv("MOEJIT_RECORD");
     unsetenv("MOEJIT_STRICT");
     test_stats_fifo();
+    test_lock_symlink();
     return test_finish();
 }
