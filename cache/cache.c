@@ -76,7 +76,8 @@ struct mj_cache {
     atomic_int writable;
     atomic_int warned_unsafe, warned_unwritable, warned_lock;
     _Atomic int64_t disk_hits, disk_misses, stores, quarantined, evicted, lock_waits;
-    _Atomic int64_t refused_unsafe;
+    _Atomic int64_t refused_unsafe, store_failures;
+    atomic_int warned_store;
 };
 
 /* Makes temp names unique among the threads of one process (pid and tid do the rest). */
@@ -463,6 +464,7 @@ void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out) {
     out->evicted = atomic_load(&c->evicted);
     out->lock_waits = atomic_load(&c->lock_waits);
     out->refused_unsafe = atomic_load(&c->refused_unsafe);
+    out->store_failures = atomic_load(&c->store_failures);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -694,12 +696,15 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
     if (strcmp(hex, key_hex) != 0)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_store: key %s is not the SHA-256 of "
                             "the entry's key text (%s)", key_hex, hex);
-    if (c->unsafe || !is_writable(c)) return MJ_OK;
+    if (c->unsafe || !is_writable(c)) { /* warned about at open: only counted here */
+        count(&c->store_failures);
+        return MJ_OK;
+    }
 
     mj_status ret = MJ_OK;
     uint8_t *buf = NULL;
     size_t len = 0;
-    int fd = -1, temp_exists = 0;
+    int fd = -1, temp_exists = 0, stored = 0;
     char temp[ENTRY_NAME_MAX + 96], name[ENTRY_NAME_MAX];
     const int tmp_dir = c->sub_fd[SUB_TMP], entries_dir = c->sub_fd[SUB_ENTRIES];
 
@@ -734,6 +739,7 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
         goto exit;
     }
     temp_exists = 0;
+    stored = 1;
     /* Make the rename durable. Should this fail, a crash may lose the entry — which a
      * lookup then simply misses — so it does not fail the store. */
     (void)fsync(entries_dir);
@@ -744,6 +750,17 @@ exit:
     if (fd >= 0) close(fd);
     if (temp_exists) unlinkat(tmp_dir, temp, 0);
     free(buf);
+    if (!stored) {
+        /* The caller keeps the kernel in memory; say once that the disk has not got it (a
+         * full disk would otherwise only show as compiles on every run). A store that
+         * found the directory read-only has warned already (became_unwritable). */
+        count(&c->store_failures);
+        if (ret != MJ_OK)
+            warn_once(&c->warned_store, "could not store a kernel in the cache directory %s "
+                      "(%s); it is kept in memory only and the next process will compile it "
+                      "again \u2014 check the free space and the directory", c->root,
+                      mj_last_error());
+    }
     return ret;
 }
 
@@ -912,7 +929,8 @@ mj_status mj_cache_gc(mj_cache *c, int64_t max_bytes, int *n_evicted) {
 
 const char *const mj_cache_total_names[MJ_CACHE_N_TOTALS] = {
     "mem_hits", "mem_misses", "disk_hits", "disk_misses", "compiles", "compile_failures",
-    "compile_ms", "quarantined", "lock_waits", "evicted", "strict_misses", "refused_unsafe"};
+    "compile_ms", "quarantined", "lock_waits", "evicted", "strict_misses", "refused_unsafe",
+    "store_failures"};
 #define TOTAL_MS 6 /* compile_ms: the one real-valued total */
 
 /* Open dir/name with flags, only if it is a regular file; -1 otherwise. */

@@ -41,6 +41,8 @@ void mj_cache_entry_free(mj_cache_entry *e);
 typedef struct mj_cache_stats {
     int64_t disk_hits, disk_misses, stores, quarantined, evicted, lock_waits;
     int64_t refused_unsafe;    /* entries not loaded because the directory is unsafe      */
+    int64_t store_failures;    /* stores that did not land: an I/O error (disk full...), or
+                                  a cache that is read-only or unsafe                      */
 } mj_cache_stats;
 
 typedef struct mj_cache mj_cache;
@@ -67,7 +69,9 @@ mj_status mj_cache_lookup(mj_cache *c, const char *key_hex, const char *key_text
                           mj_cache_entry *out, int *found);
 /* Write an entry: unique temp file, fsync, rename into place (a reader never sees half an
  * entry), then evict least-recently-used entries while the total exceeds the cap. On an
- * unwritable cache this is a no-op returning MJ_OK. */
+ * unwritable or unsafe cache this is a no-op returning MJ_OK. A store that does not land
+ * (that no-op, or an I/O error such as a full disk) counts in stats.store_failures; an I/O
+ * error is returned (MJ_ERR_IO) and warned about once per handle. */
 mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry *e);
 
 /* The per-key lock, held while compiling so N processes compile a key once. *waited = 1
@@ -98,7 +102,7 @@ void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out);
 
 /* Running totals of the JIT counters of every process that used this cache (stats.json),
  * in the order of mj_cache_total_names (mj_jit_stats's fields). */
-#define MJ_CACHE_N_TOTALS 12
+#define MJ_CACHE_N_TOTALS 13
 extern const char *const mj_cache_total_names[MJ_CACHE_N_TOTALS];
 /* Add one process's counters (best effort: nothing is written on a read-only or unsafe
  * cache, and a symlink or FIFO at stats.json or its lock is refused, never followed). */

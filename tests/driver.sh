@@ -235,7 +235,14 @@ contains out "6 specializations: 3 compiled, 3 already cached, 0 failed"
 [ "$(wc -l <rec.jsonl)" = 3 ] && ok || bad "MOEJIT_RECORD wrote $(wc -l <rec.jsonl) lines, want 3"
 expect_rc 0 "$MJ" prewarm --cache-dir "$T/cache2" rec.jsonl
 contains out "3 compiled, 0 already cached"
-# Bad manifests, bad flags.
+# Stores that fail: with a 200 KiB file-size limit (SIGXFSZ ignored) writing the big route
+# kernel's entry (~300 KB) fails with EFBIG, as on a full disk; the router GEMMs' (~15-30 KB)
+# land. prewarm says how many could not be stored and exits 1.
+expect_rc 1 bash -c 'trap "" XFSZ; ulimit -f 200; exec "$0" prewarm -q --cache-dir "$1" m.jsonl' "$MJ" "$T/cache_fsz"
+contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 1 not stored"
+contains err "could not store"; contains err "File too large"
+contains err "1 of the 3 compiled kernels could not be stored in the cache $T/cache_fsz"
+[ "$(ls "$T/cache_fsz/v1/entries" | wc -l)" = 2 ] && ok || bad "entries after failed stores: $(ls -l "$T/cache_fsz/v1/entries")"
 printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
 expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:2"
 printf '{"template": "no_such", "knobs": {}, "arch": "sm_120a"}\n{"template": "router_gemm", "knobs": {"H": 512, "E": 5000, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n' >unk.jsonl

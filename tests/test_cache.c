@@ -40,6 +40,10 @@
  *   lock files   a symlink (dangling or not), a FIFO or a directory at locks/<hex>.lock:
  *                the lock is a no-op (fd -1, one warning), the link is never followed, and
  *                the compile's store still lands.
+ *   store fails  a directory at the entry's name (rename fails) and a file-size limit
+ *                (write fails with EFBIG, as on a full disk): MJ_ERR_IO, store_failures
+ *                counts each, one warning, no temp file left. Read-only and unsafe caches
+ *                count their skipped stores too.
  */
 #include "cache.h"
 #include "test.h"
@@ -860,7 +864,8 @@ static void expect_unsafe(const char *dir, const char *scratch, const test_entry
           "%s: list %d, verify %d/%d, gc %d", what, n, ok, bad, n_ev);
     mj_cache_stats st;
     mj_cache_get_stats(c, &st);
-    CHECK(st.refused_unsafe == 2 && st.disk_hits == 0 && st.stores == 0 && st.quarantined == 0,
+    CHECK(st.refused_unsafe == 2 && st.disk_hits == 0 && st.stores == 0 && st.quarantined == 0 &&
+              st.store_failures == 1,
           "%s: refused_unsafe %lld", what, (long long)st.refused_unsafe);
     CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, warning) &&
               strstr(err, "not using it"),
@@ -988,8 +993,10 @@ static void expect_read_only(const char *dir, const char *scratch, const test_en
           "%s: stderr was \"%s\"", what, err);
     mj_cache_stats st;
     mj_cache_get_stats(c, &st);
-    CHECK(st.stores == 0 && st.disk_hits == (existing ? 1 : 0) && st.disk_misses == 1,
-          "%s: stores %lld hits %lld", what, (long long)st.stores, (long long)st.disk_hits);
+    CHECK(st.stores == 0 && st.store_failures == 2 && st.disk_hits == (existing ? 1 : 0) &&
+              st.disk_misses == 1,
+          "%s: stores %lld store_failures %lld hits %lld", what, (long long)st.stores,
+          (long long)st.store_failures, (long long)st.disk_hits);
     if (existing) mj_cache_entry_free(&out);
     free(err);
     mj_cache_close(c);
@@ -1806,6 +1813,113 @@ static void test_lock_files(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Stores that fail: counted, warned once, nothing half-written
+ * ------------------------------------------------------------------------------------- */
+
+/* A file-size limit below the entry's size: the temp file's write fails with EFBIG
+ * (SIGXFSZ ignored), as on a full disk. */
+static void store_efbig_child(void *p) {
+    const char *dir = p;
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl;
+    getrlimit(RLIMIT_FSIZE, &rl);
+    rl.rlim_cur = 256;
+    CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
+    test_entry small, big;
+    make_entry(&small, "fits-under-256-bytes", 4, 0);
+    make_entry(&big, "does-not-fit-in-256-bytes", 400, 1);
+    /* stderr into a pipe: a file would be cut by the limit too. */
+    int pfd[2];
+    CHECK(pipe(pfd) == 0, "pipe");
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(pfd[1], 2);
+    close(pfd[1]);
+    mj_status s1 = mj_cache_store(c, big.hex, &big.e);
+    mj_status s2 = mj_cache_store(c, small.hex, &small.e);
+    mj_status s3 = mj_cache_store(c, big.hex, &big.e);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *err = calloc(1, 8192);
+    ssize_t got = read(pfd[0], err, 8191);
+    (void)got;
+    close(pfd[0]);
+    mj_cache_stats st;
+    mj_cache_get_stats(c, &st);
+    CHECK(s1 == MJ_ERR_IO && s2 == MJ_OK && s3 == MJ_ERR_IO, "stores -> %s %s %s",
+          mj_status_string(s1), mj_status_string(s2), mj_status_string(s3));
+    CHECK(st.stores == 1 && st.store_failures == 2, "stores %lld, store_failures %lld",
+          (long long)st.stores, (long long)st.store_failures);
+    CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, "could not store") &&
+              strstr(err, "File too large") && strstr(err, "kept in memory only"),
+          "stderr was \"%s\"", err);
+    CHECK(count_in(dir, "entries") == 1 && count_in(dir, "tmp") == 0,
+          "%d entries, %d temp files", count_in(dir, "entries"), count_in(dir, "tmp"));
+    CHECK(mj_cache_writable(c), "a failed store made the cache read-only");
+    free(err);
+    mj_cache_close(c);
+}
+
+static void test_store_failures(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF], path[PATH_BUF];
+    make_temp_dir(scratch, "storefail");
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+
+    /* A directory at the entry's name: the rename into place fails (EISDIR). */
+    test_entry t, u;
+    make_entry(&t, "entry-name-is-a-directory", 40, 0);
+    make_entry(&u, "an-ordinary-entry", 40, 0);
+    entry_path(path, dir, t.hex);
+    CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
+    capture cap;
+    capture_begin(&cap, scratch);
+    mj_status s1 = mj_cache_store(c, t.hex, &t.e);
+    mj_status s2 = mj_cache_store(c, t.hex, &t.e);
+    mj_status s3 = mj_cache_store(c, u.hex, &u.e);
+    char *err = capture_end(&cap);
+    mj_cache_stats st;
+    mj_cache_get_stats(c, &st);
+    CHECK(s1 == MJ_ERR_IO && s2 == MJ_ERR_IO && s3 == MJ_OK, "stores -> %s %s %s",
+          mj_status_string(s1), mj_status_string(s2), mj_status_string(s3));
+    CHECK(st.store_failures == 2 && st.stores == 1, "store_failures %lld, stores %lld",
+          (long long)st.store_failures, (long long)st.stores);
+    CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, "could not store") &&
+              strstr(err, dir) && strstr(err, "Is a directory"),
+          "stderr was \"%s\"", err);
+    CHECK(count_in(dir, "tmp") == 0, "a failed store left %d temp files", count_in(dir, "tmp"));
+    free(err);
+    mj_cache_close(c);
+    rmdir(path);
+
+    /* MOEJIT_QUIET=1 silences the warning, not the count. */
+    CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
+    setenv("MOEJIT_QUIET", "1", 1);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    capture_begin(&cap, scratch);
+    s1 = mj_cache_store(c, t.hex, &t.e);
+    err = capture_end(&cap);
+    unsetenv("MOEJIT_QUIET");
+    mj_cache_get_stats(c, &st);
+    CHECK(s1 == MJ_ERR_IO && st.store_failures == 1 && !err[0], "quiet: %s, %lld, \"%s\"",
+          mj_status_string(s1), (long long)st.store_failures, err);
+    free(err);
+    mj_cache_close(c);
+    rmdir(path);
+
+    char dir2[PATH_BUF];
+    fmt_into(dir2, sizeof dir2, "%s/cache2", scratch);
+    CHECK_OK(mj_cache_open(dir2, 0, &c));
+    mj_cache_close(c);
+    reap(spawn(store_efbig_child, dir2, -1), "stores over RLIMIT_FSIZE");
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The default location
  * ------------------------------------------------------------------------------------- */
 
@@ -1890,6 +2004,7 @@ int main(void) {
     test_special_entries();
     test_stats_file();
     test_lock_files();
+    test_store_failures();
     test_default_dir();
     return test_finish();
 }

@@ -8,17 +8,22 @@
  *                context's counters to it); the totals land in a regular file.
  *   lock file    a symlink at v1/locks/<key>.lock: the kernel is still compiled (without
  *                the lock), usable and stored; the link's target is never created.
+ *   store fails  a file-size limit makes writing entries fail (EFBIG, as a full disk):
+ *                the kernels are usable, store_failures counts them (in mj_context_stats
+ *                and in the totals), one warning.
  */
 #include "cache.h"
 #include "jit.h"
 #include "test.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -192,6 +197,73 @@ static void test_lock_symlink(void) {
     rm_rf(dir);
 }
 
+/* ---- a store that fails ---------------------------------------------------------------- */
+
+/* A 1 KiB file-size limit (SIGXFSZ ignored): writing the entry fails with EFBIG, as on a
+ * full disk. The kernel stays usable; the failure is counted and warned about once. */
+static void store_fails_child(const char *dir) {
+    mj_context_t ctx = make_ctx(dir); /* creates the directories before the limit */
+    if (!ctx) return;
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl;
+    getrlimit(RLIMIT_FSIZE, &rl);
+    rl.rlim_cur = 1024;
+    CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
+    int pfd[2]; /* stderr into a pipe, which the limit does not cut */
+    CHECK(pipe(pfd) == 0, "pipe");
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(pfd[1], 2);
+    close(pfd[1]);
+    mj_spec s1 = saxpy(256), s2 = saxpy(512);
+    const mj_function *f1 = NULL, *f2 = NULL;
+    mj_status st1 = mj_jit_get(ctx, &s1, &f1);
+    mj_status st2 = mj_jit_get(ctx, &s2, &f2);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char err[8192] = "";
+    ssize_t got = read(pfd[0], err, sizeof err - 1);
+    (void)got;
+    close(pfd[0]);
+    CHECK(st1 == MJ_OK && st2 == MJ_OK && f1 && f2 && mj_function_report(f1)->registers > 0,
+          "the kernels are usable: %s %s", mj_status_string(st1), mj_status_string(st2));
+    mj_jit_stats js;
+    CHECK_OK(mj_context_stats(ctx, &js));
+    CHECK(js.compiles == 2 && js.store_failures == 2, "compiles %lld, store_failures %lld",
+          (long long)js.compiles, (long long)js.store_failures);
+    int n_warn = 0;
+    for (const char *p = err; (p = strstr(p, "moejit: warning: ")); p++) n_warn++;
+    CHECK(n_warn == 1 && strstr(err, "could not store") && strstr(err, "File too large"),
+          "stderr was \"%s\"", err);
+    char entries[PATH_BUF];
+    v1_path(entries, dir, "entries", NULL);
+    DIR *d = opendir(entries);
+    int n = 0;
+    for (struct dirent *de; d && (de = readdir(d));) n += de->d_name[0] != '.';
+    if (d) closedir(d);
+    CHECK(n == 0, "entries/ holds %d files", n);
+    CHECK_OK(mj_context_destroy(ctx)); /* its totals (small) carry store_failures */
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    double v[MJ_CACHE_N_TOTALS];
+    int64_t procs = 0;
+    int present = 0, idx = -1;
+    CHECK_OK(mj_cache_totals(c, v, &procs, &present));
+    for (int i = 0; i < MJ_CACHE_N_TOTALS; i++)
+        if (!strcmp(mj_cache_total_names[i], "store_failures")) idx = i;
+    CHECK(present && idx >= 0 && v[idx] == 2, "totals: store_failures at %d = %g", idx,
+          idx >= 0 ? v[idx] : -1.0);
+    mj_cache_close(c);
+}
+
+static void test_store_fails(void) {
+    char dir[PATH_BUF];
+    make_temp_dir(dir, "store");
+    in_child(store_fails_child, dir, "stores that fail");
+    rm_rf(dir);
+}
+
 int main(void) {
     /* No driver, whatever the machine: compile-only. */
     setenv("MOEJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
@@ -201,5 +273,6 @@ int main(void) {
     unsetenv("MOEJIT_STRICT");
     test_stats_fifo();
     test_lock_symlink();
+    test_store_fails();
     return test_finish();
 }

@@ -2,6 +2,7 @@
  * that no request ever waits for a compile. Works with no GPU: NVRTC needs none. */
 #include "tools.h"
 
+#include "cache.h"
 #include "jit.h"
 
 #include <errno.h>
@@ -21,7 +22,7 @@ static const char k_help[] =
     "JSON object a line: {\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 4},\n"
     "\"arch\": \"sm_120a\"} (blank lines and lines starting with # are skipped). A server run\n"
     "with MOEJIT_RECORD=path writes such a manifest of every kernel it had to compile. No GPU\n"
-    "is needed. Exit status 1 if any specialization failed.\n"
+    "is needed. Exit status 1 if any specialization failed or could not be stored in the cache.\n"
     "\n"
     "options:\n"
     "  --arch A         compile each line for target A instead of its own \"arch\"\n"
@@ -194,9 +195,19 @@ int cmd_prewarm(int argc, char **argv) {
     for (int i = 0; i < jobs_n; i++) pthread_create(&th[i], NULL, worker, &w);
     for (int i = 0; i < jobs_n; i++) pthread_join(th[i], NULL);
     if (w.tty && !quiet) fprintf(stderr, "\r\033[K");
-    printf("prewarm: %d specializations: %d compiled, %d already cached, %d failed, %.1f s\n", w.n,
-           (int)w.compiled, (int)w.cached, (int)w.failed, now_s() - w.t0);
+    /* A kernel compiled but not written to the disk (full disk, a directory that became
+     * read-only...) is a failure here: filling the cache is what prewarm is for. */
+    mj_jit_stats js;
+    long long not_stored = mj_context_stats(w.ctx, &js) == MJ_OK ? (long long)js.store_failures : 0;
+    printf("prewarm: %d specializations: %d compiled, %d already cached, %d failed, %lld not stored, "
+           "%.1f s\n", w.n, (int)w.compiled, (int)w.cached, (int)w.failed, not_stored, now_s() - w.t0);
+    fflush(stdout);
     rc = w.failed ? 1 : 0;
+    if (not_stored)
+        rc = tool_fail("%lld of the %d compiled kernels could not be stored in the cache %s (see the "
+                       "warning above), so they would be compiled again at run time: make room or "
+                       "fix the directory, then run prewarm again",
+                       not_stored, (int)w.compiled, mj_cache_dir(mj_context_cache(w.ctx)));
     mj_context_destroy(w.ctx);
 done:
     for (int i = 0; i < w.n; i++) free(w.jobs[i].line);
