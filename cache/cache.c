@@ -68,6 +68,7 @@ static const char *const k_sub_name[SUB_COUNT] = {"entries", "locks", "quarantin
 
 struct mj_cache {
     char *root;               /* D; "" when no location could be found                 */
+    char *problem;            /* why it cannot be read or written (at open), or NULL    */
     int v_fd;                 /* checked descriptor of D/v<N> (stats.json), -1 if absent */
     int sub_fd[SUB_COUNT];    /* checked descriptors of D/v<N>/<sub>, -1 when absent     */
     int64_t max_bytes;
@@ -339,6 +340,7 @@ static void setup_dirs(mj_cache *c) {
         dir_state st = open_checked_dir(parent, name, path, &fd, msg, sizeof msg);
         if (st == DIR_UNSAFE) {
             c->unsafe = 1;
+            c->problem = strdup(msg);
             warn_once(&c->warned_unsafe, "%s", msg);
             goto done;
         }
@@ -373,7 +375,13 @@ done:
     for (int i = 0; i < SUB_COUNT; i++) writable &= c->sub_fd[i] >= 0;
     if (why[0]) writable = 0;
     atomic_store(&c->writable, writable);
-    if (!writable) warn_unwritable(c, why[0] ? why : "unknown reason");
+    if (!writable) {
+        const char *reason = why[0] ? why : "unknown reason";
+        if (!c->root[0]) c->problem = strdup(reason);
+        else if (asprintf(&c->problem, "cache directory %s is not writable (%s)", c->root, reason) < 0)
+            c->problem = NULL;
+        warn_unwritable(c, reason);
+    }
 }
 
 /* A fresh DIR* over one of our checked directories (its own file offset, so two threads
@@ -446,12 +454,18 @@ void mj_cache_close(mj_cache *c) {
         if (c->sub_fd[i] >= 0) close(c->sub_fd[i]);
     if (c->v_fd >= 0) close(c->v_fd);
     free(c->root);
+    free(c->problem);
     free(c);
 }
 
 const char *mj_cache_dir(const mj_cache *c) { return c ? c->root : NULL; }
 int mj_cache_readable(const mj_cache *c) { return c && !c->unsafe && c->readable; }
 int mj_cache_writable(const mj_cache *c) { return c && !c->unsafe && is_writable(c); }
+const char *mj_cache_problem(const mj_cache *c) {
+    if (!c) return "no cache";
+    if (c->problem) return c->problem;
+    return c->unsafe || !is_writable(c) ? "cache directory is not writable" : "";
+}
 
 void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out) {
     if (!out) return;

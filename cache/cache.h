@@ -59,6 +59,9 @@ void mj_cache_close(mj_cache *c);
 const char *mj_cache_dir(const mj_cache *c);
 int mj_cache_readable(const mj_cache *c);
 int mj_cache_writable(const mj_cache *c);
+/* Why the cache cannot be written (or read), as the warning at open said it: "" when it
+ * can. For a tool's error line. */
+const char *mj_cache_problem(const mj_cache *c);
 
 /* Look a key up. *found = 1 and *out filled on a verified hit (its stored key text equals
  * key_text); a truncated, corrupted, wrong-magic, wrong-version or wrong-key entry, or

@@ -243,6 +243,39 @@ contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 1 not s
 contains err "could not store"; contains err "File too large"
 contains err "1 of the 3 compiled kernels could not be stored in the cache $T/cache_fsz"
 [ "$(ls "$T/cache_fsz/v1/entries" | wc -l)" = 2 ] && ok || bad "entries after failed stores: $(ls -l "$T/cache_fsz/v1/entries")"
+# A cache prewarm cannot write is an error before anything is compiled (the library's
+# warning, then one error line; nothing on stdout): a regular file where the directory
+# should be, a directory that cannot be created, one other users can write (unsafe), and a
+# read-only one. Permission bits do not stop root, so as root the read-only case runs as uid
+# 65534 (nobody, through setpriv) on a cache it owns with mode 0500, as test_cache does.
+touch "$T/a_file"
+expect_rc 1 "$MJ" prewarm --cache-dir "$T/a_file" m.jsonl
+contains err "$T/a_file is not a directory"; contains err "nothing was compiled"
+[ ! -s out ] && ok || bad "prewarm into a regular file printed: $(cat out)"
+expect_rc 1 "$MJ" prewarm --cache-dir "$T/a_file/cache" m.jsonl
+contains err "cannot create $T/a_file/cache: Not a directory"; contains err "nothing was compiled"
+[ ! -s out ] && ok || bad "prewarm below a regular file printed: $(cat out)"
+mkdir -p "$T/ww" && chmod 777 "$T/ww"
+expect_rc 1 "$MJ" prewarm --cache-dir "$T/ww" m.jsonl
+contains err "writable by other users"; contains err "nothing was compiled"
+[ ! -s out ] && [ ! -e "$T/ww/v1" ] && ok || bad "prewarm into an unsafe cache: $(cat out; ls "$T/ww")"
+RO=$T/ro
+mkdir -p "$RO/cache/v1/entries" "$RO/cache/v1/locks" "$RO/cache/v1/quarantine" "$RO/cache/v1/tmp"
+cp m.jsonl "$RO/m.jsonl" && chmod 644 "$RO/m.jsonl"
+if [ "$(id -u)" = 0 ]; then
+    chmod 711 "$T" && chmod 755 "$RO" && chown -R 65534:65534 "$RO/cache"
+    as_ro() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+else
+    as_ro() { "$@"; }
+fi
+find "$RO/cache" -type d -exec chmod 500 {} +
+expect_rc 1 as_ro "$MJ" prewarm --cache-dir "$RO/cache" "$RO/m.jsonl"
+contains err "cache directory $RO/cache is not writable"; contains err "Permission denied"
+contains err "nothing was compiled"
+[ ! -s out ] && ok || bad "prewarm into a read-only cache printed: $(cat out)"
+find "$RO/cache" -type d -exec chmod 700 {} +
+
+# Bad manifests, bad flags.
 printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
 expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:2"
 printf '{"template": "no_such", "knobs": {}, "arch": "sm_120a"}\n{"template": "router_gemm", "knobs": {"H": 512, "E": 5000, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n' >unk.jsonl

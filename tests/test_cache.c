@@ -584,6 +584,7 @@ static void test_store_lookup(void) {
     CHECK_OK(mj_cache_open(dir, 0, &c));
     CHECK(c && !strcmp(mj_cache_dir(c), dir) && mj_cache_readable(c) && mj_cache_writable(c),
           "fresh cache: readable %d writable %d", mj_cache_readable(c), mj_cache_writable(c));
+    CHECK(!strcmp(mj_cache_problem(c), ""), "fresh cache: problem \"%s\"", mj_cache_problem(c));
     static const char *const subs[] = {NULL, "entries", "locks", "quarantine", "tmp"};
     for (int i = 0; i < 5; i++) {
         struct stat st;
@@ -855,6 +856,8 @@ static void expect_unsafe(const char *dir, const char *scratch, const test_entry
     CHECK(so == MJ_OK && c, "%s: open -> %s", what, mj_status_string(so));
     CHECK(!mj_cache_readable(c) && !mj_cache_writable(c), "%s: readable %d writable %d", what,
           mj_cache_readable(c), mj_cache_writable(c));
+    CHECK(strstr(mj_cache_problem(c), warning) != NULL, "%s: problem \"%s\"", what,
+          mj_cache_problem(c));
     CHECK(s1 == MJ_OK && s2 == MJ_OK && found1 == 0 && found2 == 0,
           "%s: lookups of an existing entry: %d %d", what, found1, found2);
     CHECK(s3 == MJ_OK && s4 == MJ_OK && fd == -1 && waited == 0, "%s: store/lock: %s %s fd %d",
@@ -982,6 +985,8 @@ static void expect_read_only(const char *dir, const char *scratch, const test_en
           mj_status_string(so), c ? mj_cache_writable(c) : -1);
     CHECK(mj_cache_readable(c) == (existing != NULL), "%s: readable %d", what,
           mj_cache_readable(c));
+    CHECK(strstr(mj_cache_problem(c), "is not writable") && strstr(mj_cache_problem(c), reason),
+          "%s: problem \"%s\"", what, mj_cache_problem(c));
     CHECK(s1 == MJ_OK && (!existing || (hit == 1 && same_entry(&out, &existing->e))),
           "%s: existing entry: hit %d", what, hit);
     CHECK(s2 == MJ_OK && miss == 0, "%s: lookup of a new key: found %d", what, miss);

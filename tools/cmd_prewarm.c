@@ -186,6 +186,15 @@ int cmd_prewarm(int argc, char **argv) {
         rc = tool_fail_status("creating the JIT context", st);
         goto done;
     }
+    /* Filling the cache is the whole job: a cache that cannot be written (not a directory,
+     * not creatable, unsafe, read-only) fails here, before anything is compiled. */
+    mj_cache *cache = mj_context_cache(w.ctx);
+    if (!mj_cache_writable(cache)) {
+        rc = tool_fail("nothing was compiled: %s (prewarm needs a cache it can write: fix it or "
+                       "pass another --cache-dir)", mj_cache_problem(cache));
+        mj_context_destroy(w.ctx);
+        goto done;
+    }
     w.tty = isatty(2);
     w.quiet = quiet;
     pthread_mutex_init(&w.out_mu, NULL);
@@ -207,7 +216,7 @@ int cmd_prewarm(int argc, char **argv) {
         rc = tool_fail("%lld of the %d compiled kernels could not be stored in the cache %s (see the "
                        "warning above), so they would be compiled again at run time: make room or "
                        "fix the directory, then run prewarm again",
-                       not_stored, (int)w.compiled, mj_cache_dir(mj_context_cache(w.ctx)));
+                       not_stored, (int)w.compiled, mj_cache_dir(cache));
     mj_context_destroy(w.ctx);
 done:
     for (int i = 0; i < w.n; i++) free(w.jobs[i].line);
