@@ -275,6 +275,17 @@ contains err "nothing was compiled"
 [ ! -s out ] && ok || bad "prewarm into a read-only cache printed: $(cat out)"
 find "$RO/cache" -type d -exec chmod 700 {} +
 
+# Worker threads that cannot be started (the test hook MOEJIT_TEST_FAIL_THREADS=N fails
+# every thread after the first N with EAGAIN; ulimit -u does not bind root): prewarm says so
+# and does the work on the threads it has, the main thread included.
+MOEJIT_TEST_FAIL_THREADS=0 expect_rc 0 "$MJ" prewarm -j 4 --cache-dir "$T/cache_thr0" m.jsonl
+contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 0 not stored"
+contains err "could start only 0 of 3 worker threads"
+MOEJIT_TEST_FAIL_THREADS=1 expect_rc 0 "$MJ" prewarm -j 3 --cache-dir "$T/cache_thr1" m.jsonl
+contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 0 not stored"
+contains err "could start only 1 of 3 worker threads"
+[ "$(ls "$T/cache_thr0/v1/entries" | wc -l)" = 3 ] && [ "$(ls "$T/cache_thr1/v1/entries" | wc -l)" = 3 ] && ok ||
+    bad "prewarm without threads stored $(ls "$T/cache_thr0/v1/entries" | wc -l) and $(ls "$T/cache_thr1/v1/entries" | wc -l) entries"
 # Bad manifests, bad flags.
 printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
 expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:2"

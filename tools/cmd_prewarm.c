@@ -104,6 +104,15 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* Test hook, for tests/driver.sh only: MOEJIT_TEST_FAIL_THREADS=N makes starting worker
+ * thread N and later ones fail with EAGAIN, as a thread limit would (ulimit -u does not
+ * bind root, so a test cannot produce the real failure). Unset, it changes nothing. */
+static int start_worker(pthread_t *th, int index, work *w) {
+    const char *limit = getenv("MOEJIT_TEST_FAIL_THREADS");
+    if (limit && *limit && index >= atoi(limit)) return EAGAIN;
+    return pthread_create(th, NULL, worker, w);
+}
+
 /* Read a manifest's lines into jobs, one per --arch (or one with the line's own arch). */
 static int read_manifest(const char *path, const char **archs, int n_archs, job **jobs, int *n, int *cap) {
     FILE *fp = fopen(path, "r");
@@ -201,8 +210,18 @@ int cmd_prewarm(int argc, char **argv) {
     w.t0 = now_s();
     if (jobs_n > w.n) jobs_n = w.n ? w.n : 1;
     pthread_t th[256];
-    for (int i = 0; i < jobs_n; i++) pthread_create(&th[i], NULL, worker, &w);
-    for (int i = 0; i < jobs_n; i++) pthread_join(th[i], NULL);
+    int started = 0, err = 0;
+    while (started < jobs_n && (err = start_worker(&th[started], started, &w)) == 0) started++;
+    if (started < jobs_n) {
+        /* Fewer threads than asked for (a thread limit): say so, and let this thread work
+         * the queue too, so every job is still done. Only started threads are joined. */
+        pthread_mutex_lock(&w.out_mu);
+        fprintf(stderr, "moejit: warning: could start only %d of %d worker threads (%s); "
+                "compiling on %d\n", started, jobs_n, strerror(err), started + 1);
+        pthread_mutex_unlock(&w.out_mu);
+        worker(&w);
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     if (w.tty && !quiet) fprintf(stderr, "\r\033[K");
     /* A kernel compiled but not written to the disk (full disk, a directory that became
      * read-only...) is a failure here: filling the cache is what prewarm is for. */
