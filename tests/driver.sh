@@ -295,6 +295,8 @@ contains out "2 failed"; contains err "no_such"; contains err "E = 5000"
 expect_fail "$MJ" prewarm --arch sm_75 m.jsonl;          contains err "sm_75"
 expect_fail "$MJ" prewarm -j 0 m.jsonl
 expect_fail "$MJ" prewarm nothere.jsonl;                  contains err "nothere.jsonl"
+mkdir -p manifest_dir
+expect_fail "$MJ" prewarm --cache-dir "$C" manifest_dir;  contains err "manifest_dir: is a directory"
 expect_fail "$MJ" prewarm
 
 # The command carries the product templates only (test fixtures live in the tests).

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -117,6 +118,13 @@ static int start_worker(pthread_t *th, int index, work *w) {
 static int read_manifest(const char *path, const char **archs, int n_archs, job **jobs, int *n, int *cap) {
     FILE *fp = fopen(path, "r");
     if (!fp) return tool_fail("%s: cannot open: %s", path, strerror(errno));
+    /* fopen takes a directory, and reading it then fails (EISDIR) as if it were empty. A
+     * pipe is fine (prewarm <(cmd)); any read error is an error, not the end of the list. */
+    struct stat st;
+    if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(fp);
+        return tool_fail("%s: is a directory: give a manifest file (JSON lines)", path);
+    }
     char *line = NULL;
     size_t len = 0;
     int lineno = 0, rc = 0;
@@ -144,6 +152,7 @@ static int read_manifest(const char *path, const char **archs, int n_archs, job 
         }
         json_decref(o);
     }
+    if (!rc && ferror(fp)) rc = tool_fail("%s: cannot read: %s", path, strerror(errno));
     free(line);
     fclose(fp);
     return rc;
