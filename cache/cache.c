@@ -72,13 +72,14 @@ struct mj_cache {
     int v_fd;                 /* checked descriptor of D/v<N> (stats.json), -1 if absent */
     int sub_fd[SUB_COUNT];    /* checked descriptors of D/v<N>/<sub>, -1 when absent     */
     int64_t max_bytes;
+    enum { CAP_CALLER, CAP_ENV, CAP_DEFAULT, CAP_DEFAULT_ENV_BAD } cap_from;
     int unsafe;               /* some directory failed the ownership/mode check          */
     int readable;
     atomic_int writable;
     atomic_int warned_unsafe, warned_unwritable, warned_lock;
     _Atomic int64_t disk_hits, disk_misses, stores, quarantined, evicted, lock_waits;
     _Atomic int64_t refused_unsafe, store_failures;
-    atomic_int warned_store;
+    atomic_int warned_store, warned_cap, warned_cap_small;
 };
 
 /* Makes temp names unique among the threads of one process (pid and tid do the rest). */
@@ -414,15 +415,31 @@ static void remove_stale_temps(mj_cache *c) {
  * Open / close
  * ------------------------------------------------------------------------------------- */
 
-static int64_t env_max_bytes(void) {
-    const char *s = getenv("MOEJIT_CACHE_MAX_BYTES");
-    if (s && *s) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (!errno && !*end && v > 0) return v;
+/* The cap: max_bytes when > 0, else $MOEJIT_CACHE_MAX_BYTES when it is a whole number of
+ * bytes above 0, else the default. A value that is not ("0", "-5", "1e9", "2G") is said
+ * once, with the default that is used instead. */
+static void set_max_bytes(mj_cache *c, int64_t max_bytes) {
+    if (max_bytes > 0) {
+        c->max_bytes = max_bytes;
+        c->cap_from = CAP_CALLER;
+        return;
     }
-    return MJ_CACHE_DEFAULT_MAX_BYTES;
+    c->max_bytes = MJ_CACHE_DEFAULT_MAX_BYTES;
+    c->cap_from = CAP_DEFAULT;
+    const char *s = getenv("MOEJIT_CACHE_MAX_BYTES");
+    if (!s || !*s) return;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!errno && end != s && !*end && v > 0 && s[0] >= '0' && s[0] <= '9') {
+        c->max_bytes = v;
+        c->cap_from = CAP_ENV;
+        return;
+    }
+    c->cap_from = CAP_DEFAULT_ENV_BAD;
+    warn_once(&c->warned_cap, "MOEJIT_CACHE_MAX_BYTES=\"%.64s\" is not a byte count (a whole "
+              "number above 0); using the default cap of %lld bytes \u2014 set it to a number of "
+              "bytes, such as 4294967296, or unset it", s, (long long)MJ_CACHE_DEFAULT_MAX_BYTES);
 }
 
 mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
@@ -436,7 +453,7 @@ mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
     for (int i = 0; i < SUB_COUNT; i++) c->sub_fd[i] = -1;
     c->v_fd = -1;
     MJ_CHECK_GOTO(resolve_root(dir, &c->root), ret, exit);
-    c->max_bytes = max_bytes > 0 ? max_bytes : env_max_bytes();
+    set_max_bytes(c, max_bytes);
 
     setup_dirs(c);
     if (is_writable(c)) remove_stale_temps(c);
@@ -461,6 +478,12 @@ void mj_cache_close(mj_cache *c) {
 const char *mj_cache_dir(const mj_cache *c) { return c ? c->root : NULL; }
 int mj_cache_readable(const mj_cache *c) { return c && !c->unsafe && c->readable; }
 int mj_cache_writable(const mj_cache *c) { return c && !c->unsafe && is_writable(c); }
+int64_t mj_cache_max_bytes(const mj_cache *c) { return c ? c->max_bytes : 0; }
+const char *mj_cache_max_bytes_source(const mj_cache *c) {
+    static const char *const names[] = {"set by the caller", "$MOEJIT_CACHE_MAX_BYTES", "default",
+                                        "default; $MOEJIT_CACHE_MAX_BYTES is not valid"};
+    return c ? names[c->cap_from] : "";
+}
 const char *mj_cache_problem(const mj_cache *c) {
     if (!c) return "no cache";
     if (c->problem) return c->problem;
@@ -758,6 +781,12 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
      * lookup then simply misses — so it does not fail the store. */
     (void)fsync(entries_dir);
     count(&c->stores);
+    if ((int64_t)len > c->max_bytes)
+        warn_once(&c->warned_cap_small, "a kernel cache entry of %zu bytes is larger than the "
+                  "cache cap of %lld bytes (%s): each entry is kept only until the next store "
+                  "evicts it, so kernels are compiled again on every run \u2014 raise "
+                  "MOEJIT_CACHE_MAX_BYTES", len, (long long)c->max_bytes,
+                  mj_cache_max_bytes_source(c));
     MJ_CHECK_GOTO(evict(c, c->max_bytes, key_hex, NULL), ret, exit);
 
 exit:

@@ -59,6 +59,10 @@ void mj_cache_close(mj_cache *c);
 const char *mj_cache_dir(const mj_cache *c);
 int mj_cache_readable(const mj_cache *c);
 int mj_cache_writable(const mj_cache *c);
+/* The size cap in force (bytes), and where it came from: "set by the caller",
+ * "$MOEJIT_CACHE_MAX_BYTES", "default", or "default; $MOEJIT_CACHE_MAX_BYTES is not valid". */
+int64_t mj_cache_max_bytes(const mj_cache *c);
+const char *mj_cache_max_bytes_source(const mj_cache *c);
 /* Why the cache cannot be written (or read), as the warning at open said it: "" when it
  * can. For a tool's error line. */
 const char *mj_cache_problem(const mj_cache *c);

@@ -286,6 +286,10 @@ contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 0 not s
 contains err "could start only 1 of 3 worker threads"
 [ "$(ls "$T/cache_thr0/v1/entries" | wc -l)" = 3 ] && [ "$(ls "$T/cache_thr1/v1/entries" | wc -l)" = 3 ] && ok ||
     bad "prewarm without threads stored $(ls "$T/cache_thr0/v1/entries" | wc -l) and $(ls "$T/cache_thr1/v1/entries" | wc -l) entries"
+# A cap smaller than one entry: every store evicts the one before, so prewarm warns.
+MOEJIT_CACHE_MAX_BYTES=1000 expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/cache_tiny" m.jsonl
+contains err "is larger than the cache cap of 1000 bytes"
+[ "$(grep -c warning err)" = 1 ] && ok || bad "want one warning: $(cat err)"
 # Bad manifests, bad flags.
 printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
 expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:2"
@@ -335,6 +339,15 @@ rm "$C/v1/stats.json" && ln -s "$T/outside.json" "$C/v1/stats.json"
 expect_rc 0 "$MJ" prewarm --cache-dir "$C" -q m.jsonl
 [ "$(cat outside.json)" = '{"processes": 99}' ] && [ ! -L "$C/v1/stats.json" ] && ok || bad "stats.json symlink followed: $(cat outside.json)"
 mv stats.saved "$C/v1/stats.json"
+# The cap shown is the one in force: a $MOEJIT_CACHE_MAX_BYTES that is not a byte count is
+# named in one warning and the default is used.
+MOEJIT_CACHE_MAX_BYTES=1e9 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
+contains out 'cap         1073741824 bytes (default; $MOEJIT_CACHE_MAX_BYTES is not valid)'
+contains err 'MOEJIT_CACHE_MAX_BYTES="1e9" is not a byte count'
+[ "$(grep -c warning err)" = 1 ] && ok || bad "want one warning: $(cat err)"
+MOEJIT_CACHE_MAX_BYTES=5000000 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
+contains out 'cap         5000000 bytes ($MOEJIT_CACHE_MAX_BYTES)'
+[ ! -s err ] && ok || bad "a good cap warned: $(cat err)"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" verify;             contains out "6 entries ok, 0 bad"
 # Corrupt one entry: verify finds it, quarantines it, and the next prewarm rebuilds it.
 f=$(ls "$C"/v1/entries/*.mjc | head -1)

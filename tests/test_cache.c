@@ -44,6 +44,9 @@
  *                (write fails with EFBIG, as on a full disk): MJ_ERR_IO, store_failures
  *                counts each, one warning, no temp file left. Read-only and unsafe caches
  *                count their skipped stores too.
+ *   cap          a $MOEJIT_CACHE_MAX_BYTES that is not a byte count ("0", "-5", "1e9"...)
+ *                gives the default and one warning naming the value; a cap below one entry
+ *                warns once.
  */
 #include "cache.h"
 #include "test.h"
@@ -1925,6 +1928,90 @@ static void test_store_failures(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * The cap: a bad $MOEJIT_CACHE_MAX_BYTES, and a cap smaller than one entry
+ * ------------------------------------------------------------------------------------- */
+
+static void test_cap(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF];
+    make_temp_dir(scratch, "cap");
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    test_entry t, u;
+    make_entry(&t, "cap-key-one", 300, 1);
+    make_entry(&u, "cap-key-two", 300, 1);
+    capture cap;
+    mj_cache *c = NULL;
+
+    /* Not a byte count: one warning naming the value and the default in force. */
+    static const char *const bad_values[] = {"0", "-5", "abc", "1e9", "12abc", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad_values / sizeof *bad_values; i++) {
+        setenv("MOEJIT_CACHE_MAX_BYTES", bad_values[i], 1);
+        capture_begin(&cap, scratch);
+        CHECK_OK(mj_cache_open(dir, 0, &c));
+        CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+        CHECK_OK(mj_cache_store(c, u.hex, &u.e));
+        char *err = capture_end(&cap);
+        char want[128];
+        fmt_into(want, sizeof want, "MOEJIT_CACHE_MAX_BYTES=\"%s\" is not a byte count", bad_values[i]);
+        CHECK(mj_cache_max_bytes(c) == MJ_CACHE_DEFAULT_MAX_BYTES, "%s: cap in force %lld",
+              bad_values[i], (long long)mj_cache_max_bytes(c));
+        CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, want) &&
+                  strstr(err, "default cap of 1073741824 bytes"),
+              "%s: stderr was \"%s\"", bad_values[i], err);
+        CHECK(!strcmp(mj_cache_max_bytes_source(c), "default; $MOEJIT_CACHE_MAX_BYTES is not valid"),
+              "%s: source \"%s\"", bad_values[i], mj_cache_max_bytes_source(c));
+        free(err);
+        mj_cache_close(c);
+    }
+    /* A good value is used without a word; an explicit argument wins over the variable. */
+    setenv("MOEJIT_CACHE_MAX_BYTES", "123456789", 1);
+    capture_begin(&cap, scratch);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    int64_t from_env = mj_cache_max_bytes(c);
+    const char *src_env = mj_cache_max_bytes_source(c);
+    mj_cache_close(c);
+    setenv("MOEJIT_CACHE_MAX_BYTES", "1e9", 1);
+    CHECK_OK(mj_cache_open(dir, 5000000, &c));
+    int64_t from_arg = mj_cache_max_bytes(c);
+    const char *src_arg = mj_cache_max_bytes_source(c);
+    mj_cache_close(c);
+    unsetenv("MOEJIT_CACHE_MAX_BYTES");
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    int64_t from_default = mj_cache_max_bytes(c);
+    const char *src_default = mj_cache_max_bytes_source(c);
+    mj_cache_close(c);
+    char *err = capture_end(&cap);
+    CHECK(from_env == 123456789 && !strcmp(src_env, "$MOEJIT_CACHE_MAX_BYTES") &&
+              from_arg == 5000000 && !strcmp(src_arg, "set by the caller") &&
+              from_default == MJ_CACHE_DEFAULT_MAX_BYTES && !strcmp(src_default, "default") && !err[0],
+          "caps %lld (%s) %lld (%s) %lld (%s), stderr \"%s\"", (long long)from_env, src_env,
+          (long long)from_arg, src_arg, (long long)from_default, src_default, err);
+    free(err);
+
+    /* A cap below one entry: the entry is kept only until the next store, so every run
+     * recompiles. Said once per handle. */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    CHECK_OK(mj_cache_encode(&t.e, &buf, &len));
+    free(buf);
+    capture_begin(&cap, scratch);
+    CHECK_OK(mj_cache_open(dir, 100, &c));
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    CHECK_OK(mj_cache_store(c, u.hex, &u.e));
+    mj_cache_close(c);
+    CHECK_OK(mj_cache_open(dir, (int64_t)len * 3, &c)); /* room: no warning */
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    mj_cache_close(c);
+    err = capture_end(&cap);
+    char want[160];
+    fmt_into(want, sizeof want, "entry of %zu bytes is larger than the cache cap of 100 bytes", len);
+    CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, want) &&
+              strstr(err, "MOEJIT_CACHE_MAX_BYTES"),
+          "cap below one entry: stderr was \"%s\"", err);
+    free(err);
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The default location
  * ------------------------------------------------------------------------------------- */
 
@@ -2010,6 +2097,7 @@ int main(void) {
     test_stats_file();
     test_lock_files();
     test_store_failures();
+    test_cap();
     test_default_dir();
     return test_finish();
 }

@@ -287,12 +287,11 @@ static int cmd_stats(mj_cache *c) {
             if (de->d_name[0] != '.') nq++;
         closedir(d);
     }
-    const char *cap = getenv("MOEJIT_CACHE_MAX_BYTES");
     printf("cache       %s\n", mj_cache_dir(c));
     printf("entries     %d\n", n);
     printf("bytes       %lld\n", (long long)bytes);
-    printf("cap         %lld bytes%s\n", cap ? atoll(cap) : (long long)MJ_CACHE_DEFAULT_MAX_BYTES,
-           cap ? " ($MOEJIT_CACHE_MAX_BYTES)" : " (default)");
+    /* The cap the cache enforces, not the variable's text: a bad value is not in force. */
+    printf("cap         %lld bytes (%s)\n", (long long)mj_cache_max_bytes(c), mj_cache_max_bytes_source(c));
     printf("quarantine  %d files\n", nq);
     printf("writable    %s\n", mj_cache_writable(c) ? "yes" : "no");
     /* The counters every process using this cache added up when it finished. */
