@@ -72,6 +72,8 @@ struct mj_cache {
     int v_fd;                 /* checked descriptor of D/v<N> (stats.json), -1 if absent */
     int sub_fd[SUB_COUNT];    /* checked descriptors of D/v<N>/<sub>, -1 when absent     */
     int64_t max_bytes;
+    unsigned flags;           /* MJ_CACHE_NO_CREATE, MJ_CACHE_READ_ONLY                  */
+    int dir_writable;         /* the directory could be written (even in a read-only view) */
     enum { CAP_CALLER, CAP_ENV, CAP_DEFAULT, CAP_DEFAULT_ENV_BAD } cap_from;
     int unsafe;               /* some directory failed the ownership/mode check          */
     int readable;
@@ -315,15 +317,17 @@ static void setup_dirs(mj_cache *c) {
     char why[2 * PATH_MAX + 256] = ""; /* the first reason we cannot write, if any */
     char msg[2 * PATH_MAX + 256];
     char vname[32], path[PATH_MAX];
+    char missing[PATH_MAX + 96] = ""; /* MJ_CACHE_NO_CREATE: D or v<N> is not there       */
     int root_fd = -1, v_fd = -1;
     int writable = 1;
+    const int create = !(c->flags & MJ_CACHE_NO_CREATE);
 
     if (!c->root[0]) {
         snprintf(why, sizeof why, "HOME is not set and uid %u has no home directory",
                  (unsigned)geteuid());
         goto done;
     }
-    mkdir_p(c->root, why, sizeof why);
+    if (create) mkdir_p(c->root, why, sizeof why);
 
     /* Level 0: D, level 1: v<N>, levels 2..: the subdirectories. */
     snprintf(vname, sizeof vname, "v%d", MJ_CACHE_FORMAT);
@@ -334,7 +338,7 @@ static void setup_dirs(mj_cache *c) {
         else if (level == 1) snprintf(path, sizeof path, "%s/%s", c->root, vname);
         else snprintf(path, sizeof path, "%s/%s/%s", c->root, vname, name);
 
-        if (level > 0 && mkdirat(parent, name, 0700) != 0 && errno != EEXIST && !why[0])
+        if (create && level > 0 && mkdirat(parent, name, 0700) != 0 && errno != EEXIST && !why[0])
             snprintf(why, sizeof why, "cannot create %s: %s", path, strerror(errno));
 
         int fd;
@@ -347,6 +351,9 @@ static void setup_dirs(mj_cache *c) {
         }
         if (st != DIR_OK) {
             writable = 0;
+            if (st == DIR_MISSING && !create && level < 2)
+                snprintf(missing, sizeof missing, level == 0 ? "cache directory %s does not exist"
+                         : "cache directory %s holds no cache (no %s/ in it)", c->root, vname);
             if (!why[0]) snprintf(why, sizeof why, "%s", msg);
             if (level < 2) break; /* nothing below a missing D or v<N> */
             continue;
@@ -375,13 +382,18 @@ done:
     c->readable = c->sub_fd[SUB_ENTRIES] >= 0;
     for (int i = 0; i < SUB_COUNT; i++) writable &= c->sub_fd[i] >= 0;
     if (why[0]) writable = 0;
+    c->dir_writable = writable;
+    if (c->flags & MJ_CACHE_READ_ONLY) writable = 0;
     atomic_store(&c->writable, writable);
     if (!writable) {
         const char *reason = why[0] ? why : "unknown reason";
-        if (!c->root[0]) c->problem = strdup(reason);
+        if (missing[0]) c->problem = strdup(missing);
+        else if (!c->root[0]) c->problem = strdup(reason);
+        else if (c->dir_writable) c->problem = strdup("opened read-only");
         else if (asprintf(&c->problem, "cache directory %s is not writable (%s)", c->root, reason) < 0)
             c->problem = NULL;
-        warn_unwritable(c, reason);
+        /* A caller that asked not to create or not to write knows; it reports the problem. */
+        if (!c->flags) warn_unwritable(c, reason);
     }
 }
 
@@ -443,6 +455,10 @@ static void set_max_bytes(mj_cache *c, int64_t max_bytes) {
 }
 
 mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
+    return mj_cache_open_flags(dir, max_bytes, 0, out);
+}
+
+mj_status mj_cache_open_flags(const char *dir, int64_t max_bytes, unsigned flags, mj_cache **out) {
     if (!out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open: out is NULL");
     *out = NULL;
     if (dir && !*dir) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open: empty directory");
@@ -450,6 +466,11 @@ mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
     mj_status ret = MJ_OK;
     mj_cache *c = calloc(1, sizeof *c);
     if (!c) return mj_set_error(MJ_ERR_NOMEM, "mj_cache_open: out of memory");
+    if (flags & ~(MJ_CACHE_NO_CREATE | MJ_CACHE_READ_ONLY)) {
+        free(c);
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open_flags: unknown flags %#x", flags);
+    }
+    c->flags = flags;
     for (int i = 0; i < SUB_COUNT; i++) c->sub_fd[i] = -1;
     c->v_fd = -1;
     MJ_CHECK_GOTO(resolve_root(dir, &c->root), ret, exit);
@@ -478,6 +499,7 @@ void mj_cache_close(mj_cache *c) {
 const char *mj_cache_dir(const mj_cache *c) { return c ? c->root : NULL; }
 int mj_cache_readable(const mj_cache *c) { return c && !c->unsafe && c->readable; }
 int mj_cache_writable(const mj_cache *c) { return c && !c->unsafe && is_writable(c); }
+int mj_cache_dir_writable(const mj_cache *c) { return c && !c->unsafe && c->dir_writable; }
 int64_t mj_cache_max_bytes(const mj_cache *c) { return c ? c->max_bytes : 0; }
 const char *mj_cache_max_bytes_source(const mj_cache *c) {
     static const char *const names[] = {"set by the caller", "$MOEJIT_CACHE_MAX_BYTES", "default",
@@ -603,7 +625,7 @@ static mj_status load_entry(mj_cache *c, const char *name, const char *key_text,
         quarantine(c, name, &st);
         goto exit;
     }
-    if (key_text) {
+    if (key_text && is_writable(c)) {
         /* The LRU stamp: mtime = now, atime untouched. Best effort (read-only media). */
         const struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_NOW}};
         (void)futimens(fd, times);

@@ -54,11 +54,22 @@ typedef struct mj_cache mj_cache;
  * and then stores nothing (lookups miss; an unsafe directory is never read). Fails only
  * for bad arguments or out of memory. */
 mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out);
+/* The same with flags: MJ_CACHE_NO_CREATE creates no directory (a missing one gives a
+ * cache that is neither readable nor writable, whose mj_cache_problem() says it does not
+ * exist); MJ_CACHE_READ_ONLY never writes (no stores, locks, quarantine moves, last-used
+ * stamps, temp clean-up or totals). With either flag the cache does not warn about what it
+ * cannot write (the caller asked, and mj_cache_problem() says why); an unsafe directory is
+ * still warned about and never read. */
+#define MJ_CACHE_NO_CREATE 1u
+#define MJ_CACHE_READ_ONLY 2u
+mj_status mj_cache_open_flags(const char *dir, int64_t max_bytes, unsigned flags, mj_cache **out);
 void mj_cache_close(mj_cache *c);
 /* The directory in use (D above) and whether entries can be read / written there. */
 const char *mj_cache_dir(const mj_cache *c);
 int mj_cache_readable(const mj_cache *c);
 int mj_cache_writable(const mj_cache *c);
+/* Whether the directory could be written when it was opened, even by a read-only view. */
+int mj_cache_dir_writable(const mj_cache *c);
 /* The size cap in force (bytes), and where it came from: "set by the caller",
  * "$MOEJIT_CACHE_MAX_BYTES", "default", or "default; $MOEJIT_CACHE_MAX_BYTES is not valid". */
 int64_t mj_cache_max_bytes(const mj_cache *c);

@@ -325,7 +325,7 @@ expect_fail env PATH=/nonexistent MOEJIT_NVDISASM= "$MJ" inspect --cache-dir "$C
 expect_fail "$MJ" inspect --cache-dir "$C" show zzzz;           contains err "not a key"
 expect_fail "$MJ" inspect --cache-dir "$C" show 0123456789abcdef0123;  contains err "no cache entry"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
-contains out "entries     6"; contains out "quarantine  0"
+contains out "entries     6"; contains out "quarantine  0"; contains out "writable    yes"
 contains out "totals over 3 processes"
 grep -qE '^  compiles +6$' out && ok || bad "stats totals: $(cat out)"
 # A FIFO at stats.json blocks neither --stats nor a process's exit (which adds its totals),
@@ -379,6 +379,25 @@ expect_fail "$MJ" inspect
 mkdir -p "$T/open" && chmod 777 "$T/open"
 "$MJ" inspect --cache-dir "$T/open" list >out 2>err
 [ $? != 0 ] && grep -q "writable by other users" err && ok || bad "unsafe directory not refused: $(cat err)"
+# inspect is a view: on a directory that does not exist it fails and creates nothing.
+for sub in list --stats verify gc "show 0123"; do
+    expect_fail "$MJ" inspect --cache-dir "$T/nothere/cache" $sub
+    contains err "cache directory $T/nothere/cache does not exist"
+done
+[ ! -e "$T/nothere" ] && ok || bad "inspect created $(find "$T/nothere")"
+# verify on a read-only cache (uid 65534 on a 0500 cache, as for prewarm above) says what
+# happened to a bad entry: nothing moved.
+bad_name=$(printf '%064d' 0).mjc
+printf 'not an entry' >"$RO/cache/v1/entries/$bad_name"
+[ "$(id -u)" = 0 ] && chown -R 65534:65534 "$RO/cache"
+find "$RO/cache" -type d -exec chmod 500 {} +
+expect_rc 1 as_ro "$MJ" inspect --cache-dir "$RO/cache" verify
+contains out "verify: 0 entries ok, 1 bad (left in place: cache directory $RO/cache is not writable"
+grep -q "moved to quarantine" out && bad "verify claims a move: $(cat out)" || ok
+[ -f "$RO/cache/v1/entries/$bad_name" ] && [ -z "$(ls "$RO/cache/v1/quarantine")" ] && ok || bad "read-only verify moved files"
+expect_fail as_ro "$MJ" inspect --cache-dir "$RO/cache" gc --max-bytes 0; contains err "nothing can be evicted"
+expect_rc 0 as_ro "$MJ" inspect --cache-dir "$RO/cache" --stats; contains out "writable    no"
+find "$RO/cache" -type d -exec chmod 700 {} +
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -47,6 +47,9 @@
  *   cap          a $MOEJIT_CACHE_MAX_BYTES that is not a byte count ("0", "-5", "1e9"...)
  *                gives the default and one warning naming the value; a cap below one entry
  *                warns once.
+ *   open flags   MJ_CACHE_NO_CREATE on a missing directory creates nothing and says it
+ *                does not exist; MJ_CACHE_READ_ONLY changes nothing (no stamps, quarantine,
+ *                temp clean-up, stores, locks or totals); neither warns.
  */
 #include "cache.h"
 #include "test.h"
@@ -2012,6 +2015,77 @@ static void test_cap(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Opening without creating, and read-only views (what `moejit inspect` uses)
+ * ------------------------------------------------------------------------------------- */
+
+static void test_open_flags(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF], missing[PATH_BUF], path[PATH_BUF], temp[PATH_BUF];
+    make_temp_dir(scratch, "flags");
+    fmt_into(missing, sizeof missing, "%s/missing/cache", scratch);
+    capture cap;
+    capture_begin(&cap, scratch);
+    mj_cache *c = NULL;
+    for (unsigned flags = MJ_CACHE_NO_CREATE; flags <= (MJ_CACHE_NO_CREATE | MJ_CACHE_READ_ONLY);
+         flags += MJ_CACHE_READ_ONLY) {
+        CHECK_OK(mj_cache_open_flags(missing, 0, flags, &c));
+        char want[PATH_BUF + 32];
+        fmt_into(want, sizeof want, "cache directory %s does not exist", missing);
+        CHECK(c && !mj_cache_readable(c) && !mj_cache_writable(c) &&
+                  strstr(mj_cache_problem(c), want),
+              "flags %u on a missing directory: readable %d writable %d, problem \"%s\"", flags,
+              mj_cache_readable(c), mj_cache_writable(c), mj_cache_problem(c));
+        mj_cache_close(c);
+    }
+    fmt_into(path, sizeof path, "%s/missing", scratch);
+    CHECK(!exists(path), "opening without creating created %s", path);
+
+    /* A read-only view of a real cache changes nothing: no hit stamp, no quarantine, no
+     * temp clean-up, no store. */
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    test_entry t, u, v;
+    make_entry(&t, "read-only-view-good", 64, 1);
+    make_entry(&u, "read-only-view-corrupt", 64, 0);
+    make_entry(&v, "read-only-view-new", 64, 0);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    mj_cache_close(c);
+    plant(dir, u.hex, "garbage", 7);
+    entry_path(path, dir, t.hex);
+    set_mtime(path, -1000);
+    int64_t stamp = mtime_of(path);
+    sub_path(temp, dir, "tmp", "dead.writer.tmp");
+    write_file(temp, "partial", 7);
+    set_mtime(temp, -3 * 3600.0);
+    CHECK_OK(mj_cache_open_flags(dir, 0, MJ_CACHE_READ_ONLY | MJ_CACHE_NO_CREATE, &c));
+    CHECK(mj_cache_readable(c) && !mj_cache_writable(c) && mj_cache_dir_writable(c) &&
+              !strcmp(mj_cache_problem(c), "opened read-only"),
+          "read-only view: readable %d writable %d dir_writable %d problem \"%s\"",
+          mj_cache_readable(c), mj_cache_writable(c), mj_cache_dir_writable(c), mj_cache_problem(c));
+    mj_cache_entry out;
+    int found = -1, fd = 0;
+    CHECK_OK(mj_cache_lookup(c, t.hex, t.key, &out, &found));
+    CHECK(found == 1 && mtime_of(path) == stamp, "read-only hit: found %d, stamp moved %d", found,
+          mtime_of(path) != stamp);
+    mj_cache_entry_free(&out);
+    CHECK_OK(mj_cache_lookup(c, u.hex, u.key, &out, &found));
+    CHECK_OK(mj_cache_store(c, v.hex, &v.e));
+    CHECK_OK(mj_cache_lock(c, v.hex, &fd, NULL));
+    mj_cache_add_totals(c, k_one_process);
+    mj_cache_close(c);
+    char *err = capture_end(&cap);
+    CHECK(found == 0 && count_in(dir, "entries") == 2 && count_in(dir, "quarantine") == 0 &&
+              exists(temp) && count_in(dir, "locks") == 0 && fd == -1,
+          "read-only view changed the cache: %d entries, %d quarantined, temp %d, %d locks",
+          count_in(dir, "entries"), count_in(dir, "quarantine"), exists(temp),
+          count_in(dir, "locks"));
+    sub_path(path, dir, "stats.json", NULL);
+    CHECK(!exists(path), "a read-only view wrote stats.json");
+    CHECK(!err[0], "opening without creating, or read-only, warned: \"%s\"", err);
+    free(err);
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The default location
  * ------------------------------------------------------------------------------------- */
 
@@ -2098,6 +2172,7 @@ int main(void) {
     test_lock_files();
     test_store_failures();
     test_cap();
+    test_open_flags();
     test_default_dir();
     return test_finish();
 }
