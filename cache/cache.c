@@ -7,8 +7,10 @@
  *      tmp/, fsyncs it and rename()s it into entries/ (rename is atomic within a file
  *      system), then fsyncs entries/ so the rename itself survives a crash. Entries are
  *      never modified in place, so an open entry file always reads as one whole version.
- *      A writer killed mid-write leaves only a temp file, which the next open deletes once
- *      it is an hour old (younger ones may belong to a writer that is still running).
+ *      A writer holds an flock on its temp file until it has renamed it; one killed
+ *      mid-write leaves only a temp file, unlocked now (the kernel drops a dead process's
+ *      locks), which the next open, store or gc deletes once it is a minute old. A temp
+ *      file somebody holds locked is a live writer's and is never touched.
  *
  *   2. Nothing on disk is trusted. Every entry checks itself (magic, version, lengths,
  *      SHA-256) and must name the key we asked for; one that does not is a miss and is
@@ -58,7 +60,7 @@
 #include <unistd.h>
 
 #define NS_PER_S 1000000000ll
-#define STALE_TEMP_NS (3600 * NS_PER_S) /* temp files older than this belong to dead writers */
+#define TEMP_GRACE_NS (60 * NS_PER_S) /* an unlocked temp file younger than this is spared */
 #define ENTRY_SUFFIX ".mjc"
 #define ENTRY_NAME_MAX (MJ_KEY_HEX_LEN + 8)
 
@@ -407,18 +409,36 @@ static DIR *open_sub(const mj_cache *c, int sub) {
     return d;
 }
 
-/* Delete temp files older than an hour: what writers killed mid-write left behind. */
+/* Delete what writers killed mid-write left in tmp/. Those files count against no cap (the
+ * eviction sums entries/ only), so they must not linger; but a live writer's temp file must
+ * never go, or its rename fails. Rather than guess from the age (the old rule: an hour) or
+ * count the temp files in the size the eviction sees (which would evict good entries to make
+ * room for garbage that stays), we ask the kernel: every writer holds an flock on its temp
+ * file from just after creating it until it has renamed it or given up, and the kernel drops
+ * that lock when the writer dies. A temp file we can lock is therefore a dead writer's. The
+ * minute of grace spares the instant between a writer's create and its flock, and writers
+ * of older moejit versions (no flock; their temp files live for the milliseconds of one
+ * write). It runs at open, before each store's eviction, and in gc. */
 static void remove_stale_temps(mj_cache *c) {
+    const int tmp = c->sub_fd[SUB_TMP];
     DIR *d = open_sub(c, SUB_TMP);
     if (!d) return;
-    int64_t cutoff = now_ns() - STALE_TEMP_NS;
+    int64_t cutoff = now_ns() - TEMP_GRACE_NS;
     struct dirent *de;
     while ((de = readdir(d))) {
-        struct stat st;
+        struct stat st, fst, now;
         if (de->d_name[0] == '.' && (!de->d_name[1] || !strcmp(de->d_name, ".."))) continue;
-        if (fstatat(c->sub_fd[SUB_TMP], de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        if (S_ISREG(st.st_mode) && mtime_ns(&st) < cutoff)
-            unlinkat(c->sub_fd[SUB_TMP], de->d_name, 0);
+        if (fstatat(tmp, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISREG(st.st_mode) || mtime_ns(&st) >= cutoff) continue;
+        int fd = openat(tmp, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        /* Locked by us, it is no writer's: unlink the name if it still names this file. */
+        if (fstat(fd, &fst) == 0 && fst.st_dev == st.st_dev && fst.st_ino == st.st_ino &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(tmp, de->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+            now.st_dev == fst.st_dev && now.st_ino == fst.st_ino)
+            unlinkat(tmp, de->d_name, 0);
+        close(fd);
     }
     closedir(d);
 }
@@ -781,15 +801,13 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
         goto exit;
     }
     temp_exists = 1;
+    /* Our flock marks the temp file as a live writer's (see remove_stale_temps); it is held
+     * until after the rename, so fd stays open until then. Without flock (some network file
+     * systems) the store still works; only the clean-up may then take the file for dead. */
+    (void)flock(fd, LOCK_EX | LOCK_NB);
     if (write_all(fd, buf, len) != 0 || fsync(fd) != 0) {
         ret = mj_set_error(MJ_ERR_IO, "cache store: writing %s (%zu bytes): %s", temp, len,
                            strerror(errno));
-        goto exit;
-    }
-    int closed = close(fd);
-    fd = -1;
-    if (closed != 0) {
-        ret = mj_set_error(MJ_ERR_IO, "cache store: closing %s: %s", temp, strerror(errno));
         goto exit;
     }
     if (renameat(tmp_dir, temp, entries_dir, name) != 0) {
@@ -799,6 +817,8 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
     }
     temp_exists = 0;
     stored = 1;
+    close(fd); /* after fsync, close has nothing left to report */
+    fd = -1;
     /* Make the rename durable. Should this fail, a crash may lose the entry — which a
      * lookup then simply misses — so it does not fail the store. */
     (void)fsync(entries_dir);
@@ -809,6 +829,7 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
                   "evicts it, so kernels are compiled again on every run \u2014 raise "
                   "MOEJIT_CACHE_MAX_BYTES", len, (long long)c->max_bytes,
                   mj_cache_max_bytes_source(c));
+    remove_stale_temps(c);
     MJ_CHECK_GOTO(evict(c, c->max_bytes, key_hex, NULL), ret, exit);
 
 exit:
@@ -1056,10 +1077,11 @@ void mj_cache_add_totals(mj_cache *c, const double v[MJ_CACHE_N_TOTALS]) {
                  (unsigned long long)atomic_fetch_add(&g_temp_counter, 1));
         int fd = text ? openat(c->sub_fd[SUB_TMP], temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
         if (fd >= 0) {
+            (void)flock(fd, LOCK_EX | LOCK_NB); /* a live writer's temp (remove_stale_temps) */
             int ok = write_all(fd, (const uint8_t *)text, strlen(text)) == 0;
-            ok &= close(fd) == 0;
             if (!ok || renameat(c->sub_fd[SUB_TMP], temp, c->v_fd, "stats.json") != 0)
                 unlinkat(c->sub_fd[SUB_TMP], temp, 0);
+            close(fd);
         }
         free(text);
         json_decref(o);

@@ -5,7 +5,8 @@
  *   D/v<FORMAT>/entries/<key hex>.mjc    one entry
  *   D/v<FORMAT>/locks/<key hex>.lock     per-key flock (released by the kernel if we die)
  *   D/v<FORMAT>/quarantine/<key hex>.<unix ns>.bad   entries that failed verification
- *   D/v<FORMAT>/tmp/                     temp files being written (unique names)
+ *   D/v<FORMAT>/tmp/                     temp files being written (unique names, each
+ *                                        flock'ed by its writer until renamed)
  *   D/v<FORMAT>/stats.json               running totals of every process's JIT counters
  *   D/v<FORMAT>/locks/stats.lock         serializes updates of stats.json
  * An entry's mtime is its last-used stamp: moejit sets it on every disk hit (not atime).

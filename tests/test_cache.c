@@ -29,7 +29,8 @@
  *                write, the child runs with RLIMIT_FSIZE = 1 MiB and a SIGXFSZ handler that
  *                never returns: the first megabyte lands in its temp file and the next
  *                write parks the child, where the SIGKILL finds it. No entry may appear; the
- *                temp file is removed by a later open only once it is an hour old.
+ *                temp file is removed by a later open or store once it is a minute old and
+ *                no writer holds its flock; a live writer's temp file stays however old.
  *   concurrency  8 processes on 20 keys with the lock + re-check protocol: each key is
  *                compiled exactly once; threads share one handle and its counters.
  *   special      a FIFO, a socket or a directory at an entry's name: the lookup misses at
@@ -1305,6 +1306,59 @@ static void test_killed_writer(void) {
     rm_rf(dir);
 }
 
+/* Temp files left in tmp/ count against nothing until removed, so they must not wait for
+ * an hour: a dead writer's (no flock on it) goes at the next store once it is a minute old;
+ * a live writer's (it holds an flock on its temp file) stays, however old it looks. */
+static void test_temp_cleanup(void) {
+    char dir[PATH_BUF], temp[PATH_BUF], young[PATH_BUF];
+    make_temp_dir(dir, "temps");
+    g_kill_dir = dir;
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    mj_cache_close(c);
+
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) killed_writer(); /* parks mid-write, alive */
+    int64_t size = 0;
+    int seen = 0;
+    for (int i = 0; i < 10000 && !(seen = find_temp(dir, temp, &size)); i++) usleep(1000);
+    for (int i = 0; i < 2000 && seen && file_size(temp) != FSIZE_LIMIT; i++) usleep(1000);
+    CHECK(seen && file_size(temp) == FSIZE_LIMIT, "the writer's temp file: %lld bytes",
+          (long long)file_size(temp));
+
+    /* Alive, and its temp file two hours old: neither an open nor a store removes it. */
+    CHECK(set_mtime(temp, -2 * 3600.0) == 0, "utimensat");
+    test_entry t, u;
+    make_entry(&t, "temp-cleanup-one", 64, 0);
+    make_entry(&u, "temp-cleanup-two", 64, 0);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    CHECK(exists(temp), "a live writer's temp file was deleted");
+
+    /* Killed: its temp file, a minute and more old, goes at the next store (no reopen); a
+     * young unlocked one (a writer between creating and locking it) stays. */
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(set_mtime(temp, -120) == 0, "utimensat");
+    char other[PATH_BUF]; /* another dead writer's, planted */
+    sub_path(other, dir, "tmp", "dead.writer.1.tmp");
+    write_file(other, "partial entry", 13);
+    CHECK(set_mtime(other, -90) == 0, "utimensat");
+    sub_path(young, dir, "tmp", "just.created.0.tmp");
+    write_file(young, "abc", 3);
+    CHECK_OK(mj_cache_store(c, u.hex, &u.e));
+    CHECK(!exists(temp) && !exists(other) && exists(young),
+          "after a store: killed writer's temp %s, planted dead temp %s, young temp %s",
+          exists(temp) ? "kept" : "removed", exists(other) ? "kept" : "removed",
+          exists(young) ? "kept" : "removed");
+    CHECK(count_in(dir, "entries") == 2, "%d entries", count_in(dir, "entries"));
+    mj_cache_close(c);
+    rm_rf(dir);
+}
+
 /* ---------------------------------------------------------------------------------------
  * Concurrency: processes and threads
  * ------------------------------------------------------------------------------------- */
@@ -2165,6 +2219,7 @@ int main(void) {
     test_read_only();
     test_eviction();
     test_killed_writer();
+    test_temp_cleanup();
     test_processes();
     test_threads();
     test_special_entries();
