@@ -7,8 +7,10 @@
  *      tmp/, fsyncs it and rename()s it into entries/ (rename is atomic within a file
  *      system), then fsyncs entries/ so the rename itself survives a crash. Entries are
  *      never modified in place, so an open entry file always reads as one whole version.
- *      A writer killed mid-write leaves only a temp file, which the next open deletes once
- *      it is an hour old (younger ones may belong to a writer that is still running).
+ *      A writer holds an flock on its temp file until it has renamed it; one killed
+ *      mid-write leaves only a temp file, unlocked now (the kernel drops a dead process's
+ *      locks), which the next open, store or gc deletes once it is a minute old. A temp
+ *      file somebody holds locked is a live writer's and is never touched.
  *
  *   2. Nothing on disk is trusted. Every entry checks itself (magic, version, lengths,
  *      SHA-256) and must name the key we asked for; one that does not is a miss and is
@@ -58,7 +60,7 @@
 #include <unistd.h>
 
 #define NS_PER_S 1000000000ll
-#define STALE_TEMP_NS (3600 * NS_PER_S) /* temp files older than this belong to dead writers */
+#define TEMP_GRACE_NS (60 * NS_PER_S) /* an unlocked temp file younger than this is spared */
 #define ENTRY_SUFFIX ".mjc"
 #define ENTRY_NAME_MAX (MJ_KEY_HEX_LEN + 8)
 
@@ -68,15 +70,20 @@ static const char *const k_sub_name[SUB_COUNT] = {"entries", "locks", "quarantin
 
 struct mj_cache {
     char *root;               /* D; "" when no location could be found                 */
+    char *problem;            /* why it cannot be read or written (at open), or NULL    */
     int v_fd;                 /* checked descriptor of D/v<N> (stats.json), -1 if absent */
     int sub_fd[SUB_COUNT];    /* checked descriptors of D/v<N>/<sub>, -1 when absent     */
     int64_t max_bytes;
+    unsigned flags;           /* MJ_CACHE_NO_CREATE, MJ_CACHE_READ_ONLY                  */
+    int dir_writable;         /* the directory could be written (even in a read-only view) */
+    enum { CAP_CALLER, CAP_ENV, CAP_DEFAULT, CAP_DEFAULT_ENV_BAD } cap_from;
     int unsafe;               /* some directory failed the ownership/mode check          */
     int readable;
     atomic_int writable;
-    atomic_int warned_unsafe, warned_unwritable;
+    atomic_int warned_unsafe, warned_unwritable, warned_lock;
     _Atomic int64_t disk_hits, disk_misses, stores, quarantined, evicted, lock_waits;
-    _Atomic int64_t refused_unsafe;
+    _Atomic int64_t refused_unsafe, store_failures;
+    atomic_int warned_store, warned_cap, warned_cap_small;
 };
 
 /* Makes temp names unique among the threads of one process (pid and tid do the rest). */
@@ -312,15 +319,17 @@ static void setup_dirs(mj_cache *c) {
     char why[2 * PATH_MAX + 256] = ""; /* the first reason we cannot write, if any */
     char msg[2 * PATH_MAX + 256];
     char vname[32], path[PATH_MAX];
+    char missing[PATH_MAX + 96] = ""; /* MJ_CACHE_NO_CREATE: D or v<N> is not there       */
     int root_fd = -1, v_fd = -1;
     int writable = 1;
+    const int create = !(c->flags & MJ_CACHE_NO_CREATE);
 
     if (!c->root[0]) {
         snprintf(why, sizeof why, "HOME is not set and uid %u has no home directory",
                  (unsigned)geteuid());
         goto done;
     }
-    mkdir_p(c->root, why, sizeof why);
+    if (create) mkdir_p(c->root, why, sizeof why);
 
     /* Level 0: D, level 1: v<N>, levels 2..: the subdirectories. */
     snprintf(vname, sizeof vname, "v%d", MJ_CACHE_FORMAT);
@@ -331,18 +340,22 @@ static void setup_dirs(mj_cache *c) {
         else if (level == 1) snprintf(path, sizeof path, "%s/%s", c->root, vname);
         else snprintf(path, sizeof path, "%s/%s/%s", c->root, vname, name);
 
-        if (level > 0 && mkdirat(parent, name, 0700) != 0 && errno != EEXIST && !why[0])
+        if (create && level > 0 && mkdirat(parent, name, 0700) != 0 && errno != EEXIST && !why[0])
             snprintf(why, sizeof why, "cannot create %s: %s", path, strerror(errno));
 
         int fd;
         dir_state st = open_checked_dir(parent, name, path, &fd, msg, sizeof msg);
         if (st == DIR_UNSAFE) {
             c->unsafe = 1;
+            c->problem = strdup(msg);
             warn_once(&c->warned_unsafe, "%s", msg);
             goto done;
         }
         if (st != DIR_OK) {
             writable = 0;
+            if (st == DIR_MISSING && !create && level < 2)
+                snprintf(missing, sizeof missing, level == 0 ? "cache directory %s does not exist"
+                         : "cache directory %s holds no cache (no %s/ in it)", c->root, vname);
             if (!why[0]) snprintf(why, sizeof why, "%s", msg);
             if (level < 2) break; /* nothing below a missing D or v<N> */
             continue;
@@ -371,8 +384,19 @@ done:
     c->readable = c->sub_fd[SUB_ENTRIES] >= 0;
     for (int i = 0; i < SUB_COUNT; i++) writable &= c->sub_fd[i] >= 0;
     if (why[0]) writable = 0;
+    c->dir_writable = writable;
+    if (c->flags & MJ_CACHE_READ_ONLY) writable = 0;
     atomic_store(&c->writable, writable);
-    if (!writable) warn_unwritable(c, why[0] ? why : "unknown reason");
+    if (!writable) {
+        const char *reason = why[0] ? why : "unknown reason";
+        if (missing[0]) c->problem = strdup(missing);
+        else if (!c->root[0]) c->problem = strdup(reason);
+        else if (c->dir_writable) c->problem = strdup("opened read-only");
+        else if (asprintf(&c->problem, "cache directory %s is not writable (%s)", c->root, reason) < 0)
+            c->problem = NULL;
+        /* A caller that asked not to create or not to write knows; it reports the problem. */
+        if (!c->flags) warn_unwritable(c, reason);
+    }
 }
 
 /* A fresh DIR* over one of our checked directories (its own file offset, so two threads
@@ -385,18 +409,36 @@ static DIR *open_sub(const mj_cache *c, int sub) {
     return d;
 }
 
-/* Delete temp files older than an hour: what writers killed mid-write left behind. */
+/* Delete what writers killed mid-write left in tmp/. Those files count against no cap (the
+ * eviction sums entries/ only), so they must not linger; but a live writer's temp file must
+ * never go, or its rename fails. Rather than guess from the age (the old rule: an hour) or
+ * count the temp files in the size the eviction sees (which would evict good entries to make
+ * room for garbage that stays), we ask the kernel: every writer holds an flock on its temp
+ * file from just after creating it until it has renamed it or given up, and the kernel drops
+ * that lock when the writer dies. A temp file we can lock is therefore a dead writer's. The
+ * minute of grace spares the instant between a writer's create and its flock, and writers
+ * of older moejit versions (no flock; their temp files live for the milliseconds of one
+ * write). It runs at open, before each store's eviction, and in gc. */
 static void remove_stale_temps(mj_cache *c) {
+    const int tmp = c->sub_fd[SUB_TMP];
     DIR *d = open_sub(c, SUB_TMP);
     if (!d) return;
-    int64_t cutoff = now_ns() - STALE_TEMP_NS;
+    int64_t cutoff = now_ns() - TEMP_GRACE_NS;
     struct dirent *de;
     while ((de = readdir(d))) {
-        struct stat st;
+        struct stat st, fst, now;
         if (de->d_name[0] == '.' && (!de->d_name[1] || !strcmp(de->d_name, ".."))) continue;
-        if (fstatat(c->sub_fd[SUB_TMP], de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        if (S_ISREG(st.st_mode) && mtime_ns(&st) < cutoff)
-            unlinkat(c->sub_fd[SUB_TMP], de->d_name, 0);
+        if (fstatat(tmp, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISREG(st.st_mode) || mtime_ns(&st) >= cutoff) continue;
+        int fd = openat(tmp, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        /* Locked by us, it is no writer's: unlink the name if it still names this file. */
+        if (fstat(fd, &fst) == 0 && fst.st_dev == st.st_dev && fst.st_ino == st.st_ino &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(tmp, de->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+            now.st_dev == fst.st_dev && now.st_ino == fst.st_ino)
+            unlinkat(tmp, de->d_name, 0);
+        close(fd);
     }
     closedir(d);
 }
@@ -405,18 +447,38 @@ static void remove_stale_temps(mj_cache *c) {
  * Open / close
  * ------------------------------------------------------------------------------------- */
 
-static int64_t env_max_bytes(void) {
-    const char *s = getenv("MOEJIT_CACHE_MAX_BYTES");
-    if (s && *s) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (!errno && !*end && v > 0) return v;
+/* The cap: max_bytes when > 0, else $MOEJIT_CACHE_MAX_BYTES when it is a whole number of
+ * bytes above 0, else the default. A value that is not ("0", "-5", "1e9", "2G") is said
+ * once, with the default that is used instead. */
+static void set_max_bytes(mj_cache *c, int64_t max_bytes) {
+    if (max_bytes > 0) {
+        c->max_bytes = max_bytes;
+        c->cap_from = CAP_CALLER;
+        return;
     }
-    return MJ_CACHE_DEFAULT_MAX_BYTES;
+    c->max_bytes = MJ_CACHE_DEFAULT_MAX_BYTES;
+    c->cap_from = CAP_DEFAULT;
+    const char *s = getenv("MOEJIT_CACHE_MAX_BYTES");
+    if (!s || !*s) return;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!errno && end != s && !*end && v > 0 && s[0] >= '0' && s[0] <= '9') {
+        c->max_bytes = v;
+        c->cap_from = CAP_ENV;
+        return;
+    }
+    c->cap_from = CAP_DEFAULT_ENV_BAD;
+    warn_once(&c->warned_cap, "MOEJIT_CACHE_MAX_BYTES=\"%.64s\" is not a byte count (a whole "
+              "number above 0); using the default cap of %lld bytes \u2014 set it to a number of "
+              "bytes, such as 4294967296, or unset it", s, (long long)MJ_CACHE_DEFAULT_MAX_BYTES);
 }
 
 mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
+    return mj_cache_open_flags(dir, max_bytes, 0, out);
+}
+
+mj_status mj_cache_open_flags(const char *dir, int64_t max_bytes, unsigned flags, mj_cache **out) {
     if (!out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open: out is NULL");
     *out = NULL;
     if (dir && !*dir) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open: empty directory");
@@ -424,10 +486,15 @@ mj_status mj_cache_open(const char *dir, int64_t max_bytes, mj_cache **out) {
     mj_status ret = MJ_OK;
     mj_cache *c = calloc(1, sizeof *c);
     if (!c) return mj_set_error(MJ_ERR_NOMEM, "mj_cache_open: out of memory");
+    if (flags & ~(MJ_CACHE_NO_CREATE | MJ_CACHE_READ_ONLY)) {
+        free(c);
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_open_flags: unknown flags %#x", flags);
+    }
+    c->flags = flags;
     for (int i = 0; i < SUB_COUNT; i++) c->sub_fd[i] = -1;
     c->v_fd = -1;
     MJ_CHECK_GOTO(resolve_root(dir, &c->root), ret, exit);
-    c->max_bytes = max_bytes > 0 ? max_bytes : env_max_bytes();
+    set_max_bytes(c, max_bytes);
 
     setup_dirs(c);
     if (is_writable(c)) remove_stale_temps(c);
@@ -445,12 +512,25 @@ void mj_cache_close(mj_cache *c) {
         if (c->sub_fd[i] >= 0) close(c->sub_fd[i]);
     if (c->v_fd >= 0) close(c->v_fd);
     free(c->root);
+    free(c->problem);
     free(c);
 }
 
 const char *mj_cache_dir(const mj_cache *c) { return c ? c->root : NULL; }
 int mj_cache_readable(const mj_cache *c) { return c && !c->unsafe && c->readable; }
 int mj_cache_writable(const mj_cache *c) { return c && !c->unsafe && is_writable(c); }
+int mj_cache_dir_writable(const mj_cache *c) { return c && !c->unsafe && c->dir_writable; }
+int64_t mj_cache_max_bytes(const mj_cache *c) { return c ? c->max_bytes : 0; }
+const char *mj_cache_max_bytes_source(const mj_cache *c) {
+    static const char *const names[] = {"set by the caller", "$MOEJIT_CACHE_MAX_BYTES", "default",
+                                        "default; $MOEJIT_CACHE_MAX_BYTES is not valid"};
+    return c ? names[c->cap_from] : "";
+}
+const char *mj_cache_problem(const mj_cache *c) {
+    if (!c) return "no cache";
+    if (c->problem) return c->problem;
+    return c->unsafe || !is_writable(c) ? "cache directory is not writable" : "";
+}
 
 void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out) {
     if (!out) return;
@@ -463,6 +543,7 @@ void mj_cache_get_stats(const mj_cache *c, mj_cache_stats *out) {
     out->evicted = atomic_load(&c->evicted);
     out->lock_waits = atomic_load(&c->lock_waits);
     out->refused_unsafe = atomic_load(&c->refused_unsafe);
+    out->store_failures = atomic_load(&c->store_failures);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -504,17 +585,32 @@ static mj_status load_entry(mj_cache *c, const char *name, const char *key_text,
     *existed = 0;
     memset(e, 0, sizeof *e);
 
-    int fd = openat(c->sub_fd[SUB_ENTRIES], name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) goto exit;
-        *existed = 1;
-        /* A symlink (ELOOP) or something else we cannot open: never use it. */
-        if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            S_ISLNK(st.st_mode))
-            quarantine(c, name, &st);
+    /* Only a regular file is ever opened: a FIFO would block open() until someone writes
+     * to it, a device could do anything, a socket cannot be opened at all. What is not a
+     * regular file is quarantined unopened. The open below is O_NONBLOCK in case one was
+     * swapped in since the lstat, and fstat checks the opened file again. */
+    int fd = -1;
+    if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno != ENOENT) *existed = 1;
         goto exit;
     }
     *existed = 1;
+    if (!S_ISREG(st.st_mode)) {
+        quarantine(c, name, &st);
+        goto exit;
+    }
+    fd = openat(c->sub_fd[SUB_ENTRIES], name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) { /* removed since the lstat: a plain miss */
+            *existed = 0;
+            goto exit;
+        }
+        /* A symlink (ELOOP) or something else swapped in that we cannot open: never use it. */
+        if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            !S_ISREG(st.st_mode))
+            quarantine(c, name, &st);
+        goto exit;
+    }
     if (fstat(fd, &st) != 0) goto exit;
     if (!S_ISREG(st.st_mode)) {
         quarantine(c, name, &st);
@@ -549,7 +645,7 @@ static mj_status load_entry(mj_cache *c, const char *name, const char *key_text,
         quarantine(c, name, &st);
         goto exit;
     }
-    if (key_text) {
+    if (key_text && is_writable(c)) {
         /* The LRU stamp: mtime = now, atime untouched. Best effort (read-only media). */
         const struct timespec times[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_nsec = UTIME_NOW}};
         (void)futimens(fd, times);
@@ -605,7 +701,10 @@ static int by_last_used(const void *pa, const void *pb) {
     return strcmp(a->key_hex, b->key_hex);
 }
 
-static mj_status scan_entries(mj_cache *c, item_list *out) {
+/* with_special: also list names <hex>.mjc that are not regular files (a FIFO, a socket, a
+ * directory: damage that verify must find and list must show), with bytes 0. Eviction
+ * counts regular files only. */
+static mj_status scan_entries(mj_cache *c, int with_special, item_list *out) {
     memset(out, 0, sizeof *out);
     DIR *d = open_sub(c, SUB_ENTRIES);
     if (!d) return mj_set_error(MJ_ERR_IO, "%s: cannot list entries: %s", c->root, strerror(errno));
@@ -616,8 +715,8 @@ static mj_status scan_entries(mj_cache *c, item_list *out) {
         struct stat st;
         if (!entry_name_hex(de->d_name, it.key_hex)) continue;
         if (fstatat(c->sub_fd[SUB_ENTRIES], de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        if (!S_ISREG(st.st_mode)) continue;
-        it.bytes = (int64_t)st.st_size;
+        if (!S_ISREG(st.st_mode) && !with_special) continue;
+        it.bytes = S_ISREG(st.st_mode) ? (int64_t)st.st_size : 0;
         it.last_used_ns = mtime_ns(&st);
         if (out->n == out->cap) {
             int cap = out->cap ? 2 * out->cap : 64;
@@ -646,7 +745,7 @@ exit:
  * NULL) is never evicted: the entry just stored stays even when it alone is over the cap. */
 static mj_status evict(mj_cache *c, int64_t cap, const char *keep, int *n_evicted) {
     item_list items;
-    MJ_CHECK(scan_entries(c, &items));
+    MJ_CHECK(scan_entries(c, 0, &items));
     int64_t total = 0;
     for (int i = 0; i < items.n; i++) total += items.v[i].bytes;
     for (int i = 0; i < items.n && total > cap; i++) {
@@ -676,12 +775,15 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
     if (strcmp(hex, key_hex) != 0)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_store: key %s is not the SHA-256 of "
                             "the entry's key text (%s)", key_hex, hex);
-    if (c->unsafe || !is_writable(c)) return MJ_OK;
+    if (c->unsafe || !is_writable(c)) { /* warned about at open: only counted here */
+        count(&c->store_failures);
+        return MJ_OK;
+    }
 
     mj_status ret = MJ_OK;
     uint8_t *buf = NULL;
     size_t len = 0;
-    int fd = -1, temp_exists = 0;
+    int fd = -1, temp_exists = 0, stored = 0;
     char temp[ENTRY_NAME_MAX + 96], name[ENTRY_NAME_MAX];
     const int tmp_dir = c->sub_fd[SUB_TMP], entries_dir = c->sub_fd[SUB_ENTRIES];
 
@@ -699,15 +801,13 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
         goto exit;
     }
     temp_exists = 1;
+    /* Our flock marks the temp file as a live writer's (see remove_stale_temps); it is held
+     * until after the rename, so fd stays open until then. Without flock (some network file
+     * systems) the store still works; only the clean-up may then take the file for dead. */
+    (void)flock(fd, LOCK_EX | LOCK_NB);
     if (write_all(fd, buf, len) != 0 || fsync(fd) != 0) {
         ret = mj_set_error(MJ_ERR_IO, "cache store: writing %s (%zu bytes): %s", temp, len,
                            strerror(errno));
-        goto exit;
-    }
-    int closed = close(fd);
-    fd = -1;
-    if (closed != 0) {
-        ret = mj_set_error(MJ_ERR_IO, "cache store: closing %s: %s", temp, strerror(errno));
         goto exit;
     }
     if (renameat(tmp_dir, temp, entries_dir, name) != 0) {
@@ -716,22 +816,51 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
         goto exit;
     }
     temp_exists = 0;
+    stored = 1;
+    close(fd); /* after fsync, close has nothing left to report */
+    fd = -1;
     /* Make the rename durable. Should this fail, a crash may lose the entry — which a
      * lookup then simply misses — so it does not fail the store. */
     (void)fsync(entries_dir);
     count(&c->stores);
+    if ((int64_t)len > c->max_bytes)
+        warn_once(&c->warned_cap_small, "a kernel cache entry of %zu bytes is larger than the "
+                  "cache cap of %lld bytes (%s): each entry is kept only until the next store "
+                  "evicts it, so kernels are compiled again on every run \u2014 raise "
+                  "MOEJIT_CACHE_MAX_BYTES", len, (long long)c->max_bytes,
+                  mj_cache_max_bytes_source(c));
+    remove_stale_temps(c);
     MJ_CHECK_GOTO(evict(c, c->max_bytes, key_hex, NULL), ret, exit);
 
 exit:
     if (fd >= 0) close(fd);
     if (temp_exists) unlinkat(tmp_dir, temp, 0);
     free(buf);
+    if (!stored) {
+        /* The caller keeps the kernel in memory; say once that the disk has not got it (a
+         * full disk would otherwise only show as compiles on every run). A store that
+         * found the directory read-only has warned already (became_unwritable). */
+        count(&c->store_failures);
+        if (ret != MJ_OK)
+            warn_once(&c->warned_store, "could not store a kernel in the cache directory %s "
+                      "(%s); it is kept in memory only and the next process will compile it "
+                      "again \u2014 check the free space and the directory", c->root,
+                      mj_last_error());
+    }
     return ret;
 }
 
 /* ---------------------------------------------------------------------------------------
  * Locks
  * ------------------------------------------------------------------------------------- */
+
+/* A lock file we cannot use (something planted at its name, or flock failing): the lock
+ * only saves duplicate compiles, so compile without it rather than fail. */
+static void lock_unusable(mj_cache *c, const char *name, const char *why) {
+    warn_once(&c->warned_lock, "cache lock file %s/v%d/locks/%s cannot be used (%s); compiling "
+              "without the lock, so another process may compile the same kernel at the same "
+              "time \u2014 remove it", c->root, MJ_CACHE_FORMAT, name, why);
+}
 
 mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited) {
     if (fd) *fd = -1;
@@ -742,15 +871,24 @@ mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited) 
 
     char name[ENTRY_NAME_MAX];
     snprintf(name, sizeof name, "%s.lock", key_hex);
-    int lfd = openat(c->sub_fd[SUB_LOCKS], name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    /* O_NOFOLLOW: a symlink planted here is never followed (nor its target created);
+     * O_NONBLOCK: nor is a FIFO waited on. */
+    int lfd = openat(c->sub_fd[SUB_LOCKS], name,
+                     O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (lfd < 0) {
         int err = errno;
         if (is_permission_error(err)) {
             became_unwritable(c, "creating a lock file", err);
             return MJ_OK;
         }
-        return mj_set_error(MJ_ERR_IO, "cache lock: opening %s/v%d/locks/%s: %s", c->root,
-                            MJ_CACHE_FORMAT, name, strerror(err));
+        lock_unusable(c, name, err == ELOOP ? "it is a symbolic link" : strerror(err));
+        return MJ_OK;
+    }
+    struct stat st;
+    if (fstat(lfd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(lfd);
+        lock_unusable(c, name, "it is not a regular file");
+        return MJ_OK;
     }
     if (flock(lfd, LOCK_EX | LOCK_NB) != 0) {
         int err = errno;
@@ -762,7 +900,10 @@ mj_status mj_cache_lock(mj_cache *c, const char *key_hex, int *fd, int *waited) 
         }
         if (err != 0) {
             close(lfd);
-            return mj_set_error(MJ_ERR_IO, "cache lock: flock %s: %s", name, strerror(err));
+            char why[256];
+            snprintf(why, sizeof why, "flock: %s", strerror(err));
+            lock_unusable(c, name, why);
+            return MJ_OK;
         }
     }
     *fd = lfd;
@@ -783,7 +924,7 @@ mj_status mj_cache_list(mj_cache *c, mj_cache_item **items, int *n) {
     if (!c || !items || !n) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_list: NULL argument");
     if (c->unsafe || !c->readable) return MJ_OK;
     item_list list;
-    MJ_CHECK(scan_entries(c, &list));
+    MJ_CHECK(scan_entries(c, 1, &list));
     *items = list.v;
     *n = list.n;
     return MJ_OK;
@@ -796,9 +937,14 @@ mj_status mj_cache_read_file(const char *path, mj_cache_entry *out) {
     uint8_t *buf = NULL;
     size_t len = 0;
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO planted at an entry's name must not block us (it is then refused
+     * as not a regular file); O_NOFOLLOW: an entry is never a symbolic link. */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(errno));
+        int err = errno;
+        if (err == ELOOP) ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file (a symbolic link)", path);
+        else if (err == ENXIO) ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file (a socket?)", path);
+        else ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(err));
         goto exit;
     }
     if (fstat(fd, &st) != 0) {
@@ -831,7 +977,7 @@ mj_status mj_cache_verify(mj_cache *c, int *n_ok, int *n_bad) {
 
     mj_status ret = MJ_OK;
     item_list list;
-    MJ_CHECK(scan_entries(c, &list));
+    MJ_CHECK(scan_entries(c, 1, &list));
     for (int i = 0; i < list.n; i++) {
         char name[ENTRY_NAME_MAX];
         mj_cache_entry e;
@@ -869,7 +1015,8 @@ mj_status mj_cache_gc(mj_cache *c, int64_t max_bytes, int *n_evicted) {
 
 const char *const mj_cache_total_names[MJ_CACHE_N_TOTALS] = {
     "mem_hits", "mem_misses", "disk_hits", "disk_misses", "compiles", "compile_failures",
-    "compile_ms", "quarantined", "lock_waits", "evicted", "strict_misses", "refused_unsafe"};
+    "compile_ms", "quarantined", "lock_waits", "evicted", "strict_misses", "refused_unsafe",
+    "store_failures"};
 #define TOTAL_MS 6 /* compile_ms: the one real-valued total */
 
 /* Open dir/name with flags, only if it is a regular file; -1 otherwise. */
@@ -930,10 +1077,11 @@ void mj_cache_add_totals(mj_cache *c, const double v[MJ_CACHE_N_TOTALS]) {
                  (unsigned long long)atomic_fetch_add(&g_temp_counter, 1));
         int fd = text ? openat(c->sub_fd[SUB_TMP], temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
         if (fd >= 0) {
+            (void)flock(fd, LOCK_EX | LOCK_NB); /* a live writer's temp (remove_stale_temps) */
             int ok = write_all(fd, (const uint8_t *)text, strlen(text)) == 0;
-            ok &= close(fd) == 0;
             if (!ok || renameat(c->sub_fd[SUB_TMP], temp, c->v_fd, "stats.json") != 0)
                 unlinkat(c->sub_fd[SUB_TMP], temp, 0);
+            close(fd);
         }
         free(text);
         json_decref(o);

@@ -280,6 +280,10 @@ typedef struct mj_jit_stats {
     int64_t evicted;                   /* entries removed for the size cap                 */
     int64_t strict_misses;             /* requests refused by strict mode                  */
     int64_t refused_unsafe;            /* entries not loaded: unsafe cache directory       */
+    int64_t store_failures;            /* compiled kernels not written to the disk cache
+                                          (an I/O error such as a full disk, or a read-only
+                                          or unsafe cache): kept in memory only, compiled
+                                          again by the next process                        */
 } mj_jit_stats;
 MJ_API mj_status mj_context_stats(mj_context_t ctx, mj_jit_stats *out);
 

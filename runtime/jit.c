@@ -248,7 +248,8 @@ static void stats_persist(mj_context_t c) {
     const double v[MJ_CACHE_N_TOTALS] = {
         (double)s.mem_hits, (double)s.mem_misses, (double)s.disk_hits, (double)s.disk_misses,
         (double)s.compiles, (double)s.compile_failures, s.compile_ms, (double)s.quarantined,
-        (double)s.lock_waits, (double)s.evicted, (double)s.strict_misses, (double)s.refused_unsafe};
+        (double)s.lock_waits, (double)s.evicted, (double)s.strict_misses, (double)s.refused_unsafe,
+        (double)s.store_failures};
     mj_cache_add_totals(c->cache, v);
 }
 
@@ -288,8 +289,11 @@ mj_status mj_context_stats(mj_context_t c, mj_jit_stats *out) {
     out->evicted = cs.evicted;
     out->strict_misses = c->strict_misses;
     out->refused_unsafe = cs.refused_unsafe;
+    out->store_failures = cs.store_failures;
     return MJ_OK;
 }
+
+mj_cache *mj_context_cache(mj_context_t c) { return c ? c->cache : NULL; }
 
 /* ---- the disk key ------------------------------------------------------------------- */
 
@@ -403,7 +407,8 @@ static mj_status compile_entry(mj_context_t c, const mj_spec *s, char *source, c
     f->entry.log = r.log;
     f->entry.source = source;
     if (!f->entry.meta_json) return mj_set_error(MJ_ERR_NOMEM, "out of memory writing metadata");
-    /* A store that fails (disk full...) still leaves a usable kernel in memory. */
+    /* A store that fails (disk full...) still leaves a usable kernel in memory; the cache
+     * counts it (mj_jit_stats.store_failures) and warns once. */
     if (mj_cache_store(c->cache, f->key_hex, &f->entry) != MJ_OK) mj_clear_error();
     return MJ_OK;
 }

@@ -44,6 +44,10 @@ const char *mj_function_source(const mj_function *f);
 mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_launch_dims d,
                              void **args, int nargs);
 
+/* The context's disk cache (cache/cache.h), for the tools: where it is, whether it can be
+ * written. Owned by the context. */
+struct mj_cache *mj_context_cache(mj_context_t ctx);
+
 /* The specialization of template `template_name` with knob values `knobs` (in the
  * template's declaration order; may be NULL for a template without knobs) for this
  * context: its target (mj_context_options.target, else the device's, else sm_120a) and

@@ -311,6 +311,61 @@ contains out "6 specializations: 3 compiled, 3 already cached, 0 failed"
 [ "$(wc -l <rec.jsonl)" = 3 ] && ok || bad "MOEJIT_RECORD wrote $(wc -l <rec.jsonl) lines, want 3"
 expect_rc 0 "$MJ" prewarm --cache-dir "$T/cache2" rec.jsonl
 contains out "3 compiled, 0 already cached"
+# Stores that fail: with a 200 KiB file-size limit (SIGXFSZ ignored) writing the big route
+# kernel's entry (~300 KB) fails with EFBIG, as on a full disk; the router GEMMs' (~15-30 KB)
+# land. prewarm says how many could not be stored and exits 1.
+expect_rc 1 bash -c 'trap "" XFSZ; ulimit -f 200; exec "$0" prewarm -q --cache-dir "$1" m.jsonl' "$MJ" "$T/cache_fsz"
+contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 1 not stored"
+contains err "could not store"; contains err "File too large"
+contains err "1 of the 3 compiled kernels could not be stored in the cache $T/cache_fsz"
+[ "$(ls "$T/cache_fsz/v1/entries" | wc -l)" = 2 ] && ok || bad "entries after failed stores: $(ls -l "$T/cache_fsz/v1/entries")"
+# A cache prewarm cannot write is an error before anything is compiled (the library's
+# warning, then one error line; nothing on stdout): a regular file where the directory
+# should be, a directory that cannot be created, one other users can write (unsafe), and a
+# read-only one. Permission bits do not stop root, so as root the read-only case runs as uid
+# 65534 (nobody, through setpriv) on a cache it owns with mode 0500, as test_cache does.
+touch "$T/a_file"
+expect_rc 1 "$MJ" prewarm --cache-dir "$T/a_file" m.jsonl
+contains err "$T/a_file is not a directory"; contains err "nothing was compiled"
+[ ! -s out ] && ok || bad "prewarm into a regular file printed: $(cat out)"
+expect_rc 1 "$MJ" prewarm --cache-dir "$T/a_file/cache" m.jsonl
+contains err "cannot create $T/a_file/cache: Not a directory"; contains err "nothing was compiled"
+[ ! -s out ] && ok || bad "prewarm below a regular file printed: $(cat out)"
+mkdir -p "$T/ww" && chmod 777 "$T/ww"
+expect_rc 1 "$MJ" prewarm --cache-dir "$T/ww" m.jsonl
+contains err "writable by other users"; contains err "nothing was compiled"
+[ ! -s out ] && [ ! -e "$T/ww/v1" ] && ok || bad "prewarm into an unsafe cache: $(cat out; ls "$T/ww")"
+RO=$T/ro
+mkdir -p "$RO/cache/v1/entries" "$RO/cache/v1/locks" "$RO/cache/v1/quarantine" "$RO/cache/v1/tmp"
+cp m.jsonl "$RO/m.jsonl" && chmod 644 "$RO/m.jsonl"
+if [ "$(id -u)" = 0 ]; then
+    chmod 711 "$T" && chmod 755 "$RO" && chown -R 65534:65534 "$RO/cache"
+    as_ro() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+else
+    as_ro() { "$@"; }
+fi
+find "$RO/cache" -type d -exec chmod 500 {} +
+expect_rc 1 as_ro "$MJ" prewarm --cache-dir "$RO/cache" "$RO/m.jsonl"
+contains err "cache directory $RO/cache is not writable"; contains err "Permission denied"
+contains err "nothing was compiled"
+[ ! -s out ] && ok || bad "prewarm into a read-only cache printed: $(cat out)"
+find "$RO/cache" -type d -exec chmod 700 {} +
+
+# Worker threads that cannot be started (the test hook MOEJIT_TEST_FAIL_THREADS=N fails
+# every thread after the first N with EAGAIN; ulimit -u does not bind root): prewarm says so
+# and does the work on the threads it has, the main thread included.
+MOEJIT_TEST_FAIL_THREADS=0 expect_rc 0 "$MJ" prewarm -j 4 --cache-dir "$T/cache_thr0" m.jsonl
+contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 0 not stored"
+contains err "could start only 0 of 3 worker threads"
+MOEJIT_TEST_FAIL_THREADS=1 expect_rc 0 "$MJ" prewarm -j 3 --cache-dir "$T/cache_thr1" m.jsonl
+contains out "3 specializations: 3 compiled, 0 already cached, 0 failed, 0 not stored"
+contains err "could start only 1 of 3 worker threads"
+[ "$(ls "$T/cache_thr0/v1/entries" | wc -l)" = 3 ] && [ "$(ls "$T/cache_thr1/v1/entries" | wc -l)" = 3 ] && ok ||
+    bad "prewarm without threads stored $(ls "$T/cache_thr0/v1/entries" | wc -l) and $(ls "$T/cache_thr1/v1/entries" | wc -l) entries"
+# A cap smaller than one entry: every store evicts the one before, so prewarm warns.
+MOEJIT_CACHE_MAX_BYTES=1000 expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/cache_tiny" m.jsonl
+contains err "is larger than the cache cap of 1000 bytes"
+[ "$(grep -c warning err)" = 1 ] && ok || bad "want one warning: $(cat err)"
 # Bad manifests, bad flags.
 printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
 expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:2"
@@ -320,6 +375,8 @@ contains out "2 failed"; contains err "no_such"; contains err "E = 5000"
 expect_fail "$MJ" prewarm --arch sm_75 m.jsonl;          contains err "sm_75"
 expect_fail "$MJ" prewarm -j 0 m.jsonl
 expect_fail "$MJ" prewarm nothere.jsonl;                  contains err "nothere.jsonl"
+mkdir -p manifest_dir
+expect_fail "$MJ" prewarm --cache-dir "$C" manifest_dir;  contains err "manifest_dir: is a directory"
 expect_fail "$MJ" prewarm
 
 # The command carries the product templates only (test fixtures live in the tests).
@@ -344,9 +401,29 @@ expect_fail env PATH=/nonexistent MOEJIT_NVDISASM= "$MJ" inspect --cache-dir "$C
 expect_fail "$MJ" inspect --cache-dir "$C" show zzzz;           contains err "not a key"
 expect_fail "$MJ" inspect --cache-dir "$C" show 0123456789abcdef0123;  contains err "no cache entry"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
-contains out "entries     6"; contains out "quarantine  0"
+contains out "entries     6"; contains out "quarantine  0"; contains out "writable    yes"
 contains out "totals over 3 processes"
 grep -qE '^  compiles +6$' out && ok || bad "stats totals: $(cat out)"
+# A FIFO at stats.json blocks neither --stats nor a process's exit (which adds its totals),
+# and a symlink there is never written through.
+mv "$C/v1/stats.json" stats.saved && mkfifo "$C/v1/stats.json"
+expect_rc 0 timeout 10 "$MJ" inspect --cache-dir "$C" --stats; contains out "totals      none yet"
+expect_rc 0 timeout 60 "$MJ" prewarm --cache-dir "$C" -q m.jsonl; contains out "3 already cached"
+[ -f "$C/v1/stats.json" ] && [ ! -p "$C/v1/stats.json" ] && ok || bad "stats.json after a FIFO: $(ls -l "$C/v1")"
+echo '{"processes": 99}' >outside.json
+rm "$C/v1/stats.json" && ln -s "$T/outside.json" "$C/v1/stats.json"
+expect_rc 0 "$MJ" prewarm --cache-dir "$C" -q m.jsonl
+[ "$(cat outside.json)" = '{"processes": 99}' ] && [ ! -L "$C/v1/stats.json" ] && ok || bad "stats.json symlink followed: $(cat outside.json)"
+mv stats.saved "$C/v1/stats.json"
+# The cap shown is the one in force: a $MOEJIT_CACHE_MAX_BYTES that is not a byte count is
+# named in one warning and the default is used.
+MOEJIT_CACHE_MAX_BYTES=1e9 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
+contains out 'cap         1073741824 bytes (default; $MOEJIT_CACHE_MAX_BYTES is not valid)'
+contains err 'MOEJIT_CACHE_MAX_BYTES="1e9" is not a byte count'
+[ "$(grep -c warning err)" = 1 ] && ok || bad "want one warning: $(cat err)"
+MOEJIT_CACHE_MAX_BYTES=5000000 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats
+contains out 'cap         5000000 bytes ($MOEJIT_CACHE_MAX_BYTES)'
+[ ! -s err ] && ok || bad "a good cap warned: $(cat err)"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" verify;             contains out "6 entries ok, 0 bad"
 # Corrupt one entry: verify finds it, quarantines it, and the next prewarm rebuilds it.
 f=$(ls "$C"/v1/entries/*.mjc | head -1)
@@ -355,6 +432,20 @@ expect_rc 1 "$MJ" inspect --cache-dir "$C" verify;             contains out "5 e
 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats;            contains out "quarantine  1"
 expect_rc 0 "$MJ" prewarm --cache-dir "$C" --arch sm_80 --arch sm_120a m.jsonl
 contains out "1 compiled, 5 already cached"
+# A FIFO at an entry's name (open() on it would wait for a writer forever): list shows it
+# at once, verify counts it bad and moves it to quarantine, a lookup misses at once.
+fkey=$(basename "$(ls "$C"/v1/entries/*.mjc | head -1)" .mjc)
+rm "$C/v1/entries/$fkey.mjc" && mkfifo "$C/v1/entries/$fkey.mjc"
+expect_rc 0 timeout 10 "$MJ" inspect --cache-dir "$C" list
+contains out "${fkey:0:12}  (does not verify"; contains out "6 entries"
+expect_rc 1 timeout 10 "$MJ" inspect --cache-dir "$C" verify; contains out "5 entries ok, 1 bad"
+[ ! -e "$C/v1/entries/$fkey.mjc" ] && [ -n "$(find "$C/v1/quarantine" -name "$fkey.*.bad" -type p)" ] && ok ||
+    bad "verify did not move the FIFO to quarantine: $(ls -l "$C/v1/entries" "$C/v1/quarantine")"
+mkfifo "$C/v1/entries/$fkey.mjc"
+expect_rc 0 timeout 60 "$MJ" prewarm --cache-dir "$C" --arch sm_80 --arch sm_120a m.jsonl
+contains out "1 compiled, 5 already cached"
+[ -f "$C/v1/entries/$fkey.mjc" ] && [ "$(find "$C/v1/quarantine" -name "$fkey.*.bad" -type p | wc -l)" = 2 ] && ok ||
+    bad "prewarm did not quarantine the FIFO and store the entry: $(ls -l "$C/v1/quarantine")"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" gc --max-bytes 0;   contains out "evicted 6 entries"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" list;               contains out "0 entries"
 expect_fail "$MJ" inspect --cache-dir "$C" gc --max-bytes -5
@@ -364,6 +455,25 @@ expect_fail "$MJ" inspect
 mkdir -p "$T/open" && chmod 777 "$T/open"
 "$MJ" inspect --cache-dir "$T/open" list >out 2>err
 [ $? != 0 ] && grep -q "writable by other users" err && ok || bad "unsafe directory not refused: $(cat err)"
+# inspect is a view: on a directory that does not exist it fails and creates nothing.
+for sub in list --stats verify gc "show 0123"; do
+    expect_fail "$MJ" inspect --cache-dir "$T/nothere/cache" $sub
+    contains err "cache directory $T/nothere/cache does not exist"
+done
+[ ! -e "$T/nothere" ] && ok || bad "inspect created $(find "$T/nothere")"
+# verify on a read-only cache (uid 65534 on a 0500 cache, as for prewarm above) says what
+# happened to a bad entry: nothing moved.
+bad_name=$(printf '%064d' 0).mjc
+printf 'not an entry' >"$RO/cache/v1/entries/$bad_name"
+[ "$(id -u)" = 0 ] && chown -R 65534:65534 "$RO/cache"
+find "$RO/cache" -type d -exec chmod 500 {} +
+expect_rc 1 as_ro "$MJ" inspect --cache-dir "$RO/cache" verify
+contains out "verify: 0 entries ok, 1 bad (left in place: cache directory $RO/cache is not writable"
+grep -q "moved to quarantine" out && bad "verify claims a move: $(cat out)" || ok
+[ -f "$RO/cache/v1/entries/$bad_name" ] && [ -z "$(ls "$RO/cache/v1/quarantine")" ] && ok || bad "read-only verify moved files"
+expect_fail as_ro "$MJ" inspect --cache-dir "$RO/cache" gc --max-bytes 0; contains err "nothing can be evicted"
+expect_rc 0 as_ro "$MJ" inspect --cache-dir "$RO/cache" --stats; contains out "writable    no"
+find "$RO/cache" -type d -exec chmod 700 {} +
 
 # ---- standard output that cannot be written -------------------------------------------
 # A command whose output is lost did not do its job: exit 1, one line on stderr.

@@ -29,9 +29,28 @@
  *                write, the child runs with RLIMIT_FSIZE = 1 MiB and a SIGXFSZ handler that
  *                never returns: the first megabyte lands in its temp file and the next
  *                write parks the child, where the SIGKILL finds it. No entry may appear; the
- *                temp file is removed by a later open only once it is an hour old.
+ *                temp file is removed by a later open or store once it is a minute old and
+ *                no writer holds its flock; a live writer's temp file stays however old.
  *   concurrency  8 processes on 20 keys with the lock + re-check protocol: each key is
  *                compiled exactly once; threads share one handle and its counters.
+ *   special      a FIFO, a socket or a directory at an entry's name: the lookup misses at
+ *                once (a child under alarm(), so a hang fails instead of waiting forever) and
+ *                quarantines it; list shows it, read_file refuses it, verify counts it bad.
+ *   stats file   a symlink at stats.json or locks/stats.lock pointing outside the cache is
+ *                never read or written through; a FIFO at either never blocks (alarm()).
+ *   lock files   a symlink (dangling or not), a FIFO or a directory at locks/<hex>.lock:
+ *                the lock is a no-op (fd -1, one warning), the link is never followed, and
+ *                the compile's store still lands.
+ *   store fails  a directory at the entry's name (rename fails) and a file-size limit
+ *                (write fails with EFBIG, as on a full disk): MJ_ERR_IO, store_failures
+ *                counts each, one warning, no temp file left. Read-only and unsafe caches
+ *                count their skipped stores too.
+ *   cap          a $MOEJIT_CACHE_MAX_BYTES that is not a byte count ("0", "-5", "1e9"...)
+ *                gives the default and one warning naming the value; a cap below one entry
+ *                warns once.
+ *   open flags   MJ_CACHE_NO_CREATE on a missing directory creates nothing and says it
+ *                does not exist; MJ_CACHE_READ_ONLY changes nothing (no stamps, quarantine,
+ *                temp clean-up, stores, locks or totals); neither warns.
  */
 #include "cache.h"
 #include "test.h"
@@ -49,7 +68,9 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -570,6 +591,7 @@ static void test_store_lookup(void) {
     CHECK_OK(mj_cache_open(dir, 0, &c));
     CHECK(c && !strcmp(mj_cache_dir(c), dir) && mj_cache_readable(c) && mj_cache_writable(c),
           "fresh cache: readable %d writable %d", mj_cache_readable(c), mj_cache_writable(c));
+    CHECK(!strcmp(mj_cache_problem(c), ""), "fresh cache: problem \"%s\"", mj_cache_problem(c));
     static const char *const subs[] = {NULL, "entries", "locks", "quarantine", "tmp"};
     for (int i = 0; i < 5; i++) {
         struct stat st;
@@ -841,6 +863,8 @@ static void expect_unsafe(const char *dir, const char *scratch, const test_entry
     CHECK(so == MJ_OK && c, "%s: open -> %s", what, mj_status_string(so));
     CHECK(!mj_cache_readable(c) && !mj_cache_writable(c), "%s: readable %d writable %d", what,
           mj_cache_readable(c), mj_cache_writable(c));
+    CHECK(strstr(mj_cache_problem(c), warning) != NULL, "%s: problem \"%s\"", what,
+          mj_cache_problem(c));
     CHECK(s1 == MJ_OK && s2 == MJ_OK && found1 == 0 && found2 == 0,
           "%s: lookups of an existing entry: %d %d", what, found1, found2);
     CHECK(s3 == MJ_OK && s4 == MJ_OK && fd == -1 && waited == 0, "%s: store/lock: %s %s fd %d",
@@ -850,7 +874,8 @@ static void expect_unsafe(const char *dir, const char *scratch, const test_entry
           "%s: list %d, verify %d/%d, gc %d", what, n, ok, bad, n_ev);
     mj_cache_stats st;
     mj_cache_get_stats(c, &st);
-    CHECK(st.refused_unsafe == 2 && st.disk_hits == 0 && st.stores == 0 && st.quarantined == 0,
+    CHECK(st.refused_unsafe == 2 && st.disk_hits == 0 && st.stores == 0 && st.quarantined == 0 &&
+              st.store_failures == 1,
           "%s: refused_unsafe %lld", what, (long long)st.refused_unsafe);
     CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, warning) &&
               strstr(err, "not using it"),
@@ -967,6 +992,8 @@ static void expect_read_only(const char *dir, const char *scratch, const test_en
           mj_status_string(so), c ? mj_cache_writable(c) : -1);
     CHECK(mj_cache_readable(c) == (existing != NULL), "%s: readable %d", what,
           mj_cache_readable(c));
+    CHECK(strstr(mj_cache_problem(c), "is not writable") && strstr(mj_cache_problem(c), reason),
+          "%s: problem \"%s\"", what, mj_cache_problem(c));
     CHECK(s1 == MJ_OK && (!existing || (hit == 1 && same_entry(&out, &existing->e))),
           "%s: existing entry: hit %d", what, hit);
     CHECK(s2 == MJ_OK && miss == 0, "%s: lookup of a new key: found %d", what, miss);
@@ -978,8 +1005,10 @@ static void expect_read_only(const char *dir, const char *scratch, const test_en
           "%s: stderr was \"%s\"", what, err);
     mj_cache_stats st;
     mj_cache_get_stats(c, &st);
-    CHECK(st.stores == 0 && st.disk_hits == (existing ? 1 : 0) && st.disk_misses == 1,
-          "%s: stores %lld hits %lld", what, (long long)st.stores, (long long)st.disk_hits);
+    CHECK(st.stores == 0 && st.store_failures == 2 && st.disk_hits == (existing ? 1 : 0) &&
+              st.disk_misses == 1,
+          "%s: stores %lld store_failures %lld hits %lld", what, (long long)st.stores,
+          (long long)st.store_failures, (long long)st.disk_hits);
     if (existing) mj_cache_entry_free(&out);
     free(err);
     mj_cache_close(c);
@@ -1277,6 +1306,59 @@ static void test_killed_writer(void) {
     rm_rf(dir);
 }
 
+/* Temp files left in tmp/ count against nothing until removed, so they must not wait for
+ * an hour: a dead writer's (no flock on it) goes at the next store once it is a minute old;
+ * a live writer's (it holds an flock on its temp file) stays, however old it looks. */
+static void test_temp_cleanup(void) {
+    char dir[PATH_BUF], temp[PATH_BUF], young[PATH_BUF];
+    make_temp_dir(dir, "temps");
+    g_kill_dir = dir;
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    mj_cache_close(c);
+
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) killed_writer(); /* parks mid-write, alive */
+    int64_t size = 0;
+    int seen = 0;
+    for (int i = 0; i < 10000 && !(seen = find_temp(dir, temp, &size)); i++) usleep(1000);
+    for (int i = 0; i < 2000 && seen && file_size(temp) != FSIZE_LIMIT; i++) usleep(1000);
+    CHECK(seen && file_size(temp) == FSIZE_LIMIT, "the writer's temp file: %lld bytes",
+          (long long)file_size(temp));
+
+    /* Alive, and its temp file two hours old: neither an open nor a store removes it. */
+    CHECK(set_mtime(temp, -2 * 3600.0) == 0, "utimensat");
+    test_entry t, u;
+    make_entry(&t, "temp-cleanup-one", 64, 0);
+    make_entry(&u, "temp-cleanup-two", 64, 0);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    CHECK(exists(temp), "a live writer's temp file was deleted");
+
+    /* Killed: its temp file, a minute and more old, goes at the next store (no reopen); a
+     * young unlocked one (a writer between creating and locking it) stays. */
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(set_mtime(temp, -120) == 0, "utimensat");
+    char other[PATH_BUF]; /* another dead writer's, planted */
+    sub_path(other, dir, "tmp", "dead.writer.1.tmp");
+    write_file(other, "partial entry", 13);
+    CHECK(set_mtime(other, -90) == 0, "utimensat");
+    sub_path(young, dir, "tmp", "just.created.0.tmp");
+    write_file(young, "abc", 3);
+    CHECK_OK(mj_cache_store(c, u.hex, &u.e));
+    CHECK(!exists(temp) && !exists(other) && exists(young),
+          "after a store: killed writer's temp %s, planted dead temp %s, young temp %s",
+          exists(temp) ? "kept" : "removed", exists(other) ? "kept" : "removed",
+          exists(young) ? "kept" : "removed");
+    CHECK(count_in(dir, "entries") == 2, "%d entries", count_in(dir, "entries"));
+    mj_cache_close(c);
+    rm_rf(dir);
+}
+
 /* ---------------------------------------------------------------------------------------
  * Concurrency: processes and threads
  * ------------------------------------------------------------------------------------- */
@@ -1495,6 +1577,569 @@ static void test_threads(void) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Special files: a FIFO, a socket or a directory where an entry should be
+ * ------------------------------------------------------------------------------------- */
+
+/* Each case below runs in a child under alarm(): a call that blocks (open() of a FIFO waits
+ * for a writer forever) is killed by SIGALRM, which reap() reports as a failure. */
+#define HANG_LIMIT_S 10
+
+typedef struct special_arg {
+    const char *dir;
+    const test_entry *t, *good;
+} special_arg;
+
+/* Plant a non-regular file of `kind` ('f' FIFO, 's' socket, 'd' directory) at t's path. */
+static int plant_special(const char *root, const test_entry *t, char kind) {
+    char path[PATH_BUF];
+    entry_path(path, root, t->hex);
+    if (kind == 'f') return mkfifo(path, 0600);
+    if (kind == 'd') return mkdir(path, 0700);
+    /* The full path is longer than sun_path: bind the name relative to entries/. */
+    char entries[PATH_BUF];
+    sub_path(entries, root, "entries", NULL);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    fmt_into(sa.sun_path, sizeof sa.sun_path, "%s.mjc", t->hex);
+    int cwd = open(".", O_RDONLY | O_DIRECTORY), s = socket(AF_UNIX, SOCK_STREAM, 0);
+    int r = cwd >= 0 && s >= 0 && chdir(entries) == 0 ? bind(s, (struct sockaddr *)&sa, sizeof sa) : -1;
+    if (cwd >= 0 && fchdir(cwd) != 0) r = -1;
+    if (cwd >= 0) close(cwd);
+    if (s >= 0) close(s);
+    return r;
+}
+
+static void special_lookup_child(void *p) {
+    const special_arg *a = p;
+    alarm(HANG_LIMIT_S);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(a->dir, 0, &c));
+    static const char kinds[] = "fsd";
+    for (int k = 0; kinds[k]; k++) {
+        char what[64];
+        fmt_into(what, sizeof what, "a %s at the entry path",
+                 kinds[k] == 'f' ? "FIFO" : kinds[k] == 's' ? "socket" : "directory");
+        CHECK(plant_special(a->dir, a->t, kinds[k]) == 0, "%s: %s", what, strerror(errno));
+        int64_t t0 = now_ns();
+        expect_quarantined(c, a->dir, a->t, what);
+        CHECK(now_ns() - t0 < 2000000000ll, "%s: the lookup took %.1f s", what,
+              (double)(now_ns() - t0) / 1e9);
+    }
+    mj_cache_close(c);
+}
+
+static void special_verify_child(void *p) {
+    const special_arg *a = p;
+    alarm(HANG_LIMIT_S);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(a->dir, 0, &c));
+    CHECK(plant_special(a->dir, a->t, 'f') == 0, "mkfifo: %s", strerror(errno));
+    /* list shows it (bytes 0) so it is not invisible; reading it fails at once. */
+    mj_cache_item *items = NULL;
+    int n = 0, fifo_listed = 0;
+    CHECK_OK(mj_cache_list(c, &items, &n));
+    for (int i = 0; i < n; i++) fifo_listed += !strcmp(items[i].key_hex, a->t->hex) && items[i].bytes == 0;
+    CHECK(n == 2 && fifo_listed == 1, "list with a FIFO entry: %d items, FIFO listed %d", n,
+          fifo_listed);
+    free(items);
+    char path[PATH_BUF];
+    entry_path(path, a->dir, a->t->hex);
+    mj_cache_entry out;
+    CHECK_STATUS(mj_cache_read_file(path, &out), MJ_ERR_IO);
+    CHECK(strstr(mj_last_error(), "not a regular file") != NULL, "read_file: %s", mj_last_error());
+    /* verify counts it bad and moves it aside; the good entry stays. */
+    int ok = -1, bad = -1;
+    mj_cache_stats st;
+    CHECK_OK(mj_cache_verify(c, &ok, &bad));
+    mj_cache_get_stats(c, &st);
+    CHECK(ok == 1 && bad == 1 && st.quarantined == 1, "verify: %d ok, %d bad, %lld quarantined",
+          ok, bad, (long long)st.quarantined);
+    CHECK(!exists(path), "the FIFO is still in entries/");
+    mj_cache_close(c);
+}
+
+static void test_special_entries(void) {
+    char dir[PATH_BUF];
+    make_temp_dir(dir, "special");
+    test_entry t, good;
+    make_entry(&t, "special-file-key", 32, 0);
+    make_entry(&good, "a-good-neighbour", 32, 0);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    CHECK_OK(mj_cache_store(c, good.hex, &good.e));
+    mj_cache_close(c);
+    special_arg a = {dir, &t, &good};
+    reap(spawn(special_lookup_child, &a, -1), "lookups of special files (hang = SIGALRM)");
+    reap(spawn(special_verify_child, &a, -1), "list/verify with a FIFO (hang = SIGALRM)");
+    /* Quarantined: the FIFO, the socket, the directory (lookups) and the FIFO (verify). */
+    char qdir[PATH_BUF];
+    sub_path(qdir, dir, "quarantine", NULL);
+    int fifos = 0, socks = 0, dirs = 0;
+    DIR *d = opendir(qdir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        struct stat st;
+        if (de->d_name[0] == '.' || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        fifos += S_ISFIFO(st.st_mode), socks += S_ISSOCK(st.st_mode), dirs += S_ISDIR(st.st_mode);
+    }
+    if (d) closedir(d);
+    CHECK(fifos == 2 && socks == 1 && dirs == 1, "quarantine: %d FIFOs, %d sockets, %d dirs",
+          fifos, socks, dirs);
+    CHECK(count_in(dir, "entries") == 1, "entries/ holds %d files, want the good one",
+          count_in(dir, "entries"));
+    rm_rf(dir);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The running totals file (v1/stats.json) and its lock (v1/locks/stats.lock)
+ * ------------------------------------------------------------------------------------- */
+
+static const double k_one_process[MJ_CACHE_N_TOTALS] = {1, 2, 3, 4, 5, 0, 6.5, 0, 0, 0, 0, 0};
+
+static void expect_totals(mj_cache *c, int want_present, int64_t want_procs, const char *what) {
+    double v[MJ_CACHE_N_TOTALS];
+    int64_t procs = -1;
+    int present = -1;
+    CHECK_OK(mj_cache_totals(c, v, &procs, &present));
+    CHECK(present == want_present && procs == want_procs &&
+              (!want_present || (v[0] == 1 * (double)want_procs && v[4] == 5 * (double)want_procs)),
+          "%s: present %d, %lld processes, mem_hits %g, compiles %g", what, present,
+          (long long)procs, v[0], v[4]);
+}
+
+typedef struct stats_arg {
+    const char *dir, *scratch;
+} stats_arg;
+
+/* In a child under alarm(): a FIFO at stats.json or stats.lock is never waited on. */
+static void stats_fifo_child(void *p) {
+    const stats_arg *a = p;
+    alarm(HANG_LIMIT_S);
+    char path[PATH_BUF];
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(a->dir, 0, &c));
+
+    /* FIFO at stats.json: reading the totals finds none, adding replaces the FIFO. */
+    sub_path(path, a->dir, "stats.json", NULL);
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo stats.json: %s", strerror(errno));
+    expect_totals(c, 0, 0, "FIFO at stats.json");
+    mj_cache_add_totals(c, k_one_process);
+    struct stat st;
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "stats.json after adding: mode %o",
+          (unsigned)st.st_mode);
+    expect_totals(c, 1, 1, "FIFO at stats.json, replaced");
+    unlink(path);
+    CHECK(!exists(path), "stats.json is still there");
+
+    /* FIFO at locks/stats.lock: refused, so nothing is written. */
+    sub_path(path, a->dir, "locks", "stats.lock");
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo stats.lock: %s", strerror(errno));
+    mj_cache_add_totals(c, k_one_process);
+    expect_totals(c, 0, 0, "FIFO at stats.lock");
+    CHECK(lstat(path, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO at stats.lock was replaced");
+    unlink(path);
+    mj_cache_close(c);
+}
+
+static void test_stats_file(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF], path[PATH_BUF], outside[PATH_BUF];
+    make_temp_dir(scratch, "stats");
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    expect_totals(c, 0, 0, "fresh cache");
+    mj_cache_add_totals(c, k_one_process);
+    mj_cache_add_totals(c, k_one_process);
+    expect_totals(c, 1, 2, "two processes");
+    sub_path(path, dir, "stats.json", NULL);
+    unlink(path);
+
+    /* A symlink at stats.json to a file outside the cache (holding totals of its own): it is
+     * neither read through nor written through; the link itself is replaced. */
+    static const char planted[] = "{\"processes\": 1000, \"mem_hits\": 1000, \"compiles\": 1000}\n";
+    fmt_into(outside, sizeof outside, "%s/outside.json", scratch);
+    write_file(outside, planted, strlen(planted));
+    CHECK(symlink(outside, path) == 0, "symlink: %s", strerror(errno));
+    expect_totals(c, 0, 0, "symlink at stats.json (read)");
+    mj_cache_add_totals(c, k_one_process);
+    char *text = slurp(outside);
+    CHECK(!strcmp(text, planted), "the symlink's target was changed: \"%s\"", text);
+    free(text);
+    struct stat st;
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode), "stats.json is not a regular file now");
+    expect_totals(c, 1, 1, "symlink at stats.json, replaced");
+    unlink(path);
+    unlink(outside);
+
+    /* A symlink at locks/stats.lock: its target is neither created nor changed, and since
+     * there is no lock to hold, nothing is written. */
+    char lock[PATH_BUF];
+    sub_path(lock, dir, "locks", "stats.lock");
+    unlink(lock); /* the real one, created by the adds above */
+    CHECK(symlink(outside, lock) == 0, "symlink: %s", strerror(errno));
+    mj_cache_add_totals(c, k_one_process);
+    CHECK(!exists(outside), "a symlink at stats.lock created its target");
+    expect_totals(c, 0, 0, "dangling symlink at stats.lock");
+    write_file(outside, "keep me\n", 8);
+    mj_cache_add_totals(c, k_one_process);
+    text = slurp(outside);
+    CHECK(!strcmp(text, "keep me\n"), "the lock symlink's target was changed: \"%s\"", text);
+    free(text);
+    expect_totals(c, 0, 0, "symlink at stats.lock");
+    unlink(lock);
+    CHECK(count_in(dir, "tmp") == 0, "tmp/ holds %d files", count_in(dir, "tmp"));
+    mj_cache_close(c);
+
+    stats_arg a = {dir, scratch};
+    reap(spawn(stats_fifo_child, &a, -1), "FIFOs at stats.json / stats.lock (hang = SIGALRM)");
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Unusable lock files: compile without the lock, never follow the link
+ * ------------------------------------------------------------------------------------- */
+
+static void lock_files_child(void *p) {
+    const char *scratch = p;
+    alarm(HANG_LIMIT_S);
+    char dir[PATH_BUF], lock[PATH_BUF], outside[PATH_BUF], name[MJ_KEY_HEX_LEN + 8];
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    fmt_into(outside, sizeof outside, "%s/outside", scratch);
+    static const char kinds[] = "LlfdF"; /* dangling link, link to a file, FIFO, dir, ok */
+    for (int k = 0; kinds[k]; k++) {
+        test_entry t;
+        char key[32];
+        fmt_into(key, sizeof key, "lock-file-key-%c", kinds[k]);
+        make_entry(&t, key, 24, 0);
+        fmt_into(name, sizeof name, "%s.lock", t.hex);
+        mj_cache *c = NULL;
+        CHECK_OK(mj_cache_open(dir, 0, &c));
+        sub_path(lock, dir, "locks", name);
+        unlink(outside);
+        int planted = 0;
+        switch (kinds[k]) {
+        case 'L': planted = symlink(outside, lock); break;
+        case 'l': planted = write_file(outside, "keep\n", 5) || symlink(outside, lock); break;
+        case 'f': planted = mkfifo(lock, 0600); break;
+        case 'd': planted = mkdir(lock, 0700); break;
+        default: break;
+        }
+        CHECK(planted == 0, "%c: planting at %s: %s", kinds[k], lock, strerror(errno));
+        capture cap;
+        capture_begin(&cap, scratch);
+        int fd = -2, waited = -1, fd2 = -2;
+        mj_status s1 = mj_cache_lock(c, t.hex, &fd, &waited);
+        mj_cache_unlock(fd);
+        mj_status s2 = mj_cache_lock(c, t.hex, &fd2, NULL);
+        mj_cache_unlock(fd2);
+        mj_status s3 = mj_cache_store(c, t.hex, &t.e); /* the compile goes on, and is stored */
+        char *err = capture_end(&cap);
+        struct stat st;
+        if (kinds[k] == 'F') {
+            CHECK(s1 == MJ_OK && fd >= 0 && fd2 >= 0 && !err[0], "a good lock: %s fd %d, stderr \"%s\"",
+                  mj_status_string(s1), fd, err);
+        } else {
+            CHECK(s1 == MJ_OK && s2 == MJ_OK && fd == -1 && fd2 == -1 && waited == 0,
+                  "%c: lock -> %s (%s), fd %d, fd %d", kinds[k], mj_status_string(s1),
+                  mj_last_error(), fd, fd2);
+            CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, name) &&
+                      strstr(err, "without the lock") && strstr(err, "remove it"),
+                  "%c: stderr was \"%s\"", kinds[k], err);
+            CHECK(lstat(lock, &st) == 0 && (kinds[k] == 'f'   ? S_ISFIFO(st.st_mode)
+                                            : kinds[k] == 'd' ? S_ISDIR(st.st_mode)
+                                                              : S_ISLNK(st.st_mode)),
+                  "%c: what was planted at the lock changed", kinds[k]);
+        }
+        if (kinds[k] == 'L') CHECK(!exists(outside), "a symlinked lock created its target");
+        if (kinds[k] == 'l') {
+            char *text = slurp(outside);
+            CHECK(!strcmp(text, "keep\n"), "a symlinked lock changed its target: \"%s\"", text);
+            free(text);
+        }
+        CHECK(s3 == MJ_OK && mj_cache_writable(c), "%c: store -> %s, writable %d", kinds[k],
+              mj_status_string(s3), mj_cache_writable(c));
+        mj_cache_entry out;
+        int found = 0;
+        CHECK_OK(mj_cache_lookup(c, t.hex, t.key, &out, &found));
+        CHECK(found == 1, "%c: the entry stored without the lock is there", kinds[k]);
+        mj_cache_entry_free(&out);
+        free(err);
+        mj_cache_close(c);
+    }
+}
+
+static void test_lock_files(void) {
+    char scratch[PATH_BUF];
+    make_temp_dir(scratch, "locks");
+    reap(spawn(lock_files_child, scratch, -1), "unusable lock files (hang = SIGALRM)");
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Stores that fail: counted, warned once, nothing half-written
+ * ------------------------------------------------------------------------------------- */
+
+/* A file-size limit below the entry's size: the temp file's write fails with EFBIG
+ * (SIGXFSZ ignored), as on a full disk. */
+static void store_efbig_child(void *p) {
+    const char *dir = p;
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl;
+    getrlimit(RLIMIT_FSIZE, &rl);
+    rl.rlim_cur = 256;
+    CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "setrlimit: %s", strerror(errno));
+    test_entry small, big;
+    make_entry(&small, "fits-under-256-bytes", 4, 0);
+    make_entry(&big, "does-not-fit-in-256-bytes", 400, 1);
+    /* stderr into a pipe: a file would be cut by the limit too. */
+    int pfd[2];
+    CHECK(pipe(pfd) == 0, "pipe");
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(pfd[1], 2);
+    close(pfd[1]);
+    mj_status s1 = mj_cache_store(c, big.hex, &big.e);
+    mj_status s2 = mj_cache_store(c, small.hex, &small.e);
+    mj_status s3 = mj_cache_store(c, big.hex, &big.e);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *err = calloc(1, 8192);
+    ssize_t got = read(pfd[0], err, 8191);
+    (void)got;
+    close(pfd[0]);
+    mj_cache_stats st;
+    mj_cache_get_stats(c, &st);
+    CHECK(s1 == MJ_ERR_IO && s2 == MJ_OK && s3 == MJ_ERR_IO, "stores -> %s %s %s",
+          mj_status_string(s1), mj_status_string(s2), mj_status_string(s3));
+    CHECK(st.stores == 1 && st.store_failures == 2, "stores %lld, store_failures %lld",
+          (long long)st.stores, (long long)st.store_failures);
+    CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, "could not store") &&
+              strstr(err, "File too large") && strstr(err, "kept in memory only"),
+          "stderr was \"%s\"", err);
+    CHECK(count_in(dir, "entries") == 1 && count_in(dir, "tmp") == 0,
+          "%d entries, %d temp files", count_in(dir, "entries"), count_in(dir, "tmp"));
+    CHECK(mj_cache_writable(c), "a failed store made the cache read-only");
+    free(err);
+    mj_cache_close(c);
+}
+
+static void test_store_failures(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF], path[PATH_BUF];
+    make_temp_dir(scratch, "storefail");
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+
+    /* A directory at the entry's name: the rename into place fails (EISDIR). */
+    test_entry t, u;
+    make_entry(&t, "entry-name-is-a-directory", 40, 0);
+    make_entry(&u, "an-ordinary-entry", 40, 0);
+    entry_path(path, dir, t.hex);
+    CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
+    capture cap;
+    capture_begin(&cap, scratch);
+    mj_status s1 = mj_cache_store(c, t.hex, &t.e);
+    mj_status s2 = mj_cache_store(c, t.hex, &t.e);
+    mj_status s3 = mj_cache_store(c, u.hex, &u.e);
+    char *err = capture_end(&cap);
+    mj_cache_stats st;
+    mj_cache_get_stats(c, &st);
+    CHECK(s1 == MJ_ERR_IO && s2 == MJ_ERR_IO && s3 == MJ_OK, "stores -> %s %s %s",
+          mj_status_string(s1), mj_status_string(s2), mj_status_string(s3));
+    CHECK(st.store_failures == 2 && st.stores == 1, "store_failures %lld, stores %lld",
+          (long long)st.store_failures, (long long)st.stores);
+    CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, "could not store") &&
+              strstr(err, dir) && strstr(err, "Is a directory"),
+          "stderr was \"%s\"", err);
+    CHECK(count_in(dir, "tmp") == 0, "a failed store left %d temp files", count_in(dir, "tmp"));
+    free(err);
+    mj_cache_close(c);
+    rmdir(path);
+
+    /* MOEJIT_QUIET=1 silences the warning, not the count. */
+    CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
+    setenv("MOEJIT_QUIET", "1", 1);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    capture_begin(&cap, scratch);
+    s1 = mj_cache_store(c, t.hex, &t.e);
+    err = capture_end(&cap);
+    unsetenv("MOEJIT_QUIET");
+    mj_cache_get_stats(c, &st);
+    CHECK(s1 == MJ_ERR_IO && st.store_failures == 1 && !err[0], "quiet: %s, %lld, \"%s\"",
+          mj_status_string(s1), (long long)st.store_failures, err);
+    free(err);
+    mj_cache_close(c);
+    rmdir(path);
+
+    char dir2[PATH_BUF];
+    fmt_into(dir2, sizeof dir2, "%s/cache2", scratch);
+    CHECK_OK(mj_cache_open(dir2, 0, &c));
+    mj_cache_close(c);
+    reap(spawn(store_efbig_child, dir2, -1), "stores over RLIMIT_FSIZE");
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The cap: a bad $MOEJIT_CACHE_MAX_BYTES, and a cap smaller than one entry
+ * ------------------------------------------------------------------------------------- */
+
+static void test_cap(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF];
+    make_temp_dir(scratch, "cap");
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    test_entry t, u;
+    make_entry(&t, "cap-key-one", 300, 1);
+    make_entry(&u, "cap-key-two", 300, 1);
+    capture cap;
+    mj_cache *c = NULL;
+
+    /* Not a byte count: one warning naming the value and the default in force. */
+    static const char *const bad_values[] = {"0", "-5", "abc", "1e9", "12abc", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad_values / sizeof *bad_values; i++) {
+        setenv("MOEJIT_CACHE_MAX_BYTES", bad_values[i], 1);
+        capture_begin(&cap, scratch);
+        CHECK_OK(mj_cache_open(dir, 0, &c));
+        CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+        CHECK_OK(mj_cache_store(c, u.hex, &u.e));
+        char *err = capture_end(&cap);
+        char want[128];
+        fmt_into(want, sizeof want, "MOEJIT_CACHE_MAX_BYTES=\"%s\" is not a byte count", bad_values[i]);
+        CHECK(mj_cache_max_bytes(c) == MJ_CACHE_DEFAULT_MAX_BYTES, "%s: cap in force %lld",
+              bad_values[i], (long long)mj_cache_max_bytes(c));
+        CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, want) &&
+                  strstr(err, "default cap of 1073741824 bytes"),
+              "%s: stderr was \"%s\"", bad_values[i], err);
+        CHECK(!strcmp(mj_cache_max_bytes_source(c), "default; $MOEJIT_CACHE_MAX_BYTES is not valid"),
+              "%s: source \"%s\"", bad_values[i], mj_cache_max_bytes_source(c));
+        free(err);
+        mj_cache_close(c);
+    }
+    /* A good value is used without a word; an explicit argument wins over the variable. */
+    setenv("MOEJIT_CACHE_MAX_BYTES", "123456789", 1);
+    capture_begin(&cap, scratch);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    int64_t from_env = mj_cache_max_bytes(c);
+    const char *src_env = mj_cache_max_bytes_source(c);
+    mj_cache_close(c);
+    setenv("MOEJIT_CACHE_MAX_BYTES", "1e9", 1);
+    CHECK_OK(mj_cache_open(dir, 5000000, &c));
+    int64_t from_arg = mj_cache_max_bytes(c);
+    const char *src_arg = mj_cache_max_bytes_source(c);
+    mj_cache_close(c);
+    unsetenv("MOEJIT_CACHE_MAX_BYTES");
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    int64_t from_default = mj_cache_max_bytes(c);
+    const char *src_default = mj_cache_max_bytes_source(c);
+    mj_cache_close(c);
+    char *err = capture_end(&cap);
+    CHECK(from_env == 123456789 && !strcmp(src_env, "$MOEJIT_CACHE_MAX_BYTES") &&
+              from_arg == 5000000 && !strcmp(src_arg, "set by the caller") &&
+              from_default == MJ_CACHE_DEFAULT_MAX_BYTES && !strcmp(src_default, "default") && !err[0],
+          "caps %lld (%s) %lld (%s) %lld (%s), stderr \"%s\"", (long long)from_env, src_env,
+          (long long)from_arg, src_arg, (long long)from_default, src_default, err);
+    free(err);
+
+    /* A cap below one entry: the entry is kept only until the next store, so every run
+     * recompiles. Said once per handle. */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    CHECK_OK(mj_cache_encode(&t.e, &buf, &len));
+    free(buf);
+    capture_begin(&cap, scratch);
+    CHECK_OK(mj_cache_open(dir, 100, &c));
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    CHECK_OK(mj_cache_store(c, u.hex, &u.e));
+    mj_cache_close(c);
+    CHECK_OK(mj_cache_open(dir, (int64_t)len * 3, &c)); /* room: no warning */
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    mj_cache_close(c);
+    err = capture_end(&cap);
+    char want[160];
+    fmt_into(want, sizeof want, "entry of %zu bytes is larger than the cache cap of 100 bytes", len);
+    CHECK(count_substr(err, "moejit: warning: ") == 1 && strstr(err, want) &&
+              strstr(err, "MOEJIT_CACHE_MAX_BYTES"),
+          "cap below one entry: stderr was \"%s\"", err);
+    free(err);
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Opening without creating, and read-only views (what `moejit inspect` uses)
+ * ------------------------------------------------------------------------------------- */
+
+static void test_open_flags(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF], missing[PATH_BUF], path[PATH_BUF], temp[PATH_BUF];
+    make_temp_dir(scratch, "flags");
+    fmt_into(missing, sizeof missing, "%s/missing/cache", scratch);
+    capture cap;
+    capture_begin(&cap, scratch);
+    mj_cache *c = NULL;
+    for (unsigned flags = MJ_CACHE_NO_CREATE; flags <= (MJ_CACHE_NO_CREATE | MJ_CACHE_READ_ONLY);
+         flags += MJ_CACHE_READ_ONLY) {
+        CHECK_OK(mj_cache_open_flags(missing, 0, flags, &c));
+        char want[PATH_BUF + 32];
+        fmt_into(want, sizeof want, "cache directory %s does not exist", missing);
+        CHECK(c && !mj_cache_readable(c) && !mj_cache_writable(c) &&
+                  strstr(mj_cache_problem(c), want),
+              "flags %u on a missing directory: readable %d writable %d, problem \"%s\"", flags,
+              mj_cache_readable(c), mj_cache_writable(c), mj_cache_problem(c));
+        mj_cache_close(c);
+    }
+    fmt_into(path, sizeof path, "%s/missing", scratch);
+    CHECK(!exists(path), "opening without creating created %s", path);
+
+    /* A read-only view of a real cache changes nothing: no hit stamp, no quarantine, no
+     * temp clean-up, no store. */
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    test_entry t, u, v;
+    make_entry(&t, "read-only-view-good", 64, 1);
+    make_entry(&u, "read-only-view-corrupt", 64, 0);
+    make_entry(&v, "read-only-view-new", 64, 0);
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    CHECK_OK(mj_cache_store(c, t.hex, &t.e));
+    mj_cache_close(c);
+    plant(dir, u.hex, "garbage", 7);
+    entry_path(path, dir, t.hex);
+    set_mtime(path, -1000);
+    int64_t stamp = mtime_of(path);
+    sub_path(temp, dir, "tmp", "dead.writer.tmp");
+    write_file(temp, "partial", 7);
+    set_mtime(temp, -3 * 3600.0);
+    CHECK_OK(mj_cache_open_flags(dir, 0, MJ_CACHE_READ_ONLY | MJ_CACHE_NO_CREATE, &c));
+    CHECK(mj_cache_readable(c) && !mj_cache_writable(c) && mj_cache_dir_writable(c) &&
+              !strcmp(mj_cache_problem(c), "opened read-only"),
+          "read-only view: readable %d writable %d dir_writable %d problem \"%s\"",
+          mj_cache_readable(c), mj_cache_writable(c), mj_cache_dir_writable(c), mj_cache_problem(c));
+    mj_cache_entry out;
+    int found = -1, fd = 0;
+    CHECK_OK(mj_cache_lookup(c, t.hex, t.key, &out, &found));
+    CHECK(found == 1 && mtime_of(path) == stamp, "read-only hit: found %d, stamp moved %d", found,
+          mtime_of(path) != stamp);
+    mj_cache_entry_free(&out);
+    CHECK_OK(mj_cache_lookup(c, u.hex, u.key, &out, &found));
+    CHECK_OK(mj_cache_store(c, v.hex, &v.e));
+    CHECK_OK(mj_cache_lock(c, v.hex, &fd, NULL));
+    mj_cache_add_totals(c, k_one_process);
+    mj_cache_close(c);
+    char *err = capture_end(&cap);
+    CHECK(found == 0 && count_in(dir, "entries") == 2 && count_in(dir, "quarantine") == 0 &&
+              exists(temp) && count_in(dir, "locks") == 0 && fd == -1,
+          "read-only view changed the cache: %d entries, %d quarantined, temp %d, %d locks",
+          count_in(dir, "entries"), count_in(dir, "quarantine"), exists(temp),
+          count_in(dir, "locks"));
+    sub_path(path, dir, "stats.json", NULL);
+    CHECK(!exists(path), "a read-only view wrote stats.json");
+    CHECK(!err[0], "opening without creating, or read-only, warned: \"%s\"", err);
+    free(err);
+    rm_rf(scratch);
+}
+
+/* ---------------------------------------------------------------------------------------
  * The default location
  * ------------------------------------------------------------------------------------- */
 
@@ -1574,8 +2219,15 @@ int main(void) {
     test_read_only();
     test_eviction();
     test_killed_writer();
+    test_temp_cleanup();
     test_processes();
     test_threads();
+    test_special_entries();
+    test_stats_file();
+    test_lock_files();
+    test_store_failures();
+    test_cap();
+    test_open_flags();
     test_default_dir();
     return test_finish();
 }

@@ -32,10 +32,15 @@ static const char k_help[] =
     "  templates  the kernel templates built into moejit, their knobs and targets\n"
     "  gc         evict least-recently-used entries down to the size cap (or --max-bytes)\n"
     "  verify     check every entry's checksum and format; move bad ones to quarantine\n"
+    "             (on a cache it cannot write it says they were left in place)\n"
     "  --stats    entries, bytes, cap and quarantined files of the cache directory, and the\n"
     "             JIT counters (memory/disk hits and misses, compiles, compile ms,\n"
-    "             quarantines, lock waits, evictions, strict misses) summed over every\n"
-    "             process that used it (one process's live counters: mj_context_stats())\n"
+    "             quarantines, lock waits, evictions, strict misses, store failures)\n"
+    "             summed over every process that used it (one process's live counters:\n"
+    "             mj_context_stats())\n"
+    "\n"
+    "inspect creates nothing: a cache directory that does not exist is an error, and list,\n"
+    "show and --stats write nothing (not even last-used stamps).\n"
     "\n"
     "options:\n"
     "  --cache-dir D   the cache directory (default $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,\n"
@@ -53,11 +58,15 @@ static const char *ago(int64_t ns, char *buf, size_t len) {
     return buf;
 }
 
-static int open_cache(const char *dir, mj_cache **c) {
-    mj_status st = mj_cache_open(dir, 0, c);
+/* inspect never creates a cache: list, show and --stats open a read-only view (nothing is
+ * written, not even a last-used stamp); verify and gc, which move and delete entries, open it
+ * for writing, without creating it either. */
+static int open_cache(const char *dir, unsigned flags, mj_cache **c) {
+    mj_status st = mj_cache_open_flags(dir, 0, MJ_CACHE_NO_CREATE | flags, c);
     if (st != MJ_OK) return tool_fail_status("opening the cache", st);
     if (!mj_cache_readable(*c)) {
-        int rc = tool_fail("cache directory %s cannot be used (see the warning above)", mj_cache_dir(*c));
+        int rc = tool_fail("%s: nothing to inspect (check --cache-dir, $MOEJIT_CACHE_DIR)",
+                           mj_cache_problem(*c));
         mj_cache_close(*c);
         return rc;
     }
@@ -286,14 +295,13 @@ static int cmd_stats(mj_cache *c) {
             if (de->d_name[0] != '.') nq++;
         closedir(d);
     }
-    const char *cap = getenv("MOEJIT_CACHE_MAX_BYTES");
     printf("cache       %s\n", mj_cache_dir(c));
     printf("entries     %d\n", n);
     printf("bytes       %lld\n", (long long)bytes);
-    printf("cap         %lld bytes%s\n", cap ? atoll(cap) : (long long)MJ_CACHE_DEFAULT_MAX_BYTES,
-           cap ? " ($MOEJIT_CACHE_MAX_BYTES)" : " (default)");
+    /* The cap the cache enforces, not the variable's text: a bad value is not in force. */
+    printf("cap         %lld bytes (%s)\n", (long long)mj_cache_max_bytes(c), mj_cache_max_bytes_source(c));
     printf("quarantine  %d files\n", nq);
-    printf("writable    %s\n", mj_cache_writable(c) ? "yes" : "no");
+    printf("writable    %s\n", mj_cache_dir_writable(c) ? "yes" : "no");
     /* The counters every process using this cache added up when it finished. */
     double v[MJ_CACHE_N_TOTALS];
     int64_t procs = 0;
@@ -349,22 +357,39 @@ int cmd_inspect(int argc, char **argv) {
     const char *sub = optind < argc ? argv[optind] : NULL;
     if (!sub && !stats) return tool_usage("inspect", "expected list, show, templates, gc, verify or --stats");
     if (sub && !strcmp(sub, "templates")) return cmd_templates();
+    int writes = sub && (!strcmp(sub, "gc") || !strcmp(sub, "verify"));
     mj_cache *cache;
-    if (open_cache(dir, &cache)) return 1;
+    if (open_cache(dir, writes ? 0 : MJ_CACHE_READ_ONLY, &cache)) return 1;
     int rc;
     if (!sub) rc = cmd_stats(cache);
     else if (!strcmp(sub, "list") && optind + 1 == argc) rc = cmd_list(cache);
     else if (!strcmp(sub, "show") && optind + 2 == argc) rc = cmd_show(cache, argv[optind + 1], what);
     else if (!strcmp(sub, "gc") && optind + 1 == argc) {
         int n = 0;
-        mj_status st = mj_cache_gc(cache, max_bytes, &n);
-        rc = st == MJ_OK ? (printf("gc: evicted %d entries\n", n), 0) : tool_fail_status("gc", st);
+        mj_status st = MJ_OK;
+        if (!mj_cache_writable(cache))
+            rc = tool_fail("gc: %s: nothing can be evicted", mj_cache_problem(cache));
+        else if ((st = mj_cache_gc(cache, max_bytes, &n)) != MJ_OK)
+            rc = tool_fail_status("gc", st);
+        else
+            rc = (printf("gc: evicted %d entries\n", n), 0);
     } else if (!strcmp(sub, "verify") && optind + 1 == argc) {
         int ok = 0, bad = 0;
+        mj_cache_stats before, after;
+        mj_cache_get_stats(cache, &before);
         mj_status st = mj_cache_verify(cache, &ok, &bad);
+        mj_cache_get_stats(cache, &after);
+        /* Say what happened to the bad ones: on a cache we cannot write, nothing moved. */
+        int moved = (int)(after.quarantined - before.quarantined);
         if (st != MJ_OK) rc = tool_fail_status("verify", st);
         else {
-            printf("verify: %d entries ok, %d bad (moved to quarantine)\n", ok, bad);
+            if (!bad) printf("verify: %d entries ok, 0 bad\n", ok);
+            else if (moved == bad) printf("verify: %d entries ok, %d bad (moved to quarantine)\n", ok, bad);
+            else if (moved == 0 && !mj_cache_writable(cache))
+                printf("verify: %d entries ok, %d bad (left in place: %s)\n", ok, bad, mj_cache_problem(cache));
+            else
+                printf("verify: %d entries ok, %d bad (%d moved to quarantine, %d left in place: "
+                       "changed or removed while we looked)\n", ok, bad, moved, bad - moved);
             rc = bad ? 1 : 0;
         }
     } else {

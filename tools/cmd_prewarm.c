@@ -2,6 +2,7 @@
  * that no request ever waits for a compile. Works with no GPU: NVRTC needs none. */
 #include "tools.h"
 
+#include "cache.h"
 #include "jit.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,7 +23,7 @@ static const char k_help[] =
     "JSON object a line: {\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 4},\n"
     "\"arch\": \"sm_120a\"} (blank lines and lines starting with # are skipped). A server run\n"
     "with MOEJIT_RECORD=path writes such a manifest of every kernel it had to compile. No GPU\n"
-    "is needed. Exit status 1 if any specialization failed.\n"
+    "is needed. Exit status 1 if any specialization failed or could not be stored in the cache.\n"
     "\n"
     "options:\n"
     "  --arch A         compile each line for target A instead of its own \"arch\"\n"
@@ -103,10 +105,26 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* Test hook, for tests/driver.sh only: MOEJIT_TEST_FAIL_THREADS=N makes starting worker
+ * thread N and later ones fail with EAGAIN, as a thread limit would (ulimit -u does not
+ * bind root, so a test cannot produce the real failure). Unset, it changes nothing. */
+static int start_worker(pthread_t *th, int index, work *w) {
+    const char *limit = getenv("MOEJIT_TEST_FAIL_THREADS");
+    if (limit && *limit && index >= atoi(limit)) return EAGAIN;
+    return pthread_create(th, NULL, worker, w);
+}
+
 /* Read a manifest's lines into jobs, one per --arch (or one with the line's own arch). */
 static int read_manifest(const char *path, const char **archs, int n_archs, job **jobs, int *n, int *cap) {
     FILE *fp = fopen(path, "r");
     if (!fp) return tool_fail("%s: cannot open: %s", path, strerror(errno));
+    /* fopen takes a directory, and reading it then fails (EISDIR) as if it were empty. A
+     * pipe is fine (prewarm <(cmd)); any read error is an error, not the end of the list. */
+    struct stat st;
+    if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(fp);
+        return tool_fail("%s: is a directory: give a manifest file (JSON lines)", path);
+    }
     char *line = NULL;
     size_t len = 0;
     int lineno = 0, rc = 0;
@@ -134,6 +152,7 @@ static int read_manifest(const char *path, const char **archs, int n_archs, job 
         }
         json_decref(o);
     }
+    if (!rc && ferror(fp)) rc = tool_fail("%s: cannot read: %s", path, strerror(errno));
     free(line);
     fclose(fp);
     return rc;
@@ -185,18 +204,47 @@ int cmd_prewarm(int argc, char **argv) {
         rc = tool_fail_status("creating the JIT context", st);
         goto done;
     }
+    /* Filling the cache is the whole job: a cache that cannot be written (not a directory,
+     * not creatable, unsafe, read-only) fails here, before anything is compiled. */
+    mj_cache *cache = mj_context_cache(w.ctx);
+    if (!mj_cache_writable(cache)) {
+        rc = tool_fail("nothing was compiled: %s (prewarm needs a cache it can write: fix it or "
+                       "pass another --cache-dir)", mj_cache_problem(cache));
+        mj_context_destroy(w.ctx);
+        goto done;
+    }
     w.tty = isatty(2);
     w.quiet = quiet;
     pthread_mutex_init(&w.out_mu, NULL);
     w.t0 = now_s();
     if (jobs_n > w.n) jobs_n = w.n ? w.n : 1;
     pthread_t th[256];
-    for (int i = 0; i < jobs_n; i++) pthread_create(&th[i], NULL, worker, &w);
-    for (int i = 0; i < jobs_n; i++) pthread_join(th[i], NULL);
+    int started = 0, err = 0;
+    while (started < jobs_n && (err = start_worker(&th[started], started, &w)) == 0) started++;
+    if (started < jobs_n) {
+        /* Fewer threads than asked for (a thread limit): say so, and let this thread work
+         * the queue too, so every job is still done. Only started threads are joined. */
+        pthread_mutex_lock(&w.out_mu);
+        fprintf(stderr, "moejit: warning: could start only %d of %d worker threads (%s); "
+                "compiling on %d\n", started, jobs_n, strerror(err), started + 1);
+        pthread_mutex_unlock(&w.out_mu);
+        worker(&w);
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     if (w.tty && !quiet) fprintf(stderr, "\r\033[K");
-    printf("prewarm: %d specializations: %d compiled, %d already cached, %d failed, %.1f s\n", w.n,
-           (int)w.compiled, (int)w.cached, (int)w.failed, now_s() - w.t0);
+    /* A kernel compiled but not written to the disk (full disk, a directory that became
+     * read-only...) is a failure here: filling the cache is what prewarm is for. */
+    mj_jit_stats js;
+    long long not_stored = mj_context_stats(w.ctx, &js) == MJ_OK ? (long long)js.store_failures : 0;
+    printf("prewarm: %d specializations: %d compiled, %d already cached, %d failed, %lld not stored, "
+           "%.1f s\n", w.n, (int)w.compiled, (int)w.cached, (int)w.failed, not_stored, now_s() - w.t0);
+    fflush(stdout);
     rc = w.failed ? 1 : 0;
+    if (not_stored)
+        rc = tool_fail("%lld of the %d compiled kernels could not be stored in the cache %s (see the "
+                       "warning above), so they would be compiled again at run time: make room or "
+                       "fix the directory, then run prewarm again",
+                       not_stored, (int)w.compiled, mj_cache_dir(cache));
     mj_context_destroy(w.ctx);
 done:
     for (int i = 0; i < w.n; i++) free(w.jobs[i].line);
