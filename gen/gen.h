@@ -60,7 +60,8 @@ const char *mj_spec_describe(const mj_spec *s, char *buf, size_t len);
  * A template declares cross-knob rules as C integer expressions over its knobs,
  * MJ_CONSTRAINT("K0 <= K", "phase 1 cannot take more experts than top-k"). The same small
  * evaluator checks them at build time (mj_reflect: they parse and name only knobs) and at
- * render time (mj_spec_validate). Operators: ( ) ! - * / % + - << >> < <= > >= == != & ^ |
+ * render time (mj_spec_validate). Besides the knobs, the name SM is the target's sm number
+ * (120 for sm_120a), for rules such as "MODE == 0 || SM >= 120". Operators: ( ) ! - * / % + - << >> < <= > >= == != & ^ |
  * && ||, integer literals, knob names; 64-bit arithmetic, division by zero is an error. */
 /* Evaluate expr with knob values; *value gets the result. Returns 0 on success, else -1 and
  * a message in err. */

@@ -502,13 +502,14 @@ static void declare_constraint(template *t, char *rest, unsigned line) {
     if (!*doc) fail_at(t->path, line, "MJ_CONSTRAINT(\"%s\"): say why in its doc", expr);
     if (t->n_constraints == MJ_MAX_CONSTRAINTS)
         fail_at(t->path, line, "more than %d constraints", MJ_MAX_CONSTRAINTS);
-    const char *names[MJ_MAX_KNOBS];
-    int32_t values[MJ_MAX_KNOBS];
+    const char *names[MJ_MAX_KNOBS + 1];
+    int32_t values[MJ_MAX_KNOBS + 1];
     for (int i = 0; i < t->n_knobs; i++) names[i] = t->knobs[i].name, values[i] = 1;
+    names[t->n_knobs] = "SM", values[t->n_knobs] = 1; /* the target's sm number */
     char err[512];
     /* Syntax and names only: every knob at 1 (a division by a knob cannot fault then). */
     int64_t v;
-    if (mj_constraint_eval(expr, names, values, t->n_knobs, &v, err, sizeof err) != 0 &&
+    if (mj_constraint_eval(expr, names, values, t->n_knobs + 1, &v, err, sizeof err) != 0 &&
         !strstr(err, "division by zero") && !strstr(err, "shift out of range"))
         fail_at(t->path, line, "MJ_CONSTRAINT: %s (declare the knobs it names before it)", err);
     constraint c = {xstrdup(expr), xstrdup(doc), line};

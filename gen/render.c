@@ -97,15 +97,18 @@ static int knob_ok(const mj_knob_desc *k, int32_t v) {
     return 0;
 }
 
-/* Every MJ_CONSTRAINT of the template must hold for these knob values. */
-static mj_status check_constraints(const mj_template_desc *t, const int32_t *knobs) {
-    const char *names[MJ_MAX_KNOBS];
-    for (int32_t i = 0; i < t->n_knobs; i++) names[i] = t->knobs[i].name;
+/* Every MJ_CONSTRAINT of the template must hold for these knob values on this target (the
+ * name SM is the target's sm number: 120 for sm_120a). */
+static mj_status check_constraints(const mj_template_desc *t, const int32_t *knobs, mj_target target) {
+    const char *names[MJ_MAX_KNOBS + 1];
+    int32_t values[MJ_MAX_KNOBS + 1];
+    for (int32_t i = 0; i < t->n_knobs; i++) names[i] = t->knobs[i].name, values[i] = knobs[i];
+    names[t->n_knobs] = "SM", values[t->n_knobs] = mj_target_sm(target);
     for (int32_t i = 0; i < t->n_constraints; i++) {
         const mj_constraint_desc *c = &t->constraints[i];
         char err[512];
         int64_t v = 0;
-        if (mj_constraint_eval(c->expr, names, knobs, t->n_knobs, &v, err, sizeof err) != 0)
+        if (mj_constraint_eval(c->expr, names, values, t->n_knobs + 1, &v, err, sizeof err) != 0)
             return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: constraint \"%s\" cannot be checked: %s",
                                 t->name, c->expr, err);
         if (!v) {
@@ -114,6 +117,7 @@ static mj_status check_constraints(const mj_template_desc *t, const int32_t *kno
             vals[0] = '\0';
             for (int32_t k = 0; k < t->n_knobs && n < sizeof vals; k++)
                 n += (size_t)snprintf(vals + n, sizeof vals - n, "%s%s=%d", k ? " " : "", names[k], knobs[k]);
+            if (n < sizeof vals) snprintf(vals + n, sizeof vals - n, " on %s", mj_target_name(target));
             return mj_set_error(MJ_ERR_INVALID_ARG, "template %s: constraint \"%s\" does not hold (%s) for %s",
                                 t->name, c->expr, c->doc, vals);
         }
@@ -147,7 +151,7 @@ mj_status mj_spec_validate(const mj_spec *s) {
         if (s->knobs[i] != 0)
             return mj_set_error(MJ_ERR_INVALID_ARG, "template %s has %d knobs; slot %d must be 0",
                                 t->name, t->n_knobs, i);
-    return check_constraints(t, s->knobs);
+    return check_constraints(t, s->knobs, s->target);
 }
 
 static const char *backend_prelude(mj_backend b) {

@@ -1,0 +1,498 @@
+/* moe_experts.cu — the experts of one rank's MoE layer: NVFP4 grouped GEMMs with SwiGLU and a
+ * deterministic weighted combine, for decode first (and correct, if slower, for prefill).
+ *
+ * One forward is two launches (three in W4A4):
+ *
+ *   experts_quant  (W4A4 only) each valid token's hidden row quantized to NVFP4 once per
+ *                  expert it goes to, with that expert's w13 input_scale, into row order;
+ *   experts_up     block (tile t of 16 intermediate rows, slot): the slot's expert (an active
+ *                  routed expert held here, or a shared sub-expert), its 16 gate and 16 up
+ *                  rows against its tokens; the block's warps split K (H) and add up in a
+ *                  fixed order; SwiGLU; the activation written as bf16 (W4A16) or requantized
+ *                  to NVFP4 with w2's input_scale (W4A4);
+ *   experts_down   block (a slice of 16 NW2 hidden dims, a tile of TPE tokens): each warp owns
+ *                  16 dims and walks the active experts in ascending id, then the shared
+ *                  sub-experts, adding weight x (w2 . act) into its own accumulators: the
+ *                  combine is fused and every output element is summed in one fixed order,
+ *                  so the same inputs give the same bits (no atomics anywhere).
+ *
+ * The MMA is swapped at decode: weight rows are its 16-row side (M), the few tokens of an
+ * expert its 8-column side (N). W4A4 runs the block-scaled FP4 MMA m16n8k64 (sm_120a);
+ * W4A16 dequantizes FP4 to bf16 in registers for the bf16 MMA m16n8k16 (every target). Both
+ * stream the same packed weights, so one copy serves both modes (runtime/weights/pack.c
+ * writes it from the ModelOpt tensors):
+ *
+ *   W13, one expert: for tile t (rows 16t.. of gate and of up), for k-step s (64 of H):
+ *     +----------------------------+----------------------------+
+ *     | gate: lane 0 .. lane 31     | up: lane 0 .. lane 31      |   1 KiB; lane L = 4g + p
+ *     +----------------------------+----------------------------+   holds 16 bytes:
+ *     a0 = row g,   k 64s + 8p .. +7        a1 = row g+8, same k     (each a u32 of 8 FP4
+ *     a2 = row g,   k 64s + 32 + 8p .. +7   a3 = row g+8, same k      codes, natural order)
+ *   which are exactly the A fragment of m16n8k64, and (split in four) of four m16n8k16.
+ *   S13, one expert: for tile t, for run m of 4 k-steps (256 of H): gate rows 0..15 then up
+ *     rows 0..15, 16 bytes each = the row's scales of k-groups 16m .. 16m+15 (0 past H/16).
+ *   W2 / S2 the same with rows = 16 hidden dims (tile d), k = the intermediate (I).
+ * Every warp load of weights is 512 contiguous bytes, 16 per lane, through mj_ld_stream.
+ *
+ * Rows. Route rows (token, slot) are grouped by expert (expert_offsets, expert_counts) and
+ * row_index[r] = token * K + slot. Activations live in row order: routed rows r in
+ * [0, MB K), shared sub-expert j's rows at MB K + j MB + token (MB: the workspace's batch).
+ * The W4A4 quantized input of routed row r is at row r; of the shared experts at MB K + token.
+ */
+MJ_TEMPLATE(moe_experts, "NVFP4 expert GEMMs: up (w13) + SwiGLU, down (w2) + weighted combine + shared expert")
+MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
+MJ_KNOB_SET(MODE, int, "0 1", "0: W4A16 (bf16 activations, bf16 MMA), 1: W4A4 (NVFP4 activations, FP4 MMA)")
+MJ_KNOB_RANGE(H, int, 64, 16384, "hidden size (K of up, N of down)")
+MJ_KNOB_RANGE(I, int, 64, 8192, "one expert's intermediate rows held here (I_local)")
+MJ_KNOB_RANGE(K, int, 1, 16, "experts per token (top-k)")
+MJ_KNOB_SET(TPE, int, "8 16 32 64", "tokens an expert takes at once, and the token tile of down")
+MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
+MJ_KNOB_SET(NW2, int, "1 2 4 8", "warps of a down block: 16 hidden dims each")
+MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
+MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
+MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
+MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
+MJ_CONSTRAINT("(NW1 - 1) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials fit shared memory")
+MJ_CONSTRAINT("NW2 * TPE * 64 <= 64 * 1024", "down's accumulators fit shared memory")
+
+#define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
+#define KS1 (H / 64)                  /* k-steps of up                                       */
+#define KS2 (I / 64)                  /* k-steps of down                                     */
+#define RUNS1 ((KS1 + 3) / 4)         /* runs of 4 k-steps: one scale chunk each             */
+#define RUNS2 ((KS2 + 3) / 4)
+#define W13_TILE ((long long)KS1 * 1024)
+#define S13_TILE ((long long)RUNS1 * 512)
+#define W2_TILE ((long long)KS2 * 512)
+#define S2_TILE ((long long)RUNS2 * 256)
+#define W13_EXPERT ((long long)(I / 16) * W13_TILE)
+#define S13_EXPERT ((long long)(I / 16) * S13_TILE)
+#define W2_EXPERT ((long long)(H / 16) * W2_TILE)
+#define S2_EXPERT ((long long)(H / 16) * S2_TILE)
+
+/* ---- NVFP4 helpers ------------------------------------------------------------------------ */
+
+MJ_DEVICE float bits_f(uint32_t u) {
+    union { uint32_t u; float f; } v;
+    v.u = u;
+    return v.f;
+}
+MJ_DEVICE uint32_t f_bits(float f) {
+    union { uint32_t u; float f; } v;
+    v.f = f;
+    return v.u;
+}
+
+/* E2M1 code (bit 3 sign) -> float: 0 0.5 1 1.5 2 3 4 6. */
+MJ_DEVICE float e2m1_val(uint32_t c) {
+    uint32_t m = c & 7u;
+    uint32_t u = m >= 2u ? (((m >> 1) + 126u) << 23) | ((m & 1u) << 22) : (m == 1u ? 0x3F000000u : 0u);
+    return bits_f(u | ((c & 8u) << 28));
+}
+
+/* UE4M3 scale byte -> float: (m/8) 2^-6 for e = 0, else (1 + m/8) 2^(e-7). */
+MJ_DEVICE float e4m3_val(uint32_t b) {
+    uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float v = e ? bits_f(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+    return (b & 0x80u) ? -v : v;
+}
+
+/* Round to E4M3 (nearest, ties even, saturating at 448), as runtime/ref/nvfp4.c does. */
+MJ_DEVICE uint32_t e4m3_enc(float x) {
+    uint32_t sign = x < 0.0f ? 0x80u : 0u;
+    float a = x < 0.0f ? -x : x;
+    if (a >= 464.0f) return sign | 0x7Eu;    /* 448 + half a step: saturate */
+    if (a < 0.015625f) {                      /* below 2^-6: subnormal steps of 2^-9 */
+        float q = a * 512.0f;
+        uint32_t n = (uint32_t)q;
+        float r = q - (float)n;
+        if (r > 0.5f || (r == 0.5f && (n & 1u))) n++;
+        return sign | n; /* n == 8 is 0x08 = 2^-6, the first normal: right */
+    }
+    uint32_t u = f_bits(a);
+    uint32_t e = (u >> 23) - 127u + 7u, mant = (u >> 20) & 7u, rest = u & 0xFFFFFu;
+    if (rest > 0x80000u || (rest == 0x80000u && (mant & 1u))) {
+        mant++;
+        if (mant == 8u) mant = 0, e++;
+    }
+    uint32_t r = (e << 3) | mant;
+    return sign | (r > 0x7Eu ? 0x7Eu : r);
+}
+
+/* Round to E2M1 (nearest, ties to the even code, saturating at 6); sign as x < 0. */
+MJ_DEVICE uint32_t e2m1_enc(float x) {
+    uint32_t sign = x < 0.0f ? 8u : 0u;
+    float a = x < 0.0f ? -x : x;
+    uint32_t c;
+    if (a <= 0.25f) c = 0;
+    else if (a < 0.75f) c = 1;
+    else if (a <= 1.25f) c = 2;
+    else if (a < 1.75f) c = 3;
+    else if (a <= 2.5f) c = 4;
+    else if (a < 3.5f) c = 5;
+    else if (a <= 5.0f) c = 6;
+    else c = 7;
+    return sign | c;
+}
+
+/* 16 values -> NVFP4 with global scale gs: the scale byte and 8 bytes of codes, as
+ * mj_nvfp4_quantize_act does (SF = e4m3(gs * amax / 6), q = e2m1(x * gs / SF)). */
+MJ_DEVICE uint32_t quant16(const float *v, float gs, uint8_t *q) {
+    float amax = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        float a = v[j] < 0.0f ? -v[j] : v[j];
+        amax = a > amax ? a : amax;
+    }
+    uint32_t sf = e4m3_enc(gs * amax / 6.0f);
+    float scale = e4m3_val(sf);
+    for (int j = 0; j < 16; j += 2) {
+        uint32_t lo = scale == 0.0f ? 0u : e2m1_enc((v[j] * gs) / scale);
+        uint32_t hi = scale == 0.0f ? 0u : e2m1_enc((v[j + 1] * gs) / scale);
+        q[j / 2] = (uint8_t)(lo | (hi << 4));
+    }
+    return sf;
+}
+
+/* Two codes (nibbles 0 and 1 of c) times scale, as a bf16 pair (low = first). The products
+ * have at most 6 significant bits: exact in bf16, so the top half of the float is it. */
+MJ_DEVICE uint32_t dequant2(uint32_t c, float scale) {
+    uint32_t lo = f_bits(e2m1_val(c & 15u) * scale), hi = f_bits(e2m1_val((c >> 4) & 15u) * scale);
+    return (lo >> 16) | (hi & 0xFFFF0000u);
+}
+
+MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
+    uint32_t u = f_bits(x);
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+MJ_DEVICE float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* The real token count (read on every launch: a CUDA graph replays with the count of now). */
+MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
+    if (!num_valid) return B;
+    int v = num_valid[0];
+    return v < 0 ? 0 : v > B ? B : v;
+}
+
+/* ---- fragments ---------------------------------------------------------------------------- */
+
+/* W4A16: the four m16n8k16 A fragments hidden in one m16n8k64 fragment w, dequantized with
+ * row g's scale word sg and row g+8's sg8 (byte q: k-group 4s + q of the step). Lane (g, p)
+ * holds k 8p..8p+7 (words a0/a1) and 32+8p.. (a2/a3): m16n8k16 step kt takes nibbles 4(kt&1)
+ * .. +3 of word (kt>>1)*2 (row g) and +1 (row g+8), groups p/2 (kt < 2) or 2 + p/2. */
+MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t a[4][4]) {
+    uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    for (int kt = 0; kt < 4; kt++) {
+        uint32_t q = (uint32_t)((kt >> 1) * 2 + (p >> 1));
+        float s = e4m3_val((sg >> (8 * q)) & 255u), s8 = e4m3_val((sg8 >> (8 * q)) & 255u);
+        uint32_t r = words[(kt >> 1) * 2] >> (16 * (kt & 1)), r8 = words[(kt >> 1) * 2 + 1] >> (16 * (kt & 1));
+        a[kt][0] = dequant2(r, s);
+        a[kt][1] = dequant2(r8, s8);
+        a[kt][2] = dequant2(r >> 8, s);
+        a[kt][3] = dequant2(r8 >> 8, s8);
+    }
+}
+
+/* W4A16 B fragments of one k-step from a bf16 row (k 64s + 8p.. and 64s + 32 + 8p..):
+ * m16n8k16 step kt takes pairs (2 (kt & 1), +1) of the first or second 16 bytes. */
+MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
+    uint4 lo = *(const uint4 *)(row + 64 * s + 8 * p), hi = *(const uint4 *)(row + 64 * s + 32 + 8 * p);
+    b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = lo.z, b[1][1] = lo.w;
+    b[2][0] = hi.x, b[2][1] = hi.y, b[3][0] = hi.z, b[3][1] = hi.w;
+}
+
+/* ---- experts_quant (W4A4) --------------------------------------------------------------------
+ * grid (B), block 128: token b's hidden row, once per local expert it goes to (into that
+ * route row) and once for the shared experts (row MB K + b). */
+MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
+                             int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
+                             uint8_t *xq, uint8_t *xsf) {
+    const int b = (int)blockIdx.x;
+    if (b >= valid_tokens(num_valid, B)) return;
+    const uint16_t *xr = x + (long long)b * H;
+    for (int j = 0; j <= K; j++) {
+        int row, xi;
+        if (j < K) {
+            int e = ids[b * K + j];
+            xi = e - expert_begin;
+            if (e < 0 || xi < 0 || xi >= n_local) continue;
+            row = perm[b * K + j];
+        } else {
+            if (NSUB == 0) break;
+            xi = n_local;
+            row = mb * K + b;
+        }
+        float gs = 1.0f / scal[xi * 4 + 1];
+        for (int grp = (int)threadIdx.x; grp < H / 16; grp += (int)blockDim.x) {
+            float v[16];
+            for (int i = 0; i < 16; i++) v[i] = bits_f((uint32_t)xr[grp * 16 + i] << 16);
+            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, gs, xq + (long long)row * (H / 2) + grp * 8);
+        }
+    }
+}
+
+/* ---- experts_up --------------------------------------------------------------------------- */
+
+/* Which rows a block (or warp) works on: an active routed expert's (off .. off + n) or the
+ * valid tokens for a shared sub-expert. xi: the expert's index in the packed arrays. */
+typedef struct rows_t {
+    int xi, shared, off, n;
+} rows_t;
+
+MJ_DEVICE rows_t slot_rows(int slot, int n_slots, const int32_t *counts, const int32_t *offsets,
+                           const int32_t *active, const int32_t *n_active, int n_local, int expert_begin,
+                           int nv) {
+    rows_t r = {-1, 0, 0, 0};
+    if (slot < n_slots) {
+        if (slot >= n_active[0]) return r;
+        int e = active[slot];
+        if (e < 0 || e - expert_begin < 0 || e - expert_begin >= n_local) return r;
+        r.xi = e - expert_begin, r.off = offsets[e], r.n = counts[e];
+    } else {
+        r.xi = n_local + (slot - n_slots), r.shared = 1, r.n = nv;
+    }
+    return r;
+}
+
+/* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory
+ * (NW1 - 1) * TPE * 128 + TPE * 64 bytes. */
+MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
+                          const uint8_t *s13, const float *scal, const int32_t *counts,
+                          const int32_t *offsets, const int32_t *active, const int32_t *n_active,
+                          const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
+                          int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf) {
+    MJ_DYNAMIC_SHARED(float, smem);
+    const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+    const int g = lane >> 2, p = lane & 3;
+    const int nv = valid_tokens(num_valid, B);
+    rows_t rs = slot_rows((int)blockIdx.y, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
+    if (rs.xi < 0 || rs.n == 0) return;
+    const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
+    const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
+    const float ws2 = scal[rs.xi * 4 + 0], is13 = scal[rs.xi * 4 + 1];
+    const float alpha = MODE == 1 ? is13 * ws2 : ws2;
+    const float gs2 = 1.0f / scal[rs.xi * 4 + 3];
+    float *red = smem;                                 /* [NW1 - 1][2][NT][32][4]          */
+    float *htile = smem + (NW1 - 1) * TPE * 32;        /* [TPE][16] (W4A4 requant)          */
+
+    for (int c0 = 0; c0 < rs.n; c0 += TPE) {
+        const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
+        /* The source rows of this lane's tokens (token n * 8 + g of each group). */
+        long long src[NT];
+        for (int n = 0; n < NT; n++) {
+            int i = c0 + n * 8 + g;
+            src[n] = -1;
+            if (n * 8 + g < nc) {
+                if (MODE == 0) src[n] = rs.shared ? i : row_index[rs.off + i] / K;
+                else src[n] = rs.shared ? (long long)mb * K + i : rs.off + i;
+            }
+        }
+        float acc[2][NT][4];
+        for (int h = 0; h < 2; h++)
+            for (int n = 0; n < NT; n++)
+                for (int i = 0; i < 4; i++) acc[h][n][i] = 0.0f;
+        /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn. */
+        for (int run = w; run < RUNS1; run += NW1) {
+            uint4 sc[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+            if (p < 2) { /* lanes (g, 0) and (g, 1): rows g and g + 8 of gate, then of up */
+                sc[0] = mj_ld_stream(st + run * 512 + (p * 8 + g) * 16);
+                sc[1] = mj_ld_stream(st + run * 512 + 256 + (p * 8 + g) * 16);
+            }
+            for (int s4 = 0; s4 < 4; s4++) {
+                const int s = run * 4 + s4;
+                if (s >= KS1) break;
+                uint4 wf[2];
+                wf[0] = mj_ld_stream(wt + s * 1024 + lane * 16);
+                wf[1] = mj_ld_stream(wt + s * 1024 + 512 + lane * 16);
+                uint32_t sw[2];
+                for (int h = 0; h < 2; h++)
+                    sw[h] = s4 == 0 ? sc[h].x : s4 == 1 ? sc[h].y : s4 == 2 ? sc[h].z : sc[h].w;
+                if (MODE == 1) {
+                    for (int n = 0; n < NT; n++) {
+                        if (n * 8 >= nc) break;
+                        uint32_t bq[2] = {0, 0}, sfb = 0;
+                        if (src[n] >= 0) {
+                            const uint8_t *qr = xq + src[n] * (H / 2);
+                            bq[0] = *(const uint32_t *)(qr + 32 * s + 4 * p);
+                            bq[1] = *(const uint32_t *)(qr + 32 * s + 16 + 4 * p);
+                            sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
+                        }
+                        for (int h = 0; h < 2; h++) {
+                            const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
+                            mj_mma_e2m1_m16n8k64(acc[h][n], a, bq, acc[h][n], sw[h], sfb);
+                        }
+                    }
+                } else {
+                    uint32_t a[2][4][4];
+                    for (int h = 0; h < 2; h++) {
+                        uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw[h], g * 4 + 0);
+                        uint32_t s8 = __shfl_sync(0xFFFFFFFFu, sw[h], g * 4 + 1);
+                        dequant_frag(wf[h], s0, s8, p, a[h]);
+                    }
+                    for (int n = 0; n < NT; n++) {
+                        if (n * 8 >= nc) break;
+                        uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+                        if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
+                        for (int h = 0; h < 2; h++)
+                            for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[h][n], a[h][kt], b[kt], acc[h][n]);
+                    }
+                }
+            }
+        }
+        /* Split-K: warps 1.. hand their sums to warp 0, which adds them in warp order. */
+        if (NW1 > 1) {
+            if (w > 0)
+                for (int h = 0; h < 2; h++)
+                    for (int n = 0; n < NT; n++)
+                        for (int i = 0; i < 4; i++) red[((((w - 1) * 2 + h) * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
+            __syncthreads();
+            if (w == 0)
+                for (int v = 1; v < NW1; v++)
+                    for (int h = 0; h < 2; h++)
+                        for (int n = 0; n < NT; n++)
+                            for (int i = 0; i < 4; i++) acc[h][n][i] += red[((((v - 1) * 2 + h) * NT + n) * 32 + lane) * 4 + i];
+        }
+        if (w == 0) {
+            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+            for (int n = 0; n < NT; n++)
+                for (int i = 0; i < 4; i++) {
+                    int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
+                    if (ti >= nc) continue;
+                    float hv = silu(acc[0][n][i] * alpha) * (acc[1][n][i] * alpha);
+                    int ci = c0 + ti;
+                    long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
+                    if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
+                    else htile[ti * 16 + r] = hv;
+                }
+            if (MODE == 1) {
+                __syncwarp(0xFFFFFFFFu);
+                for (int ti = lane; ti < nc; ti += 32) {
+                    int ci = c0 + ti;
+                    long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
+                    act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, gs2, actq + orow * (I / 2) + 8 * t);
+                }
+                __syncwarp(0xFFFFFFFFu);
+            }
+        }
+        if (NW1 > 1) __syncthreads(); /* the partials' memory is reused by the next chunk */
+    }
+}
+
+/* ---- experts_down ------------------------------------------------------------------------- */
+
+/* The first row in [lo, hi) of an expert whose token is >= tok (rows go by token). */
+MJ_DEVICE int first_row(const int32_t *row_index, int lo, int hi, int tok) {
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (row_index[mid] / K < tok) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* One expert's rows [r0, r0 + n) (tokens t0.. of the tile, n <= TPE) against this warp's 16
+ * dims: acc_tile[token - t0][dim] += weight * alpha * (w2 . act). */
+MJ_DEVICE void down_expert(const uint8_t *wt, const uint8_t *st, float alpha, const uint16_t *act,
+                           const uint8_t *actq, const uint8_t *act_sf, const int32_t *row_index,
+                           const float *weights, int shared_row0, int r0, int n, int t0, float *acc_tile,
+                           int lane) {
+    const int g = lane >> 2, p = lane & 3;
+    long long src[NT];
+    int tok[NT];
+    for (int c = 0; c < NT; c++) {
+        int i = c * 8 + g;
+        src[c] = -1;
+        tok[c] = -1;
+        if (i < n) {
+            src[c] = shared_row0 >= 0 ? (long long)shared_row0 + t0 + i : r0 + i;
+            tok[c] = shared_row0 >= 0 ? t0 + i : row_index[r0 + i] / K;
+        }
+    }
+    float acc[NT][4];
+    for (int c = 0; c < NT; c++)
+        for (int i = 0; i < 4; i++) acc[c][i] = 0.0f;
+    for (int run = 0; run < RUNS2; run++) {
+        uint4 sc = {0, 0, 0, 0};
+        if (p < 2) sc = mj_ld_stream(st + run * 256 + (p * 8 + g) * 16);
+        for (int s4 = 0; s4 < 4; s4++) {
+            const int s = run * 4 + s4;
+            if (s >= KS2) break;
+            uint4 wf = mj_ld_stream(wt + s * 512 + lane * 16);
+            uint32_t sw = s4 == 0 ? sc.x : s4 == 1 ? sc.y : s4 == 2 ? sc.z : sc.w;
+            if (MODE == 1) {
+                const uint32_t a[4] = {wf.x, wf.y, wf.z, wf.w};
+                for (int c = 0; c < NT; c++) {
+                    if (c * 8 >= n) break;
+                    uint32_t bq[2] = {0, 0}, sfb = 0;
+                    if (src[c] >= 0) {
+                        const uint8_t *qr = actq + src[c] * (I / 2);
+                        bq[0] = *(const uint32_t *)(qr + 32 * s + 4 * p);
+                        bq[1] = *(const uint32_t *)(qr + 32 * s + 16 + 4 * p);
+                        sfb = *(const uint32_t *)(act_sf + src[c] * (I / 16) + 4 * s);
+                    }
+                    mj_mma_e2m1_m16n8k64(acc[c], a, bq, acc[c], sw, sfb);
+                }
+            } else {
+                uint32_t a[4][4];
+                uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0), s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
+                dequant_frag(wf, s0, s8, p, a);
+                for (int c = 0; c < NT; c++) {
+                    if (c * 8 >= n) break;
+                    uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+                    if (src[c] >= 0) bf16_bfrag(act + src[c] * I, s, p, b);
+                    for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[c], a[kt], b[kt], acc[c]);
+                }
+            }
+        }
+    }
+    /* d_i: dim g (+8 for i >= 2) of token 2p (+1) of each group; tokens of other lanes are
+     * fetched by shuffle (lane (g', p') holds token c * 8 + g'). */
+    for (int c = 0; c < NT; c++)
+        for (int i = 0; i < 4; i++) {
+            int ti = c * 8 + 2 * p + (i & 1);
+            int tk = __shfl_sync(0xFFFFFFFFu, tok[c], (2 * p + (i & 1)) * 4);
+            int rw = shared_row0 >= 0 ? -1 : (ti < n ? row_index[r0 + ti] : -1);
+            if (ti >= n) continue;
+            float wgt = shared_row0 >= 0 ? 1.0f : weights[rw];
+            acc_tile[(tk - t0) * 16 + g + 8 * (i >> 1)] += wgt * (acc[c][i] * alpha);
+        }
+}
+
+/* grid (H / (16 NW2), ceil(B / TPE)), block NW2 * 32, dynamic shared memory NW2 * TPE * 64
+ * bytes. out [B, H] f32: every element written (0 for padding tokens). */
+MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
+                            const uint8_t *s2, const float *scal, const int32_t *counts,
+                            const int32_t *offsets, const int32_t *active, const int32_t *n_active,
+                            const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,
+                            int mb, int n_local, int expert_begin, int n_slots, float *out) {
+    MJ_DYNAMIC_SHARED(float, smem);
+    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+    const int d = (int)blockIdx.x * NW2 + w; /* this warp's 16 dims: 16d .. */
+    const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
+    const int nv = valid_tokens(num_valid, B);
+    float *acc_tile = smem + w * TPE * 16; /* [TPE][16], this warp's alone */
+    for (int i = lane; i < TPE * 16; i += 32) acc_tile[i] = 0.0f;
+    __syncwarp(0xFFFFFFFFu);
+    const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
+    for (int slot = 0; slot < na; slot++) {
+        const int e = active[slot], xi = e - expert_begin;
+        if (e < 0 || xi < 0 || xi >= n_local) continue;
+        const int off = offsets[e], cnt = counts[e];
+        const int lo = first_row(row_index, off, off + cnt, t0), hi = first_row(row_index, lo, off + cnt, t1);
+        if (hi == lo) continue;
+        const float ws2 = scal[xi * 4 + 2];
+        const float alpha = MODE == 1 ? scal[xi * 4 + 3] * ws2 : ws2;
+        down_expert(w2 + xi * W2_EXPERT + d * W2_TILE, s2 + xi * S2_EXPERT + d * S2_TILE, alpha, act, actq, act_sf,
+                    row_index, weights, -1, lo, hi - lo, t0, acc_tile, lane);
+        __syncwarp(0xFFFFFFFFu);
+    }
+    const int ts = nv < t1 ? nv : t1; /* shared experts: the valid tokens of the tile */
+    for (int j = 0; j < NSUB && ts > t0; j++) {
+        const int xi = n_local + j;
+        const float ws2 = scal[xi * 4 + 2];
+        const float alpha = MODE == 1 ? scal[xi * 4 + 3] * ws2 : ws2;
+        down_expert(w2 + xi * W2_EXPERT + d * W2_TILE, s2 + xi * S2_EXPERT + d * S2_TILE, alpha, act, actq, act_sf,
+                    row_index, weights, mb * K + j * mb, 0, ts - t0, t0, acc_tile, lane);
+        __syncwarp(0xFFFFFFFFu);
+    }
+    for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
+}
