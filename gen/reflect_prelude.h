@@ -12,6 +12,7 @@
 #define MJ_SHARED
 #define MJ_DYNAMIC_SHARED(type, name) extern type name[]
 #define MJ_RESTRICT restrict
+#define MJ_NO_UNROLL
 #define MJ_TEMPLATE(name, doc) \
     __attribute__((annotate("mj_template|" #name "|" doc))) static const int mj_decl_template_##name = 0;
 #define MJ_TARGETS(list) \

@@ -226,7 +226,8 @@ typedef enum mj_weight_mode {
  * hidden [B, H] bf16 -> router GEMM -> route (k0; 0 means k, plain top-k) -> experts ->
  * combine (slot order, fp32) + shared expert (weight 1). GEMMs accumulate in fp64 over
  * exact e2m1*e4m3 products and apply weight_scale_2 (W4A16) or input_scale*weight_scale_2
- * (W4A4) to the sum.
+ * (W4A4) to the sum. Between an expert's two GEMMs the SwiGLU output is rounded to bf16
+ * (W4A16) or quantized to NVFP4 with w2's input_scale (W4A4), as the kernels do.
  * out [B, H] f32 receives this rank's partial output (the whole output when unsplit);
  * padding rows (>= num_valid) are zero. stats may be NULL. */
 MJ_API mj_status mj_moe_forward_ref(mj_layer_t layer, mj_weight_mode mode,
@@ -362,6 +363,58 @@ MJ_API mj_status mj_route_dispatch_ref(const int32_t *ids, const int32_t *n_sel,
                                        int32_t *expert_offsets, int32_t *active_experts,
                                        int32_t *n_active, int32_t *permutation,
                                        int32_t *row_index);
+
+/* ---------------------------------------------------------------------------------------
+ * The experts: one rank's routed and shared experts as NVFP4 grouped GEMMs
+ * ------------------------------------------------------------------------------------- */
+
+/* A rank's expert weights packed for the kernels (in device memory on a GPU, in host
+ * memory on the interpreter), and the workspace of a forward of up to max_batch tokens. */
+typedef struct mj_experts *mj_experts_t;
+
+/* Which GEMM path a forward takes, by batch size: "w4a16" (or "w4a4") for every B, or rules
+ * "1-8:w4a16,9-:w4a4". W4A4 needs sm_120a / sm_121a. */
+typedef struct mj_experts_options {
+    uint32_t struct_size;      /* sizeof(mj_experts_options): set by the initializer        */
+    int32_t max_batch;         /* the largest B a forward takes (sizes the workspace)       */
+    const char *mode_policy;   /* for MJ_MODE_AUTO; NULL: "1-8:w4a16,9-:w4a4" where W4A4
+                                  exists, else "w4a16"                                      */
+} mj_experts_options;
+#define MJ_EXPERTS_OPTIONS_INIT {sizeof(mj_experts_options), 256, NULL}
+
+/* For mj_experts_forward: the path by the options' mode policy. */
+#define MJ_MODE_AUTO ((mj_weight_mode)2)
+
+/* Pack the experts a layer handle holds (the whole layer, or one rank's TP slice or EP
+ * share: see mj_layer_shard) for ctx's backend and target. The shared expert runs as
+ * n_shared * I / I_local sub-experts of the routed experts' size. */
+MJ_API mj_status mj_experts_create(mj_context_t ctx, mj_layer_t layer, const mj_experts_options *opts,
+                                   mj_experts_t *out);
+
+/* Compile (or load from the cache) every kernel forwards of 1..max_batch tokens can use, in
+ * mode (MJ_MODE_AUTO: what the policy picks): afterwards a forward of up to max_batch tokens
+ * compiles nothing, so it can be captured in a CUDA graph. */
+MJ_API mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode,
+                                    int32_t max_batch);
+
+/* The experts' part of the layer for B tokens of which *num_valid are real (num_valid: a
+ * device int32, NULL: all B):
+ *   out [B, H] f32 = sum over each token's routed experts held here of weight * expert(x)
+ *                    + the shared expert (if held here) for every valid token,
+ * expert(x) = w2 . (silu(gate . x) * (up . x)); padding rows are 0. hidden [B, H] bf16 and
+ * out are device pointers; route is what mj_route wrote for these B tokens (ids, weights,
+ * expert_counts, expert_offsets, active_experts, n_active, permutation and row_index are
+ * all needed). Only the active experts' weights are read, each byte once for B <= 64. No
+ * allocation, no host sync; deterministic (no floating-point atomics): the same inputs
+ * give the same bits. */
+MJ_API mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode,
+                                    const uint16_t *hidden, const mj_route_outputs *route, int32_t B,
+                                    const int32_t *num_valid, float *out, void *stream);
+
+/* The mode a forward of B tokens takes under mode (MJ_MODE_AUTO resolved by the policy). */
+MJ_API mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_weight_mode *resolved);
+
+MJ_API mj_status mj_experts_free(mj_experts_t ex);
 
 #ifdef __cplusplus
 }

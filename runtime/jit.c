@@ -669,6 +669,11 @@ mj_status mj_prewarm_json(mj_context_t c, const char *line, int *was_cached) {
 }
 
 int32_t mj_context_max_blocks(mj_context_t c) { return c->max_blocks; }
+mj_target mj_context_target(mj_context_t c) { return c->target; }
+int mj_context_device(mj_context_t c, mj_device_info *info) {
+    if (info && c->device != MJ_DEVICE_NONE) *info = c->dev;
+    return c->device;
+}
 
 mj_status mj_context_backend(mj_context_t c, mj_backend *backend, const char **target) {
     if (!c) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_context_backend: NULL context");

@@ -68,6 +68,10 @@ int mj_sim_graph_launches(const mj_sim_graph *g);
 mj_status mj_sim_graph_replay(const mj_sim_graph *g);
 void mj_sim_graph_free(mj_sim_graph *g);
 
+/* The target, device (MJ_DEVICE_NONE without one) and device info of a context. */
+mj_target mj_context_target(mj_context_t ctx);
+int mj_context_device(mj_context_t ctx, mj_device_info *info);
+
 /* The grid a grid-stride kernel should cap itself at on this context's device (8 blocks per
  * SM on a GPU; 64 on the interpreter). */
 int32_t mj_context_max_blocks(mj_context_t ctx);

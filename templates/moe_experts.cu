@@ -291,13 +291,15 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
             for (int n = 0; n < NT; n++)
                 for (int i = 0; i < 4; i++) acc[h][n][i] = 0.0f;
         /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn. */
+        MJ_NO_UNROLL
         for (int run = w; run < RUNS1; run += NW1) {
             uint4 sc[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
             if (p < 2) { /* lanes (g, 0) and (g, 1): rows g and g + 8 of gate, then of up */
                 sc[0] = mj_ld_stream(st + run * 512 + (p * 8 + g) * 16);
                 sc[1] = mj_ld_stream(st + run * 512 + 256 + (p * 8 + g) * 16);
             }
-            for (int s4 = 0; s4 < 4; s4++) {
+            MJ_NO_UNROLL
+        for (int s4 = 0; s4 < 4; s4++) {
                 const int s = run * 4 + s4;
                 if (s >= KS1) break;
                 uint4 wf[2];
@@ -410,9 +412,11 @@ MJ_DEVICE void down_expert(const uint8_t *wt, const uint8_t *st, float alpha, co
     float acc[NT][4];
     for (int c = 0; c < NT; c++)
         for (int i = 0; i < 4; i++) acc[c][i] = 0.0f;
+    MJ_NO_UNROLL
     for (int run = 0; run < RUNS2; run++) {
         uint4 sc = {0, 0, 0, 0};
         if (p < 2) sc = mj_ld_stream(st + run * 256 + (p * 8 + g) * 16);
+        MJ_NO_UNROLL
         for (int s4 = 0; s4 < 4; s4++) {
             const int s = run * 4 + s4;
             if (s >= KS2) break;

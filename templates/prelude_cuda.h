@@ -15,6 +15,8 @@ typedef unsigned long long uint64_t;
 #define MJ_SHARED __shared__
 #define MJ_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #define MJ_RESTRICT __restrict__
+/* Before a loop whose unrolling buys nothing on the GPU but costs compile time. */
+#define MJ_NO_UNROLL _Pragma("unroll 1")
 /* Template declarations are read at build time by gen/reflect; here they are no-ops. */
 #define MJ_TEMPLATE(name, doc)
 #define MJ_TARGETS(list)

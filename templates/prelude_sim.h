@@ -103,6 +103,7 @@ typedef unsigned long long uint64_t;
 #define MJ_SHARED static __thread
 #define MJ_DYNAMIC_SHARED(type, name) type *const name = (type *)mj_sim_self()->dyn_smem
 #define MJ_RESTRICT restrict
+#define MJ_NO_UNROLL
 #define MJ_SIM_ENTRY __attribute__((visibility("default")))
 #define MJ_TEMPLATE(name, doc)
 #define MJ_TARGETS(list)

@@ -63,7 +63,7 @@ static void naive_forward(mj_layer_t L, const uint16_t *hidden, int B, int k0, f
                     g += x * W13[gr * H + h];
                     u += x * W13[ur * H + h];
                 }
-                act[i] = silu_d(g) * (float)u;
+                act[i] = mj_bf16_to_f32(mj_f32_to_bf16(silu_d(g) * (float)u)); /* bf16 between GEMMs */
             }
             for (int h = 0; h < H; h++) {
                 double y = 0;
@@ -111,7 +111,9 @@ int main(void) {
         CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, k0, y, &st));
         naive_forward(L, hidden, B, k0, ref, 0);
         double e = rel_err(y, ref, n);
-        CHECK(e < 2e-5, "k0=%d: forward vs naive rel err %.3g", k0, e);
+        /* Both round the SwiGLU output to bf16; where the two sums differ in the last float
+         * bit an element can round the other way (one bf16 ulp, 2^-8): a few in 10^4. */
+        CHECK(e < 2e-4, "k0=%d: forward vs naive rel err %.3g", k0, e);
         naive_forward(L, hidden, B, k0, y2, 1);
         double es = rel_err(y2, ref, n);
         CHECK(es > 0.1, "k0=%d: swapping gate/up should change the output a lot, rel %.3g", k0, es);

@@ -159,6 +159,10 @@ static mj_status mlp_token(mj_weight_mode mode, const mj_nvfp4_linear *w13,
     MJ_CHECK(prepare_input(mode, w13, x, H, "hidden", s->xin, s->q, s->sf, &scale));
     gemv(s->u13, s->xin, 2 * I, H, scale, s->h13);
     for (int64_t i = 0; i < I; i++) s->act[i] = silu(s->h13[i]) * s->h13[I + i];
+    /* W4A16 hands the down projection bf16 activations, as the kernels (and every bf16
+     * serving stack) keep them between the two GEMMs. */
+    if (mode == MJ_MODE_W4A16)
+        for (int64_t i = 0; i < I; i++) s->act[i] = mj_bf16_to_f32(mj_f32_to_bf16(s->act[i]));
     MJ_CHECK(prepare_input(mode, w2, s->act, I, "expert activation", s->xin, s->q, s->sf, &scale));
     gemv(s->u2, s->xin, H, I, scale, y);
     return MJ_OK;
@@ -186,44 +190,26 @@ mj_status mj_router_ref(mj_layer_t L, const uint16_t *hidden, int32_t B, float *
     return MJ_OK;
 }
 
-mj_status mj_moe_forward_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *hidden,
-                             int32_t B, int32_t num_valid, int32_t k0, float *out,
-                             mj_route_stats *stats) {
-    if (!L || B < 0 || (B > 0 && (!hidden || !out)))
-        return mj_set_error(MJ_ERR_INVALID_ARG,
-                            "mj_moe_forward_ref: NULL layer/hidden/out or B < 0 (B=%d)", B);
+/* The experts' part of the forward: what one rank's expert kernels compute from a routing. */
+mj_status mj_experts_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *hidden, int32_t B, int32_t num_valid,
+                         const int32_t *ids, const float *wts, const int32_t *nsel, float *out) {
+    if (!L || B < 0 || (B > 0 && (!hidden || !out || !ids || !wts || !nsel)) || num_valid < 0 || num_valid > B)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_ref: bad arguments (B=%d, num_valid=%d)", B, num_valid);
     if (mode != MJ_MODE_W4A16 && mode != MJ_MODE_W4A4)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_forward_ref: unknown weight mode %d",
-                            (int)mode);
-    if (num_valid < 0 || num_valid > B)
-        return mj_set_error(MJ_ERR_INVALID_ARG,
-                            "mj_moe_forward_ref: num_valid %d must be in 0..B (B=%d)", num_valid, B);
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_ref: unknown weight mode %d", (int)mode);
     const mj_moe_config *cfg = &L->cfg;
-    const int64_t H = cfg->hidden, E = cfg->n_experts, K = cfg->topk;
-    mj_route_params rp;
-    MJ_CHECK(mj_route_params_from_config(cfg, &rp));
-    rp.k0 = k0 == 0 ? cfg->topk : k0;
-    if (rp.k0 < 1 || rp.k0 > cfg->topk)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "k0 %d must be in 1..top-k (%d), or 0 for top-k",
-                            k0, cfg->topk);
-
+    const int64_t H = cfg->hidden, K = cfg->topk;
     mj_status st = MJ_OK;
-    float *logits = malloc((size_t)((B ? B : 1) * E) * sizeof(float));
-    int32_t *ids = malloc((size_t)((B ? B : 1) * K) * sizeof(int32_t));
-    float *wts = malloc((size_t)((B ? B : 1) * K) * sizeof(float));
-    int32_t *nsel = malloc((size_t)(B ? B : 1) * sizeof(int32_t));
     float *x = malloc((size_t)H * sizeof(float));
     float *slot_out = malloc((size_t)((B ? B : 1) * K * H) * sizeof(float)); /* [B, k, H] */
     float *shared_out = malloc((size_t)((B ? B : 1) * H) * sizeof(float));    /* [B, H]    */
     mlp_scratch s = {0};
     int64_t i_max = L->i_local > L->is_local ? L->i_local : L->is_local;
-    if (!logits || !ids || !wts || !nsel || !x || !slot_out || !shared_out) {
-        st = mj_set_error(MJ_ERR_NOMEM, "out of memory in mj_moe_forward_ref (B=%d)", B);
+    if (!x || !slot_out || !shared_out) {
+        st = mj_set_error(MJ_ERR_NOMEM, "out of memory in mj_experts_ref (B=%d)", B);
         goto exit;
     }
     MJ_CHECK_GOTO(scratch_alloc(&s, H, i_max), st, exit);
-    MJ_CHECK_GOTO(mj_router_ref(L, hidden, B, logits), st, exit);
-    MJ_CHECK_GOTO(mj_route_ref(&rp, logits, L->bias, B, num_valid, ids, wts, nsel, stats), st, exit);
     memset(slot_out, 0, (size_t)(B * K * H) * sizeof(float));
     memset(shared_out, 0, (size_t)(B * H) * sizeof(float));
 
@@ -236,16 +222,14 @@ mj_status mj_moe_forward_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *
                 if (ids[b * K + j] != e) continue;
                 if (!loaded) load_expert(&s, &L->w13[le], &L->w2[le]), loaded = 1;
                 for (int64_t h = 0; h < H; h++) x[h] = mj_bf16_to_f32(hidden[b * H + h]);
-                MJ_CHECK_GOTO(mlp_token(mode, &L->w13[le], &L->w2[le], &s, x,
-                                        slot_out + (b * K + j) * H), st, exit);
+                MJ_CHECK_GOTO(mlp_token(mode, &L->w13[le], &L->w2[le], &s, x, slot_out + (b * K + j) * H), st, exit);
             }
     }
     if (L->has_shared) {
         load_expert(&s, &L->shared_w13, &L->shared_w2);
         for (int64_t b = 0; b < num_valid; b++) {
             for (int64_t h = 0; h < H; h++) x[h] = mj_bf16_to_f32(hidden[b * H + h]);
-            MJ_CHECK_GOTO(mlp_token(mode, &L->shared_w13, &L->shared_w2, &s, x,
-                                    shared_out + b * H), st, exit);
+            MJ_CHECK_GOTO(mlp_token(mode, &L->shared_w13, &L->shared_w2, &s, x, shared_out + b * H), st, exit);
         }
     }
     /* Combine in a fixed order: slot 0..n_sel-1 (experts not held here contributed 0), then
@@ -261,7 +245,44 @@ mj_status mj_moe_forward_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *
         }
 exit:
     scratch_free(&s);
-    free(logits), free(ids), free(wts), free(nsel), free(x), free(slot_out), free(shared_out);
+    free(x), free(slot_out), free(shared_out);
+    return st;
+}
+
+mj_status mj_moe_forward_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *hidden,
+                             int32_t B, int32_t num_valid, int32_t k0, float *out,
+                             mj_route_stats *stats) {
+    if (!L || B < 0 || (B > 0 && (!hidden || !out)))
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_forward_ref: NULL layer/hidden/out or B < 0 (B=%d)", B);
+    if (mode != MJ_MODE_W4A16 && mode != MJ_MODE_W4A4)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_forward_ref: unknown weight mode %d",
+                            (int)mode);
+    if (num_valid < 0 || num_valid > B)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_forward_ref: num_valid %d must be in 0..B (B=%d)", num_valid, B);
+    const mj_moe_config *cfg = &L->cfg;
+    const int64_t E = cfg->n_experts, K = cfg->topk;
+    mj_route_params rp;
+    MJ_CHECK(mj_route_params_from_config(cfg, &rp));
+    rp.k0 = k0 == 0 ? cfg->topk : k0;
+    if (rp.k0 < 1 || rp.k0 > cfg->topk)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "k0 %d must be in 1..top-k (%d), or 0 for top-k",
+                            k0, cfg->topk);
+    mj_status st = MJ_OK;
+    float *logits = malloc((size_t)((B ? B : 1) * E) * sizeof(float));
+    int32_t *ids = malloc((size_t)((B ? B : 1) * K) * sizeof(int32_t));
+    float *wts = malloc((size_t)((B ? B : 1) * K) * sizeof(float));
+    int32_t *nsel = malloc((size_t)(B ? B : 1) * sizeof(int32_t));
+    if (!logits || !ids || !wts || !nsel) {
+        st = mj_set_error(MJ_ERR_NOMEM, "out of memory in mj_moe_forward_ref (B=%d)", B);
+        goto exit;
+    }
+    MJ_CHECK_GOTO(mj_router_ref(L, hidden, B, logits), st, exit);
+    MJ_CHECK_GOTO(mj_route_ref(&rp, logits, L->bias, B, num_valid, ids, wts, nsel, stats), st, exit);
+    st = mj_experts_ref(L, mode, hidden, B, num_valid, ids, wts, nsel, out);
+exit:
+    free(logits), free(ids), free(wts), free(nsel);
     return st;
 }
 

@@ -38,6 +38,11 @@ struct mj_layer {
     mj_nvfp4_linear shared_w2;  /* [H, is_local]                                           */
 };
 
+/* The experts' part of mj_moe_forward_ref for a given routing (ids, wts [B, k], nsel [B]),
+ * on the host: what one rank's expert kernels must compute (runtime/ref/layer.c). */
+mj_status mj_experts_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *hidden, int32_t B, int32_t num_valid,
+                         const int32_t *ids, const float *wts, const int32_t *nsel, float *out);
+
 /* ---- routing (runtime/ref/route_ref.c) ---- */
 /* A caller's params (any struct_size the library knows) as today's struct; fn labels the
  * error. */

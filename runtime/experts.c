@@ -1,0 +1,379 @@
+/* experts.c — the host side of templates/moe_experts.cu: a rank's experts packed onto the
+ * device (or into host memory for the interpreter), the forward's workspace, the mode
+ * policy, the choice of specialization, and the launches of one forward.
+ *
+ * A forward is fixed work for the host: resolve the mode, fill an integer spec, look it up
+ * in the context's table, launch two kernels (three in W4A4) on the caller's stream. Every
+ * buffer was allocated by mj_experts_create, every kernel compiled by the first forward of
+ * its shape (or by mj_experts_prepare), and nothing waits for the GPU: a forward can be
+ * captured in a CUDA graph. How many experts are active, and which, is read by the kernels
+ * from mj_route's outputs on the device.
+ */
+#include "experts.h"
+#include "weights/pack.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define MJ_MODE_RULES 16
+
+typedef struct mode_rule {
+    int32_t lo, hi;
+    mj_weight_mode mode;
+} mode_rule;
+
+typedef struct mj_experts mj_experts;
+struct mj_experts {
+    mj_backend backend;
+    mj_target target;
+    int device;                          /* ordinal, or MJ_DEVICE_NONE (the sim)          */
+    int32_t H, I, K, E;                  /* hidden, I_local, top-k, routed experts (all)   */
+    int32_t n_local, expert_begin, nsub; /* routed experts held here, the first's id,
+                                            shared sub-experts                             */
+    int32_t mb;                          /* max batch of the workspace                    */
+    int w4a4;                            /* the target has the FP4 MMA                     */
+    int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert                */
+    uint8_t *w13, *s13, *w2, *s2;        /* [n_local + nsub] packed experts               */
+    float *scal;                         /* [n_local + nsub][4]: w13's weight_scale_2 and
+                                            input_scale, w2's                              */
+    uint16_t *act;                       /* [rows][I] bf16 (W4A16)                        */
+    uint8_t *actq, *act_sf;              /* [rows][I/2], [rows][I/16] (W4A4)               */
+    uint8_t *xq, *xsf;                   /* [xrows][H/2], [xrows][H/16] (W4A4)             */
+    int n_rules;
+    mode_rule rules[MJ_MODE_RULES];
+};
+
+/* ---- memory where the kernels run -------------------------------------------------------- */
+
+static mj_status buf_alloc(const mj_experts *ex, size_t bytes, void **out) {
+    *out = NULL;
+    if (ex->device == MJ_DEVICE_NONE) {
+        *out = calloc(1, bytes ? bytes : 1);
+        return *out ? MJ_OK : mj_set_error(MJ_ERR_NOMEM, "mj_experts_create: out of host memory (%zu bytes)", bytes);
+    }
+    uint64_t d = 0;
+    MJ_CHECK(mj_cuda_bind(ex->device));
+    MJ_CHECK(mj_cuda_malloc(bytes ? bytes : 1, &d));
+    *out = (void *)(uintptr_t)d;
+    return MJ_OK;
+}
+
+static mj_status buf_put(const mj_experts *ex, void *dst, const void *src, size_t bytes) {
+    if (ex->device == MJ_DEVICE_NONE) {
+        memcpy(dst, src, bytes);
+        return MJ_OK;
+    }
+    return mj_cuda_memcpy_htod((uint64_t)(uintptr_t)dst, src, bytes);
+}
+
+static void buf_free(const mj_experts *ex, void *p) {
+    if (!p) return;
+    if (ex->device == MJ_DEVICE_NONE) free(p);
+    else mj_cuda_free((uint64_t)(uintptr_t)p);
+}
+
+mj_status mj_experts_free(mj_experts_t ex) {
+    if (!ex) return MJ_OK;
+    void *bufs[] = {ex->w13, ex->s13, ex->w2, ex->s2, ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(ex, bufs[i]);
+    free(ex);
+    return MJ_OK;
+}
+
+/* ---- the mode policy --------------------------------------------------------------------- */
+
+static int mode_word(const char *s, size_t n, mj_weight_mode *m) {
+    if (n == 5 && !strncmp(s, "w4a16", 5)) return *m = MJ_MODE_W4A16, 1;
+    if (n == 4 && !strncmp(s, "w4a4", 4)) return *m = MJ_MODE_W4A4, 1;
+    return 0;
+}
+
+/* "w4a16", or rules "LO-HI:MODE" / "LO-:MODE" / "B:MODE" separated by commas. */
+static mj_status parse_policy(mj_experts *ex, const char *text) {
+    mj_weight_mode m;
+    ex->n_rules = 0;
+    if (mode_word(text, strlen(text), &m)) {
+        ex->rules[0] = (mode_rule){1, INT32_MAX, m};
+        ex->n_rules = 1;
+    } else {
+        const char *s = text;
+        while (*s) {
+            char *end;
+            if (ex->n_rules == MJ_MODE_RULES) goto bad;
+            long lo = strtol(s, &end, 10), hi;
+            if (end == s || lo < 1) goto bad;
+            s = end;
+            if (*s == '-') {
+                s++;
+                if (*s == ':') hi = INT32_MAX;
+                else {
+                    hi = strtol(s, &end, 10);
+                    if (end == s) goto bad;
+                    s = end;
+                }
+            } else {
+                hi = lo;
+            }
+            if (*s++ != ':' || hi < lo || hi > INT32_MAX) goto bad;
+            size_t n = strcspn(s, ",");
+            if (!mode_word(s, n, &m)) goto bad;
+            s += n;
+            for (int i = 0; i < ex->n_rules; i++)
+                if (lo <= ex->rules[i].hi && hi >= ex->rules[i].lo)
+                    return mj_set_error(MJ_ERR_INVALID_ARG, "mode policy '%s': batch sizes %ld..%ld overlap rule %d",
+                                        text, lo, hi, i + 1);
+            ex->rules[ex->n_rules++] = (mode_rule){(int32_t)lo, (int32_t)hi, m};
+            if (*s == ',' && !*++s) goto bad;
+        }
+        if (!ex->n_rules) goto bad;
+    }
+    for (int i = 0; i < ex->n_rules; i++)
+        if (ex->rules[i].mode == MJ_MODE_W4A4 && !ex->w4a4)
+            return mj_set_error(MJ_ERR_UNSUPPORTED,
+                                "mode policy '%s' asks for w4a4, which needs the FP4 MMA of sm_120a / sm_121a; "
+                                "this context builds for %s: use \"w4a16\"",
+                                text, mj_target_name(ex->target));
+    return MJ_OK;
+bad:
+    return mj_set_error(MJ_ERR_INVALID_ARG,
+                        "mode policy '%s' is malformed: write \"w4a16\" or \"w4a4\", or rules LO-HI:MODE / "
+                        "LO-:MODE / B:MODE separated by commas (\"1-8:w4a16,9-:w4a4\")",
+                        text);
+}
+
+mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_weight_mode *resolved) {
+    if (!ex || !resolved) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_mode: NULL argument");
+    if (mode == MJ_MODE_AUTO) {
+        int found = 0;
+        for (int i = 0; i < ex->n_rules && !found; i++)
+            if (B >= ex->rules[i].lo && B <= ex->rules[i].hi) mode = ex->rules[i].mode, found = 1;
+        if (!found)
+            return mj_set_error(MJ_ERR_INVALID_ARG, "the experts' mode policy has no rule for batch size %d; add one", B);
+    }
+    if (mode != MJ_MODE_W4A16 && mode != MJ_MODE_W4A4)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "unknown weight mode %d: use MJ_MODE_W4A16, MJ_MODE_W4A4 or MJ_MODE_AUTO",
+                            (int)mode);
+    if (mode == MJ_MODE_W4A4 && !ex->w4a4)
+        return mj_set_error(MJ_ERR_UNSUPPORTED,
+                            "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a; this context builds for %s: "
+                            "use MJ_MODE_W4A16",
+                            mj_target_name(ex->target));
+    *resolved = mode;
+    return MJ_OK;
+}
+
+/* ---- packing --------------------------------------------------------------------------------- */
+
+mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_options *opts_in,
+                            mj_experts_t *out) {
+    if (!ctx || !L || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_create: NULL context, layer or output");
+    *out = NULL;
+    mj_experts_options opts = MJ_EXPERTS_OPTIONS_INIT;
+    if (opts_in)
+        MJ_CHECK(mj_struct_load(opts_in, sizeof opts, sizeof opts, &opts, "mj_experts_options",
+                                "MJ_EXPERTS_OPTIONS_INIT"));
+    const mj_moe_config *cfg = &L->cfg;
+    const int32_t H = cfg->hidden, I = L->i_local;
+    if (cfg->quant != MJ_QUANT_NVFP4)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: the layer is not NVFP4-quantized");
+    if (H % 64 || H < 64 || H > MJ_KNOB_moe_experts_H_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: hidden %d must be a multiple of 64 in 64..%d", H,
+                            MJ_KNOB_moe_experts_H_MAX);
+    if (I % 64 || I < 64 || I > MJ_KNOB_moe_experts_I_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED,
+                            "mj_experts_create: the intermediate size held here (%d) must be a multiple of 64 in "
+                            "64..%d: split the layer into fewer TP ranks",
+                            I, MJ_KNOB_moe_experts_I_MAX);
+    if (cfg->topk > MJ_KNOB_moe_experts_K_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: top-k %d; the kernels take up to %d", cfg->topk,
+                            MJ_KNOB_moe_experts_K_MAX);
+    if (opts.max_batch < 1 || opts.max_batch > 65536)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_options.max_batch %d must be in 1..65536", opts.max_batch);
+    int32_t nsub = 0;
+    if (L->has_shared && L->is_local > 0) {
+        if (L->is_local % I)
+            return mj_set_error(MJ_ERR_UNSUPPORTED,
+                                "mj_experts_create: the shared expert's %d rows held here are not a multiple of the "
+                                "routed experts' %d, which the kernels need to run it as sub-experts",
+                                L->is_local, I);
+        nsub = L->is_local / I;
+        if (nsub > MJ_KNOB_moe_experts_NSUB_MAX)
+            return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: a shared expert of %d x %d rows; at most %d",
+                                nsub, I, MJ_KNOB_moe_experts_NSUB_MAX);
+    }
+    mj_experts *ex = calloc(1, sizeof *ex);
+    if (!ex) return mj_set_error(MJ_ERR_NOMEM, "out of memory");
+    mj_backend backend;
+    MJ_CHECK(mj_context_backend(ctx, &backend, NULL));
+    ex->backend = backend;
+    ex->target = mj_context_target(ctx);
+    ex->device = backend == MJ_BACKEND_SIM ? MJ_DEVICE_NONE : mj_context_device(ctx, NULL);
+    if (backend == MJ_BACKEND_CUDA && ex->device == MJ_DEVICE_NONE) {
+        free(ex);
+        return mj_set_error(MJ_ERR_NO_DEVICE,
+                            "mj_experts_create: the context has no device (compile-only): create it with a CUDA "
+                            "device, or with backend MJ_BACKEND_SIM to run on the CPU");
+    }
+    ex->H = H, ex->I = I, ex->K = cfg->topk, ex->E = cfg->n_experts;
+    ex->n_local = L->n_local, ex->expert_begin = L->expert_begin, ex->nsub = nsub, ex->mb = opts.max_batch;
+    ex->w4a4 = mj_target_sm(ex->target) >= 120;
+    ex->bytes_w13 = mj_pack_w13_bytes(H, I), ex->bytes_s13 = mj_pack_s13_bytes(H, I);
+    ex->bytes_w2 = mj_pack_w2_bytes(H, I), ex->bytes_s2 = mj_pack_s2_bytes(H, I);
+    const char *policy = opts.mode_policy ? opts.mode_policy : ex->w4a4 ? "1-8:w4a16,9-:w4a4" : "w4a16";
+    mj_status st = parse_policy(ex, policy);
+    const int64_t X = (int64_t)ex->n_local + nsub;
+    const int64_t rows = (int64_t)ex->mb * ex->K + (int64_t)nsub * ex->mb, xrows = (int64_t)ex->mb * (ex->K + 1);
+    uint8_t *stage = NULL;
+    float *scal = NULL;
+    if (st != MJ_OK) goto fail;
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_w13), (void **)&ex->w13), st, fail);
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_s13), (void **)&ex->s13), st, fail);
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_w2), (void **)&ex->w2), st, fail);
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_s2), (void **)&ex->s2), st, fail);
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)X * 4 * sizeof(float), (void **)&ex->scal), st, fail);
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(rows * I * 2), (void **)&ex->act), st, fail);
+    if (ex->w4a4) {
+        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(rows * I / 2), (void **)&ex->actq), st, fail);
+        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(rows * I / 16), (void **)&ex->act_sf), st, fail);
+        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(xrows * H / 2), (void **)&ex->xq), st, fail);
+        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(xrows * H / 16), (void **)&ex->xsf), st, fail);
+    }
+    /* One expert at a time through a host staging buffer, then to where the kernels run. */
+    const int64_t per = ex->bytes_w13 + ex->bytes_s13 + ex->bytes_w2 + ex->bytes_s2;
+    stage = malloc((size_t)per);
+    scal = malloc((size_t)X * 4 * sizeof(float));
+    if (!stage || !scal) {
+        st = mj_set_error(MJ_ERR_NOMEM, "mj_experts_create: out of host memory");
+        goto fail;
+    }
+    for (int64_t x = 0; x < X; x++) {
+        const mj_nvfp4_linear *w13, *w2;
+        int32_t gate0 = 0, up0 = I, col0 = 0;
+        if (x < ex->n_local) {
+            w13 = &L->w13[x], w2 = &L->w2[x];
+        } else {
+            int32_t j = (int32_t)(x - ex->n_local);
+            w13 = &L->shared_w13, w2 = &L->shared_w2;
+            gate0 = j * I, up0 = L->is_local + j * I, col0 = j * I;
+        }
+        uint8_t *p13 = stage, *q13 = p13 + ex->bytes_w13, *p2 = q13 + ex->bytes_s13, *q2 = p2 + ex->bytes_w2;
+        MJ_CHECK_GOTO(mj_pack_expert(w13, gate0, up0, I, w2, col0, p13, q13, p2, q2), st, fail);
+        MJ_CHECK_GOTO(buf_put(ex, ex->w13 + x * ex->bytes_w13, p13, (size_t)ex->bytes_w13), st, fail);
+        MJ_CHECK_GOTO(buf_put(ex, ex->s13 + x * ex->bytes_s13, q13, (size_t)ex->bytes_s13), st, fail);
+        MJ_CHECK_GOTO(buf_put(ex, ex->w2 + x * ex->bytes_w2, p2, (size_t)ex->bytes_w2), st, fail);
+        MJ_CHECK_GOTO(buf_put(ex, ex->s2 + x * ex->bytes_s2, q2, (size_t)ex->bytes_s2), st, fail);
+        scal[x * 4 + 0] = w13->weight_scale_2, scal[x * 4 + 1] = w13->input_scale;
+        scal[x * 4 + 2] = w2->weight_scale_2, scal[x * 4 + 3] = w2->input_scale;
+    }
+    MJ_CHECK_GOTO(buf_put(ex, ex->scal, scal, (size_t)X * 4 * sizeof(float)), st, fail);
+    free(stage);
+    free(scal);
+    *out = ex;
+    return MJ_OK;
+fail:
+    free(stage);
+    free(scal);
+    mj_experts_free(ex);
+    return st;
+}
+
+/* ---- the dispatcher ------------------------------------------------------------------------- */
+
+static int32_t pow2_at_least(int32_t v) {
+    int32_t p = 1;
+    while (p < v) p *= 2;
+    return p;
+}
+
+/* Shared memory of the two kernels for these knobs (bytes). */
+static uint32_t up_smem(const mj_knobs_moe_experts *k) { return (uint32_t)((k->NW1 - 1) * k->TPE * 128 + k->TPE * 64); }
+static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * k->TPE * 64); }
+
+/* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
+ * to a power of two: at decode each weight byte is read once), the up blocks split H over
+ * up to 8 warps (their partials within 48 KiB of shared memory, no opt-in), and a down block
+ * is 2 warps (32 hidden dims) once H has 256 tiles of 16 to spread over the SMs. */
+static mj_knobs_moe_experts plan(const mj_experts *ex, mj_weight_mode mode, int32_t B) {
+    mj_knobs_moe_experts k = {.MODE = mode == MJ_MODE_W4A4, .H = ex->H, .I = ex->I, .K = ex->K, .NSUB = ex->nsub};
+    int32_t tpe = pow2_at_least(B);
+    k.TPE = tpe < 8 ? 8 : tpe > 64 ? 64 : tpe;
+    int32_t runs = (ex->H / 64 + 3) / 4;
+    k.NW1 = 8;
+    while (k.NW1 > 1 && (k.NW1 > runs || up_smem(&k) > MJ_SMEM_DEFAULT_LIMIT)) k.NW1 /= 2;
+    k.NW2 = (ex->H / 16 >= 256 && ex->H % 32 == 0) ? 2 : 1;
+    return k;
+}
+
+void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_moe_experts *out) {
+    *out = plan(ex, mode, B);
+}
+
+void mj_experts_view_get(mj_experts_t ex, mj_experts_view *v) {
+    *v = (mj_experts_view){ex->H, ex->I, ex->K, ex->E, ex->n_local, ex->expert_begin, ex->nsub, ex->mb,
+                           ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2, ex->w13, ex->s13, ex->w2,
+                           ex->s2, ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+}
+
+mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, int32_t max_batch) {
+    if (!ctx || !ex) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_prepare: NULL argument");
+    if (max_batch < 1 || max_batch > ex->mb)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_prepare: max_batch %d must be in 1..%d (the workspace's)",
+                            max_batch, ex->mb);
+    for (int32_t B = 1; B <= max_batch; B++) {
+        mj_weight_mode m;
+        MJ_CHECK(mj_experts_mode(ex, mode, B, &m));
+        mj_knobs_moe_experts k = plan(ex, m, B);
+        mj_spec s;
+        const mj_function *f;
+        mj_spec_moe_experts(ctx, &k, &s);
+        MJ_CHECK(mj_jit_get(ctx, &s, &f));
+    }
+    return MJ_OK;
+}
+
+/* ---- a forward ---------------------------------------------------------------------------- */
+
+mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, const uint16_t *hidden,
+                             const mj_route_outputs *route_in, int32_t B, const int32_t *num_valid, float *out,
+                             void *stream) {
+    if (!ctx || !ex || !route_in)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_forward: NULL context, experts or route outputs");
+    mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
+    MJ_CHECK(mj_struct_load(route_in, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof r, &r, "mj_route_outputs",
+                            "MJ_ROUTE_OUTPUTS_INIT"));
+    if (B < 0 || B > ex->mb)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_experts_forward: B = %d; these experts' workspace takes 0..%d tokens (raise "
+                            "mj_experts_options.max_batch)",
+                            B, ex->mb);
+    if (B == 0) return MJ_OK;
+    if (!hidden || !out || !r.ids || !r.weights || !r.expert_counts || !r.expert_offsets || !r.active_experts ||
+        !r.n_active || !r.permutation || !r.row_index)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_experts_forward: NULL hidden, out or route output: the experts read ids, weights, "
+                            "expert_counts, expert_offsets, active_experts, n_active, permutation and row_index "
+                            "(have mj_route write them all)");
+    mj_weight_mode m;
+    MJ_CHECK(mj_experts_mode(ex, mode, B, &m));
+    mj_knobs_moe_experts k = plan(ex, m, B);
+    mj_spec s;
+    const mj_function *fn;
+    mj_spec_moe_experts(ctx, &k, &s);
+    MJ_CHECK(mj_jit_get(ctx, &s, &fn));
+    const int32_t n_slots = (int64_t)B * ex->K < ex->E ? B * ex->K : ex->E;
+    if (m == MJ_MODE_W4A4) {
+        mj_launch_dims dq = {{(uint32_t)B, 1, 1}, {128, 1, 1}, 0, stream};
+        MJ_CHECK(mj_launch_experts_quant(fn, dq, hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
+                                         ex->n_local, ex->expert_begin, ex->xq, ex->xsf));
+    }
+    mj_launch_dims du = {{(uint32_t)(ex->I / 16), (uint32_t)(n_slots + ex->nsub), 1}, {(uint32_t)k.NW1 * 32, 1, 1},
+                         up_smem(&k), stream};
+    MJ_CHECK(mj_launch_experts_up(fn, du, hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
+                                  r.expert_offsets, r.active_experts, r.n_active, r.row_index, B, num_valid, ex->mb,
+                                  ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf));
+    mj_launch_dims dd = {{(uint32_t)(ex->H / (16 * k.NW2)), (uint32_t)((B + k.TPE - 1) / k.TPE), 1},
+                         {(uint32_t)k.NW2 * 32, 1, 1}, down_smem(&k), stream};
+    return mj_launch_experts_down(fn, dd, ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
+                                  r.expert_offsets, r.active_experts, r.n_active, r.row_index, r.weights, B,
+                                  num_valid, ex->mb, ex->n_local, ex->expert_begin, n_slots, out);
+}

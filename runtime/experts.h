@@ -1,0 +1,26 @@
+/* experts.h — the expert kernels' host side, as tests and tools see it (runtime/experts.c).
+ * Not public. */
+#ifndef MJ_EXPERTS_H
+#define MJ_EXPERTS_H
+
+#include "jit.h"
+#include "mj_kernels.h"
+
+/* Everything a packed experts handle holds: dimensions, the packed weights and the forward
+ * workspace (host pointers on the interpreter, device pointers on a GPU). Routed rows of
+ * the activations are [0, mb K), shared sub-expert j's are mb K + j mb + token; the W4A4
+ * quantized input of the shared experts is at row mb K + token. */
+typedef struct mj_experts_view {
+    int32_t H, I, K, E, n_local, expert_begin, nsub, mb;
+    int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert */
+    uint8_t *w13, *s13, *w2, *s2;
+    float *scal;                                      /* [n_local + nsub][4]        */
+    uint16_t *act;
+    uint8_t *actq, *act_sf, *xq, *xsf;
+} mj_experts_view;
+void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
+
+/* The specialization a forward of B tokens in (resolved) mode launches. */
+void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_moe_experts *out);
+
+#endif

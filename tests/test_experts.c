@@ -1,0 +1,870 @@
+/* test_experts.c — the expert GEMM kernels on the interpreter against the CPU reference.
+ *
+ * A forward is checked stage by stage, each against an oracle computed here in double from
+ * the layer's own (ModelOpt-layout) tensors, with a bound derived from the arithmetic:
+ *
+ *   quant (W4A4)  the hidden rows quantized per (token, expert): bytes equal
+ *                 mj_nvfp4_quantize_act's exactly;
+ *   up            each activation element: the SwiGLU of the exact gate and up sums, within
+ *                 the float rounding the kernel may add (H/16 + NW1 + 4 roundings of at most
+ *                 2^-24 of the sum of |terms| each), then rounded to bf16 (W4A16: the
+ *                 kernel's value must lie between the roundings of the interval's ends) or
+ *                 quantized to NVFP4 (W4A4: the bytes equal the oracle's, except at most 1%
+ *                 of the blocks, and those by one code or one scale step: a sum that falls
+ *                 within the bound of a rounding boundary can land either way);
+ *   down          each output element: the weighted sum over the token's experts of w2 .
+ *                 act, from the activations the kernel wrote, within (I/16 + k + NSUB + 4)
+ *                 roundings of 2^-24 of the sum of |terms|.
+ *
+ * A swapped scale, a wrong lane or an off-by-one k-block moves results by far more than
+ * these bounds: the mutation tests break the packed weights in exactly those ways and the
+ * checks must fail. Also: the whole forward against mj_experts_ref (relative L2), bytes of
+ * weights read (each active expert's once), same bits run after run, a recorded launch
+ * sequence replayed at several token counts, every specialization the dispatcher picks,
+ * GLM-5-shaped experts, refusals, and the SASS of the compiled kernels.
+ */
+#include "experts.h"
+#include "sim/sim.h"
+#include "test.h"
+#include "weights/pack.h"
+
+#define U24 (1.0 / 16777216.0)
+
+/* ---- a layer and a routing ------------------------------------------------------------------ */
+
+static mj_moe_config make_cfg(int H, int I, int E, int k, int n_shared) {
+    mj_moe_config c;
+    mj_moe_config_glm5(&c);
+    c.hidden = H, c.intermediate = I, c.n_experts = E, c.topk = k, c.n_shared = n_shared;
+    c.n_group = 1, c.topk_group = 1;
+    return c;
+}
+
+typedef struct routing {
+    int B, nv, k, E;
+    int32_t *ids, *nsel, *cnt, *off, *act, na, *perm, *rix;
+    float *w;
+} routing;
+
+static void routing_alloc(routing *r, int B, int k, int E) {
+    size_t BK = (size_t)(B ? B : 1) * k;
+    r->B = B, r->k = k, r->E = E;
+    r->ids = malloc(4 * BK), r->w = malloc(4 * BK), r->nsel = malloc(4 * (size_t)(B ? B : 1));
+    r->cnt = malloc(4 * (size_t)E), r->off = malloc(4 * (size_t)(E + 1)), r->act = malloc(4 * (size_t)E);
+    r->perm = malloc(4 * BK), r->rix = malloc(4 * BK);
+}
+static void routing_free(routing *r) {
+    free(r->ids), free(r->w), free(r->nsel), free(r->cnt), free(r->off), free(r->act), free(r->perm), free(r->rix);
+}
+static void routing_dispatch(routing *r) {
+    CHECK_OK(mj_route_dispatch_ref(r->ids, r->nsel, r->B, r->k, r->E, r->cnt, r->off, r->act, &r->na, r->perm, r->rix));
+}
+
+/* The layer's own router and routing (k0), as mj_moe_forward_ref routes. */
+static void route_layer(mj_layer_t L, const uint16_t *hidden, int B, int nv, int k0, routing *r) {
+    routing_alloc(r, B, L->cfg.topk, L->cfg.n_experts);
+    r->nv = nv;
+    float *logits = malloc(sizeof(float) * (size_t)(B ? B : 1) * L->cfg.n_experts);
+    CHECK_OK(mj_router_ref(L, hidden, B, logits));
+    mj_route_params p;
+    CHECK_OK(mj_route_params_from_config(&L->cfg, &p));
+    p.k0 = k0;
+    CHECK_OK(mj_route_ref(&p, logits, L->bias, B, nv, r->ids, r->w, r->nsel, NULL));
+    routing_dispatch(r);
+    free(logits);
+}
+
+/* A routing made by hand (B = 64, k = 4, E >= 16): experts 0..4 get 0, 1, 8, 9 and 33
+ * tokens; the rest spread over experts 5..; tokens keep 2..4 of their slots (as OEA leaves
+ * them); weights random. */
+static void route_crafted(int B, int k, int E, uint64_t *rng, routing *r) {
+    routing_alloc(r, B, k, E);
+    r->nv = B;
+    for (int b = 0; b < B; b++) {
+        int n = 2 + (int)(mj_rng_next(rng) % (uint64_t)(k - 1));
+        int want[4] = {b < 33 ? 4 : -1, b < 9 ? 3 : -1, b < 8 ? 2 : -1, b == 40 ? 1 : -1};
+        int n_want = (want[0] >= 0) + (want[1] >= 0) + (want[2] >= 0) + (want[3] >= 0);
+        if (n < n_want) n = n_want;
+        int j = 0;
+        for (int q = 0; q < 4 && j < n; q++)
+            if (want[q] >= 0) r->ids[b * k + j++] = want[q];
+        for (int q = 0; j < n; q++) {
+            int e = 5 + (b * 3 + q * 5) % (E - 5);
+            int dup = 0;
+            for (int i = 0; i < j; i++) dup |= r->ids[b * k + i] == e;
+            if (!dup) r->ids[b * k + j++] = e;
+        }
+        for (int i = 0; i < k; i++) r->w[b * k + i] = i < n ? (float)(0.1 + mj_rng_uniform(rng)) : 0.0f;
+        for (int i = n; i < k; i++) r->ids[b * k + i] = -1;
+        r->nsel[b] = n;
+    }
+    routing_dispatch(r);
+}
+
+/* ---- the oracle ----------------------------------------------------------------------------- */
+
+/* An expert of the packed set: xi < n_local routed, else shared sub-expert xi - n_local. */
+typedef struct oexpert {
+    const mj_nvfp4_linear *w13, *w2;
+    int gate0, up0, col0;
+} oexpert;
+
+static oexpert expert_of(mj_layer_t L, int xi) {
+    if (xi < L->n_local) return (oexpert){&L->w13[xi], &L->w2[xi], 0, L->i_local, 0};
+    int j = xi - L->n_local;
+    return (oexpert){&L->shared_w13, &L->shared_w2, j * L->i_local, L->is_local + j * L->i_local, j * L->i_local};
+}
+
+/* e2m1 * e4m3 of element (row, col) of a linear: the exact unit value. */
+static double unit(const mj_nvfp4_linear *l, int64_t row, int64_t col) {
+    uint8_t byte = l->weight[row * (l->k_in / 2) + col / 2];
+    return (double)mj_e2m1_decode((uint8_t)((col & 1) ? byte >> 4 : byte & 15)) *
+           mj_e4m3_decode(l->weight_scale[row * (l->k_in / 16) + col / 16]);
+}
+
+/* Rows [r0, r0 + n) x columns [c0, c0 + m) of a linear in unit values (malloc'd). */
+static double *unit_block(const mj_nvfp4_linear *l, int64_t r0, int64_t n, int64_t c0, int64_t m) {
+    double *u = malloc(sizeof(double) * (size_t)(n * m));
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t c = 0; c < m; c++) u[r * m + c] = unit(l, r0 + r, c0 + c);
+    return u;
+}
+
+static double silu_d(double x) { return x / (1.0 + exp(-x)); }
+
+/* Failures of the stage checks, when counting instead of asserting (mutation tests). */
+static int g_count_only, g_counted;
+#define STAGE(cond, ...)                                                                 \
+    do {                                                                                 \
+        if (g_count_only) g_counted += !(cond);                                          \
+        else CHECK(cond, __VA_ARGS__);                                                   \
+    } while (0)
+
+typedef struct fwd {
+    mj_layer_t L;
+    mj_experts_t ex;
+    mj_experts_view v;
+    mj_weight_mode mode;
+    mj_knobs_moe_experts kn;
+    const uint16_t *hidden;
+    const routing *r;
+    const float *out;
+} fwd;
+
+/* The input x of an expert's up GEMM as the kernel multiplies it: bf16 (W4A16) or the NVFP4
+ * unit values of its quantization with the expert's input_scale (W4A4). */
+static void up_input(const fwd *f, int xi, int token, double *xin) {
+    const int H = f->v.H;
+    float *x = malloc(sizeof(float) * (size_t)H);
+    for (int h = 0; h < H; h++) x[h] = mj_bf16_to_f32(f->hidden[(int64_t)token * H + h]);
+    if (f->mode == MJ_MODE_W4A16) {
+        for (int h = 0; h < H; h++) xin[h] = x[h];
+    } else {
+        uint8_t *q = malloc((size_t)H / 2), *sf = malloc((size_t)H / 16);
+        CHECK_OK(mj_nvfp4_quantize_act(x, 1, H, expert_of(f->L, xi).w13->input_scale, "x", q, sf));
+        for (int h = 0; h < H; h++)
+            xin[h] = (double)mj_e2m1_decode((uint8_t)((h & 1) ? q[h / 2] >> 4 : q[h / 2] & 15)) * mj_e4m3_decode(sf[h / 16]);
+        free(q), free(sf);
+    }
+    free(x);
+}
+
+/* Stage quant (W4A4): the kernel's quantized rows equal mj_nvfp4_quantize_act's. */
+static void check_quant(const fwd *f) {
+    const int H = f->v.H, K = f->v.K;
+    float *x = malloc(sizeof(float) * (size_t)H);
+    uint8_t *q = malloc((size_t)H / 2), *sf = malloc((size_t)H / 16);
+    int bad = 0, rows = 0;
+    for (int b = 0; b < f->r->nv; b++)
+        for (int j = 0; j <= K; j++) {
+            int xi, row;
+            if (j < K) {
+                if (j >= f->r->nsel[b]) continue;
+                xi = f->r->ids[b * K + j] - f->v.expert_begin;
+                if (xi < 0 || xi >= f->v.n_local) continue;
+                row = f->r->perm[b * K + j];
+            } else {
+                if (!f->v.nsub) continue;
+                xi = f->v.n_local, row = f->v.mb * K + b;
+            }
+            for (int h = 0; h < H; h++) x[h] = mj_bf16_to_f32(f->hidden[(int64_t)b * H + h]);
+            CHECK_OK(mj_nvfp4_quantize_act(x, 1, H, expert_of(f->L, xi).w13->input_scale, "x", q, sf));
+            bad += memcmp(q, f->v.xq + (int64_t)row * H / 2, (size_t)H / 2) != 0 ||
+                   memcmp(sf, f->v.xsf + (int64_t)row * H / 16, (size_t)H / 16) != 0;
+            rows++;
+        }
+    STAGE(bad == 0, "quant: %d of %d rows differ from mj_nvfp4_quantize_act", bad, rows);
+    free(x), free(q), free(sf);
+}
+
+/* The activation rows of one expert: (act row, token) pairs. */
+typedef struct arow {
+    int row, token;
+} arow;
+
+static int expert_rows(const fwd *f, int xi, arow *rows) {
+    int n = 0;
+    if (xi < f->v.n_local) {
+        int e = xi + f->v.expert_begin;
+        for (int i = 0; i < f->r->cnt[e]; i++) {
+            int row = f->r->off[e] + i;
+            rows[n++] = (arow){row, f->r->rix[row] / f->v.K};
+        }
+    } else {
+        for (int b = 0; b < f->r->nv; b++) rows[n++] = (arow){f->v.mb * f->v.K + (xi - f->v.n_local) * f->v.mb + b, b};
+    }
+    return n;
+}
+
+static int e2m1_step(float mag) { /* index of a magnitude on the E2M1 grid */
+    static const float grid[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    for (int i = 0; i < 8; i++)
+        if (grid[i] == mag) return i;
+    return -100;
+}
+
+/* Stage up: every activation element of every expert that has rows. */
+static void check_up(const fwd *f) {
+    const int H = f->v.H, I = f->v.I, X = f->v.n_local + f->v.nsub;
+    const double c1 = (H / 16 + f->kn.NW1 + 4) * U24;
+    double *xin = malloc(sizeof(double) * (size_t)H), *h = malloc(sizeof(double) * (size_t)I),
+           *hb = malloc(sizeof(double) * (size_t)I);
+    arow *rows = malloc(sizeof(arow) * (size_t)(f->v.mb * (f->v.K + 1) + 1));
+    int64_t bad = 0, n_el = 0, bad_blocks = 0, n_blocks = 0, far_blocks = 0;
+    for (int xi = 0; xi < X; xi++) {
+        oexpert o = expert_of(f->L, xi);
+        const float ws2 = o.w13->weight_scale_2, alpha = f->mode == MJ_MODE_W4A4 ? o.w13->input_scale * ws2 : ws2;
+        int n = expert_rows(f, xi, rows);
+        if (n == 0) continue;
+        double *ug = unit_block(o.w13, o.gate0, I, 0, H), *uu = unit_block(o.w13, o.up0, I, 0, H);
+        for (int ri = 0; ri < n; ri++) {
+            up_input(f, xi, rows[ri].token, xin);
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0, mg = 0, mu = 0;
+                for (int k = 0; k < H; k++) {
+                    double wg = ug[(int64_t)i * H + k], wu = uu[(int64_t)i * H + k];
+                    g += xin[k] * wg, u += xin[k] * wu, mg += fabs(xin[k] * wg), mu += fabs(xin[k] * wu);
+                }
+                g *= alpha, u *= alpha, mg *= alpha, mu *= alpha;
+                double dg = c1 * mg + fabs(g) * U24, du = c1 * mu + fabs(u) * U24;
+                double sg = silu_d(g);
+                h[i] = sg * u;
+                hb[i] = 1.1 * fabs(u) * dg + (fabs(sg) + 1.1 * dg) * du + 8 * U24 * fabs(h[i]); /* + silu's own */
+            }
+            if (f->mode == MJ_MODE_W4A16) {
+                const uint16_t *got = f->v.act + (int64_t)rows[ri].row * I;
+                for (int i = 0; i < I; i++) {
+                    float lo = mj_bf16_to_f32(mj_f32_to_bf16((float)(h[i] - hb[i])));
+                    float hi = mj_bf16_to_f32(mj_f32_to_bf16((float)(h[i] + hb[i])));
+                    float a = mj_bf16_to_f32(got[i]);
+                    n_el++;
+                    if (!(a >= lo && a <= hi)) {
+                        if (bad < 3 && !g_count_only)
+                            fprintf(stderr, "  up: expert %d row %d col %d: act %.9g, want %.9g (+-%.3g)\n", xi,
+                                    rows[ri].row, i, (double)a, h[i], hb[i]);
+                        bad++;
+                    }
+                }
+            } else {
+                float *hf = malloc(sizeof(float) * (size_t)I);
+                uint8_t *q = malloc((size_t)I / 2), *sf = malloc((size_t)I / 16);
+                for (int i = 0; i < I; i++) hf[i] = (float)h[i];
+                CHECK_OK(mj_nvfp4_quantize_act(hf, 1, I, o.w2->input_scale, "act", q, sf));
+                const uint8_t *gq = f->v.actq + (int64_t)rows[ri].row * I / 2, *gsf = f->v.act_sf + (int64_t)rows[ri].row * I / 16;
+                for (int blk = 0; blk < I / 16; blk++) {
+                    n_blocks++;
+                    if (!memcmp(q + blk * 8, gq + blk * 8, 8) && sf[blk] == gsf[blk]) continue;
+                    bad_blocks++;
+                    /* A near-boundary sum: one scale step, and each code within one step. */
+                    int far = abs((int)sf[blk] - (int)gsf[blk]) > 1;
+                    for (int j = 0; j < 16 && !far; j++) {
+                        int s = 4 * (j & 1);
+                        uint8_t cw = (uint8_t)((q[blk * 8 + j / 2] >> s) & 15), cg = (uint8_t)((gq[blk * 8 + j / 2] >> s) & 15);
+                        float vw = mj_e2m1_decode(cw), vg = mj_e2m1_decode(cg);
+                        if (sf[blk] != gsf[blk]) continue; /* a new scale moves every code: the scale step decides */
+                        far |= abs(e2m1_step(fabsf(vw)) * (vw < 0 ? -1 : 1) - e2m1_step(fabsf(vg)) * (vg < 0 ? -1 : 1)) > 1;
+                    }
+                    far_blocks += far;
+                }
+                free(hf), free(q), free(sf);
+            }
+        }
+        free(ug), free(uu);
+    }
+    if (f->mode == MJ_MODE_W4A16)
+        STAGE(bad == 0, "up: %lld of %lld activations outside the bound", (long long)bad, (long long)n_el);
+    else
+        STAGE(far_blocks == 0 && bad_blocks * 100 <= n_blocks,
+              "up: %lld of %lld NVFP4 blocks differ from the oracle's, %lld by more than one step",
+              (long long)bad_blocks, (long long)n_blocks, (long long)far_blocks);
+    free(xin), free(h), free(hb), free(rows);
+}
+
+/* The activation the kernel wrote, as the down GEMM multiplies it (unit values for W4A4). */
+static double act_value(const fwd *f, int row, int i) {
+    const int I = f->v.I;
+    if (f->mode == MJ_MODE_W4A16) return mj_bf16_to_f32(f->v.act[(int64_t)row * I + i]);
+    uint8_t byte = f->v.actq[(int64_t)row * I / 2 + i / 2];
+    return (double)mj_e2m1_decode((uint8_t)((i & 1) ? byte >> 4 : byte & 15)) * mj_e4m3_decode(f->v.act_sf[(int64_t)row * I / 16 + i / 16]);
+}
+
+/* Stage down: every output element, from the kernel's own activations. */
+static void check_down(const fwd *f) {
+    const int H = f->v.H, I = f->v.I, K = f->v.K, B = f->r->B, X = f->v.n_local + f->v.nsub;
+    double *want = calloc((size_t)B * H, sizeof(double)), *mag = calloc((size_t)B * H, sizeof(double));
+    arow *rows = malloc(sizeof(arow) * (size_t)(f->v.mb * (K + 1) + 1));
+    for (int xi = 0; xi < X; xi++) {
+        oexpert o = expert_of(f->L, xi);
+        const float ws2 = o.w2->weight_scale_2, alpha = f->mode == MJ_MODE_W4A4 ? o.w2->input_scale * ws2 : ws2;
+        int n = expert_rows(f, xi, rows);
+        if (n == 0) continue;
+        double *u2 = unit_block(o.w2, 0, H, o.col0, I), *a = malloc(sizeof(double) * (size_t)I);
+        for (int ri = 0; ri < n; ri++) {
+            double wt = xi < f->v.n_local ? f->r->w[f->r->rix[rows[ri].row]] : 1.0;
+            for (int i = 0; i < I; i++) a[i] = act_value(f, rows[ri].row, i);
+            for (int d = 0; d < H; d++) {
+                double y = 0, m = 0;
+                for (int i = 0; i < I; i++) {
+                    double t = a[i] * u2[(int64_t)d * I + i];
+                    y += t, m += fabs(t);
+                }
+                want[(int64_t)rows[ri].token * H + d] += wt * alpha * y;
+                mag[(int64_t)rows[ri].token * H + d] += fabs(wt) * alpha * m;
+            }
+        }
+        free(u2), free(a);
+    }
+    const double c2 = (I / 16 + K + f->v.nsub + 4) * U24;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < (int64_t)B * H; i++) {
+        double tol = c2 * mag[i];
+        if (!(fabs(f->out[i] - want[i]) <= tol)) {
+            if (bad < 3 && !g_count_only)
+                fprintf(stderr, "  down: out[%lld][%lld] = %.9g, want %.9g (+-%.3g)\n", (long long)(i / H),
+                        (long long)(i % H), (double)f->out[i], want[i], tol);
+            bad++;
+        }
+    }
+    STAGE(bad == 0, "down: %lld of %lld outputs outside the bound", (long long)bad, (long long)B * H);
+    free(want), free(mag), free(rows);
+}
+
+/* ---- running a forward -------------------------------------------------------------------- */
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The route outputs of r, poisoned-buffer style: copied in (host pointers on the sim). */
+static mj_route_outputs route_outputs(const routing *r) {
+    mj_route_outputs o = MJ_ROUTE_OUTPUTS_INIT;
+    o.ids = r->ids, o.weights = r->w, o.n_sel = r->nsel, o.expert_counts = r->cnt, o.expert_offsets = r->off;
+    o.active_experts = r->act, o.n_active = &((routing *)r)->na, o.permutation = r->perm, o.row_index = r->rix;
+    return o;
+}
+
+/* What the tests saw of the dispatcher's choices. */
+static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_chunks, g_seen_tiles;
+
+/* One forward of routing r on L in mode, checked stage by stage and against mj_experts_ref.
+ * Returns the stage failures when counting (mutation tests). */
+static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weight_mode mode, const uint16_t *hidden,
+                       const routing *r, const char *what) {
+    const int B = r->B, H = L->cfg.hidden;
+    fwd f = {L, ex, {0}, mode, {0}, hidden, r, NULL};
+    mj_experts_view_get(ex, &f.v);
+    mj_experts_plan(ex, mode, B, &f.kn);
+    g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = 1;
+    for (int e = 0; e < r->E; e++) g_seen_chunks |= r->cnt[e] > f.kn.TPE;
+    g_seen_tiles |= B > f.kn.TPE;
+    tbuf out = tbuf_new(sizeof(float) * (size_t)B * H, 0);
+    tbuf_poison(&out, 0x55);
+    int32_t nv = r->nv;
+    mj_route_outputs ro = route_outputs(r);
+    int before = g_fail;
+    CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, nv == B ? NULL : &nv, out.p, NULL));
+    float *got = malloc(sizeof(float) * (size_t)B * H);
+    tbuf_get(&out, got, "experts out");
+    f.out = got;
+    g_counted = 0;
+    if (g_fail == before) {
+        if (mode == MJ_MODE_W4A4) check_quant(&f);
+        check_up(&f);
+        check_down(&f);
+        if (!g_count_only) {
+            float *want = malloc(sizeof(float) * (size_t)B * H);
+            CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, r->ids, r->w, r->nsel, want));
+            double e = rel_l2(got, want, (size_t)B * H);
+            /* W4A16: both round act to bf16 (an element may go the other way: 2^-8 of it);
+             * W4A4: a requantized element may land one code away. */
+            CHECK(e <= (mode == MJ_MODE_W4A16 ? 2e-3 : 5e-2), "%s: forward vs mj_experts_ref: relative L2 %.3g", what, e);
+            int pad_bad = 0;
+            for (int64_t i = (int64_t)nv * H; i < (int64_t)B * H; i++) pad_bad += got[i] != 0.0f;
+            CHECK(pad_bad == 0, "%s: %d padding outputs are not 0", what, pad_bad);
+            free(want);
+        }
+    }
+    if (g_fail != before && !g_count_only)
+        fprintf(stderr, "  in %s (%s, B=%d, valid=%d, TPE=%d NW1=%d NW2=%d)\n", what,
+                mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", B, nv, f.kn.TPE, f.kn.NW1, f.kn.NW2);
+    free(got);
+    tbuf_free(&out);
+    return g_counted;
+}
+
+static void random_hidden(uint16_t *h, size_t n, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(rng));
+}
+
+/* ---- the tests ------------------------------------------------------------------------------ */
+
+/* Pack then unpack gives the tensors back, and the packed bytes sit where the kernel's
+ * fragment map says (an independent spot check of the picture in templates/moe_experts.cu). */
+static void test_pack(uint64_t seed) {
+    mj_moe_config c = make_cfg(320, 192, 2, 2, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    const int H = 320, I = 192;
+    int64_t b13 = mj_pack_w13_bytes(H, I), s13 = mj_pack_s13_bytes(H, I), b2 = mj_pack_w2_bytes(H, I),
+            s2 = mj_pack_s2_bytes(H, I);
+    CHECK(b13 == 2 * I * H / 2 && b2 == H * I / 2, "packed code bytes equal the natural ones");
+    CHECK(s13 == (I / 16) * 2 * 512 && s2 == (H / 16) * 1 * 256, "scale chunks: runs of 4 k-steps, padded");
+    uint8_t *p13 = malloc((size_t)b13), *q13 = malloc((size_t)s13), *p2 = malloc((size_t)b2), *q2 = malloc((size_t)s2);
+    CHECK_OK(mj_pack_expert(&L->w13[1], 0, I, I, &L->w2[1], 0, p13, q13, p2, q2));
+    /* Lane 13 = (g 3, p 1), word a2 of tile 2 / step 3 / up: row I + 32 + 3, bytes 32*3 + 16 + 4. */
+    CHECK(!memcmp(p13 + 2 * (H / 64) * 1024 + 3 * 1024 + 512 + 13 * 16 + 8,
+                  L->w13[1].weight + (int64_t)(I + 32 + 3) * (H / 2) + 96 + 16 + 4, 4),
+          "w13 fragment word a2 of lane 13");
+    /* Scale chunk: tile 1, run 1, gate row 9: k-groups 16..19 of row 16 + 9 (H/16 = 20). */
+    CHECK(!memcmp(q13 + 1 * 2 * 512 + 1 * 512 + 9 * 16, L->w13[1].weight_scale + (int64_t)25 * 20 + 16, 4) &&
+              q13[1 * 2 * 512 + 512 + 9 * 16 + 4] == 0,
+          "w13 scale chunk of a partial run, zero padded");
+    mj_nvfp4_linear w13 = {2 * I, H, malloc((size_t)I * H), malloc((size_t)2 * I * H / 16), 0, 0};
+    mj_nvfp4_linear w2 = {H, I, malloc((size_t)H * I / 2), malloc((size_t)H * I / 16), 0, 0};
+    CHECK_OK(mj_unpack_expert(p13, q13, p2, q2, H, I, &w13, &w2));
+    CHECK(!memcmp(w13.weight, L->w13[1].weight, (size_t)I * H) &&
+              !memcmp(w13.weight_scale, L->w13[1].weight_scale, (size_t)2 * I * H / 16),
+          "w13 round trip");
+    CHECK(!memcmp(w2.weight, L->w2[1].weight, (size_t)H * I / 2) && !memcmp(w2.weight_scale, L->w2[1].weight_scale, (size_t)H * I / 16),
+          "w2 round trip");
+    /* A shared expert of 2 I rows: sub-expert 1 is rows I.. of gate and of up, columns I.. */
+    mj_moe_config c2 = make_cfg(128, 64, 2, 2, 2);
+    mj_layer_t L2 = NULL;
+    CHECK_OK(mj_layer_create_random(&c2, seed + 1, &L2));
+    if (L2) {
+        uint8_t *a = malloc(64 * 128), *b = malloc(64 * 128 / 8 * 2), *cc = malloc(64 * 128 / 2), *d = malloc(8 * 256);
+        CHECK_OK(mj_pack_expert(&L2->shared_w13, 64, 128 + 64, 64, &L2->shared_w2, 64, a, b, cc, d));
+        /* step 0 lane 0 word a0 of the gate half: row 64, bytes 0..3 */
+        CHECK(!memcmp(a, L2->shared_w13.weight + 64 * 64, 4), "shared sub-expert gate rows");
+        CHECK(!memcmp(a + 512, L2->shared_w13.weight + 192 * 64, 4), "shared sub-expert up rows");
+        /* w2 tile 0 step 0 lane 0 word a0: row 0, columns 64.. = bytes 32.. */
+        CHECK(!memcmp(cc, L2->shared_w2.weight + 32, 4), "shared sub-expert w2 columns");
+        CHECK_STATUS(mj_pack_expert(&L2->shared_w13, 64, 200, 64, &L2->shared_w2, 64, a, b, cc, d), MJ_ERR_INVALID_ARG);
+        free(a), free(b), free(cc), free(d);
+        mj_layer_free(L2);
+    }
+    free(w13.weight), free(w13.weight_scale), free(w2.weight), free(w2.weight_scale);
+    free(p13), free(q13), free(p2), free(q2);
+    mj_layer_free(L);
+}
+
+static mj_experts_t make_experts(mj_context_t ctx, mj_layer_t L, int mb) {
+    mj_experts_options o = MJ_EXPERTS_OPTIONS_INIT;
+    o.max_batch = mb;
+    mj_experts_t ex = NULL;
+    CHECK_OK(mj_experts_create(ctx, L, &o, &ex));
+    return ex;
+}
+
+/* Small shapes: every bucket, split-K and tile choice, routing from the router (k0 = k and
+ * k0 < k, padding) and by hand (experts with 0, 1, 8, 9, 33 tokens), both modes. */
+static void test_small(mj_context_t ctx, uint64_t seed) {
+    static const struct { int H, I, E, k, B, nv, k0; } cases[] = {
+        {256, 128, 16, 4, 1, 1, 4},   {256, 128, 16, 4, 2, 2, 2},  {512, 64, 16, 4, 7, 5, 4},
+        {1024, 128, 16, 4, 16, 16, 2}, {2048, 64, 16, 4, 64, 61, 4}, {512, 128, 16, 4, 257, 250, 4},
+        {4096, 64, 8, 2, 3, 3, 1},    {256, 64, 16, 4, 32, 30, 2},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        mj_moe_config c = make_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
+        mj_layer_t L = NULL;
+        CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
+        if (!L) continue;
+        mj_experts_t ex = make_experts(ctx, L, 320);
+        uint64_t rng = seed * 31 + ci;
+        uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * c.hidden);
+        random_hidden(hidden, (size_t)cases[ci].B * c.hidden, &rng);
+        routing r;
+        route_layer(L, hidden, cases[ci].B, cases[ci].nv, cases[ci].k0, &r);
+        char what[96];
+        for (int m = 0; m < 2 && ex; m++) {
+            snprintf(what, sizeof what, "small case %zu", ci);
+            run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, what);
+        }
+        routing_free(&r);
+        free(hidden);
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
+    /* Token counts by hand: experts with 0, 1, 8, 9 and 33 tokens. */
+    mj_moe_config c = make_cfg(512, 128, 16, 4, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed + 100, &L));
+    if (!L) return;
+    mj_experts_t ex = make_experts(ctx, L, 64);
+    uint64_t rng = seed + 101;
+    uint16_t *hidden = malloc(sizeof(uint16_t) * 64 * 512);
+    random_hidden(hidden, 64 * 512, &rng);
+    routing r;
+    route_crafted(64, 4, 16, &rng, &r);
+    CHECK(r.cnt[0] == 0 && r.cnt[1] == 1 && r.cnt[2] == 8 && r.cnt[3] == 9 && r.cnt[4] == 33,
+          "crafted counts %d %d %d %d %d", r.cnt[0], r.cnt[1], r.cnt[2], r.cnt[3], r.cnt[4]);
+    for (int m = 0; m < 2 && ex; m++) run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, "crafted counts");
+    routing_free(&r);
+    free(hidden);
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
+/* TP and EP shards: a rank's slice of every expert, or a rank's experts (and no shared). */
+static void test_shards(mj_context_t ctx, uint64_t seed) {
+    mj_moe_config c = make_cfg(512, 256, 16, 4, 1);
+    mj_layer_t full = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &full));
+    if (!full) return;
+    uint64_t rng = seed + 7;
+    uint16_t *hidden = malloc(sizeof(uint16_t) * 16 * 512);
+    random_hidden(hidden, 16 * 512, &rng);
+    routing r;
+    route_layer(full, hidden, 16, 14, 2, &r);
+    const struct { mj_parallel kind; int rank, n; } shards[] = {{MJ_PAR_TP, 1, 2}, {MJ_PAR_EP, 1, 2}, {MJ_PAR_EP, 0, 4}};
+    for (int i = 0; i < 3; i++) {
+        mj_layer_t L = NULL;
+        CHECK_OK(mj_layer_shard(full, shards[i].kind, shards[i].rank, shards[i].n, &L));
+        if (!L) continue;
+        mj_experts_t ex = make_experts(ctx, L, 16);
+        for (int m = 0; m < 2 && ex; m++) run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, "shard");
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
+    routing_free(&r);
+    free(hidden);
+    mj_layer_free(full);
+}
+
+/* GLM-5's shapes (H 6144; I_local 256 as at TP 8, and 2048 unsplit) for a few experts. */
+static void test_glm5_shapes(mj_context_t ctx, uint64_t seed) {
+    static const struct { int I, E, k, B; int modes; } cases[] = {{256, 8, 4, 4, 3}, {2048, 4, 2, 2, 1}};
+    for (int ci = 0; ci < 2; ci++) {
+        mj_moe_config c = make_cfg(6144, cases[ci].I, cases[ci].E, cases[ci].k, 1);
+        mj_layer_t L = NULL;
+        CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
+        if (!L) continue;
+        mj_experts_t ex = make_experts(ctx, L, 8);
+        uint64_t rng = seed + 50 + ci;
+        uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * 6144);
+        random_hidden(hidden, (size_t)cases[ci].B * 6144, &rng);
+        routing r;
+        route_layer(L, hidden, cases[ci].B, cases[ci].B, cases[ci].k, &r);
+        double t0 = test_now_ms();
+        for (int m = 0; m < 2 && ex; m++)
+            if (cases[ci].modes >> m & 1)
+                run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, "GLM-5 shape");
+        printf("GLM-5 shape H 6144 I %d, B %d: %.0f ms on the interpreter (with checks)\n", cases[ci].I, cases[ci].B,
+               test_now_ms() - t0);
+        routing_free(&r);
+        free(hidden);
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
+}
+
+/* Broken packs must fail the stage checks: a lane's fragment swapped with its neighbour's,
+ * the scales of rows g and g+8 swapped, a row's scales shifted by one k-group, gate and up
+ * swapped for one k-step. */
+static void test_mutations(mj_context_t ctx, uint64_t seed) {
+    mj_moe_config c = make_cfg(512, 128, 8, 2, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    mj_experts_t ex = make_experts(ctx, L, 8);
+    if (!ex) return;
+    mj_experts_view v;
+    mj_experts_view_get(ex, &v);
+    uint64_t rng = seed + 3;
+    uint16_t *hidden = malloc(sizeof(uint16_t) * 8 * 512);
+    random_hidden(hidden, 8 * 512, &rng);
+    routing r;
+    route_layer(L, hidden, 8, 8, 2, &r);
+    int xi = r.act[0]; /* an active expert */
+    uint8_t *w13 = v.w13 + (int64_t)xi * v.bytes_w13, *s13 = v.s13 + (int64_t)xi * v.bytes_s13;
+    uint8_t *s2 = v.s2 + (int64_t)xi * v.bytes_s2;
+    for (int m = 0; m < 2; m++) {
+        mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+        g_count_only = 1;
+        CHECK(run_forward(ctx, L, ex, mode, hidden, &r, "unmutated") == 0, "the unmutated pack passes (mode %d)", m);
+        for (int mu = 0; mu < 4; mu++) {
+            uint8_t save[1024];
+            uint8_t *at;
+            size_t len;
+            switch (mu) {
+            case 0: at = w13 + 1 * 1024 + 5 * 16, len = 32; break;   /* tile 0 step 1: lanes 5, 6 */
+            case 1: at = s13 + 2 * 16, len = 8 * 16 + 16; break;     /* tile 0 run 0: rows 2, 10 */
+            case 2: at = s2 + 3 * 16, len = 16; break;               /* w2 tile 0 run 0 row 3 */
+            default: at = w13 + 2 * 1024, len = 1024; break;          /* tile 0 step 2: gate/up */
+            }
+            memcpy(save, at, len);
+            if (mu == 0 || mu == 1) { /* swap the first and last 16 bytes */
+                uint8_t t[16];
+                memcpy(t, at, 16), memcpy(at, at + len - 16, 16), memcpy(at + len - 16, t, 16);
+            } else if (mu == 2) {
+                for (int j = 15; j > 0; j--) at[j] = at[j - 1];
+            } else {
+                uint8_t t[512];
+                memcpy(t, at, 512), memcpy(at, at + 512, 512), memcpy(at + 512, t, 512);
+            }
+            int fails = run_forward(ctx, L, ex, mode, hidden, &r, "mutated");
+            CHECK(fails > 0, "mutation %d (mode %d) was not caught by the stage checks", mu, m);
+            memcpy(at, save, len);
+        }
+        g_count_only = 0;
+    }
+    routing_free(&r);
+    free(hidden);
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
+/* Bytes of weights read: each active expert's (and each shared sub-expert's) exactly once
+ * for B <= 64; none of an inactive one. Same bits run after run. */
+static void test_bytes(mj_context_t ctx, uint64_t seed) {
+    mj_moe_config c = make_cfg(256, 64, 64, 8, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    mj_experts_t ex = make_experts(ctx, L, 64);
+    if (!ex) return;
+    mj_experts_view v;
+    mj_experts_view_get(ex, &v);
+    const int64_t per = v.bytes_w13 + v.bytes_s13 + v.bytes_w2 + v.bytes_s2;
+    static const int Bs[] = {1, 8, 32, 64};
+    for (int bi = 0; bi < 4; bi++)
+        for (int k0 = 8; k0 >= 4; k0 -= 4)
+            for (int m = 0; m < 2; m++) {
+                int B = Bs[bi];
+                uint64_t rng = seed + (uint64_t)bi;
+                uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)B * 256);
+                random_hidden(hidden, (size_t)B * 256, &rng);
+                routing r;
+                route_layer(L, hidden, B, B, k0, &r);
+                mj_route_outputs ro = route_outputs(&r);
+                float *o1 = malloc(sizeof(float) * (size_t)B * 256), *o2 = malloc(sizeof(float) * (size_t)B * 256);
+                mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+                mj_sim_stream_bytes_take();
+                CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, NULL, o1, NULL));
+                unsigned long long got = mj_sim_stream_bytes_take();
+                unsigned long long want = (unsigned long long)(r.na + v.nsub) * (unsigned long long)per;
+                CHECK(got == want, "B=%d k0=%d mode %d: %llu bytes read, want %llu (%d active experts + shared, %lld each)",
+                      B, k0, m, got, want, r.na, (long long)per);
+                CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, NULL, o2, NULL));
+                CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)B * 256), "B=%d: two runs differ in some bit", B);
+                printf("bytes B=%-2d k0=%d %s: %d active + %d shared experts, %llu bytes read = the floor\n", B, k0,
+                       m ? "W4A4 " : "W4A16", r.na, v.nsub, got);
+                free(o1), free(o2), free(hidden);
+                routing_free(&r);
+            }
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
+/* One recorded launch sequence (what a CUDA graph is), replayed with new token counts. */
+static void test_replay(mj_context_t ctx, uint64_t seed) {
+    mj_moe_config c = make_cfg(256, 64, 16, 4, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    mj_experts_t ex = make_experts(ctx, L, 16);
+    if (!ex) return;
+    const int B = 16, H = 256;
+    uint64_t rng = seed + 9;
+    uint16_t *hidden = malloc(sizeof(uint16_t) * B * H);
+    random_hidden(hidden, (size_t)B * H, &rng);
+    for (int m = 0; m < 2; m++) {
+        mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+        routing r;
+        route_layer(L, hidden, B, B, 2, &r);
+        mj_route_outputs ro = route_outputs(&r);
+        int32_t nv = B;
+        float *out = malloc(sizeof(float) * B * H), *want = malloc(sizeof(float) * B * H);
+        CHECK_OK(mj_experts_prepare(ctx, ex, mode, B));
+        mj_sim_graph *g = NULL;
+        CHECK_OK(mj_sim_capture_begin(ctx));
+        CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, &nv, out, NULL));
+        CHECK_OK(mj_sim_capture_end(ctx, &g));
+        CHECK(mj_sim_graph_launches(g) == (m ? 3 : 2), "recorded %d launches", mj_sim_graph_launches(g));
+        static const int counts[] = {16, 11, 1, 0};
+        for (int i = 0; i < 4; i++) {
+            /* The engine routes the new count into the same buffers, then replays. */
+            routing r2;
+            route_layer(L, hidden, B, counts[i], 2, &r2);
+            memcpy(r.ids, r2.ids, 4 * B * 4), memcpy(r.w, r2.w, 4 * B * 4), memcpy(r.nsel, r2.nsel, 4 * B);
+            memcpy(r.cnt, r2.cnt, 4 * 16), memcpy(r.off, r2.off, 4 * 17), memcpy(r.act, r2.act, 4 * 16);
+            memcpy(r.perm, r2.perm, 4 * B * 4), memcpy(r.rix, r2.rix, 4 * B * 4), r.na = r2.na;
+            nv = counts[i];
+            memset(out, 0x55, sizeof(float) * B * H);
+            CHECK_OK(mj_sim_graph_replay(g));
+            CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, r.ids, r.w, r.nsel, want));
+            double e = rel_l2(out, want, (size_t)B * H);
+            CHECK(e <= (m ? 5e-2 : 2e-3), "replay at %d tokens (mode %d): relative L2 %.3g", nv, m, e);
+            routing_free(&r2);
+        }
+        mj_sim_graph_free(g);
+        routing_free(&r);
+        free(out), free(want);
+    }
+    free(hidden);
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
+/* What cannot run is refused, naming the value and what would work. */
+static void test_refusals(mj_context_t ctx, const char *cache) {
+    mj_moe_config c = make_cfg(256, 64, 8, 2, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, 5, &L));
+    if (!L) return;
+    /* W4A4 on sm_90a. */
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = cache, o.backend = MJ_BACKEND_SIM, o.device = MJ_DEVICE_NONE, o.target = "sm_90a";
+    mj_context_t c90 = NULL;
+    CHECK_OK(mj_context_create(&o, &c90));
+    mj_experts_t ex90 = NULL;
+    if (c90) {
+        mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
+        eo.mode_policy = "1-4:w4a16,5-:w4a4";
+        CHECK_STATUS(mj_experts_create(c90, L, &eo, &ex90), MJ_ERR_UNSUPPORTED);
+        CHECK(strstr(mj_last_error(), "sm_90a") && strstr(mj_last_error(), "w4a16"), "%s", mj_last_error());
+        ex90 = make_experts(c90, L, 8);
+        mj_weight_mode m;
+        if (ex90) {
+            CHECK_STATUS(mj_experts_mode(ex90, MJ_MODE_W4A4, 4, &m), MJ_ERR_UNSUPPORTED);
+            CHECK(strstr(mj_last_error(), "sm_90a") && strstr(mj_last_error(), "MJ_MODE_W4A16"), "%s", mj_last_error());
+            CHECK_OK(mj_experts_mode(ex90, MJ_MODE_AUTO, 64, &m));
+            CHECK(m == MJ_MODE_W4A16, "sm_90a's default policy is W4A16 for every B");
+        }
+        mj_experts_free(ex90);
+        mj_context_destroy(c90);
+    }
+    mj_experts_t ex = make_experts(ctx, L, 8);
+    if (ex) {
+        mj_weight_mode m;
+        CHECK_OK(mj_experts_mode(ex, MJ_MODE_AUTO, 8, &m));
+        CHECK(m == MJ_MODE_W4A16, "sm_120a policy at B = 8: W4A16");
+        CHECK_OK(mj_experts_mode(ex, MJ_MODE_AUTO, 9, &m));
+        CHECK(m == MJ_MODE_W4A4, "sm_120a policy at B = 9: W4A4");
+        uint16_t hidden[256 * 9] = {0};
+        float out[256 * 9];
+        routing r;
+        route_layer(L, hidden, 9, 9, 2, &r);
+        mj_route_outputs ro = route_outputs(&r);
+        CHECK_STATUS(mj_experts_forward(ctx, ex, MJ_MODE_W4A16, hidden, &ro, 9, NULL, out, NULL), MJ_ERR_INVALID_ARG);
+        CHECK(strstr(mj_last_error(), "0..8") && strstr(mj_last_error(), "max_batch"), "%s", mj_last_error());
+        ro.row_index = NULL;
+        CHECK_STATUS(mj_experts_forward(ctx, ex, MJ_MODE_W4A16, hidden, &ro, 4, NULL, out, NULL), MJ_ERR_INVALID_ARG);
+        CHECK(strstr(mj_last_error(), "row_index") != NULL, "%s", mj_last_error());
+        CHECK_STATUS(mj_experts_forward(ctx, ex, (mj_weight_mode)7, hidden, &ro, 4, NULL, out, NULL), MJ_ERR_INVALID_ARG);
+        routing_free(&r);
+    }
+    static const char *bad[] = {"", "w4a8", "1-8:w4a16,8-:w4a4", "1-:w4a16,", "0-4:w4a16", "x:w4a4"};
+    for (int i = 0; i < 6; i++) {
+        mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
+        eo.mode_policy = bad[i];
+        mj_experts_t e2 = NULL;
+        CHECK_STATUS(mj_experts_create(ctx, L, &eo, &e2), MJ_ERR_INVALID_ARG);
+    }
+    mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
+    eo.max_batch = 0;
+    mj_experts_t e3 = NULL;
+    CHECK_STATUS(mj_experts_create(ctx, L, &eo, &e3), MJ_ERR_INVALID_ARG);
+    /* A shared expert that is no multiple of the routed experts' size. */
+    int32_t keep = L->is_local;
+    L->is_local = 96;
+    CHECK_STATUS(mj_experts_create(ctx, L, NULL, &e3), MJ_ERR_UNSUPPORTED);
+    CHECK(strstr(mj_last_error(), "96") && strstr(mj_last_error(), "64"), "%s", mj_last_error());
+    L->is_local = keep;
+    /* An intermediate size the FP4 MMA cannot step through. */
+    keep = L->i_local;
+    L->i_local = 96;
+    CHECK_STATUS(mj_experts_create(ctx, L, NULL, &e3), MJ_ERR_UNSUPPORTED);
+    CHECK(strstr(mj_last_error(), "96") && strstr(mj_last_error(), "multiple of 64"), "%s", mj_last_error());
+    L->i_local = keep;
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
+/* Every specialization of the GLM-5 decode plan (H 6144, I_local 256 and 2048, one shared
+ * expert, B 1..64) compiles with 0 spills: W4A4 and W4A16 for sm_120a, W4A16 for sm_90a
+ * and sm_80. The SASS has the MMAs and 128-bit weight loads. */
+static void test_compile(const char *cache) {
+    static const char *targets[] = {"sm_120a", "sm_90a", "sm_80"};
+    for (int t = 0; t < 3; t++) {
+        mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+        o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = targets[t];
+        mj_context_t c = NULL;
+        CHECK_OK(mj_context_create(&o, &c));
+        if (!c) continue;
+        for (int ii = 0; ii < 2; ii++)
+            for (int mode = 0; mode < (t == 0 ? 2 : 1); mode++)
+                for (int tpe = 8; tpe <= 64; tpe *= 2) {
+                    mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = ii ? 2048 : 256, .K = 8, .TPE = tpe,
+                                              .NW1 = tpe == 64 ? 4 : 8, .NW2 = 2, .NSUB = 1};
+                    mj_spec s;
+                    const mj_function *f = NULL;
+                    mj_spec_moe_experts(c, &k, &s);
+                    CHECK_OK(mj_jit_get(c, &s, &f));
+                    if (!f) continue;
+                    const mj_ptxas_report *rep = mj_function_report(f);
+                    CHECK(rep->spill_stores == 0 && rep->spill_loads == 0, "%s %s I %d TPE %d: %d/%d spill bytes",
+                          targets[t], mode ? "W4A4" : "W4A16", k.I, tpe, rep->spill_stores, rep->spill_loads);
+                    if (ii == 0)
+                        printf("plan %-7s %-5s TPE %2d: %3d registers, %d spill bytes, %d B static smem\n", targets[t],
+                               mode ? "W4A4" : "W4A16", tpe, rep->registers, rep->spill_stores, rep->smem_static);
+                }
+        mj_context_destroy(c);
+    }
+}
+
+int main(void) {
+    uint64_t seed = test_seed(2026);
+    const char *cache = test_shared_cache();
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
+    mj_context_t ctx = NULL;
+    CHECK_OK(mj_context_create(&o, &ctx));
+    if (!ctx) return test_finish();
+    double t0 = test_now_ms(), t = t0;
+#define TIMED(call)                                                                      \
+    do {                                                                                 \
+        call;                                                                            \
+        printf("  %-28s %6.0f ms\n", #call, test_now_ms() - t);                          \
+        t = test_now_ms();                                                               \
+    } while (0)
+    TIMED(test_pack(seed));
+    TIMED(test_small(ctx, seed));
+    TIMED(test_shards(ctx, seed + 200));
+    TIMED(test_mutations(ctx, seed + 300));
+    TIMED(test_bytes(ctx, seed + 400));
+    TIMED(test_replay(ctx, seed + 500));
+    TIMED(test_refusals(ctx, cache));
+    TIMED(test_glm5_shapes(ctx, seed + 600));
+    CHECK(g_seen_tpe[8] && g_seen_tpe[16] && g_seen_tpe[32] && g_seen_tpe[64], "every token bucket reached");
+    CHECK(g_seen_nw1[1] && g_seen_nw1[2] && g_seen_nw1[4] && g_seen_nw1[8], "every split-K width reached");
+    CHECK(g_seen_nw2[1] && g_seen_nw2[2], "both down block widths reached");
+    CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");
+    mj_context_destroy(ctx);
+    TIMED(test_compile(cache));
+    printf("experts tests: %.0f ms\n", test_now_ms() - t0);
+    return test_finish();
+}
