@@ -624,6 +624,10 @@ void mj_sim_graph_free(mj_sim_graph *g) {
 const char *mj_function_key(const mj_function *f) { return f->key_hex; }
 const mj_ptxas_report *mj_function_report(const mj_function *f) { return &f->report; }
 const char *mj_function_source(const mj_function *f) { return f->entry.source; }
+const void *mj_function_binary(const mj_function *f, size_t *len) {
+    if (len) *len = f->entry.binary_len;
+    return f->entry.binary;
+}
 
 mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_launch_dims d,
                              void **args, int nargs) {

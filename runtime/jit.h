@@ -35,6 +35,8 @@ mj_status mj_jit_get(mj_context_t ctx, const mj_spec *s, const mj_function **out
 const char *mj_function_key(const mj_function *f);
 const mj_ptxas_report *mj_function_report(const mj_function *f);
 const char *mj_function_source(const mj_function *f);
+/* The compiled binary (a cubin, or the interpreter's shared object). */
+const void *mj_function_binary(const mj_function *f, size_t *len);
 /* Launch kernel `kernel` (index within the template `tpl`) with packed args; the typed
  * wrappers in mj_kernels.h call this. MJ_ERR_NO_DEVICE for a CUDA function in a
  * compile-only context. A sim function (spec backend MJ_BACKEND_SIM) runs on the CPU: its

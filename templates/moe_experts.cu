@@ -152,6 +152,22 @@ MJ_DEVICE uint32_t quant16(const float *v, float gs, uint8_t *q) {
     return sf;
 }
 
+/* Quantized activations (the W4A4 input of up and of down) are stored in fragment order:
+ * each 64-element step is 32 bytes, lane p's B fragment (b0: elements 8p..8p+7, b1:
+ * 32+8p..) side by side at byte 8p, so a lane loads its 8 bytes at once. Natural u32 word wi
+ * of a step (elements 8wi..8wi+7) lives at word (wi < 4 ? 2wi : 2(wi - 4) + 1). */
+MJ_DEVICE int frag_word(int wi) { return wi < 4 ? 2 * wi : 2 * (wi - 4) + 1; }
+
+/* Store the 8 code bytes of 16-element group grp of a row, in fragment order. */
+MJ_DEVICE void store_q16(uint8_t *row, int grp, const uint8_t *q) {
+    uint32_t w0 = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
+    uint32_t w1 = (uint32_t)q[4] | (uint32_t)q[5] << 8 | (uint32_t)q[6] << 16 | (uint32_t)q[7] << 24;
+    uint8_t *step = row + 32 * (grp / 4);
+    int wi = 2 * (grp % 4);
+    *(uint32_t *)(step + 4 * frag_word(wi)) = w0;
+    *(uint32_t *)(step + 4 * frag_word(wi + 1)) = w1;
+}
+
 /* Two codes (nibbles 0 and 1 of c) times scale, as a bf16 pair (low = first). The products
  * have at most 6 significant bits: exact in bf16, so the top half of the float is it. */
 MJ_DEVICE uint32_t dequant2(uint32_t c, float scale) {
@@ -225,7 +241,9 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
         for (int grp = (int)threadIdx.x; grp < H / 16; grp += (int)blockDim.x) {
             float v[16];
             for (int i = 0; i < 16; i++) v[i] = bits_f((uint32_t)xr[grp * 16 + i] << 16);
-            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, gs, xq + (long long)row * (H / 2) + grp * 8);
+            uint8_t q[8];
+            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, gs, q);
+            store_q16(xq + (long long)row * (H / 2), grp, q);
         }
     }
 }
@@ -251,6 +269,74 @@ MJ_DEVICE rows_t slot_rows(int slot, int n_slots, const int32_t *counts, const i
         r.xi = n_local + (slot - n_slots), r.shared = 1, r.n = nv;
     }
     return r;
+}
+
+/* One run (4 k-steps) of an up block's weights, as one warp's lanes hold them: gate and up
+ * fragments of each step, and (lanes p < 2) the scale chunks of rows g + 8p. A warp loads
+ * the next run while it computes this one: 4 KiB in flight per warp, 8 while computing. */
+typedef struct up_run_t {
+    uint4 w[4][2];
+    uint4 sc[2];
+} up_run_t;
+
+MJ_DEVICE void up_load(const uint8_t *wt, const uint8_t *st, int run, int lane, up_run_t *r) {
+    const int g = lane >> 2, p = lane & 3;
+    const uint4 z = {0, 0, 0, 0};
+    r->sc[0] = z, r->sc[1] = z;
+    if (p < 2) {
+        r->sc[0] = mj_ld_stream(st + run * 512 + (p * 8 + g) * 16);
+        r->sc[1] = mj_ld_stream(st + run * 512 + 256 + (p * 8 + g) * 16);
+    }
+    for (int s4 = 0; s4 < 4; s4++) {
+        const int s = run * 4 + s4;
+        r->w[s4][0] = z, r->w[s4][1] = z;
+        if (s < KS1) {
+            r->w[s4][0] = mj_ld_stream(wt + s * 1024 + lane * 16);
+            r->w[s4][1] = mj_ld_stream(wt + s * 1024 + 512 + lane * 16);
+        }
+    }
+}
+
+MJ_DEVICE uint32_t word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+/* The MMAs of one run against this lane's token rows src[] (the chunk holds nc tokens). */
+MJ_DEVICE void up_compute(const up_run_t *r, int run, const long long *src, int nc, const uint16_t *x,
+                          const uint8_t *xq, const uint8_t *xsf, int lane, float acc[2][NT][4]) {
+    const int g = lane >> 2, p = lane & 3;
+    for (int s4 = 0; s4 < 4; s4++) {
+        const int s = run * 4 + s4;
+        if (s >= KS1) break;
+        if (MODE == 1) {
+            for (int n = 0; n < NT; n++) {
+                if (n * 8 >= nc) break;
+                uint32_t bq[2] = {0, 0}, sfb = 0;
+                if (src[n] >= 0) { /* fragment order: lane p's 8 bytes of the step */
+                    uint2 v = *(const uint2 *)(xq + src[n] * (H / 2) + 32 * s + 8 * p);
+                    bq[0] = v.x, bq[1] = v.y;
+                    if (p == 0) sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
+                }
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t a[4] = {r->w[s4][h].x, r->w[s4][h].y, r->w[s4][h].z, r->w[s4][h].w};
+                    mj_mma_e2m1_m16n8k64(acc[h][n], a, bq, acc[h][n], word_of(r->sc[h], s4), sfb);
+                }
+            }
+        } else {
+            uint32_t a[2][4][4];
+            for (int h = 0; h < 2; h++) {
+                uint32_t sw = word_of(r->sc[h], s4);
+                uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0);
+                uint32_t s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
+                dequant_frag(r->w[s4][h], s0, s8, p, a[h]);
+            }
+            for (int n = 0; n < NT; n++) {
+                if (n * 8 >= nc) break;
+                uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+                if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
+                for (int h = 0; h < 2; h++)
+                    for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[h][n], a[h][kt], b[kt], acc[h][n]);
+            }
+        }
+    }
 }
 
 /* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory
@@ -290,55 +376,15 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         for (int h = 0; h < 2; h++)
             for (int n = 0; n < NT; n++)
                 for (int i = 0; i < 4; i++) acc[h][n][i] = 0.0f;
-        /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn. */
+        /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn; the next
+         * run's loads are in flight while this one computes. */
+        up_run_t cur, nxt;
+        if (w < RUNS1) up_load(wt, st, w, lane, &cur);
         MJ_NO_UNROLL
         for (int run = w; run < RUNS1; run += NW1) {
-            uint4 sc[2] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            if (p < 2) { /* lanes (g, 0) and (g, 1): rows g and g + 8 of gate, then of up */
-                sc[0] = mj_ld_stream(st + run * 512 + (p * 8 + g) * 16);
-                sc[1] = mj_ld_stream(st + run * 512 + 256 + (p * 8 + g) * 16);
-            }
-            MJ_NO_UNROLL
-        for (int s4 = 0; s4 < 4; s4++) {
-                const int s = run * 4 + s4;
-                if (s >= KS1) break;
-                uint4 wf[2];
-                wf[0] = mj_ld_stream(wt + s * 1024 + lane * 16);
-                wf[1] = mj_ld_stream(wt + s * 1024 + 512 + lane * 16);
-                uint32_t sw[2];
-                for (int h = 0; h < 2; h++)
-                    sw[h] = s4 == 0 ? sc[h].x : s4 == 1 ? sc[h].y : s4 == 2 ? sc[h].z : sc[h].w;
-                if (MODE == 1) {
-                    for (int n = 0; n < NT; n++) {
-                        if (n * 8 >= nc) break;
-                        uint32_t bq[2] = {0, 0}, sfb = 0;
-                        if (src[n] >= 0) {
-                            const uint8_t *qr = xq + src[n] * (H / 2);
-                            bq[0] = *(const uint32_t *)(qr + 32 * s + 4 * p);
-                            bq[1] = *(const uint32_t *)(qr + 32 * s + 16 + 4 * p);
-                            sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
-                        }
-                        for (int h = 0; h < 2; h++) {
-                            const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
-                            mj_mma_e2m1_m16n8k64(acc[h][n], a, bq, acc[h][n], sw[h], sfb);
-                        }
-                    }
-                } else {
-                    uint32_t a[2][4][4];
-                    for (int h = 0; h < 2; h++) {
-                        uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw[h], g * 4 + 0);
-                        uint32_t s8 = __shfl_sync(0xFFFFFFFFu, sw[h], g * 4 + 1);
-                        dequant_frag(wf[h], s0, s8, p, a[h]);
-                    }
-                    for (int n = 0; n < NT; n++) {
-                        if (n * 8 >= nc) break;
-                        uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-                        if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
-                        for (int h = 0; h < 2; h++)
-                            for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[h][n], a[h][kt], b[kt], acc[h][n]);
-                    }
-                }
-            }
+            if (run + NW1 < RUNS1) up_load(wt, st, run + NW1, lane, &nxt);
+            up_compute(&cur, run, src, nc, x, xq, xsf, lane, acc);
+            cur = nxt;
         }
         /* Split-K: warps 1.. hand their sums to warp 0, which adds them in warp order. */
         if (NW1 > 1) {
@@ -370,7 +416,9 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 for (int ti = lane; ti < nc; ti += 32) {
                     int ci = c0 + ti;
                     long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
-                    act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, gs2, actq + orow * (I / 2) + 8 * t);
+                    uint8_t q[8];
+                    act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, gs2, q);
+                    store_q16(actq + orow * (I / 2), t, q);
                 }
                 __syncwarp(0xFFFFFFFFu);
             }
@@ -391,73 +439,108 @@ MJ_DEVICE int first_row(const int32_t *row_index, int lo, int hi, int tok) {
     return lo;
 }
 
-/* One expert's rows [r0, r0 + n) (tokens t0.. of the tile, n <= TPE) against this warp's 16
- * dims: acc_tile[token - t0][dim] += weight * alpha * (w2 . act). */
-MJ_DEVICE void down_expert(const uint8_t *wt, const uint8_t *st, float alpha, const uint16_t *act,
-                           const uint8_t *actq, const uint8_t *act_sf, const int32_t *row_index,
-                           const float *weights, int shared_row0, int r0, int n, int t0, float *acc_tile,
-                           int lane) {
-    const int g = lane >> 2, p = lane & 3;
-    long long src[NT];
-    int tok[NT];
-    for (int c = 0; c < NT; c++) {
-        int i = c * 8 + g;
-        src[c] = -1;
-        tok[c] = -1;
-        if (i < n) {
-            src[c] = shared_row0 >= 0 ? (long long)shared_row0 + t0 + i : r0 + i;
-            tok[c] = shared_row0 >= 0 ? t0 + i : row_index[r0 + i] / K;
+/* A warp of down streams (expert, run) items: every run of every active expert held here
+ * with rows in the token tile, in ascending expert id, then the shared sub-experts. The
+ * next item's loads are in flight while one computes, across experts too (at decode with
+ * I_local 256 an expert is one run: the next expert's weights arrive during this one). */
+typedef struct down_item_t {
+    int xi;          /* packed expert, -1: none left                                       */
+    int r0, n;       /* its rows (tokens t0 .. of the tile)                                */
+    int shared_row0; /* the shared sub-expert's first act row, -1 for a routed expert     */
+    float alpha;
+} down_item_t;
+
+typedef struct down_run_t {
+    uint4 w[4];
+    uint4 sc;
+} down_run_t;
+
+/* The expert after cursor (a slot of the active list, then NSUB shared ones) that has rows
+ * in [t0, t1); the cursor moves past it. */
+MJ_DEVICE down_item_t next_expert(int *cursor, int na, const int32_t *counts, const int32_t *offsets,
+                                  const int32_t *active, const int32_t *row_index, const float *scal, int n_local,
+                                  int expert_begin, int mb, int t0, int t1, int ts) {
+    down_item_t it = {-1, 0, 0, -1, 0.0f};
+    while (*cursor < na + NSUB) {
+        int c = (*cursor)++;
+        if (c < na) {
+            const int e = active[c], xi = e - expert_begin;
+            if (e < 0 || xi < 0 || xi >= n_local) continue;
+            const int off = offsets[e], cnt = counts[e];
+            const int lo = first_row(row_index, off, off + cnt, t0), hi = first_row(row_index, lo, off + cnt, t1);
+            if (hi == lo) continue;
+            it.xi = xi, it.r0 = lo, it.n = hi - lo;
+        } else {
+            if (ts <= t0) break;
+            it.xi = n_local + (c - na), it.r0 = 0, it.n = ts - t0, it.shared_row0 = mb * K + (c - na) * mb;
         }
+        const float ws2 = scal[it.xi * 4 + 2];
+        it.alpha = MODE == 1 ? scal[it.xi * 4 + 3] * ws2 : ws2;
+        return it;
     }
-    float acc[NT][4];
-    for (int c = 0; c < NT; c++)
-        for (int i = 0; i < 4; i++) acc[c][i] = 0.0f;
-    MJ_NO_UNROLL
-    for (int run = 0; run < RUNS2; run++) {
-        uint4 sc = {0, 0, 0, 0};
-        if (p < 2) sc = mj_ld_stream(st + run * 256 + (p * 8 + g) * 16);
-        MJ_NO_UNROLL
-        for (int s4 = 0; s4 < 4; s4++) {
-            const int s = run * 4 + s4;
-            if (s >= KS2) break;
-            uint4 wf = mj_ld_stream(wt + s * 512 + lane * 16);
-            uint32_t sw = s4 == 0 ? sc.x : s4 == 1 ? sc.y : s4 == 2 ? sc.z : sc.w;
-            if (MODE == 1) {
-                const uint32_t a[4] = {wf.x, wf.y, wf.z, wf.w};
-                for (int c = 0; c < NT; c++) {
-                    if (c * 8 >= n) break;
-                    uint32_t bq[2] = {0, 0}, sfb = 0;
-                    if (src[c] >= 0) {
-                        const uint8_t *qr = actq + src[c] * (I / 2);
-                        bq[0] = *(const uint32_t *)(qr + 32 * s + 4 * p);
-                        bq[1] = *(const uint32_t *)(qr + 32 * s + 16 + 4 * p);
-                        sfb = *(const uint32_t *)(act_sf + src[c] * (I / 16) + 4 * s);
-                    }
-                    mj_mma_e2m1_m16n8k64(acc[c], a, bq, acc[c], sw, sfb);
+    it.xi = -1;
+    return it;
+}
+
+MJ_DEVICE void down_load(const uint8_t *w2, const uint8_t *s2, const down_item_t *it, int d, int run, int lane,
+                         down_run_t *r) {
+    const int g = lane >> 2, p = lane & 3;
+    const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE, *st = s2 + it->xi * S2_EXPERT + d * S2_TILE;
+    const uint4 z = {0, 0, 0, 0};
+    r->sc = z;
+    if (p < 2) r->sc = mj_ld_stream(st + run * 256 + (p * 8 + g) * 16);
+    for (int s4 = 0; s4 < 4; s4++) {
+        r->w[s4] = z;
+        if (run * 4 + s4 < KS2) r->w[s4] = mj_ld_stream(wt + (run * 4 + s4) * 512 + lane * 16);
+    }
+}
+
+MJ_DEVICE void down_compute(const down_run_t *r, int run, const long long *src, int n, const uint16_t *act,
+                            const uint8_t *actq, const uint8_t *act_sf, int lane, float acc[NT][4]) {
+    const int g = lane >> 2, p = lane & 3;
+    for (int s4 = 0; s4 < 4; s4++) {
+        const int s = run * 4 + s4;
+        if (s >= KS2) break;
+        const uint32_t sw = word_of(r->sc, s4);
+        if (MODE == 1) {
+            const uint32_t a[4] = {r->w[s4].x, r->w[s4].y, r->w[s4].z, r->w[s4].w};
+            for (int c = 0; c < NT; c++) {
+                if (c * 8 >= n) break;
+                uint32_t bq[2] = {0, 0}, sfb = 0;
+                if (src[c] >= 0) {
+                    uint2 v = *(const uint2 *)(actq + src[c] * (I / 2) + 32 * s + 8 * p);
+                    bq[0] = v.x, bq[1] = v.y;
+                    if (p == 0) sfb = *(const uint32_t *)(act_sf + src[c] * (I / 16) + 4 * s);
                 }
-            } else {
-                uint32_t a[4][4];
-                uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0), s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
-                dequant_frag(wf, s0, s8, p, a);
-                for (int c = 0; c < NT; c++) {
-                    if (c * 8 >= n) break;
-                    uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-                    if (src[c] >= 0) bf16_bfrag(act + src[c] * I, s, p, b);
-                    for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[c], a[kt], b[kt], acc[c]);
-                }
+                mj_mma_e2m1_m16n8k64(acc[c], a, bq, acc[c], sw, sfb);
+            }
+        } else {
+            uint32_t a[4][4];
+            uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0), s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
+            dequant_frag(r->w[s4], s0, s8, p, a);
+            for (int c = 0; c < NT; c++) {
+                if (c * 8 >= n) break;
+                uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+                if (src[c] >= 0) bf16_bfrag(act + src[c] * I, s, p, b);
+                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[c], a[kt], b[kt], acc[c]);
             }
         }
     }
-    /* d_i: dim g (+8 for i >= 2) of token 2p (+1) of each group; tokens of other lanes are
-     * fetched by shuffle (lane (g', p') holds token c * 8 + g'). */
+}
+
+/* An expert's D fragments into the warp's tile: d_i is dim g (+8 for i >= 2) of token 2p (+1)
+ * of each group; lane (g', p') knows token c * 8 + g', so the token comes by shuffle.
+ * acc_tile[token - t0][dim] += weight * alpha * d: each (token, dim) is one lane's. */
+MJ_DEVICE void down_epilogue(const down_item_t *it, const int *tok, const int32_t *row_index, const float *weights,
+                             int t0, int lane, float acc[NT][4], float *acc_tile) {
+    const int g = lane >> 2, p = lane & 3;
     for (int c = 0; c < NT; c++)
         for (int i = 0; i < 4; i++) {
             int ti = c * 8 + 2 * p + (i & 1);
             int tk = __shfl_sync(0xFFFFFFFFu, tok[c], (2 * p + (i & 1)) * 4);
-            int rw = shared_row0 >= 0 ? -1 : (ti < n ? row_index[r0 + ti] : -1);
-            if (ti >= n) continue;
-            float wgt = shared_row0 >= 0 ? 1.0f : weights[rw];
-            acc_tile[(tk - t0) * 16 + g + 8 * (i >> 1)] += wgt * (acc[c][i] * alpha);
+            if (ti >= it->n) continue;
+            float wgt = it->shared_row0 >= 0 ? 1.0f : weights[row_index[it->r0 + ti]];
+            acc_tile[(tk - t0) * 16 + g + 8 * (i >> 1)] += wgt * (acc[c][i] * it->alpha);
         }
 }
 
@@ -469,7 +552,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                             const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,
                             int mb, int n_local, int expert_begin, int n_slots, float *out) {
     MJ_DYNAMIC_SHARED(float, smem);
-    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g = lane >> 2;
     const int d = (int)blockIdx.x * NW2 + w; /* this warp's 16 dims: 16d .. */
     const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
     const int nv = valid_tokens(num_valid, B);
@@ -477,26 +560,42 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     for (int i = lane; i < TPE * 16; i += 32) acc_tile[i] = 0.0f;
     __syncwarp(0xFFFFFFFFu);
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
-    for (int slot = 0; slot < na; slot++) {
-        const int e = active[slot], xi = e - expert_begin;
-        if (e < 0 || xi < 0 || xi >= n_local) continue;
-        const int off = offsets[e], cnt = counts[e];
-        const int lo = first_row(row_index, off, off + cnt, t0), hi = first_row(row_index, lo, off + cnt, t1);
-        if (hi == lo) continue;
-        const float ws2 = scal[xi * 4 + 2];
-        const float alpha = MODE == 1 ? scal[xi * 4 + 3] * ws2 : ws2;
-        down_expert(w2 + xi * W2_EXPERT + d * W2_TILE, s2 + xi * S2_EXPERT + d * S2_TILE, alpha, act, actq, act_sf,
-                    row_index, weights, -1, lo, hi - lo, t0, acc_tile, lane);
-        __syncwarp(0xFFFFFFFFu);
-    }
     const int ts = nv < t1 ? nv : t1; /* shared experts: the valid tokens of the tile */
-    for (int j = 0; j < NSUB && ts > t0; j++) {
-        const int xi = n_local + j;
-        const float ws2 = scal[xi * 4 + 2];
-        const float alpha = MODE == 1 ? scal[xi * 4 + 3] * ws2 : ws2;
-        down_expert(w2 + xi * W2_EXPERT + d * W2_TILE, s2 + xi * S2_EXPERT + d * S2_TILE, alpha, act, actq, act_sf,
-                    row_index, weights, mb * K + j * mb, 0, ts - t0, t0, acc_tile, lane);
-        __syncwarp(0xFFFFFFFFu);
+    int cursor = 0, run = 0;
+    down_item_t it = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0,
+                                 t1, ts);
+    down_run_t cur, nxt;
+    long long src[NT];
+    int tok[NT];
+    float acc[NT][4];
+    if (it.xi >= 0) down_load(w2, s2, &it, d, 0, lane, &cur);
+    MJ_NO_UNROLL
+    while (it.xi >= 0) {
+        /* The item after this one: the expert's next run, or the next expert's first. */
+        down_item_t nit = it;
+        int nrun = run + 1;
+        if (nrun == RUNS2) {
+            nrun = 0;
+            nit = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0, t1, ts);
+        }
+        if (nit.xi >= 0) down_load(w2, s2, &nit, d, nrun, lane, &nxt);
+        if (run == 0) { /* a new expert: its rows, fresh accumulators */
+            for (int c = 0; c < NT; c++) {
+                int i = c * 8 + g;
+                src[c] = -1, tok[c] = -1;
+                if (i < it.n) {
+                    src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
+                    tok[c] = it.shared_row0 >= 0 ? t0 + i : row_index[it.r0 + i] / K;
+                }
+                for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
+            }
+        }
+        down_compute(&cur, run, src, it.n, act, actq, act_sf, lane, acc);
+        if (run == RUNS2 - 1) {
+            down_epilogue(&it, tok, row_index, weights, t0, lane, acc, acc_tile);
+            __syncwarp(0xFFFFFFFFu);
+        }
+        it = nit, run = nrun, cur = nxt;
     }
     for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
 }

@@ -139,6 +139,46 @@ static inline int test_run_child(const char *argv0, const char *mode, const char
     return WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
 }
 
+/* ---- SASS ------------------------------------------------------------------------------------
+ * The disassembly of a cubin (malloc'd text), through nvdisasm from PATH (scripts/setup.sh
+ * installs it) or $MOEJIT_NVDISASM; NULL when it cannot be run. */
+static inline char *test_sass(const void *cubin, size_t len) {
+    char *dir = test_tmpdir("sass"), path[4200], cmd[8600];
+    if (!dir) return NULL;
+    snprintf(path, sizeof path, "%s/k.cubin", dir);
+    FILE *f = fopen(path, "wb");
+    char *text = NULL;
+    if (f && fwrite(cubin, 1, len, f) == len && fclose(f) == 0) {
+        const char *tool = getenv("MOEJIT_NVDISASM");
+        snprintf(cmd, sizeof cmd, "'%s' -c '%s' 2>/dev/null", tool && *tool ? tool : "nvdisasm", path);
+        FILE *p = popen(cmd, "r");
+        size_t cap = 1 << 20, n = 0;
+        text = p ? malloc(cap) : NULL;
+        while (text) {
+            size_t got = fread(text + n, 1, cap - 1 - n, p);
+            n += got;
+            if (got == 0) break;
+            if (n + 1 == cap) {
+                char *t = realloc(text, cap *= 2);
+                if (!t) break;
+                text = t;
+            }
+        }
+        if (text) text[n] = '\0';
+        if (p && pclose(p) != 0) free(text), text = NULL;
+    }
+    test_rm_rf(dir);
+    free(dir);
+    return text;
+}
+
+/* How many times needle occurs in text. */
+static inline int test_count(const char *text, const char *needle) {
+    int n = 0;
+    for (const char *p = text; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
 /* ---- guarded buffers ------------------------------------------------------------------------
  * As ggml's test-backend-ops does: an output buffer starts poisoned (so an output a kernel
  * forgets to write cannot pass for a zero), and sentinel bytes around it must come back

@@ -169,11 +169,22 @@ static void up_input(const fwd *f, int xi, int token, double *xin) {
     free(x);
 }
 
+/* Quantized activation rows are kept in fragment order (templates/moe_experts.cu): per
+ * 64-element step, natural u32 word wi at word wi < 4 ? 2 wi : 2 (wi - 4) + 1. The natural
+ * bytes of a row of k elements: */
+static void frag_to_nat(const uint8_t *frag, int k, uint8_t *nat) {
+    for (int s = 0; s < k / 64; s++)
+        for (int wi = 0; wi < 8; wi++) {
+            int fw = wi < 4 ? 2 * wi : 2 * (wi - 4) + 1;
+            memcpy(nat + 32 * s + 4 * wi, frag + 32 * s + 4 * fw, 4);
+        }
+}
+
 /* Stage quant (W4A4): the kernel's quantized rows equal mj_nvfp4_quantize_act's. */
 static void check_quant(const fwd *f) {
     const int H = f->v.H, K = f->v.K;
     float *x = malloc(sizeof(float) * (size_t)H);
-    uint8_t *q = malloc((size_t)H / 2), *sf = malloc((size_t)H / 16);
+    uint8_t *q = malloc((size_t)H / 2), *sf = malloc((size_t)H / 16), *nat = malloc((size_t)H / 2);
     int bad = 0, rows = 0;
     for (int b = 0; b < f->r->nv; b++)
         for (int j = 0; j <= K; j++) {
@@ -189,12 +200,13 @@ static void check_quant(const fwd *f) {
             }
             for (int h = 0; h < H; h++) x[h] = mj_bf16_to_f32(f->hidden[(int64_t)b * H + h]);
             CHECK_OK(mj_nvfp4_quantize_act(x, 1, H, expert_of(f->L, xi).w13->input_scale, "x", q, sf));
-            bad += memcmp(q, f->v.xq + (int64_t)row * H / 2, (size_t)H / 2) != 0 ||
+            frag_to_nat(f->v.xq + (int64_t)row * H / 2, H, nat);
+            bad += memcmp(q, nat, (size_t)H / 2) != 0 ||
                    memcmp(sf, f->v.xsf + (int64_t)row * H / 16, (size_t)H / 16) != 0;
             rows++;
         }
     STAGE(bad == 0, "quant: %d of %d rows differ from mj_nvfp4_quantize_act", bad, rows);
-    free(x), free(q), free(sf);
+    free(x), free(q), free(sf), free(nat);
 }
 
 /* The activation rows of one expert: (act row, token) pairs. */
@@ -270,7 +282,9 @@ static void check_up(const fwd *f) {
                 uint8_t *q = malloc((size_t)I / 2), *sf = malloc((size_t)I / 16);
                 for (int i = 0; i < I; i++) hf[i] = (float)h[i];
                 CHECK_OK(mj_nvfp4_quantize_act(hf, 1, I, o.w2->input_scale, "act", q, sf));
-                const uint8_t *gq = f->v.actq + (int64_t)rows[ri].row * I / 2, *gsf = f->v.act_sf + (int64_t)rows[ri].row * I / 16;
+                uint8_t *gq = malloc((size_t)I / 2);
+                frag_to_nat(f->v.actq + (int64_t)rows[ri].row * I / 2, I, gq);
+                const uint8_t *gsf = f->v.act_sf + (int64_t)rows[ri].row * I / 16;
                 for (int blk = 0; blk < I / 16; blk++) {
                     n_blocks++;
                     if (!memcmp(q + blk * 8, gq + blk * 8, 8) && sf[blk] == gsf[blk]) continue;
@@ -286,7 +300,7 @@ static void check_up(const fwd *f) {
                     }
                     far_blocks += far;
                 }
-                free(hf), free(q), free(sf);
+                free(hf), free(q), free(sf), free(gq);
             }
         }
         free(ug), free(uu);
@@ -304,7 +318,8 @@ static void check_up(const fwd *f) {
 static double act_value(const fwd *f, int row, int i) {
     const int I = f->v.I;
     if (f->mode == MJ_MODE_W4A16) return mj_bf16_to_f32(f->v.act[(int64_t)row * I + i]);
-    uint8_t byte = f->v.actq[(int64_t)row * I / 2 + i / 2];
+    int s = i / 64, wi = (i % 64) / 8, fw = wi < 4 ? 2 * wi : 2 * (wi - 4) + 1;
+    uint8_t byte = f->v.actq[(int64_t)row * I / 2 + 32 * s + 4 * fw + (i % 8) / 2];
     return (double)mj_e2m1_decode((uint8_t)((i & 1) ? byte >> 4 : byte & 15)) * mj_e4m3_decode(f->v.act_sf[(int64_t)row * I / 16 + i / 16]);
 }
 
@@ -831,6 +846,24 @@ static void test_compile(const char *cache) {
                     if (ii == 0)
                         printf("plan %-7s %-5s TPE %2d: %3d registers, %d spill bytes, %d B static smem\n", targets[t],
                                mode ? "W4A4" : "W4A16", tpe, rep->registers, rep->spill_stores, rep->smem_static);
+                    if (ii == 0 && tpe == 8) {
+                        /* The SASS: the tensor-core MMA of the mode, and every weight load (the
+                         * no-allocate stream) 128 bits wide. */
+                        size_t len;
+                        const void *bin = mj_function_binary(f, &len);
+                        char *sass = test_sass(bin, len);
+                        CHECK(sass != NULL, "nvdisasm did not run (scripts/setup.sh installs it)");
+                        if (!sass) continue;
+                        const char *mma = mode ? "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" : "HMMA.16816.F32.BF16";
+                        int n_mma = test_count(sass, mma), n_na = test_count(sass, "LDG.E.NA");
+                        int n_na128 = test_count(sass, "LDG.E.NA.128");
+                        CHECK(n_mma > 0, "%s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16", mma);
+                        CHECK(n_na128 > 0 && n_na128 == n_na, "%s %s: %d of %d weight-stream loads are 128-bit",
+                              targets[t], mode ? "W4A4" : "W4A16", n_na128, n_na);
+                        printf("sass %-7s %-5s: %d x %s, %d weight loads, all LDG.E.NA.128\n", targets[t],
+                               mode ? "W4A4" : "W4A16", n_mma, mma, n_na128);
+                        free(sass);
+                    }
                 }
         mj_context_destroy(c);
     }
