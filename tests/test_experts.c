@@ -115,18 +115,16 @@ static oexpert expert_of(mj_layer_t L, int xi) {
     return (oexpert){&L->shared_w13, &L->shared_w2, j * L->i_local, L->is_local + j * L->i_local, j * L->i_local};
 }
 
-/* e2m1 * e4m3 of element (row, col) of a linear: the exact unit value. */
-static double unit(const mj_nvfp4_linear *l, int64_t row, int64_t col) {
-    uint8_t byte = l->weight[row * (l->k_in / 2) + col / 2];
-    return (double)mj_e2m1_decode((uint8_t)((col & 1) ? byte >> 4 : byte & 15)) *
-           mj_e4m3_decode(l->weight_scale[row * (l->k_in / 16) + col / 16]);
-}
-
 /* Rows [r0, r0 + n) x columns [c0, c0 + m) of a linear in unit values (malloc'd). */
 static double *unit_block(const mj_nvfp4_linear *l, int64_t r0, int64_t n, int64_t c0, int64_t m) {
-    double *u = malloc(sizeof(double) * (size_t)(n * m));
+    double *u = malloc(sizeof(double) * (size_t)(n * m)), e2m1[16];
+    for (int i = 0; i < 16; i++) e2m1[i] = mj_e2m1_decode((uint8_t)i);
     for (int64_t r = 0; r < n; r++)
-        for (int64_t c = 0; c < m; c++) u[r * m + c] = unit(l, r0 + r, c0 + c);
+        for (int64_t c = 0; c < m; c += 16) { /* c0 and m are whole 16-blocks */
+            const uint8_t *q = l->weight + (r0 + r) * (l->k_in / 2) + (c0 + c) / 2;
+            double s = mj_e4m3_decode(l->weight_scale[(r0 + r) * (l->k_in / 16) + (c0 + c) / 16]);
+            for (int j = 0; j < 16; j++) u[r * m + c + j] = e2m1[(q[j / 2] >> (4 * (j & 1))) & 15] * s;
+        }
     return u;
 }
 

@@ -85,11 +85,17 @@ static mj_status layer_new(const mj_moe_config *cfg, int32_t n_local, mj_layer_t
 
 /* Unit dequantization: u[n,k] = e2m1(code) * e4m3(scale), without weight_scale_2. */
 static void dequant_unit(const uint8_t *q, const uint8_t *sf, int64_t n, int64_t k, float *u) {
+    float e2m1[16];
+    for (int i = 0; i < 16; i++) e2m1[i] = mj_e2m1_decode((uint8_t)i);
     for (int64_t r = 0; r < n; r++)
-        for (int64_t c = 0; c < k; c++) {
-            uint8_t byte = q[r * (k / 2) + c / 2];
-            uint8_t code = (c & 1) ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 0xF);
-            u[r * k + c] = mj_e2m1_decode(code) * mj_e4m3_decode(sf[r * (k / 16) + c / 16]);
+        for (int64_t b = 0; b < k / 16; b++) {
+            const float scale = mj_e4m3_decode(sf[r * (k / 16) + b]);
+            const uint8_t *bytes = q + r * (k / 2) + b * 8;
+            float *out = u + r * k + b * 16;
+            for (int j = 0; j < 8; j++) {
+                out[2 * j] = e2m1[bytes[j] & 0xF] * scale;
+                out[2 * j + 1] = e2m1[bytes[j] >> 4] * scale;
+            }
         }
 }
 

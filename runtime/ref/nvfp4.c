@@ -43,14 +43,10 @@ float mj_e2m1_decode(uint8_t code) {
 static const float k_e2m1_mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
 
 static uint8_t e2m1_encode_magnitude(float a) {
-    uint8_t c = 0;
-    while (c < 7) {
-        float mid = k_e2m1_mid[c];
-        int goes_up = a > mid || (a == mid && (c & 1u));
-        if (!goes_up) break;
-        c++;
-    }
-    return c; /* anything past 5 lands on 7: saturation at 6, Inf included */
+    /* Each midpoint a value passes moves it up a code; on a midpoint it goes to the even
+     * code: past mid[c] for odd c only. Anything past 5 lands on 7: saturation at 6. */
+    return (uint8_t)((a > k_e2m1_mid[0]) + (a >= k_e2m1_mid[1]) + (a > k_e2m1_mid[2]) + (a >= k_e2m1_mid[3]) +
+                     (a > k_e2m1_mid[4]) + (a >= k_e2m1_mid[5]) + (a > k_e2m1_mid[6]));
 }
 
 uint8_t mj_e2m1_encode(float x) {

@@ -401,31 +401,44 @@ static float bf16_hi(unsigned w) {
     return v.f;
 }
 
+static const float k_e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+
 static void mma_compute(int kind, mj_sim_mma *const *f) {
-    double A[16][64], B[64][8];
-    int K = kind == MJ_SIM_MMA_BF16_M16N8K16 ? 16 : 64;
-    for (int l = 0; l < 32; l++) {
-        int g = l >> 2, p = l & 3;
-        const mj_sim_mma *m = f[l];
-        if (K == 16) {
+    /* Operands as floats (every product of them is exact in double), A by rows, B by
+     * columns, so the dot products walk memory in order. */
+    float A[16][64], Bt[8][64];
+    const int K = kind == MJ_SIM_MMA_BF16_M16N8K16 ? 16 : 64;
+    if (K == 16) {
+        for (int l = 0; l < 32; l++) {
+            int g = l >> 2, p = l & 3;
+            const mj_sim_mma *m = f[l];
             for (int h = 0; h < 2; h++) {
                 int k0 = 2 * p + 8 * h;
                 A[g][k0] = bf16_lo(m->a[2 * h]), A[g][k0 + 1] = bf16_hi(m->a[2 * h]);
                 A[g + 8][k0] = bf16_lo(m->a[2 * h + 1]), A[g + 8][k0 + 1] = bf16_hi(m->a[2 * h + 1]);
-                B[k0][g] = bf16_lo(m->b[h]), B[k0 + 1][g] = bf16_hi(m->b[h]);
+                Bt[g][k0] = bf16_lo(m->b[h]), Bt[g][k0 + 1] = bf16_hi(m->b[h]);
             }
-        } else {
-            /* Each element times its block's scale (the scale of row/column and k / 16). */
-            const mj_sim_mma *ra = f[g * 4 + 0], *rb = f[g * 4 + 1], *cb = f[g * 4 + 0];
-            for (int j = 0; j < 8; j++)
-                for (int h = 0; h < 2; h++) {
-                    int k = 8 * p + j + 32 * h;
-                    double sa = mj_e4m3_decode((uint8_t)(ra->sfa >> (8 * (k / 16))));
-                    double sa8 = mj_e4m3_decode((uint8_t)(rb->sfa >> (8 * (k / 16))));
-                    double sb = mj_e4m3_decode((uint8_t)(cb->sfb >> (8 * (k / 16))));
-                    A[g][k] = mj_e2m1_decode((uint8_t)(m->a[2 * h] >> (4 * j)) & 15) * sa;
-                    A[g + 8][k] = mj_e2m1_decode((uint8_t)(m->a[2 * h + 1] >> (4 * j)) & 15) * sa8;
-                    B[k][g] = mj_e2m1_decode((uint8_t)(m->b[h] >> (4 * j)) & 15) * sb;
+        }
+    } else {
+        /* Each element times its block's scale (of its row / column and k / 16): the scales
+         * come from lanes (g, 0) (rows g, columns g) and (g, 1) (rows g + 8). */
+        float sa[16][4], sb[8][4];
+        for (int g = 0; g < 8; g++)
+            for (int q = 0; q < 4; q++) {
+                sa[g][q] = mj_e4m3_decode((uint8_t)(f[g * 4 + 0]->sfa >> (8 * q)));
+                sa[g + 8][q] = mj_e4m3_decode((uint8_t)(f[g * 4 + 1]->sfa >> (8 * q)));
+                sb[g][q] = mj_e4m3_decode((uint8_t)(f[g * 4 + 0]->sfb >> (8 * q)));
+            }
+        for (int l = 0; l < 32; l++) {
+            int g = l >> 2, p = l & 3;
+            const mj_sim_mma *m = f[l];
+            for (int h = 0; h < 2; h++)
+                for (int j = 0; j < 8; j++) {
+                    int k = 8 * p + j + 32 * h, q = k / 16;
+                    /* e2m1 * e4m3: at most 6 significant bits, exact in float */
+                    A[g][k] = k_e2m1[(m->a[2 * h] >> (4 * j)) & 15] * sa[g][q];
+                    A[g + 8][k] = k_e2m1[(m->a[2 * h + 1] >> (4 * j)) & 15] * sa[g + 8][q];
+                    Bt[g][k] = k_e2m1[(m->b[h] >> (4 * j)) & 15] * sb[g][q];
                 }
         }
     }
@@ -433,9 +446,9 @@ static void mma_compute(int kind, mj_sim_mma *const *f) {
         int g = l >> 2, p = l & 3;
         mj_sim_mma *m = f[l];
         for (int i = 0; i < 4; i++) {
-            int row = g + 8 * (i >> 1), col = 2 * p + (i & 1);
+            const float *a = A[g + 8 * (i >> 1)], *b = Bt[2 * p + (i & 1)];
             double acc = 0.0;
-            for (int k = 0; k < K; k++) acc += A[row][k] * B[k][col];
+            for (int k = 0; k < K; k++) acc += (double)a[k] * (double)b[k];
             m->d[i] = (float)(acc + (double)m->c[i]);
         }
     }
