@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
+# One kernel cache for both builds' tests: cubins compiled once (sim objects differ by build).
+export MJ_TEST_CACHE="$PWD/build/test-cache"
 cmake -S . -B build -DMJ_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs"
