@@ -398,6 +398,18 @@ json_check 'j["template"] == "router_gemm" and j["arch"] == "sm_120a" and j["ptx
 expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --sass
 contains out "router_gemm"; contains out "LDG.E"
 expect_fail env PATH=/nonexistent MOEJIT_NVDISASM= "$MJ" inspect --cache-dir "$C" show "$key" --sass; contains err "nvdisasm"
+# An expert GEMM entry says what it reads per active expert, and the floor on a named GPU:
+# GLM-5 at TP 8 (H 6144, I_local 256) is 2654208 bytes an expert, 9 experts for one token on
+# an RTX PRO 6000 at 1792 GB/s: 13.3 us.
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1},"arch":"sm_120a"}\n' >ex.jsonl
+EC=$T/ecache
+expect_rc 0 "$MJ" prewarm -q --cache-dir "$EC" ex.jsonl
+ekey=$("$MJ" inspect --cache-dir "$EC" list | awk '$2=="moe_experts" {print $1; exit}')
+expect_rc 0 "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline rtx-pro-6000
+contains out "moves      2654208 bytes per active expert"; contains out "1.48 us per active expert on rtx-pro-6000"
+contains out "reads 9 experts: 13.3 us"
+expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --roofline h200; contains out "only expert GEMM entries"
+expect_fail "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline tpu-v5;  contains err "rtx-pro-6000"
 expect_fail "$MJ" inspect --cache-dir "$C" show zzzz;           contains err "not a key"
 expect_fail "$MJ" inspect --cache-dir "$C" show 0123456789abcdef0123;  contains err "no cache entry"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" --stats

@@ -3,6 +3,7 @@
 
 #include "cache.h"
 #include "jit.h"
+#include "weights/pack.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,6 +19,7 @@
 static const char k_help[] =
     "usage: moejit inspect [options] list\n"
     "       moejit inspect [options] show KEY|PREFIX [--source|--ptx|--sass|--log|--json]\n"
+    "                                                [--roofline GPU]\n"
     "       moejit inspect [options] templates\n"
     "       moejit inspect [options] gc [--max-bytes N]\n"
     "       moejit inspect [options] verify\n"
@@ -28,7 +30,10 @@ static const char k_help[] =
     "  show       one entry (a unique key prefix is enough): its metadata and ptxas report,\n"
     "             or with --source the generated source, --ptx the PTX, --sass the SASS\n"
     "             (through nvdisasm or cuobjdump from PATH or /usr/local/cuda/bin), --log\n"
-    "             the compile log, --json the metadata as JSON\n"
+    "             the compile log, --json the metadata as JSON. For an expert GEMM\n"
+    "             (moe_experts) it says the bytes a forward reads per active expert, and with\n"
+    "             --roofline GPU the floor that puts on a forward's time on that GPU\n"
+    "             (rtx-pro-6000, rtx-5090, gb10, b200, h200, h100, a100, l40s, rtx-4090)\n"
     "  templates  the kernel templates built into moejit, their knobs and targets\n"
     "  gc         evict least-recently-used entries down to the size cap (or --max-bytes)\n"
     "  verify     check every entry's checksum and format; move bad ones to quarantine\n"
@@ -192,7 +197,25 @@ static int show_sass(const mj_cache_entry *e) {
     return 0;
 }
 
-static int cmd_show(mj_cache *c, const char *prefix, const char *what) {
+/* An expert GEMM specialization: what a forward must read per active expert, and the floor. */
+static void show_experts_bytes(json_t *m, const tool_gpu *gpu) {
+    json_t *k = json_object_get(m, "knobs");
+    int32_t H = (int32_t)json_integer_value(json_object_get(k, "H")), I = (int32_t)json_integer_value(json_object_get(k, "I"));
+    int32_t nsub = (int32_t)json_integer_value(json_object_get(k, "NSUB"));
+    if (H < 64 || I < 64) return;
+    int64_t w13 = mj_pack_w13_bytes(H, I), s13 = mj_pack_s13_bytes(H, I), w2 = mj_pack_w2_bytes(H, I),
+            s2 = mj_pack_s2_bytes(H, I), per = w13 + s13 + w2 + s2;
+    printf("moves      %lld bytes per active expert (w13 %lld + scales %lld, w2 %lld + scales %lld), each\n"
+           "           byte once for B <= 64; the %d shared sub-expert%s always\n",
+           (long long)per, (long long)w13, (long long)s13, (long long)w2, (long long)s2, nsub, nsub == 1 ? "" : "s");
+    if (!gpu) return;
+    double us = (double)per / (gpu->gbps * 1e3);
+    printf("roofline   %.2f us per active expert on %s at %.0f GB/s (%s);\n"
+           "           a token with top-8 and the shared expert reads %d experts: %.1f us\n",
+           us, gpu->name, gpu->gbps, gpu->desc, 8 + nsub, us * (8 + nsub));
+}
+
+static int cmd_show(mj_cache *c, const char *prefix, const char *what, const tool_gpu *gpu) {
     char hex[MJ_KEY_HEX_LEN + 1], path[4096];
     if (find_entry(c, prefix, hex)) return 1;
     entry_path(c, hex, path, sizeof path);
@@ -245,6 +268,9 @@ static int cmd_show(mj_cache *c, const char *prefix, const char *what) {
                (long long)json_integer_value(json_object_get(p, "spill_loads")),
                (long long)json_integer_value(json_object_get(p, "stack_frame")),
                (long long)json_integer_value(json_object_get(p, "smem_static")));
+        const char *tn = json_string_value(json_object_get(m, "template"));
+        if (tn && !strcmp(tn, "moe_experts")) show_experts_bytes(m, gpu);
+        else if (gpu) printf("roofline   (only expert GEMM entries have one)\n");
         json_decref(m);
         printf("\nkey text:\n%s", e.key_text);
     }
@@ -320,15 +346,17 @@ static int cmd_stats(mj_cache *c) {
 }
 
 int cmd_inspect(int argc, char **argv) {
-    enum { OPT_CACHE = 256, OPT_STATS, OPT_SOURCE, OPT_PTX, OPT_SASS, OPT_LOG, OPT_JSON, OPT_MAX };
+    enum { OPT_CACHE = 256, OPT_STATS, OPT_SOURCE, OPT_PTX, OPT_SASS, OPT_LOG, OPT_JSON, OPT_MAX, OPT_ROOF };
     static const struct option opts[] = {
         {"cache-dir", required_argument, 0, OPT_CACHE}, {"stats", no_argument, 0, OPT_STATS},
         {"source", no_argument, 0, OPT_SOURCE},         {"ptx", no_argument, 0, OPT_PTX},
         {"sass", no_argument, 0, OPT_SASS},             {"log", no_argument, 0, OPT_LOG},
         {"json", no_argument, 0, OPT_JSON},             {"max-bytes", required_argument, 0, OPT_MAX},
+        {"roofline", required_argument, 0, OPT_ROOF},
         {"help", no_argument, 0, 'h'},                  {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     const char *dir = NULL, *what = "summary";
+    const tool_gpu *gpu = NULL;
     int stats = 0, c;
     long long max_bytes = -1;
     optind = 1;
@@ -342,6 +370,10 @@ int cmd_inspect(int argc, char **argv) {
         case OPT_SASS: what = "sass"; break;
         case OPT_LOG: what = "log"; break;
         case OPT_JSON: what = "json"; break;
+        case OPT_ROOF:
+            if (!(gpu = tool_gpu_find(optarg)))
+                return tool_usage("inspect", "--roofline: unknown GPU '%s' (known: %s)", optarg, tool_gpu_names());
+            break;
         case OPT_MAX: {
             char *end;
             errno = 0;
@@ -363,7 +395,7 @@ int cmd_inspect(int argc, char **argv) {
     int rc;
     if (!sub) rc = cmd_stats(cache);
     else if (!strcmp(sub, "list") && optind + 1 == argc) rc = cmd_list(cache);
-    else if (!strcmp(sub, "show") && optind + 2 == argc) rc = cmd_show(cache, argv[optind + 1], what);
+    else if (!strcmp(sub, "show") && optind + 2 == argc) rc = cmd_show(cache, argv[optind + 1], what, gpu);
     else if (!strcmp(sub, "gc") && optind + 1 == argc) {
         int n = 0;
         mj_status st = MJ_OK;
