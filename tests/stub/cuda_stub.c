@@ -26,7 +26,12 @@ enum {
 typedef struct func {
     char name[256];
     int max_dyn_smem;
+    struct func *next; /* the module's functions, freed with it */
 } func;
+
+typedef struct module {
+    func *funcs;
+} module;
 
 static int g_init;
 static int g_ctx_token = 1; /* the primary context: any non-NULL pointer */
@@ -115,20 +120,27 @@ CUresult cuModuleLoadData(void **mod, const void *image) {
     CUresult r = need_ctx("cuModuleLoadData");
     if (r) return r;
     (void)image;
-    *mod = malloc(1);
+    *mod = calloc(1, sizeof(module));
     logf_("cuModuleLoadData");
     return OK;
 }
 CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
-    (void)mod;
+    module *m = mod;
     func *f = calloc(1, sizeof *f);
+    f->next = m->funcs, m->funcs = f;
     snprintf(f->name, sizeof f->name, "%s", name);
     f->max_dyn_smem = 48 * 1024;
     *fn = f;
     return OK;
 }
 CUresult cuModuleUnload(void *mod) {
-    free(mod);
+    module *m = mod;
+    while (m && m->funcs) {
+        func *f = m->funcs;
+        m->funcs = f->next;
+        free(f);
+    }
+    free(m);
     return OK;
 }
 CUresult cuFuncSetAttribute(void *fn, int attr, int value) {
