@@ -96,44 +96,6 @@ MJ_DEVICE float e4m3_val(uint32_t b) {
     return (b & 0x80u) ? -v : v;
 }
 
-/* Round to E4M3 (nearest, ties even, saturating at 448), as runtime/ref/nvfp4.c does. */
-MJ_DEVICE uint32_t e4m3_enc(float x) {
-    uint32_t sign = x < 0.0f ? 0x80u : 0u;
-    float a = x < 0.0f ? -x : x;
-    if (a >= 464.0f) return sign | 0x7Eu;    /* 448 + half a step: saturate */
-    if (a < 0.015625f) {                      /* below 2^-6: subnormal steps of 2^-9 */
-        float q = a * 512.0f;
-        uint32_t n = (uint32_t)q;
-        float r = q - (float)n;
-        if (r > 0.5f || (r == 0.5f && (n & 1u))) n++;
-        return sign | n; /* n == 8 is 0x08 = 2^-6, the first normal: right */
-    }
-    uint32_t u = f_bits(a);
-    uint32_t e = (u >> 23) - 127u + 7u, mant = (u >> 20) & 7u, rest = u & 0xFFFFFu;
-    if (rest > 0x80000u || (rest == 0x80000u && (mant & 1u))) {
-        mant++;
-        if (mant == 8u) mant = 0, e++;
-    }
-    uint32_t r = (e << 3) | mant;
-    return sign | (r > 0x7Eu ? 0x7Eu : r);
-}
-
-/* Round to E2M1 (nearest, ties to the even code, saturating at 6); sign as x < 0. */
-MJ_DEVICE uint32_t e2m1_enc(float x) {
-    uint32_t sign = x < 0.0f ? 8u : 0u;
-    float a = x < 0.0f ? -x : x;
-    uint32_t c;
-    if (a <= 0.25f) c = 0;
-    else if (a < 0.75f) c = 1;
-    else if (a <= 1.25f) c = 2;
-    else if (a < 1.75f) c = 3;
-    else if (a <= 2.5f) c = 4;
-    else if (a < 3.5f) c = 5;
-    else if (a <= 5.0f) c = 6;
-    else c = 7;
-    return sign | c;
-}
-
 /* 16 values -> NVFP4 with global scale gs: the scale byte and 8 bytes of codes, as
  * mj_nvfp4_quantize_act does (SF = e4m3(gs * amax / 6), q = e2m1(x * gs / SF)). */
 MJ_DEVICE uint32_t quant16(const float *v, float gs, uint8_t *q) {
@@ -142,13 +104,10 @@ MJ_DEVICE uint32_t quant16(const float *v, float gs, uint8_t *q) {
         float a = v[j] < 0.0f ? -v[j] : v[j];
         amax = a > amax ? a : amax;
     }
-    uint32_t sf = e4m3_enc(gs * amax / 6.0f);
+    uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
     float scale = e4m3_val(sf);
-    for (int j = 0; j < 16; j += 2) {
-        uint32_t lo = scale == 0.0f ? 0u : e2m1_enc((v[j] * gs) / scale);
-        uint32_t hi = scale == 0.0f ? 0u : e2m1_enc((v[j + 1] * gs) / scale);
-        q[j / 2] = (uint8_t)(lo | (hi << 4));
-    }
+    for (int j = 0; j < 16; j += 2)
+        q[j / 2] = scale == 0.0f ? 0 : (uint8_t)mj_cvt_e2m1x2((v[j] * gs) / scale, (v[j + 1] * gs) / scale);
     return sf;
 }
 

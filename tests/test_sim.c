@@ -697,6 +697,41 @@ static void test_mma(mj_context_t c, uint64_t *rng) {
         CHECK(strstr(mj_last_error(), "mma.sync") && strstr(mj_last_error(), "every lane"), "partial mma: %s",
               mj_last_error());
     }
+    /* The conversion hooks against the reference's rounding: every E2M1 midpoint and code,
+     * every E4M3 byte's value and the midpoints between neighbours, saturation, -0.0. */
+    {
+        enum { NC = 2048 };
+        static float xs[NC];
+        static uint32_t e2[NC / 2], e4[NC];
+        int n = 0;
+        static const float e2m1_points[] = {0, 0.25f, 0.5f, 0.75f, 1, 1.25f, 1.5f, 1.75f, 2, 2.5f, 3, 3.5f, 4, 5, 6, 7, 1e9f};
+        for (size_t i = 0; i < sizeof e2m1_points / sizeof e2m1_points[0]; i++)
+            for (int sg = -1; sg <= 1; sg += 2) {
+                float v = e2m1_points[i] * (float)sg;
+                xs[n++] = v, xs[n++] = nextafterf(v, 0), xs[n++] = nextafterf(v, 1e30f * (float)sg);
+            }
+        for (int b = 0; b < 0x7F && n + 3 < NC; b++) { /* E4M3 values and the midpoints above them */
+            float v = mj_e4m3_decode((uint8_t)b), up = mj_e4m3_decode((uint8_t)(b + 1));
+            xs[n++] = v, xs[n++] = b < 0x7E ? (v + up) / 2 : 460.0f, xs[n++] = -v;
+        }
+        xs[n++] = -0.0f, xs[n++] = 464.0f, xs[n++] = 1e-30f;
+        if (n % 2) xs[n++] = 0.1f;
+        const mj_function *fc = get(c, "fixture_sim_mma", (int32_t[MJ_MAX_KNOBS]){1});
+        if (fc) {
+            CHECK_OK(mj_launch_fixture_cvt(fc, dims1(2, 64), xs, n, e2, e4));
+            int bad = 0;
+            for (int i = 0; i < n; i++) {
+                uint32_t want4 = xs[i] == 0.0f ? 0u : mj_e4m3_encode(xs[i]);
+                if (e4[i] != want4 && bad++ < 3) fprintf(stderr, "  e4m3(%.9g) = 0x%02x want 0x%02x\n", (double)xs[i], e4[i], want4);
+            }
+            for (int i = 0; i < n / 2; i++) {
+                uint32_t want2 = mj_e2m1_encode(xs[2 * i]) | (uint32_t)mj_e2m1_encode(xs[2 * i + 1]) << 4;
+                if (e2[i] != want2 && bad++ < 6)
+                    fprintf(stderr, "  e2m1(%.9g, %.9g) = 0x%02x want 0x%02x\n", (double)xs[2 * i], (double)xs[2 * i + 1], e2[i], want2);
+            }
+            CHECK(bad == 0, "%d conversions differ from the reference's rounding (of %d values)", bad, n);
+        }
+    }
     /* The weight stream: counted, 16 bytes a load, across blocks and workers. */
     int32_t kn[MJ_MAX_KNOBS] = {1};
     const mj_function *f = get(c, "fixture_sim_mma", kn);
