@@ -541,6 +541,28 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
     mj_layer_free(L);
 }
 
+/* Prefill: 4096 tokens (experts with hundreds of rows, 64 token tiles in down). */
+static void test_prefill(mj_context_t ctx, uint64_t seed) {
+    mj_moe_config c = make_cfg(128, 64, 32, 8, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    mj_experts_t ex = make_experts(ctx, L, 4096);
+    uint64_t rng = seed + 1;
+    uint16_t *hidden = malloc(sizeof(uint16_t) * 4096 * 128);
+    random_hidden(hidden, 4096 * 128, &rng);
+    routing r;
+    route_layer(L, hidden, 4096, 4000, 8, &r);
+    int most = 0;
+    for (int e = 0; e < 32; e++) most = r.cnt[e] > most ? r.cnt[e] : most;
+    CHECK(most > 64 * 8, "an expert with more than 8 token chunks (%d rows)", most);
+    for (int m = 0; m < 2 && ex; m++) run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, "prefill");
+    routing_free(&r);
+    free(hidden);
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
 /* TP and EP shards: a rank's slice of every expert, or a rank's experts (and no shared). */
 static void test_shards(mj_context_t ctx, uint64_t seed) {
     mj_moe_config c = make_cfg(512, 256, 16, 4, 1);
@@ -885,6 +907,7 @@ int main(void) {
     TIMED(test_pack(seed));
     TIMED(test_small(ctx, seed));
     TIMED(test_shards(ctx, seed + 200));
+    TIMED(test_prefill(ctx, seed + 250));
     TIMED(test_mutations(ctx, seed + 300));
     TIMED(test_bytes(ctx, seed + 400));
     TIMED(test_replay(ctx, seed + 500));
