@@ -12,6 +12,8 @@
 #define MJ_SHARED
 #define MJ_DYNAMIC_SHARED(type, name) extern type name[]
 #define MJ_RESTRICT restrict
+/* Before a loop that must be unrolled (it indexes register arrays). */
+#define MJ_UNROLL 
 #define MJ_NO_UNROLL
 #define MJ_TEMPLATE(name, doc) \
     __attribute__((annotate("mj_template|" #name "|" doc))) static const int mj_decl_template_##name = 0;
@@ -101,3 +103,5 @@ void mj_mma_e2m1_m16n8k64(float d[4], const uint32_t a[4], const uint32_t b[2], 
 uint4 mj_ld_stream(const void *p);
 uint32_t mj_cvt_e2m1x2(float lo, float hi);
 uint32_t mj_cvt_e4m3(float x);
+uint32_t mj_mul_bf16x2(uint32_t a, uint32_t b);
+unsigned __byte_perm(unsigned x, unsigned y, unsigned s);

@@ -82,13 +82,6 @@ MJ_DEVICE uint32_t f_bits(float f) {
     return v.u;
 }
 
-/* E2M1 code (bit 3 sign) -> float: 0 0.5 1 1.5 2 3 4 6. */
-MJ_DEVICE float e2m1_val(uint32_t c) {
-    uint32_t m = c & 7u;
-    uint32_t u = m >= 2u ? (((m >> 1) + 126u) << 23) | ((m & 1u) << 22) : (m == 1u ? 0x3F000000u : 0u);
-    return bits_f(u | ((c & 8u) << 28));
-}
-
 /* UE4M3 scale byte -> float: (m/8) 2^-6 for e = 0, else (1 + m/8) 2^(e-7). */
 MJ_DEVICE float e4m3_val(uint32_t b) {
     uint32_t e = (b >> 3) & 15u, m = b & 7u;
@@ -127,11 +120,16 @@ MJ_DEVICE void store_q16(uint8_t *row, int grp, const uint8_t *q) {
     *(uint32_t *)(step + 4 * frag_word(wi + 1)) = w1;
 }
 
-/* Two codes (nibbles 0 and 1 of c) times scale, as a bf16 pair (low = first). The products
- * have at most 6 significant bits: exact in bf16, so the top half of the float is it. */
-MJ_DEVICE uint32_t dequant2(uint32_t c, float scale) {
-    uint32_t lo = f_bits(e2m1_val(c & 15u) * scale), hi = f_bits(e2m1_val((c >> 4) & 15u) * scale);
-    return (lo >> 16) | (hi & 0xFFFF0000u);
+/* Four E2M1 codes (the low 16 bits of c, code j in nibble j) as bf16 bits, two pairs (low
+ * half first): a byte permute picks each magnitude's top and second byte of its float (the
+ * float of 0, .5, 1, 1.5, 2, 3, 4, 6 is 0, 3F00, 3F80, 3FC0, 4000, 4040, 4080, 40C0 then
+ * zeros: exactly its bf16), a second pair of permutes interleaves them, the sign bits are
+ * moved into place. About two instructions an element, no branches. */
+MJ_DEVICE void e2m1x4_bf16(uint32_t c, uint32_t *p01, uint32_t *p23) {
+    const uint32_t mag = c & 0x7777u, sgn = c & 0x8888u;
+    const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, mag), lo = __byte_perm(0xC0800000u, 0xC0804000u, mag);
+    *p01 = __byte_perm(lo, hi, 0x5140u) | ((sgn << 12) & 0x8000u) | ((sgn << 24) & 0x80000000u);
+    *p23 = __byte_perm(lo, hi, 0x7362u) | ((sgn << 4) & 0x8000u) | ((sgn << 16) & 0x80000000u);
 }
 
 MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
@@ -155,15 +153,21 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
  * holds k 8p..8p+7 (words a0/a1) and 32+8p.. (a2/a3): m16n8k16 step kt takes nibbles 4(kt&1)
  * .. +3 of word (kt>>1)*2 (row g) and +1 (row g+8), groups p/2 (kt < 2) or 2 + p/2. */
 MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t a[4][4]) {
-    uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    MJ_UNROLL
     for (int kt = 0; kt < 4; kt++) {
-        uint32_t q = (uint32_t)((kt >> 1) * 2 + (p >> 1));
-        float s = e4m3_val((sg >> (8 * q)) & 255u), s8 = e4m3_val((sg8 >> (8 * q)) & 255u);
-        uint32_t r = words[(kt >> 1) * 2] >> (16 * (kt & 1)), r8 = words[(kt >> 1) * 2 + 1] >> (16 * (kt & 1));
-        a[kt][0] = dequant2(r, s);
-        a[kt][1] = dequant2(r8, s8);
-        a[kt][2] = dequant2(r >> 8, s);
-        a[kt][3] = dequant2(r8 >> 8, s8);
+        const uint32_t q = (uint32_t)((kt >> 1) * 2 + (p >> 1));
+        /* the scales as bf16 pairs: an E4M3 value is exact in bf16 */
+        const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
+        const uint32_t r = words[(kt >> 1) * 2] >> (16 * (kt & 1)), r8 = words[(kt >> 1) * 2 + 1] >> (16 * (kt & 1));
+        uint32_t u01, u23, v01, v23;
+        e2m1x4_bf16(r, &u01, &u23);
+        e2m1x4_bf16(r8, &v01, &v23);
+        /* unit codes times their block scale: at most 6 significant bits, exact in bf16 */
+        a[kt][0] = mj_mul_bf16x2(u01, s | s << 16);
+        a[kt][1] = mj_mul_bf16x2(v01, s8 | s8 << 16);
+        a[kt][2] = mj_mul_bf16x2(u23, s | s << 16);
+        a[kt][3] = mj_mul_bf16x2(v23, s8 | s8 << 16);
     }
 }
 
@@ -182,7 +186,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
     const int b = (int)blockIdx.x;
-    if (b >= valid_tokens(num_valid, B)) return;
+    if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
     for (int j = 0; j <= K; j++) {
         int row, xi;
@@ -246,6 +250,7 @@ MJ_DEVICE void up_load(const uint8_t *wt, const uint8_t *st, int run, int lane, 
         r->sc[0] = mj_ld_stream(st + run * 512 + (p * 8 + g) * 16);
         r->sc[1] = mj_ld_stream(st + run * 512 + 256 + (p * 8 + g) * 16);
     }
+    MJ_UNROLL
     for (int s4 = 0; s4 < 4; s4++) {
         const int s = run * 4 + s4;
         r->w[s4][0] = z, r->w[s4][1] = z;
@@ -258,16 +263,31 @@ MJ_DEVICE void up_load(const uint8_t *wt, const uint8_t *st, int run, int lane, 
 
 MJ_DEVICE uint32_t word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
+/* The step-s4 fragment of a run by selects, not by indexing: the step loop stays rolled (one
+ * copy of its code to compile) and the run's registers stay registers. */
+MJ_DEVICE uint4 pick4(uint4 a, uint4 b, uint4 c, uint4 d, int i) {
+    uint4 r;
+    r.x = i == 0 ? a.x : i == 1 ? b.x : i == 2 ? c.x : d.x;
+    r.y = i == 0 ? a.y : i == 1 ? b.y : i == 2 ? c.y : d.y;
+    r.z = i == 0 ? a.z : i == 1 ? b.z : i == 2 ? c.z : d.z;
+    r.w = i == 0 ? a.w : i == 1 ? b.w : i == 2 ? c.w : d.w;
+    return r;
+}
+
 /* The MMAs of one run against this lane's token rows src[] (the chunk holds nc tokens). */
 MJ_DEVICE void up_compute(const up_run_t *r, int run, const long long *src, int nc, const uint16_t *x,
                           const uint8_t *xq, const uint8_t *xsf, int lane, float acc[2][NT][4]) {
     const int g = lane >> 2, p = lane & 3;
+    MJ_NO_UNROLL
     for (int s4 = 0; s4 < 4; s4++) {
         const int s = run * 4 + s4;
         if (s >= KS1) break;
+        const uint4 wf[2] = {pick4(r->w[0][0], r->w[1][0], r->w[2][0], r->w[3][0], s4),
+                             pick4(r->w[0][1], r->w[1][1], r->w[2][1], r->w[3][1], s4)};
         if (MODE == 1) {
+            MJ_UNROLL
             for (int n = 0; n < NT; n++) {
-                if (n * 8 >= nc) break;
+                if (n * 8 >= nc) continue;
                 uint32_t bq[2] = {0, 0}, sfb = 0;
                 if (src[n] >= 0) { /* fragment order: lane p's 8 bytes of the step */
                     uint2 v = *(const uint2 *)(xq + src[n] * (H / 2) + 32 * s + 8 * p);
@@ -275,7 +295,7 @@ MJ_DEVICE void up_compute(const up_run_t *r, int run, const long long *src, int 
                     if (p == 0) sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
                 }
                 for (int h = 0; h < 2; h++) {
-                    const uint32_t a[4] = {r->w[s4][h].x, r->w[s4][h].y, r->w[s4][h].z, r->w[s4][h].w};
+                    const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
                     mj_mma_e2m1_m16n8k64(acc[h][n], a, bq, acc[h][n], word_of(r->sc[h], s4), sfb);
                 }
             }
@@ -285,10 +305,11 @@ MJ_DEVICE void up_compute(const up_run_t *r, int run, const long long *src, int 
                 uint32_t sw = word_of(r->sc[h], s4);
                 uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0);
                 uint32_t s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
-                dequant_frag(r->w[s4][h], s0, s8, p, a[h]);
+                dequant_frag(wf[h], s0, s8, p, a[h]);
             }
+            MJ_UNROLL
             for (int n = 0; n < NT; n++) {
-                if (n * 8 >= nc) break;
+                if (n * 8 >= nc) continue;
                 uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
                 if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
                 for (int h = 0; h < 2; h++)
@@ -332,6 +353,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
             }
         }
         float acc[2][NT][4];
+        MJ_UNROLL
         for (int h = 0; h < 2; h++)
             for (int n = 0; n < NT; n++)
                 for (int i = 0; i < 4; i++) acc[h][n][i] = 0.0f;
@@ -347,19 +369,26 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         }
         /* Split-K: warps 1.. hand their sums to warp 0, which adds them in warp order. */
         if (NW1 > 1) {
-            if (w > 0)
+            if (w > 0) {
+                MJ_UNROLL
                 for (int h = 0; h < 2; h++)
                     for (int n = 0; n < NT; n++)
                         for (int i = 0; i < 4; i++) red[((((w - 1) * 2 + h) * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
+            }
             __syncthreads();
-            if (w == 0)
-                for (int v = 1; v < NW1; v++)
+            if (w == 0) {
+                MJ_NO_UNROLL
+                for (int v = 1; v < NW1; v++) {
+                    MJ_UNROLL
                     for (int h = 0; h < 2; h++)
                         for (int n = 0; n < NT; n++)
                             for (int i = 0; i < 4; i++) acc[h][n][i] += red[((((v - 1) * 2 + h) * NT + n) * 32 + lane) * 4 + i];
+                }
+            }
         }
         if (w == 0) {
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+            MJ_UNROLL
             for (int n = 0; n < NT; n++)
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
@@ -448,6 +477,7 @@ MJ_DEVICE void down_load(const uint8_t *w2, const uint8_t *s2, const down_item_t
     const uint4 z = {0, 0, 0, 0};
     r->sc = z;
     if (p < 2) r->sc = mj_ld_stream(st + run * 256 + (p * 8 + g) * 16);
+    MJ_UNROLL
     for (int s4 = 0; s4 < 4; s4++) {
         r->w[s4] = z;
         if (run * 4 + s4 < KS2) r->w[s4] = mj_ld_stream(wt + (run * 4 + s4) * 512 + lane * 16);
@@ -457,14 +487,17 @@ MJ_DEVICE void down_load(const uint8_t *w2, const uint8_t *s2, const down_item_t
 MJ_DEVICE void down_compute(const down_run_t *r, int run, const long long *src, int n, const uint16_t *act,
                             const uint8_t *actq, const uint8_t *act_sf, int lane, float acc[NT][4]) {
     const int g = lane >> 2, p = lane & 3;
+    MJ_NO_UNROLL
     for (int s4 = 0; s4 < 4; s4++) {
         const int s = run * 4 + s4;
         if (s >= KS2) break;
         const uint32_t sw = word_of(r->sc, s4);
+        const uint4 wf = pick4(r->w[0], r->w[1], r->w[2], r->w[3], s4);
         if (MODE == 1) {
-            const uint32_t a[4] = {r->w[s4].x, r->w[s4].y, r->w[s4].z, r->w[s4].w};
+            const uint32_t a[4] = {wf.x, wf.y, wf.z, wf.w};
+            MJ_UNROLL
             for (int c = 0; c < NT; c++) {
-                if (c * 8 >= n) break;
+                if (c * 8 >= n) continue;
                 uint32_t bq[2] = {0, 0}, sfb = 0;
                 if (src[c] >= 0) {
                     uint2 v = *(const uint2 *)(actq + src[c] * (I / 2) + 32 * s + 8 * p);
@@ -476,9 +509,10 @@ MJ_DEVICE void down_compute(const down_run_t *r, int run, const long long *src, 
         } else {
             uint32_t a[4][4];
             uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0), s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
-            dequant_frag(r->w[s4], s0, s8, p, a);
+            dequant_frag(wf, s0, s8, p, a);
+            MJ_UNROLL
             for (int c = 0; c < NT; c++) {
-                if (c * 8 >= n) break;
+                if (c * 8 >= n) continue;
                 uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
                 if (src[c] >= 0) bf16_bfrag(act + src[c] * I, s, p, b);
                 for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[c], a[kt], b[kt], acc[c]);
@@ -493,6 +527,7 @@ MJ_DEVICE void down_compute(const down_run_t *r, int run, const long long *src, 
 MJ_DEVICE void down_epilogue(const down_item_t *it, const int *tok, const int32_t *row_index, const float *weights,
                              int t0, int lane, float acc[NT][4], float *acc_tile) {
     const int g = lane >> 2, p = lane & 3;
+    MJ_UNROLL
     for (int c = 0; c < NT; c++)
         for (int i = 0; i < 4; i++) {
             int ti = c * 8 + 2 * p + (i & 1);
@@ -539,6 +574,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
         }
         if (nit.xi >= 0) down_load(w2, s2, &nit, d, nrun, lane, &nxt);
         if (run == 0) { /* a new expert: its rows, fresh accumulators */
+            MJ_UNROLL
             for (int c = 0; c < NT; c++) {
                 int i = c * 8 + g;
                 src[c] = -1, tok[c] = -1;

@@ -16,6 +16,8 @@ typedef unsigned long long uint64_t;
 #define MJ_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #define MJ_RESTRICT __restrict__
 /* Before a loop whose unrolling buys nothing on the GPU but costs compile time. */
+/* Before a loop that must be unrolled (it indexes register arrays). */
+#define MJ_UNROLL _Pragma("unroll")
 #define MJ_NO_UNROLL _Pragma("unroll 1")
 /* Template declarations are read at build time by gen/reflect; here they are no-ops. */
 #define MJ_TEMPLATE(name, doc)
@@ -132,5 +134,11 @@ MJ_DEVICE uint32_t mj_cvt_e4m3(float x) {
 #else
     return mj_e4m3_enc_c(x);
 #endif
+}
+/* Two bf16 products, a * b elementwise (fma with -0: a zero keeps its sign). */
+MJ_DEVICE uint32_t mj_mul_bf16x2(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
 }
 /* ---- end of prelude ------------------------------------------------------------------ */

@@ -103,6 +103,8 @@ typedef unsigned long long uint64_t;
 #define MJ_SHARED static __thread
 #define MJ_DYNAMIC_SHARED(type, name) type *const name = (type *)mj_sim_self()->dyn_smem
 #define MJ_RESTRICT restrict
+/* Before a loop that must be unrolled (it indexes register arrays). */
+#define MJ_UNROLL 
 #define MJ_NO_UNROLL
 #define MJ_SIM_ENTRY __attribute__((visibility("default")))
 #define MJ_TEMPLATE(name, doc)
@@ -399,6 +401,27 @@ MJ_DEVICE uint32_t mj_e2m1_enc_c(float x) {
     return sign | c;
 }
 
+/* CUDA's __byte_perm: byte n of the result is byte (s >> 4n) & 7 of y:x (x bytes 0..3). */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++) r |= (unsigned)((v >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+    return r;
+}
+/* Two bf16 products, rounded to nearest even (as fma.rn.bf16x2 with -0 does). */
+static inline float mj_sim_bf16_f_(unsigned h) {
+    union { unsigned u; float f; } v = {h << 16};
+    return v.f;
+}
+static inline unsigned mj_sim_f_bf16_(float f) {
+    union { float f; unsigned u; } v = {f};
+    if ((v.u & 0x7F800000u) == 0x7F800000u && (v.u & 0x7FFFFFu)) return (v.u >> 16) | 0x40u;
+    return (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16;
+}
+MJ_DEVICE uint32_t mj_mul_bf16x2(uint32_t a, uint32_t b) {
+    return mj_sim_f_bf16_(mj_sim_bf16_f_(a & 0xFFFFu) * mj_sim_bf16_f_(b & 0xFFFFu)) |
+           mj_sim_f_bf16_(mj_sim_bf16_f_(a >> 16) * mj_sim_bf16_f_(b >> 16)) << 16;
+}
 MJ_DEVICE uint32_t mj_cvt_e2m1x2(float lo, float hi) { return mj_e2m1_enc_c(lo) | mj_e2m1_enc_c(hi) << 4; }
 MJ_DEVICE uint32_t mj_cvt_e4m3(float x) { return mj_e4m3_enc_c(x); }
 #endif /* MJ_SIM_ABI_ONLY */

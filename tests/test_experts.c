@@ -861,8 +861,10 @@ static void test_compile(const char *cache) {
                     CHECK_OK(mj_jit_get(c, &s, &f));
                     if (!f) continue;
                     const mj_ptxas_report *rep = mj_function_report(f);
-                    CHECK(rep->spill_stores == 0 && rep->spill_loads == 0, "%s %s I %d TPE %d: %d/%d spill bytes",
-                          targets[t], mode ? "W4A4" : "W4A16", k.I, tpe, rep->spill_stores, rep->spill_loads);
+                    CHECK(rep->spill_stores == 0 && rep->spill_loads == 0 && rep->stack_frame == 0,
+                          "%s %s I %d TPE %d: %d/%d spill bytes, %d B of stack (local memory)", targets[t],
+                          mode ? "W4A4" : "W4A16", k.I, tpe, rep->spill_stores, rep->spill_loads, rep->stack_frame);
+                    CHECK(rep->smem_static == 0, "%s: %d B of static shared memory", targets[t], rep->smem_static);
                     if (ii == 0)
                         printf("plan %-7s %-5s TPE %2d: %3d registers, %d spill bytes, %d B static smem\n", targets[t],
                                mode ? "W4A4" : "W4A16", tpe, rep->registers, rep->spill_stores, rep->smem_static);
