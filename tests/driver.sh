@@ -372,6 +372,11 @@ expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:
 printf '{"template": "no_such", "knobs": {}, "arch": "sm_120a"}\n{"template": "router_gemm", "knobs": {"H": 512, "E": 5000, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n' >unk.jsonl
 expect_rc 1 "$MJ" prewarm --cache-dir "$C" unk.jsonl
 contains out "2 failed"; contains err "no_such"; contains err "E = 5000"
+# A knob given twice, or a boolean for an int knob, is a mistake: not "the last" or 1.
+printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "ROWS": 2, "NWARPS": 4}, "arch": "sm_120a"}\n' >dup.jsonl
+expect_fail "$MJ" prewarm --cache-dir "$C" dup.jsonl;   contains err "dup.jsonl:1"; contains err "duplicate"
+printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": true, "NWARPS": 4}, "arch": "sm_120a"}\n' >bool.jsonl
+expect_rc 1 "$MJ" prewarm --cache-dir "$C" bool.jsonl; contains err "ROWS of router_gemm must be an integer"
 expect_fail "$MJ" prewarm --arch sm_75 m.jsonl;          contains err "sm_75"
 expect_fail "$MJ" prewarm -j 0 m.jsonl
 expect_fail "$MJ" prewarm nothere.jsonl;                  contains err "nothere.jsonl"

@@ -134,7 +134,7 @@ static int read_manifest(const char *path, const char **archs, int n_archs, job 
         while (*p == ' ' || *p == '\t') p++;
         if (*p == '\n' || *p == '\0' || *p == '#') continue;
         json_error_t je;
-        json_t *o = json_loads(p, 0, &je);
+        json_t *o = json_loads(p, JSON_REJECT_DUPLICATES, &je);
         if (!json_is_object(o)) {
             rc = tool_fail("%s:%d: not a JSON object: %s", path, lineno, o ? "wrong type" : je.text);
             json_decref(o);
