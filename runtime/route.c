@@ -243,20 +243,23 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
                                    out.active_experts, out.n_active, out.permutation);
     }
     /* Plain top-k over many blocks (a grid-stride loop over tokens, the grid capped at what
-     * the device keeps busy), then the dispatch in one block. */
+     * the device keeps busy; at least 2 blocks: a grid of one is the one-block OEA launch,
+     * which needs the ids' dynamic shared memory), then the dispatch in one block of the
+     * same warps. */
     int32_t nw = route_warps(E, k, 0);
     mj_knobs_oea_route kn = route_knobs(&p, k, nw);
     mj_spec_oea_route(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     int64_t blocks = (B + nw - 1) / nw, cap = mj_context_max_blocks(ctx);
     if (blocks > cap) blocks = cap;
+    if (blocks < 2) blocks = 2;
     mj_launch_dims d = {{(uint32_t)blocks, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
-    MJ_CHECK(mj_launch_topk_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
-                                  out.weights, out.n_sel));
+    MJ_CHECK(mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
+                                 out.weights, out.n_sel, NULL, NULL, NULL, NULL, NULL));
     if (!out.expert_counts && !out.expert_offsets && !out.active_experts && !out.n_active &&
         !out.permutation)
         return MJ_OK;
-    mj_launch_dims d1 = {{1, 1, 1}, {256, 1, 1}, 0, stream};
+    mj_launch_dims d1 = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
     return mj_launch_route_dispatch(fn, d1, out.ids, B, out.expert_counts, out.expert_offsets,
                                     out.active_experts, out.n_active, out.permutation);
 }
