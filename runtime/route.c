@@ -10,6 +10,7 @@
 #include "mj_kernels.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -18,12 +19,6 @@
 /* Shared memory a route kernel may use, static and dynamic (of the 48 KiB every target
  * gives without opting in). */
 #define MJ_ROUTE_SMEM_BUDGET (44 * 1024)
-
-static int32_t next_pow2(int32_t v) {
-    int32_t p = 1;
-    while (p < v) p *= 2;
-    return p;
-}
 
 /* ---- k0 policy ---------------------------------------------------------------------- */
 
@@ -266,6 +261,18 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
 
 /* ---- the router GEMM -------------------------------------------------------------------- */
 
+/* The router GEMM's rows per tile (templates/router_gemm.cu TILE): the gate is streamed once
+ * per tile, so once for B <= 64. */
+#define MJ_ROUTER_TILE 64
+
+/* Warps per block: the fewest that leave a thread at most 4 of the gate row's 16-byte
+ * chunks (so a GLM-5 row, 768 chunks, gets 8 warps and 3 chunks a thread), at most 8. */
+static int32_t router_warps(int32_t H) {
+    int32_t nw = 1;
+    while (nw < 8 && H / 8 > nw * 32 * 4) nw *= 2;
+    return nw;
+}
+
 mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_t *gate, int32_t B,
                          int32_t H, int32_t E, float *logits, void *stream) {
     if (!ctx || (B > 0 && (!hidden || !gate || !logits)) || B < 0)
@@ -277,12 +284,22 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
         return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: %d experts; %d..%d supported", E,
                             MJ_KNOB_router_gemm_E_MIN, MJ_KNOB_router_gemm_E_MAX);
     if (B == 0) return MJ_OK;
-    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = next_pow2(B) < 8 ? next_pow2(B) : 8, .NWARPS = 4};
+    if (((uintptr_t)hidden | (uintptr_t)gate) % 16)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm: hidden (%p) and gate (%p) must be 16-byte aligned "
+                                                "(the kernel reads them in 16-byte loads)",
+                            (const void *)hidden, (const void *)gate);
+    if (B > 65535LL * MJ_ROUTER_TILE)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than %lld rows", B,
+                            65535LL * MJ_ROUTER_TILE);
+    /* ROWS: the largest power of 2 <= B, at most 8 (a group of rows never reads past B). */
+    int32_t rows = 1;
+    while (rows < 8 && rows * 2 <= B) rows *= 2;
+    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = rows, .NWARPS = router_warps(H)};
     mj_spec s;
     const mj_function *fn;
     mj_spec_router_gemm(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
-    mj_launch_dims d = {{(uint32_t)((E + kn.NWARPS - 1) / kn.NWARPS), (uint32_t)((B + kn.ROWS - 1) / kn.ROWS), 1},
+    mj_launch_dims d = {{(uint32_t)E, (uint32_t)((B + MJ_ROUTER_TILE - 1) / MJ_ROUTER_TILE), 1},
                         {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
     return mj_launch_router_gemm(fn, d, hidden, gate, B, logits);
 }
