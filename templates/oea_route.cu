@@ -38,6 +38,15 @@ MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
 MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
 MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K) * 4 <= 48 * 1024", "static shared memory fits the 48 KiB every target gives")
 
+/* A helper ptxas compiles as a function of its own (called, not inlined): ptxas's time grows
+ * faster than the size of what it optimizes at once, so a once-a-launch step is cheaper to
+ * compile apart, and costs one call. */
+#ifdef __CUDACC_RTC__
+#define MJ_NOINLINE static __device__ __noinline__
+#else
+#define MJ_NOINLINE MJ_DEVICE
+#endif
+
 #define LOCAL ((E + 31) / 32)       /* experts per lane                                       */
 #define GSIZE (E / NG)              /* experts per group                                      */
 #define KEY_NONE 0ull
@@ -57,11 +66,18 @@ MJ_DEVICE uint32_t order_bits(float c) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-MJ_DEVICE uint64_t make_key(float c, int e) {
-    return ((uint64_t)order_bits(c) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)e);
+MJ_DEVICE uint64_t make_key_bits(uint32_t bits, int e) {
+    return ((uint64_t)bits << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)e);
 }
 
+MJ_DEVICE uint64_t make_key(float c, int e) { return make_key_bits(order_bits(c), e); }
+
 MJ_DEVICE int key_expert(uint64_t key) { return (int)(0xFFFFFFFFu - (uint32_t)(key & 0xFFFFFFFFull)); }
+
+/* The calling thread's warp in the block, as lane 0 has it: the same in every lane, and
+ * ptxas knows it (a value it cannot prove warp-uniform makes every shuffle under a branch
+ * or loop on it carry a divergent fallback). */
+MJ_DEVICE int warp_index(void) { return __shfl_sync(0xFFFFFFFFu, (int)threadIdx.x / 32, 0); }
 
 MJ_DEVICE uint64_t warp_max_key(uint64_t key) {
     for (int off = 16; off > 0; off /= 2) {
@@ -117,8 +133,10 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *
             have |= v == v;
         }
         m = warp_max_f(m);
+        /* Votes, so that ptxas knows the branches below are the same in every lane. */
         have = __any_sync(0xFFFFFFFFu, have);
-        if (have && (m - m != m - m)) { /* the max is +-inf: the experts at it share the mass */
+        const int inf_max = __any_sync(0xFFFFFFFFu, have && (m - m != m - m));
+        if (inf_max) { /* the max is +-inf: the experts at it share the mass */
             int n_max = 0;
             for (int i = 0; i < LOCAL; i++) {
                 int e = lane + 32 * i;
@@ -206,12 +224,17 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
 
 /* The best expert among the lane-local candidates `cand` (bit i: expert lane + 32 i), or -1. */
 MJ_DEVICE int pick(const float *c, uint32_t cand, int lane) {
-    uint64_t key = KEY_NONE;
-    for (int i = 0; i < LOCAL; i++) { /* no branch: a key for every slot, the mask selects */
-        int e = lane + 32 * i < E ? lane + 32 * i : E - 1;
-        uint64_t k = make_key(c[e], e);
-        key = (((cand >> i) & 1u) & (k > key)) ? k : key;
+    /* The lane's best: the highest score bits, the first (lowest expert) among equal ones;
+     * 32-bit compares, no branch (a slot not in cand is read and ignored). */
+    uint32_t best = 0; /* below every score's bits (NaN's are 1): none yet */
+    int bi = 0;
+    for (int i = 0; i < LOCAL; i++) {
+        const uint32_t ob = order_bits(c[lane + 32 * i < E ? lane + 32 * i : E - 1]);
+        const int take = ((cand >> i) & 1u) & (ob > best);
+        best = take ? ob : best;
+        bi = take ? i : bi;
     }
+    uint64_t key = best ? make_key_bits(best, lane + 32 * bi) : KEY_NONE;
     key = warp_max_key(key);
     return key == KEY_NONE ? -1 : key_expert(key);
 }
@@ -235,7 +258,7 @@ MJ_DEVICE int route_token(const float *x, const float *bias, const int *in_base,
 #pragma unroll 1
     for (int j = 0; j < kmax; j++) {
         int e = pick(c, j < K0 ? cand : (cand & base), lane);
-        if (e < 0) break;
+        if (__all_sync(0xFFFFFFFFu, e < 0)) break; /* e is the same in every lane: a vote says so */
         if (e % 32 == lane) cand &= ~(1u << (e / 32));
         if (lane == 0) sel[j] = e;
         __syncwarp(0xFFFFFFFFu);
@@ -278,10 +301,10 @@ MJ_DEVICE void token_finish(const float *s, const int *sel, int n, float rsf, in
  *      by expert, within an expert by token.
  * Integer work only, each result in a fixed place: deterministic. cnt: E ints; seg: NWARPS
  * * E ints; act: E ints (all shared). */
-MJ_DEVICE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
-                        int32_t *active, int32_t *n_active, int32_t *perm, int32_t *cnt,
-                        int32_t *seg, int32_t *act) {
-    const int t = (int)threadIdx.x, lane = t % 32, w = t / 32;
+MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
+                          int32_t *active, int32_t *n_active, int32_t *perm, int32_t *cnt,
+                          int32_t *seg, int32_t *act) {
+    const int t = (int)threadIdx.x, lane = t % 32, w = warp_index();
     const int per = (B + NWARPS - 1) / NWARPS;
     const int b0 = w * per < B ? w * per : B, b1 = b0 + per < B ? b0 + per : B;
     int32_t *mine = seg + w * E;
@@ -303,7 +326,7 @@ MJ_DEVICE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *off
         cnt[e] = run;
     }
     __syncthreads();
-    if (w == 0) { /* once a launch, a few iterations a lane: loops kept rolled */
+    { /* every warp scans (no branch around the shuffles), warp 0 writes */
         int tot = 0, nz = 0;
 #pragma unroll 1
         for (int i = 0; i < LOCAL; i++) {
@@ -313,24 +336,26 @@ MJ_DEVICE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *off
         int it = tot, iz = nz; /* inclusive scans over the lanes */
         for (int d = 1; d < 32; d *= 2) {
             int a = __shfl_up_sync(0xFFFFFFFFu, it, d), z = __shfl_up_sync(0xFFFFFFFFu, iz, d);
-            if (lane >= d) it += a, iz += z;
-        }
-        int off = it - tot, na = iz - nz;
-#pragma unroll 1
-        for (int i = 0; i < LOCAL; i++) {
-            int e = lane * LOCAL + i;
-            if (e < E) {
-                seg[e] = off;
-                if (cnt[e]) act[na++] = e;
-                off += cnt[e];
-            }
+            it += lane >= d ? a : 0, iz += lane >= d ? z : 0;
         }
         const int n_act = __shfl_sync(0xFFFFFFFFu, iz, 31);
+        if (w == 0) {
+            int off = it - tot, na = iz - nz;
 #pragma unroll 1
-        for (int e = n_act + lane; e < E; e += 32) act[e] = -1;
-        if (lane == 31) {
-            if (offsets) offsets[E] = it;
-            if (n_active) n_active[0] = iz;
+            for (int i = 0; i < LOCAL; i++) {
+                int e = lane * LOCAL + i;
+                if (e < E) {
+                    seg[e] = off;
+                    if (cnt[e]) act[na++] = e;
+                    off += cnt[e];
+                }
+            }
+#pragma unroll 1
+            for (int e = n_act + lane; e < E; e += 32) act[e] = -1;
+            if (lane == 31) {
+                if (offsets) offsets[E] = it;
+                if (n_active) n_active[0] = iz;
+            }
         }
     }
     __syncthreads();
@@ -381,7 +406,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     MJ_SHARED int sm_sel[NWARPS][K];
     MJ_DYNAMIC_SHARED(int32_t, sm_ids);
     const int num_valid = valid_rows(num_valid_p, B);
-    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+    const int lane = (int)threadIdx.x % 32, w = warp_index();
     const int one_block = gridDim.x == 1, oea = one_block && K0 < K;
     float *s = sm_s[w], *c = sm_c[w];
     int *sel = sm_sel[w];
