@@ -291,10 +291,12 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
     if (B > 65535LL * MJ_ROUTER_TILE)
         return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than %lld rows", B,
                             65535LL * MJ_ROUTER_TILE);
-    /* ROWS: the largest power of 2 <= B, at most 8 (a group of rows never reads past B). */
+    /* ROWS: the largest power of 2 <= B (a group of rows never reads past B), at most 8,
+     * and at most 32 chunk-rows a group (the unrolled body: 24 for GLM-5, 3 chunks x 8). */
+    const int32_t nw = router_warps(H), ch = (H / 8 + nw * 32 - 1) / (nw * 32);
     int32_t rows = 1;
-    while (rows < 8 && rows * 2 <= B) rows *= 2;
-    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = rows, .NWARPS = router_warps(H)};
+    while (rows < 8 && rows * 2 <= B && ch * rows * 2 <= 32) rows *= 2;
+    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = rows, .NWARPS = nw};
     mj_spec s;
     const mj_function *fn;
     mj_spec_router_gemm(ctx, &kn, &s);

@@ -26,6 +26,7 @@ MJ_KNOB_SET(ROWS, int, "1 2 4 8", "hidden rows accumulated at once in registers 
 MJ_KNOB_SET(NWARPS, int, "1 2 4 8", "warps per block: they split the expert's gate row")
 MJ_CONSTRAINT("H % 64 == 0", "the gate row splits into 16-byte chunks of 8 bf16, 8 chunks per 128-byte line")
 MJ_CONSTRAINT("H <= 2048 * NWARPS", "at most 8 gate chunks (32 registers, 64 as fp32) a thread: more warps for a wider row")
+MJ_CONSTRAINT("(H / 8 + NWARPS * 32 - 1) / (NWARPS * 32) * ROWS <= 48", "at most 48 chunk-rows unrolled a group (registers, compile time): fewer rows for more chunks")
 
 #define TILE 64                     /* hidden rows a block covers (gridDim.y = ceil(B / TILE)) */
 #define NT (NWARPS * 32)            /* threads per block                                       */

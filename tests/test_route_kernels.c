@@ -356,12 +356,15 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
         }
     /* Uneven splits: 40 chunks over 32 threads (a second chunk for 8 of them) and a second
      * tile of 1 row (its group of 8 reaches back into the first tile); 1200 chunks over 256
-     * threads (5 a thread, the last partial), 3 tiles, the last of 2 rows; and B = 64, one
-     * full tile. */
-    static const int odd[][3] = {{65, 320, 16}, {130, 9600, 3}, {64, 448, 7}};
-    for (int i = 0; i < 3; i++) {
+     * threads (5 a thread, the last partial: 4 rows a group), 3 tiles, the last of 2 rows;
+     * B = 64, one full tile; the widest row (8 chunks a thread: 4 rows a group). */
+    static const int odd[][5] = {{65, 320, 16, 8, 1}, {130, 9600, 3, 4, 8}, {64, 448, 7, 8, 1}, {9, 16384, 2, 4, 8}};
+    for (int i = 0; i < 4; i++) {
         router_data r = router_data_new(odd[i][0], odd[i][1], odd[i][2], seed + 50 + (uint64_t)i);
         router_run(ctx, &r, "uneven");
+        if (!ROUTE_TEST_GPU)
+            CHECK(router_built(ctx, odd[i][1], odd[i][2], odd[i][3], odd[i][4]), "B=%d H=%d did not run ROWS=%d NWARPS=%d",
+                  odd[i][0], odd[i][1], odd[i][3], odd[i][4]);
         router_data_free(&r);
     }
     if (!ROUTE_TEST_GPU) {
@@ -477,8 +480,9 @@ static void test_compile(const char *dir) {
                          "oea_route spec %d on %s spills", i, targets[t]);
         }
         /* The router GEMM: what the launcher picks for GLM-5 (H = 6144: 8 warps, 3 chunks a
-         * thread) at every ROWS, and the widest row (H = 16384: 8 chunks a thread). */
-        static const int rg_spec[][3] = {{6144, 1, 8}, {6144, 2, 8}, {6144, 4, 8}, {6144, 8, 8}, {16384, 8, 8}};
+         * thread) at every ROWS, and for the widest row (H = 16384: 8 chunks a thread, so 4
+         * rows a group at most). */
+        static const int rg_spec[][3] = {{6144, 1, 8}, {6144, 2, 8}, {6144, 4, 8}, {6144, 8, 8}, {16384, 4, 8}};
         for (int i = 0; i < 5; i++) {
             mj_knobs_router_gemm rg = {.H = rg_spec[i][0], .E = 256, .ROWS = rg_spec[i][1], .NWARPS = rg_spec[i][2]};
             mj_spec s;
@@ -529,6 +533,23 @@ static void test_constraints(mj_context_t ctx) {
     CHECK_OK(mj_spec_validate(&s));
     const mj_template_desc *t = mj_template_at(MJ_TPL_oea_route);
     CHECK(t->n_constraints >= 6, "oea_route declares %d constraints", t->n_constraints);
+    /* The router GEMM's: chunks a thread, chunk-rows a group. */
+    static const struct {
+        mj_knobs_router_gemm k;
+        const char *rule;
+    } rbad[] = {
+        {{.H = 6144, .E = 256, .ROWS = 1, .NWARPS = 2}, "H <= 2048 * NWARPS"},
+        {{.H = 16384, .E = 256, .ROWS = 8, .NWARPS = 8}, "* ROWS <= 48"},
+    };
+    for (size_t i = 0; i < sizeof rbad / sizeof rbad[0]; i++) {
+        mj_spec_router_gemm(ctx, &rbad[i].k, &s);
+        CHECK_STATUS(mj_spec_validate(&s), MJ_ERR_INVALID_ARG);
+        CHECK(strstr(mj_last_error(), rbad[i].rule) && strstr(mj_last_error(), "does not hold"),
+              "router constraint %zu: %s", i, mj_last_error());
+    }
+    mj_knobs_router_gemm rgood = {.H = 512, .E = 64, .ROWS = 8, .NWARPS = 4}; /* tests/driver.sh's manifest */
+    mj_spec_router_gemm(ctx, &rgood, &s);
+    CHECK_OK(mj_spec_validate(&s));
 }
 
 static void test_policy(void) {
