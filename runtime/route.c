@@ -10,6 +10,7 @@
 #include "mj_kernels.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -18,12 +19,6 @@
 /* Shared memory a route kernel may use, static and dynamic (of the 48 KiB every target
  * gives without opting in). */
 #define MJ_ROUTE_SMEM_BUDGET (44 * 1024)
-
-static int32_t next_pow2(int32_t v) {
-    int32_t p = 1;
-    while (p < v) p *= 2;
-    return p;
-}
 
 /* ---- k0 policy ---------------------------------------------------------------------- */
 
@@ -247,25 +242,40 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
                                    out.active_experts, out.n_active, out.permutation, out.row_index);
     }
     /* Plain top-k over many blocks (a grid-stride loop over tokens, the grid capped at what
-     * the device keeps busy), then the dispatch in one block. */
+     * the device keeps busy; at least 2 blocks: a grid of one is the one-block OEA launch,
+     * which needs the ids' dynamic shared memory), then the dispatch in one block of the
+     * same warps. */
     int32_t nw = route_warps(E, k, 0);
     mj_knobs_oea_route kn = route_knobs(&p, k, nw);
     mj_spec_oea_route(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     int64_t blocks = (B + nw - 1) / nw, cap = mj_context_max_blocks(ctx);
     if (blocks > cap) blocks = cap;
+    if (blocks < 2) blocks = 2;
     mj_launch_dims d = {{(uint32_t)blocks, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
-    MJ_CHECK(mj_launch_topk_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
-                                  out.weights, out.n_sel));
+    MJ_CHECK(mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
+                                 out.weights, out.n_sel, NULL, NULL, NULL, NULL, NULL, NULL));
     if (!out.expert_counts && !out.expert_offsets && !out.active_experts && !out.n_active &&
         !out.permutation && !out.row_index)
         return MJ_OK;
-    mj_launch_dims d1 = {{1, 1, 1}, {256, 1, 1}, 0, stream};
+    mj_launch_dims d1 = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
     return mj_launch_route_dispatch(fn, d1, out.ids, B, out.expert_counts, out.expert_offsets,
                                     out.active_experts, out.n_active, out.permutation, out.row_index);
 }
 
 /* ---- the router GEMM -------------------------------------------------------------------- */
+
+/* The router GEMM's rows per tile (templates/router_gemm.cu TILE): the gate is streamed once
+ * per tile, so once for B <= 64. */
+#define MJ_ROUTER_TILE 64
+
+/* Warps per block: the fewest that leave a thread at most 4 of the gate row's 16-byte
+ * chunks (so a GLM-5 row, 768 chunks, gets 8 warps and 3 chunks a thread), at most 8. */
+static int32_t router_warps(int32_t H) {
+    int32_t nw = 1;
+    while (nw < 8 && H / 8 > nw * 32 * 4) nw *= 2;
+    return nw;
+}
 
 mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_t *gate, int32_t B,
                          int32_t H, int32_t E, float *logits, void *stream) {
@@ -278,12 +288,24 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
         return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: %d experts; %d..%d supported", E,
                             MJ_KNOB_router_gemm_E_MIN, MJ_KNOB_router_gemm_E_MAX);
     if (B == 0) return MJ_OK;
-    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = next_pow2(B) < 8 ? next_pow2(B) : 8, .NWARPS = 4};
+    if (((uintptr_t)hidden | (uintptr_t)gate) % 16)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm: hidden (%p) and gate (%p) must be 16-byte aligned "
+                                                "(the kernel reads them in 16-byte loads)",
+                            (const void *)hidden, (const void *)gate);
+    if (B > 65535LL * MJ_ROUTER_TILE)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than %lld rows", B,
+                            65535LL * MJ_ROUTER_TILE);
+    /* ROWS: the largest power of 2 <= B (a group of rows never reads past B), at most 8,
+     * and at most 32 chunk-rows a group (the unrolled body: 24 for GLM-5, 3 chunks x 8). */
+    const int32_t nw = router_warps(H), ch = (H / 8 + nw * 32 - 1) / (nw * 32);
+    int32_t rows = 1;
+    while (rows < 8 && rows * 2 <= B && ch * rows * 2 <= 32) rows *= 2;
+    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = rows, .NWARPS = nw};
     mj_spec s;
     const mj_function *fn;
     mj_spec_router_gemm(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
-    mj_launch_dims d = {{(uint32_t)((E + kn.NWARPS - 1) / kn.NWARPS), (uint32_t)((B + kn.ROWS - 1) / kn.ROWS), 1},
+    mj_launch_dims d = {{(uint32_t)E, (uint32_t)((B + MJ_ROUTER_TILE - 1) / MJ_ROUTER_TILE), 1},
                         {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
     return mj_launch_router_gemm(fn, d, hidden, gate, B, logits);
 }

@@ -8,11 +8,17 @@
  * runtime/route_ref.c exactly (same formulas, same summation order), so on the CPU
  * interpreter ids and counts match the reference bit for bit.
  *
- *   oea_route        one block: phase 1 for every valid token, S_base as flags in shared
- *                    memory, __syncthreads, phase 2 + weights, __syncthreads, dispatch.
- *                    Any B up to 256 (dynamic shared memory holds the B x K ids).
- *   topk_route       many blocks, plain top-k (k0 == k: no batch-wide set), for big batches;
- *   route_dispatch   then this one block computes the dispatch metadata from the ids.
+ *   oea_route        in one block: phase 1 for every valid token, S_base as flags in
+ *                    shared memory, __syncthreads, phase 2 + weights, __syncthreads,
+ *                    dispatch. Any B up to 256 (dynamic shared memory holds the B x K ids).
+ *                    In many blocks: plain top-k (k0 == k: no batch-wide set), for big
+ *                    batches, and then
+ *   route_dispatch   this one block computes the dispatch metadata from the ids.
+ *
+ * Compile time is part of the design (a cold NVRTC compile is paid on a server's first call
+ * of a shape): one entry holds the routing code once (ptxas optimizes every entry with its
+ * callees inlined, so a second entry calling route_token would double its work), loops
+ * whose trips depend on each other stay rolled, and per-expert work is branch-free.
  */
 MJ_TEMPLATE(oea_route, "noaux_tc / OEA routing of a batch plus per-expert counts, offsets, active list and permutation")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
@@ -31,6 +37,15 @@ MJ_CONSTRAINT("TG <= NG", "cannot keep more groups than there are")
 MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
 MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
 MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K) * 4 <= 48 * 1024", "static shared memory fits the 48 KiB every target gives")
+
+/* A helper ptxas compiles as a function of its own (called, not inlined): ptxas's time grows
+ * faster than the size of what it optimizes at once, so a once-a-launch step is cheaper to
+ * compile apart, and costs one call. */
+#ifdef __CUDACC_RTC__
+#define MJ_NOINLINE static __device__ __noinline__
+#else
+#define MJ_NOINLINE MJ_DEVICE
+#endif
 
 #define LOCAL ((E + 31) / 32)       /* experts per lane                                       */
 #define GSIZE (E / NG)              /* experts per group                                      */
@@ -51,11 +66,18 @@ MJ_DEVICE uint32_t order_bits(float c) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-MJ_DEVICE uint64_t make_key(float c, int e) {
-    return ((uint64_t)order_bits(c) << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)e);
+MJ_DEVICE uint64_t make_key_bits(uint32_t bits, int e) {
+    return ((uint64_t)bits << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)e);
 }
 
+MJ_DEVICE uint64_t make_key(float c, int e) { return make_key_bits(order_bits(c), e); }
+
 MJ_DEVICE int key_expert(uint64_t key) { return (int)(0xFFFFFFFFu - (uint32_t)(key & 0xFFFFFFFFull)); }
+
+/* The calling thread's warp in the block, as lane 0 has it: the same in every lane, and
+ * ptxas knows it (a value it cannot prove warp-uniform makes every shuffle under a branch
+ * or loop on it carry a divergent fallback). */
+MJ_DEVICE int warp_index(void) { return __shfl_sync(0xFFFFFFFFu, (int)threadIdx.x / 32, 0); }
 
 MJ_DEVICE uint64_t warp_max_key(uint64_t key) {
     for (int off = 16; off > 0; off /= 2) {
@@ -67,46 +89,96 @@ MJ_DEVICE uint64_t warp_max_key(uint64_t key) {
     return key;
 }
 
-/* Scores of one token into s[] (unbiased) and c[] (selection): lanes split the experts;
- * softmax's max and sum are taken by lane 0 in expert order, as the reference does. */
+MJ_DEVICE float warp_max_f(float v) {
+    for (int off = 16; off > 0; off /= 2) {
+        float o = __shfl_xor_sync(0xFFFFFFFFu, v, off);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
+MJ_DEVICE int warp_sum_i(int v) {
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+    return v;
+}
+
+/* Scores of one token into s[] (unbiased) and c[] (selection): lanes split the experts.
+ * Softmax as the reference has it: the max over the numbers (a warp max: exact in any
+ * order; only the sign of a zero max could differ, and it changes no result), exp per
+ * expert, the sum in expert order by lane 0 (fp32 addition is not associative: this is
+ * the one serial step), the division per expert. Branch-free where it costs nothing:
+ * every expert's sigmoid is computed and NaN selected away. */
 MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *c, int lane) {
+    const float *bp = bias ? bias : x; /* a load that is always valid: no branch on bias */
     if (SCORING == 0) {
         for (int i = 0; i < LOCAL; i++) {
             int e = lane + 32 * i;
             if (e >= E) break;
-            float v = x[e];
-            s[e] = (v != v) ? 0.0f : 1.0f / (1.0f + expf(-v));
+            float v = x[e], b = bp[e], sg = 1.0f / (1.0f + expf(-v));
+            float se = (v != v) ? 0.0f : sg;
+            s[e] = se;
+            c[e] = (v != v) ? (0.0f / 0.0f) : se + (bias ? b : 0.0f);
         }
-    } else if (lane == 0) {
-        float m = 0.0f;
-        int have = 0, n_max = 0;
-        for (int e = 0; e < E; e++) {
+        __syncwarp(0xFFFFFFFFu);
+        return;
+    }
+    {
+        float m = -1.0f / 0.0f;
+        int have = 0;
+        for (int i = 0; i < LOCAL; i++) {
+            int e = lane + 32 * i;
+            if (e >= E) break;
             float v = x[e];
-            if (v != v) continue;
-            if (!have || v > m) m = v;
-            have = 1;
+            m = v > m ? v : m; /* false for NaN */
+            have |= v == v;
         }
-        for (int e = 0; e < E; e++) s[e] = 0.0f;
-        if (have && (m - m != m - m)) { /* the max is +-inf: the experts at it share the mass */
-            for (int e = 0; e < E; e++) n_max += (x[e] == m);
-            for (int e = 0; e < E; e++)
-                if (x[e] == m) s[e] = 1.0f / (float)n_max;
-        } else if (have) {
-            float sum = 0.0f;
-            for (int e = 0; e < E; e++) {
-                if (x[e] != x[e]) continue;
-                s[e] = expf(x[e] - m);
-                sum += s[e];
+        m = warp_max_f(m);
+        /* Votes, so that ptxas knows the branches below are the same in every lane. */
+        have = __any_sync(0xFFFFFFFFu, have);
+        const int inf_max = __any_sync(0xFFFFFFFFu, have && (m - m != m - m));
+        if (inf_max) { /* the max is +-inf: the experts at it share the mass */
+            int n_max = 0;
+            for (int i = 0; i < LOCAL; i++) {
+                int e = lane + 32 * i;
+                if (e >= E) break;
+                n_max += x[e] == m;
             }
-            for (int e = 0; e < E; e++) s[e] /= sum;
+            n_max = warp_sum_i(n_max);
+            for (int i = 0; i < LOCAL; i++) {
+                int e = lane + 32 * i;
+                if (e >= E) break;
+                s[e] = x[e] == m ? 1.0f / (float)n_max : 0.0f;
+            }
+        } else if (have) {
+            for (int i = 0; i < LOCAL; i++) {
+                int e = lane + 32 * i;
+                if (e >= E) break;
+                float v = x[e], ev = expf(v - m);
+                s[e] = (v != v) ? 0.0f : ev; /* + 0.0f leaves the sum as skipping it would */
+            }
+            __syncwarp(0xFFFFFFFFu);
+            float sum = 0.0f;
+            if (lane == 0)
+                for (int e = 0; e < E; e++) sum += s[e];
+            sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
+            for (int i = 0; i < LOCAL; i++) {
+                int e = lane + 32 * i;
+                if (e >= E) break;
+                s[e] /= sum;
+            }
+        } else {
+            for (int i = 0; i < LOCAL; i++) {
+                int e = lane + 32 * i;
+                if (e >= E) break;
+                s[e] = 0.0f;
+            }
         }
     }
-    __syncwarp(0xFFFFFFFFu);
     for (int i = 0; i < LOCAL; i++) {
         int e = lane + 32 * i;
         if (e >= E) break;
-        float v = x[e];
-        c[e] = (v != v) ? (0.0f / 0.0f) : s[e] + (bias ? bias[e] : 0.0f);
+        float v = x[e], b = bp[e];
+        c[e] = (v != v) ? (0.0f / 0.0f) : s[e] + (bias ? b : 0.0f);
     }
     __syncwarp(0xFFFFFFFFu);
 }
@@ -136,6 +208,7 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
         gs = GSIZE == 1 ? b1 : b1 + b2;
     }
     uint32_t kept = 0;
+#pragma unroll 1 /* each pick depends on the one before: nothing to gain from copies */
     for (int t = 0; t < TG; t++) {
         uint64_t key = (lane < NG && !(kept & (1u << lane))) ? make_key(gs, lane) : KEY_NONE;
         key = warp_max_key(key);
@@ -151,21 +224,27 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
 
 /* The best expert among the lane-local candidates `cand` (bit i: expert lane + 32 i), or -1. */
 MJ_DEVICE int pick(const float *c, uint32_t cand, int lane) {
-    uint64_t key = KEY_NONE;
+    /* The lane's best: the highest score bits, the first (lowest expert) among equal ones;
+     * 32-bit compares, no branch (a slot not in cand is read and ignored). */
+    uint32_t best = 0; /* below every score's bits (NaN's are 1): none yet */
+    int bi = 0;
     for (int i = 0; i < LOCAL; i++) {
-        if (!(cand & (1u << i))) continue;
-        uint64_t k = make_key(c[lane + 32 * i], lane + 32 * i);
-        if (k > key) key = k;
+        const uint32_t ob = order_bits(c[lane + 32 * i < E ? lane + 32 * i : E - 1]);
+        const int take = ((cand >> i) & 1u) & (ob > best);
+        best = take ? ob : best;
+        bi = take ? i : bi;
     }
+    uint64_t key = best ? make_key_bits(best, lane + 32 * bi) : KEY_NONE;
     key = warp_max_key(key);
     return key == KEY_NONE ? -1 : key_expert(key);
 }
 
-/* Route one token: its best K0 eligible experts, then (while it has fewer than K) the best
- * of the rest that are in S_base (in_base flags; 0: no restriction, plain top-k). The picks
- * land in sel[] (by lane 0) in ranking order; returns how many. */
-MJ_DEVICE int route_token(const float *x, const float *bias, const int *in_base, float *s, float *c,
-                          int *sel, int lane) {
+/* Route one token: its best K0 eligible experts, then (while it has fewer than kmax) the
+ * best of the rest that are in S_base (in_base flags; 0: no restriction, plain top-k). The
+ * picks land in sel[] (by lane 0) in ranking order; returns how many. A pick depends on the
+ * one before, so the loop is not unrolled (unrolling would only copy the code). */
+MJ_DEVICE int route_token(const float *x, const float *bias, const int *in_base, int kmax, float *s,
+                          float *c, int *sel, int lane) {
     token_scores(x, bias, s, c, lane);
     uint32_t cand = eligible_mask(c, lane), base = cand;
     if (in_base) {
@@ -176,9 +255,10 @@ MJ_DEVICE int route_token(const float *x, const float *bias, const int *in_base,
         }
     }
     int n = 0;
-    for (int j = 0; j < K; j++) {
+#pragma unroll 1
+    for (int j = 0; j < kmax; j++) {
         int e = pick(c, j < K0 ? cand : (cand & base), lane);
-        if (e < 0) break;
+        if (__all_sync(0xFFFFFFFFu, e < 0)) break; /* e is the same in every lane: a vote says so */
         if (e % 32 == lane) cand &= ~(1u << (e / 32));
         if (lane == 0) sel[j] = e;
         __syncwarp(0xFFFFFFFFu);
@@ -187,72 +267,121 @@ MJ_DEVICE int route_token(const float *x, const float *bias, const int *in_base,
     return n;
 }
 
-/* Weights of a token's n chosen experts, by lane 0: the sum in slot order, then w = s /
- * (sum + 1e-20) * rsf (or s * rsf); slots past n get id -1 and weight 0. */
+/* Weights of a token's n chosen experts: the sum in slot order (every lane the same), then
+ * lane j writes slot j: w = s / (sum + 1e-20) * rsf (or s * rsf); slots past n get id -1
+ * and weight 0. */
 MJ_DEVICE void token_finish(const float *s, const int *sel, int n, float rsf, int32_t *ids,
                             float *weights, int32_t *n_sel, int b, int lane) {
-    if (lane != 0) return;
     float denom = 1.0f;
-    if (RENORM) {
+    const float sv = lane < n ? s[sel[lane]] : 0.0f; /* lane j: slot j's score */
+    if (RENORM) { /* the slots past n add +0.0f, which leaves the sum as it is */
         float sum = 0.0f;
-        for (int j = 0; j < n; j++) sum += s[sel[j]];
+        for (int j = 0; j < K; j++) sum += __shfl_sync(0xFFFFFFFFu, sv, j);
         denom = sum + 1e-20f;
     }
-    for (int j = 0; j < K; j++) {
-        ids[b * K + j] = j < n ? sel[j] : -1;
-        weights[b * K + j] = j < n ? (RENORM ? s[sel[j]] / denom * rsf : s[sel[j]] * rsf) : 0.0f;
+    if (lane < K) {
+        ids[b * K + lane] = lane < n ? sel[lane] : -1;
+        weights[b * K + lane] = lane < n ? (RENORM ? sv / denom * rsf : sv * rsf) : 0.0f;
     }
-    n_sel[b] = n;
+    if (lane == 0) n_sel[b] = n;
 }
 
-/* Counts, offsets, active experts, the permutation and its inverse (row_index) from ids
- * [B, K] (rows of a token in slot order, tokens in order). One thread an expert:
- * deterministic, no atomics. */
-MJ_DEVICE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
-                        int32_t *active, int32_t *n_active, int32_t *perm, int32_t *row_index,
-                        int32_t *cnt) {
-    int t = (int)threadIdx.x, nt = (int)blockDim.x;
-    /* Rows past the routed ones have no source: -1 (the routed rows are written below, after
-     * a barrier). */
+/* The dispatch metadata (the permutation and its inverse, row_index, among it) from ids
+ * [B, K]: a token's rows in slot order, tokens in order, -1 in empty slots (row_index -1 in
+ * rows past the routed ones), a token's experts distinct (every pick removes its expert). The block's
+ * NWARPS warps each take a contiguous segment of tokens (warp w: tokens w*per .. ), and
+ *   1. count their segment's rows per expert into seg[w][e] (shared integer atomics: the
+ *      totals do not depend on the order);
+ *   2. a thread per expert: the expert's count, and each warp's first row within the expert
+ *      (an exclusive scan over the warps, in order);
+ *   3. warp 0: the exclusive scan over the experts (offsets, into seg[0][e], which step 2
+ *      left 0) and the active list, lane l taking experts l*LOCAL .. l*LOCAL+LOCAL-1 and a
+ *      shuffle scan across the lanes;
+ *   4. the outputs, copied in parallel; then each warp walks its tokens in order, lane j
+ *      slot j: the row is the next free row of (its warp, the expert), so rows are grouped
+ *      by expert, within an expert by token.
+ * Integer work only, each result in a fixed place: deterministic. cnt: E ints; seg: NWARPS
+ * * E ints; act: E ints (all shared). */
+MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
+                          int32_t *active, int32_t *n_active, int32_t *perm, int32_t *row_index,
+                          int32_t *cnt, int32_t *seg, int32_t *act) {
+    const int t = (int)threadIdx.x, lane = t % 32, w = warp_index();
+    const int per = (B + NWARPS - 1) / NWARPS;
+    const int b0 = w * per < B ? w * per : B, b1 = b0 + per < B ? b0 + per : B;
+    int32_t *mine = seg + w * E;
+    for (int i = t; i < NWARPS * E; i += NWARPS * 32) seg[i] = 0;
+    /* Rows past the routed ones have no source: -1 (the routed rows are written in step 4,
+     * after barriers). */
     if (row_index)
-        for (int r = t; r < B * K; r += nt) row_index[r] = -1;
-    for (int e = t; e < E; e += nt) {
-        int n = 0;
-        for (int r = 0; r < B * K; r++) n += ids[r] == e;
-        cnt[e] = n;
+        for (int r = t; r < B * K; r += NWARPS * 32) row_index[r] = -1;
+    __syncthreads();
+#pragma unroll 1
+    for (int r = b0 * K + lane; r < b1 * K; r += 32) {
+        int e = ids[r];
+        if (e >= 0) atomicAdd(&mine[e], 1);
     }
     __syncthreads();
-    if (t == 0) {
-        int off = 0, na = 0;
-        for (int e = 0; e < E; e++) {
-            if (offsets) offsets[e] = off;
-            if (counts) counts[e] = cnt[e];
-            if (cnt[e]) {
-                if (active) active[na] = e;
-                na++;
-            }
-            int c0 = cnt[e];
-            cnt[e] = off; /* from here on: the next free row of expert e */
-            off += c0;
+    for (int e = t; e < E; e += NWARPS * 32) {
+        int run = 0;
+        for (int v = 0; v < NWARPS; v++) {
+            int n = seg[v * E + e];
+            seg[v * E + e] = run;
+            run += n;
         }
-        if (offsets) offsets[E] = off;
-        if (active)
-            for (int e = na; e < E; e++) active[e] = -1;
-        if (n_active) n_active[0] = na;
+        cnt[e] = run;
     }
     __syncthreads();
-    if (perm || row_index) {
-        for (int e = t; e < E; e += nt) {
-            int row = cnt[e];
-            for (int r = 0; r < B * K; r++)
-                if (ids[r] == e) {
-                    if (perm) perm[r] = row;
-                    if (row_index) row_index[row] = r;
-                    row++;
+    { /* every warp scans (no branch around the shuffles), warp 0 writes */
+        int tot = 0, nz = 0;
+#pragma unroll 1
+        for (int i = 0; i < LOCAL; i++) {
+            int e = lane * LOCAL + i, n = e < E ? cnt[e] : 0;
+            tot += n, nz += n > 0;
+        }
+        int it = tot, iz = nz; /* inclusive scans over the lanes */
+        for (int d = 1; d < 32; d *= 2) {
+            int a = __shfl_up_sync(0xFFFFFFFFu, it, d), z = __shfl_up_sync(0xFFFFFFFFu, iz, d);
+            it += lane >= d ? a : 0, iz += lane >= d ? z : 0;
+        }
+        const int n_act = __shfl_sync(0xFFFFFFFFu, iz, 31);
+        if (w == 0) {
+            int off = it - tot, na = iz - nz;
+#pragma unroll 1
+            for (int i = 0; i < LOCAL; i++) {
+                int e = lane * LOCAL + i;
+                if (e < E) {
+                    seg[e] = off;
+                    if (cnt[e]) act[na++] = e;
+                    off += cnt[e];
                 }
+            }
+#pragma unroll 1
+            for (int e = n_act + lane; e < E; e += 32) act[e] = -1;
+            if (lane == 31) {
+                if (offsets) offsets[E] = it;
+                if (n_active) n_active[0] = iz;
+            }
         }
-        for (int r = t; r < B * K; r += nt)
-            if (ids[r] < 0 && perm) perm[r] = -1;
+    }
+    __syncthreads();
+    if (counts)
+        for (int e = t; e < E; e += NWARPS * 32) counts[e] = cnt[e];
+    if (offsets)
+        for (int e = t; e < E; e += NWARPS * 32) offsets[e] = seg[e];
+    if (active)
+        for (int e = t; e < E; e += NWARPS * 32) active[e] = act[e];
+    if (!perm && !row_index) return;
+    if (w > 0)
+        for (int e = lane; e < E; e += 32) mine[e] += seg[e];
+    __syncthreads();
+#pragma unroll 1
+    for (int b = b0; b < b1; b++) {
+        if (lane < K) {
+            int e = ids[b * K + lane], row = e >= 0 ? mine[e]++ : -1;
+            if (perm) perm[b * K + lane] = row;
+            if (row_index && row >= 0) row_index[row] = b * K + lane;
+        }
+        __syncwarp(0xFFFFFFFFu);
     }
 }
 
@@ -264,7 +393,16 @@ MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
     return v < 0 ? 0 : v > B ? B : v;
 }
 
-/* One block routes the whole batch with OEA; dynamic shared memory: B * K int32. */
+/* Routing, one launch shape per use:
+ *   grid 1     the whole batch (B <= 256) in one block, with OEA when K0 < K, and the
+ *              dispatch; dynamic shared memory: B * K int32 (the ids);
+ *   grid > 1   plain top-k (K0 == K) for big batches: a block's warps take tokens
+ *              blockIdx.x * NWARPS + w, stepping by the grid; no dispatch (route_dispatch
+ *              follows), no dynamic shared memory.
+ * Both run one loop over the phases, so route_token is inlined once (every copy of it
+ * costs compile time, none of them speed): phase 0 takes each valid token's first K0 (they
+ * make S_base), phase 1 each token's K (past K0 from S_base only). Plain top-k skips phase
+ * 0: with K0 == K phase 1 never looks at S_base. */
 MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
                          float rsf, int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
                          int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm,
@@ -275,62 +413,44 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     MJ_SHARED int sm_sel[NWARPS][K];
     MJ_DYNAMIC_SHARED(int32_t, sm_ids);
     const int num_valid = valid_rows(num_valid_p, B);
-    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+    const int lane = (int)threadIdx.x % 32, w = warp_index();
+    const int one_block = gridDim.x == 1, oea = one_block && K0 < K;
     float *s = sm_s[w], *c = sm_c[w];
     int *sel = sm_sel[w];
 
-    for (int e = (int)threadIdx.x; e < E; e += NWARPS * 32) sm_base[e] = 0;
-    __syncthreads();
-    /* Phase 1: each valid token's first K0; they make S_base. */
-    for (int b = w; b < num_valid; b += NWARPS) {
-        token_scores(logits + (long long)b * E, bias, s, c, lane);
-        uint32_t cand = eligible_mask(c, lane);
-        for (int j = 0; j < K0; j++) {
-            int e = pick(c, cand, lane);
-            if (e < 0) break; /* fewer eligible experts than K0: not reachable when valid */
-            if (e % 32 == lane) cand &= ~(1u << (e / 32));
-            if (lane == 0) {
-                sel[j] = e;
-                sm_base[e] = 1;
+    if (oea) {
+        for (int e = (int)threadIdx.x; e < E; e += NWARPS * 32) sm_base[e] = 0;
+        __syncthreads();
+    }
+#pragma unroll 1
+    for (int phase = oea ? 0 : 1; phase < 2; phase++) {
+        const int rows = phase ? B : num_valid;
+        for (int b = (int)blockIdx.x * NWARPS + w; b < rows; b += (int)gridDim.x * NWARPS) {
+            int n = b < num_valid ? route_token(logits + (long long)b * E, bias, oea && phase ? sm_base : 0,
+                                                phase ? K : K0, s, c, sel, lane)
+                                  : 0;
+            if (phase == 0) {
+                if (lane < n) sm_base[sel[lane]] = 1;
+            } else {
+                token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
+                if (one_block && lane < K) sm_ids[b * K + lane] = lane < n ? sel[lane] : -1;
             }
             __syncwarp(0xFFFFFFFFu);
         }
+        __syncthreads();
     }
-    __syncthreads();
-    /* Phase 2: the best experts of S_base past each token's first K0, until K. */
-    for (int b = w; b < B; b += NWARPS) {
-        int n = b < num_valid ? route_token(logits + (long long)b * E, bias, sm_base, s, c, sel, lane) : 0;
-        token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
-        if (lane == 0)
-            for (int j = 0; j < K; j++) sm_ids[b * K + j] = j < n ? sel[j] : -1;
-        __syncwarp(0xFFFFFFFFu);
-    }
-    __syncthreads();
-    dispatch(sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_base);
-}
-
-/* Plain top-k for big batches (K0 == K): a block's warps take tokens blockIdx.x*NWARPS + w,
- * stepping by the grid. The dispatch follows in route_dispatch. */
-MJ_KERNEL void topk_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
-                          float rsf, int32_t *ids, float *weights, int32_t *n_sel) {
-    const int num_valid = valid_rows(num_valid_p, B);
-    MJ_SHARED float sm_s[NWARPS][E];
-    MJ_SHARED float sm_c[NWARPS][E];
-    MJ_SHARED int sm_sel[NWARPS][K];
-    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
-    float *s = sm_s[w], *c = sm_c[w];
-    int *sel = sm_sel[w];
-    for (int b = (int)blockIdx.x * NWARPS + w; b < B; b += (int)gridDim.x * NWARPS) {
-        int n = b < num_valid ? route_token(logits + (long long)b * E, bias, 0, s, c, sel, lane) : 0;
-        token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
-        __syncwarp(0xFFFFFFFFu);
-    }
+    if (!one_block) return;
+    /* The per-warp score rows are free now: the dispatch's scratch. */
+    dispatch(sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_base, (int32_t *)&sm_s[0][0],
+             (int32_t *)&sm_c[0][0]);
 }
 
 /* The dispatch metadata of ids [B, K], one block. */
 MJ_KERNEL void route_dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
                               int32_t *active, int32_t *n_active, int32_t *perm,
                               int32_t *row_index) {
-    MJ_SHARED int sm_cnt[E];
-    dispatch(ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt);
+    MJ_SHARED int32_t sm_cnt[E];
+    MJ_SHARED int32_t sm_seg[NWARPS][E];
+    MJ_SHARED int32_t sm_act[E];
+    dispatch(ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt, &sm_seg[0][0], sm_act);
 }

@@ -1,6 +1,9 @@
-/* bench_jit.c — how long the JIT takes: median cold compile of each template for sm_120a,
- * a warm (disk hit) load, and the in-memory lookup a hot launch pays. Prints numbers; it is
- * a benchmark target (make bench_jit), not a test. */
+/* bench_jit.c — how long the JIT takes: median cold compile of each template for sm_120a
+ * (its first specialization: every knob at its lowest), of the product specializations the
+ * launchers pick for GLM-5 (what a server compiles on its first call), a warm (disk hit)
+ * load, and the in-memory lookup a hot launch pays. Prints numbers; it is a benchmark
+ * target (make bench_jit), not a test. `bench_jit [REPS] [TEMPLATE]`: TEMPLATE limits the
+ * cold compiles to one template. */
 #include "cache.h"
 #include "jit.h"
 #include "test.h"
@@ -39,8 +42,54 @@ static mj_spec first_spec(int32_t tpl, mj_target t) {
     return s;
 }
 
+/* Median cold compile (render + NVRTC to a cubin) of s over reps runs, into t[]. */
+static double cold(const mj_spec *s, int reps, double *t) {
+    mj_status st;
+    for (int r = 0; r < reps; r++) {
+        double t0 = test_now_ms();
+        char *src;
+        if ((st = mj_render(s, &src, NULL)) != MJ_OK) die("render", st);
+        mj_compile_result cr;
+        if ((st = mj_nvrtc_compile(src, mj_template_at(s->tpl)->name, s->target, &cr)) != MJ_OK) die("compile", st);
+        t[r] = test_now_ms() - t0;
+        mj_compile_result_free(&cr);
+        free(src);
+    }
+    return median(t, reps);
+}
+
+/* What the launchers (runtime/route.c) compile for GLM-5 (E = 256, top-8, H = 6144): the
+ * OEA route (k0 = 4) and plain top-k, a grouped softmax route, and the router GEMM at one
+ * row and at 8 rows a group, with 4 and with 8 warps. */
+static const char *const k_product[] = {
+    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 4, \"NG\": 1, \"TG\": 1, "
+    "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
+    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 8, \"NG\": 1, \"TG\": 1, "
+    "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
+    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 384, \"K\": 8, \"K0\": 3, \"NG\": 8, \"TG\": 4, "
+    "\"SCORING\": 1, \"RENORM\": 1, \"NWARPS\": 4}, \"arch\": \"sm_120a\"}",
+    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 1, \"NWARPS\": 4}, "
+    "\"arch\": \"sm_120a\"}",
+    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 4}, "
+    "\"arch\": \"sm_120a\"}",
+    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 1, \"NWARPS\": 8}, "
+    "\"arch\": \"sm_120a\"}",
+    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 8}, "
+    "\"arch\": \"sm_120a\"}",
+};
+
+/* "E=256 K=8 ..." for s. */
+static void knobs_text(const mj_spec *s, char *buf, size_t len) {
+    const mj_template_desc *d = mj_template_at(s->tpl);
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int32_t i = 0; i < d->n_knobs && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%s=%d", i ? " " : "", d->knobs[i].name, s->knobs[i]);
+}
+
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
+    const char *only = argc > 2 ? argv[2] : NULL;
     if (reps < 1) reps = 1;
     mj_status st = mj_nvrtc_load();
     if (st != MJ_OK) die("loading NVRTC", st);
@@ -52,19 +101,22 @@ int main(int argc, char **argv) {
     printf("%-24s %12s %12s %12s\n", "template", "median ms", "min ms", "max ms");
     double *t = malloc(sizeof *t * (size_t)reps);
     for (int32_t i = 0; i < mj_registry_count(); i++) {
+        if (only && strcmp(only, mj_template_at(i)->name)) continue;
         mj_spec s = first_spec(i, MJ_TARGET_SM120A);
-        for (int r = 0; r < reps; r++) {
-            double t0 = test_now_ms();
-            char *src;
-            if ((st = mj_render(&s, &src, NULL)) != MJ_OK) die("render", st);
-            mj_compile_result cr;
-            if ((st = mj_nvrtc_compile(src, mj_template_at(i)->name, s.target, &cr)) != MJ_OK) die("compile", st);
-            t[r] = test_now_ms() - t0;
-            mj_compile_result_free(&cr);
-            free(src);
-        }
-        double med = median(t, reps);
+        double med = cold(&s, reps, t);
         printf("%-24s %12.1f %12.1f %12.1f\n", mj_template_at(i)->name, med, t[0], t[reps - 1]);
+    }
+    printf("\nproduct specializations (GLM-5), sm_120a\n%-60s %9s %9s %9s\n", "template and knobs", "median ms",
+           "min ms", "max ms");
+    for (size_t i = 0; i < sizeof k_product / sizeof k_product[0]; i++) {
+        mj_spec s;
+        if ((st = mj_spec_from_json(k_product[i], "bench_jit", &s)) != MJ_OK) die("product spec", st);
+        if (only && strcmp(only, mj_template_at(s.tpl)->name)) continue;
+        char what[200], kn[160];
+        knobs_text(&s, kn, sizeof kn);
+        snprintf(what, sizeof what, "%s %s", mj_template_at(s.tpl)->name, kn);
+        double med = cold(&s, reps, t);
+        printf("%-60s %9.1f %9.1f %9.1f\n", what, med, t[0], t[reps - 1]);
     }
 
     /* Warm load: a fresh context finds the entry on disk (open, read, verify checksum). */

@@ -7,6 +7,7 @@
  * constraints, and the k0 policy. With ROUTE_TEST_GPU (tests/test_route_gpu.c) the same
  * table runs on a GPU. */
 #include "mj_kernels.h"
+#include "sim/sim.h"
 #include "test.h"
 
 #include <stddef.h>
@@ -282,63 +283,188 @@ static void test_replay(mj_context_t ctx, uint64_t seed) {
     }
 }
 
-/* The router GEMM against an fp64 reference: every ROWS bucket through mj_router_gemm, and
- * every warp count straight through the kernel. */
-static void router_check(const uint16_t *x, const uint16_t *g, const float *y, int B, int H, int E, const char *what) {
+/* ---- the router GEMM ---------------------------------------------------------------------
+ * Against an fp64 reference: every (ROWS, NWARPS) specialization the launcher picks, each
+ * reached through mj_router_gemm (and checked to have been built), tiles past 64 rows, rows
+ * that do not split evenly into groups, chunks that do not split evenly over the threads.
+ * On the interpreter also the gate bytes one call streams: E*H*2 per 64-row tile, so once
+ * for B <= 64. */
+static int router_check(const uint16_t *x, const uint16_t *g, const float *y, int B, int H, int E, const char *what) {
     int bad = 0;
     for (int b = 0; b < B; b++)
         for (int e = 0; e < E; e++) {
             double acc = 0, mag = 0;
             for (int h = 0; h < H; h++) {
-                double p = (double)mj_bf16_to_f32(x[b * H + h]) * mj_bf16_to_f32(g[e * H + h]);
+                double p = (double)mj_bf16_to_f32(x[(size_t)b * H + h]) * mj_bf16_to_f32(g[(size_t)e * H + h]);
                 acc += p, mag += fabs(p);
             }
-            if (fabs(y[b * E + e] - acc) > 1e-5 * mag + 1e-7) bad++;
+            float v = y[(size_t)b * E + e];
+            if (!(fabs(v - acc) <= 1e-5 * mag + 1e-7)) bad++;
         }
     CHECK(bad == 0, "router %s B=%d H=%d E=%d: %d logits off", what, B, H, E, bad);
+    return bad == 0;
+}
+
+typedef struct router_data {
+    int B, H, E;
+    uint16_t *x, *g;
+    float *y;
+    tbuf dx, dg, dy;
+} router_data;
+
+static router_data router_data_new(int B, int H, int E, uint64_t seed) {
+    router_data r = {B, H, E, malloc(2 * (size_t)B * H), malloc(2 * (size_t)E * H), malloc(4 * (size_t)B * E),
+                     tbuf_new(2 * (size_t)B * H, ROUTE_TEST_GPU), tbuf_new(2 * (size_t)E * H, ROUTE_TEST_GPU),
+                     tbuf_new(4 * (size_t)B * E, ROUTE_TEST_GPU)};
+    uint64_t rng = seed;
+    for (size_t i = 0; i < (size_t)B * H; i++) r.x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
+    for (size_t i = 0; i < (size_t)E * H; i++) r.g[i] = mj_f32_to_bf16((float)(mj_rng_normal(&rng) * 0.02));
+    tbuf_put(&r.dx, r.x, 2 * (size_t)B * H);
+    tbuf_put(&r.dg, r.g, 2 * (size_t)E * H);
+    return r;
+}
+
+static void router_data_free(router_data *r) {
+    tbuf_free(&r->dx), tbuf_free(&r->dg), tbuf_free(&r->dy);
+    free(r->x), free(r->g), free(r->y);
+}
+
+/* mj_router_gemm into poisoned logits, checked against the reference. */
+static int router_run(mj_context_t ctx, router_data *r, const char *what) {
+    tbuf_poison(&r->dy, 0x55);
+    CHECK_OK(mj_router_gemm(ctx, r->dx.p, r->dg.p, r->B, r->H, r->E, r->dy.p, NULL));
+    if (!tbuf_get(&r->dy, r->y, "logits")) return 0;
+    return router_check(r->x, r->g, r->y, r->B, r->H, r->E, what);
+}
+
+/* Whether ctx has built this router_gemm specialization (a hit in its in-memory table). */
+static int router_built(mj_context_t ctx, int H, int E, int rows, int nwarps) {
+    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = rows, .NWARPS = nwarps};
+    mj_jit_stats a, b;
+    mj_spec s;
+    const mj_function *f;
+    mj_context_stats(ctx, &a);
+    mj_spec_router_gemm(ctx, &kn, &s);
+    if (mj_jit_get(ctx, &s, &f) != MJ_OK) return 0;
+    mj_context_stats(ctx, &b);
+    return b.mem_misses == a.mem_misses;
 }
 
 static void test_router(mj_context_t ctx, uint64_t seed) {
-    static const int shapes[][3] = {{1, 256, 64}, {2, 512, 8}, {3, 1024, 256}, {5, 6144, 256}, {33, 128, 384}};
-    for (int si = 0; si < 5; si++) {
-        int B = shapes[si][0], H = shapes[si][1], E = shapes[si][2];
-        uint64_t rng = seed + (uint64_t)si;
-        uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(B * H)), *g = malloc(sizeof(uint16_t) * (size_t)(E * H));
-        float *y = malloc(sizeof(float) * (size_t)(B * E));
-        for (int i = 0; i < B * H; i++) x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
-        for (int i = 0; i < E * H; i++) g[i] = mj_f32_to_bf16((float)(mj_rng_normal(&rng) * 0.02));
-        tbuf dx = tbuf_new(2 * (size_t)B * H, ROUTE_TEST_GPU), dg = tbuf_new(2 * (size_t)E * H, ROUTE_TEST_GPU);
-        tbuf dy = tbuf_new(4 * (size_t)B * E, ROUTE_TEST_GPU);
-        tbuf_put(&dx, x, 2 * (size_t)B * H);
-        tbuf_put(&dg, g, 2 * (size_t)E * H);
-        /* mj_router_gemm: ROWS = 1, 2, 4, 8, 8 for these B. */
-        tbuf_poison(&dy, 0x55);
-        CHECK_OK(mj_router_gemm(ctx, dx.p, dg.p, B, H, E, dy.p, NULL));
-        tbuf_get(&dy, y, "logits");
-        router_check(x, g, y, B, H, E, "mj_router_gemm");
-        /* Every warp count, at this shape's ROWS. */
-        for (int nw = 1; nw <= 8; nw *= 2) {
-            mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = B > 4 ? 8 : B == 3 ? 4 : B, .NWARPS = nw};
-            mj_spec s;
-            const mj_function *f = NULL;
-            mj_spec_router_gemm(ctx, &kn, &s);
-            CHECK_OK(mj_jit_get(ctx, &s, &f));
-            if (!f) continue;
-            tbuf_poison(&dy, 0x55);
-            mj_launch_dims dd = {{(uint32_t)((E + nw - 1) / nw), (uint32_t)((B + kn.ROWS - 1) / kn.ROWS), 1},
-                                 {(uint32_t)nw * 32, 1, 1}, 0, NULL};
-            CHECK_OK(mj_launch_router_gemm(f, dd, dx.p, dg.p, B, dy.p));
-            tbuf_get(&dy, y, "logits");
-            char what[32];
-            snprintf(what, sizeof what, "NWARPS=%d", nw);
-            router_check(x, g, y, B, H, E, what);
+    /* The launcher's choices: NWARPS 1, 2, 4, 8 for these H (at most 4 16-byte chunks a
+     * thread: 128, 256, 512, 768 chunks), ROWS 1, 2, 4, 8 for these B (the largest power
+     * of 2 <= B, at most 8; B = 70 is two tiles, the second of 6 rows). */
+    static const int Hs[4] = {1024, 2048, 4096, 6144}, Bs[4] = {1, 3, 6, 70};
+    for (int hi = 0; hi < 4; hi++)
+        for (int bi = 0; bi < 4; bi++) {
+            router_data r = router_data_new(Bs[bi], Hs[hi], 5 + 3 * hi + bi, seed + (uint64_t)(hi * 4 + bi));
+            router_run(ctx, &r, "launcher grid");
+            if (!ROUTE_TEST_GPU)
+                CHECK(router_built(ctx, Hs[hi], r.E, 1 << bi, 1 << hi), "B=%d H=%d did not run ROWS=%d NWARPS=%d",
+                      Bs[bi], Hs[hi], 1 << bi, 1 << hi);
+            router_data_free(&r);
         }
-        tbuf_free(&dx), tbuf_free(&dg), tbuf_free(&dy);
-        free(x), free(g), free(y);
+    /* Uneven splits: 40 chunks over 32 threads (a second chunk for 8 of them) and a second
+     * tile of 1 row (its group of 8 reaches back into the first tile); 1200 chunks over 256
+     * threads (5 a thread, the last partial: 4 rows a group), 3 tiles, the last of 2 rows;
+     * B = 64, one full tile; the widest row (8 chunks a thread: 4 rows a group). */
+    static const int odd[][5] = {{65, 320, 16, 8, 1}, {130, 9600, 3, 4, 8}, {64, 448, 7, 8, 1}, {9, 16384, 2, 4, 8}};
+    for (int i = 0; i < 4; i++) {
+        router_data r = router_data_new(odd[i][0], odd[i][1], odd[i][2], seed + 50 + (uint64_t)i);
+        router_run(ctx, &r, "uneven");
+        if (!ROUTE_TEST_GPU)
+            CHECK(router_built(ctx, odd[i][1], odd[i][2], odd[i][3], odd[i][4]), "B=%d H=%d did not run ROWS=%d NWARPS=%d",
+                  odd[i][0], odd[i][1], odd[i][3], odd[i][4]);
+        router_data_free(&r);
     }
-    uint16_t dummy = 0;
-    float out = 0;
-    CHECK_STATUS(mj_router_gemm(ctx, &dummy, &dummy, 1, 100, 8, &out, NULL), MJ_ERR_UNSUPPORTED);
+    if (!ROUTE_TEST_GPU) {
+        /* Gate bytes through the counted stream: exactly E*H*2 for B = 1, 8, 64 at GLM-5's
+         * shape, ceil(B / 64) times that above; the logits right each time. */
+        static const int glm_B[] = {1, 8, 64};
+        mj_sim_stream_bytes_take();
+        for (int i = 0; i < 3; i++) {
+            router_data r = router_data_new(glm_B[i], 6144, 256, seed + 60 + (uint64_t)i);
+            (void)mj_sim_stream_bytes_take();
+            router_run(ctx, &r, "GLM-5");
+            unsigned long long n = mj_sim_stream_bytes_take();
+            CHECK(n == 256ull * 6144 * 2, "GLM-5 B=%d: %llu gate bytes streamed, want %llu (once)", glm_B[i], n,
+                  256ull * 6144 * 2);
+            printf("router GEMM GLM-5 B=%d: %llu gate bytes streamed (E*H*2 = %llu)\n", glm_B[i], n, 256ull * 6144 * 2);
+            router_data_free(&r);
+        }
+        static const int big_B[] = {65, 128, 200};
+        for (int i = 0; i < 3; i++) {
+            router_data r = router_data_new(big_B[i], 512, 64, seed + 70 + (uint64_t)i);
+            (void)mj_sim_stream_bytes_take();
+            router_run(ctx, &r, "tiles");
+            unsigned long long n = mj_sim_stream_bytes_take(), want = (unsigned long long)((big_B[i] + 63) / 64) * 64 * 512 * 2;
+            CHECK(n == want, "B=%d: %llu gate bytes streamed, want %llu (once per 64-row tile)", big_B[i], n, want);
+            router_data_free(&r);
+        }
+        /* Same inputs, same bits: a second call (a fresh launch) writes the same logits. */
+        router_data r = router_data_new(33, 6144, 16, seed + 80);
+        router_run(ctx, &r, "determinism");
+        float *y1 = malloc(4 * (size_t)33 * 16);
+        memcpy(y1, r.y, 4 * (size_t)33 * 16);
+        router_run(ctx, &r, "determinism");
+        CHECK(!memcmp(y1, r.y, 4 * (size_t)33 * 16), "two calls on the same inputs differ");
+        free(y1);
+        router_data_free(&r);
+    }
+    uint16_t dummy[16] __attribute__((aligned(16))) = {0};
+    float out[16];
+    CHECK_STATUS(mj_router_gemm(ctx, dummy, dummy, 1, 100, 8, out, NULL), MJ_ERR_UNSUPPORTED);
+    CHECK_STATUS(mj_router_gemm(ctx, dummy + 1, dummy, 1, 64, 1, out, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "16-byte aligned") != NULL, "%s", mj_last_error());
+}
+
+/* The router GEMM's SASS (nvdisasm, which scripts/setup.sh installs): every global load
+ * is 16 bytes wide, and the gate's are the non-coherent no-allocate stream, one per chunk a
+ * thread holds (3 for GLM-5: 768 chunks over 256 threads). */
+static void test_router_sass(mj_context_t c, const char *target) {
+    mj_knobs_router_gemm rg = {.H = 6144, .E = 256, .ROWS = 8, .NWARPS = 8};
+    mj_spec s;
+    char *src = NULL;
+    mj_compile_result cr;
+    memset(&cr, 0, sizeof cr);
+    mj_spec_router_gemm(c, &rg, &s);
+    CHECK_OK(mj_render(&s, &src, NULL));
+    if (!src) return;
+    CHECK_OK(mj_nvrtc_compile(src, "router_gemm", s.target, &cr));
+    free(src);
+    char *dir = test_tmpdir("sass"), path[600], cmd[800], line[512];
+    if (!dir || !cr.cubin) {
+        mj_compile_result_free(&cr);
+        free(dir);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/router_gemm.cubin", dir);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(cr.cubin, 1, cr.cubin_len, f) == cr.cubin_len, "writing %s", path);
+    if (f) fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "PATH=\"$PATH:/usr/local/cuda/bin\" nvdisasm -c '%s' 2>&1 || echo 'nvdisasm failed (scripts/setup.sh "
+             "installs it)'",
+             path);
+    FILE *p = popen(cmd, "r");
+    int ldg = 0, ldg128 = 0, stream = 0, lines = 0;
+    while (p && fgets(line, sizeof line, p)) {
+        lines++;
+        const char *l = strstr(line, "LDG");
+        if (!l) continue;
+        ldg++;
+        ldg128 += strstr(l, ".128") != NULL;
+        stream += strstr(l, ".128.CONSTANT") != NULL && strstr(l, ".NA") != NULL;
+    }
+    if (p) pclose(p);
+    CHECK(ldg > 0 && ldg == ldg128, "router_gemm on %s: %d of %d global loads are 128-bit (%d lines of SASS)",
+          target, ldg128, ldg, lines);
+    CHECK(stream == 3, "router_gemm on %s: %d gate stream loads (LDG.E.NA.128.CONSTANT), want 3", target, stream);
+    printf("router_gemm H=6144 ROWS=8 NWARPS=8 SASS on %s: %d global loads, all 128-bit, %d of them the gate "
+           "stream\n", target, ldg, stream);
+    mj_compile_result_free(&cr);
+    test_rm_rf(dir);
+    free(dir);
 }
 
 /* GLM-5-shaped kernels compile for the three reference targets with 0 spills. */
@@ -363,12 +489,24 @@ static void test_compile(const char *dir) {
             if (f) CHECK(mj_function_report(f)->spill_stores == 0 && mj_function_report(f)->spill_loads == 0,
                          "oea_route spec %d on %s spills", i, targets[t]);
         }
-        mj_knobs_router_gemm rg = {.H = 6144, .E = 256, .ROWS = 8, .NWARPS = 4};
-        mj_spec s;
-        const mj_function *f = NULL;
-        mj_spec_router_gemm(c, &rg, &s);
-        CHECK_OK(mj_jit_get(c, &s, &f));
-        if (f) CHECK(mj_function_report(f)->spill_stores == 0, "router_gemm spills on %s", targets[t]);
+        /* The router GEMM: what the launcher picks for GLM-5 (H = 6144: 8 warps, 3 chunks a
+         * thread) at every ROWS, and for the widest row (H = 16384: 8 chunks a thread, so 4
+         * rows a group at most). */
+        static const int rg_spec[][3] = {{6144, 1, 8}, {6144, 2, 8}, {6144, 4, 8}, {6144, 8, 8}, {16384, 4, 8}};
+        for (int i = 0; i < 5; i++) {
+            mj_knobs_router_gemm rg = {.H = rg_spec[i][0], .E = 256, .ROWS = rg_spec[i][1], .NWARPS = rg_spec[i][2]};
+            mj_spec s;
+            const mj_function *f = NULL;
+            mj_spec_router_gemm(c, &rg, &s);
+            CHECK_OK(mj_jit_get(c, &s, &f));
+            if (!f) continue;
+            const mj_ptxas_report *rep = mj_function_report(f);
+            CHECK(rep->spill_stores == 0 && rep->spill_loads == 0, "router_gemm H=%d ROWS=%d spills on %s",
+                  rg.H, rg.ROWS, targets[t]);
+            printf("router_gemm H=%d E=256 ROWS=%d NWARPS=%d on %s: %d registers, %d spill bytes\n", rg.H, rg.ROWS,
+                   rg.NWARPS, targets[t], rep->registers, rep->spill_stores + rep->spill_loads);
+        }
+        test_router_sass(c, targets[t]);
         mj_context_destroy(c);
     }
 }
@@ -405,6 +543,23 @@ static void test_constraints(mj_context_t ctx) {
     CHECK_OK(mj_spec_validate(&s));
     const mj_template_desc *t = mj_template_at(MJ_TPL_oea_route);
     CHECK(t->n_constraints >= 6, "oea_route declares %d constraints", t->n_constraints);
+    /* The router GEMM's: chunks a thread, chunk-rows a group. */
+    static const struct {
+        mj_knobs_router_gemm k;
+        const char *rule;
+    } rbad[] = {
+        {{.H = 6144, .E = 256, .ROWS = 1, .NWARPS = 2}, "H <= 2048 * NWARPS"},
+        {{.H = 16384, .E = 256, .ROWS = 8, .NWARPS = 8}, "* ROWS <= 48"},
+    };
+    for (size_t i = 0; i < sizeof rbad / sizeof rbad[0]; i++) {
+        mj_spec_router_gemm(ctx, &rbad[i].k, &s);
+        CHECK_STATUS(mj_spec_validate(&s), MJ_ERR_INVALID_ARG);
+        CHECK(strstr(mj_last_error(), rbad[i].rule) && strstr(mj_last_error(), "does not hold"),
+              "router constraint %zu: %s", i, mj_last_error());
+    }
+    mj_knobs_router_gemm rgood = {.H = 512, .E = 64, .ROWS = 8, .NWARPS = 4}; /* tests/driver.sh's manifest */
+    mj_spec_router_gemm(ctx, &rgood, &s);
+    CHECK_OK(mj_spec_validate(&s));
 }
 
 static void test_policy(void) {
