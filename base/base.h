@@ -68,4 +68,16 @@ static inline double mj_rng_uniform(uint64_t *state) {
 double mj_rng_normal(uint64_t *state);
 void mj_rng_normal2(uint64_t *state, double *a, double *b);
 
+/* Batch-size policies (rules.c): "V" or "LO-HI:V,LO-:V,B:V"; value() reads one V (1: read,
+ * 0: malformed, -1: out of range, error set). `what` names the policy in errors, `example`
+ * shows a good one. */
+typedef struct mj_rule {
+    int32_t lo, hi, v; /* batch sizes lo..hi (hi INT32_MAX: open) take v */
+} mj_rule;
+mj_status mj_rules_parse(const char *text, const char *what, const char *example,
+                         int (*value)(const char *s, size_t n, int32_t *v, void *arg), void *arg,
+                         mj_rule *rules, int32_t cap, int32_t *n_rules);
+/* The v of the rule covering B: 1, or 0 when none does. */
+int mj_rules_find(const mj_rule *rules, int32_t n_rules, int32_t B, int32_t *v);
+
 #endif /* MJ_BASE_H */

@@ -15,13 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define MJ_MODE_RULES 16
-
-typedef struct mode_rule {
-    int32_t lo, hi;
-    mj_weight_mode mode;
-} mode_rule;
-
 typedef struct mj_experts mj_experts;
 struct mj_experts {
     mj_backend backend;
@@ -39,8 +32,7 @@ struct mj_experts {
     uint16_t *act;                       /* [rows][I] bf16 (W4A16)                        */
     uint8_t *actq, *act_sf;              /* [rows][I/2], [rows][I/16] (W4A4)               */
     uint8_t *xq, *xsf;                   /* [xrows][H/2], [xrows][H/16] (W4A4)             */
-    int n_rules;
-    mode_rule rules[MJ_MODE_RULES];
+    mj_mode_policy policy;               /* the mode for MJ_MODE_AUTO, by batch size      */
 };
 
 /* ---- memory where the kernels run -------------------------------------------------------- */
@@ -82,84 +74,56 @@ mj_status mj_experts_free(mj_experts_t ex) {
 
 /* ---- the mode policy --------------------------------------------------------------------- */
 
-static int mode_word(const char *s, size_t n, mj_weight_mode *m) {
-    if (n == 5 && !strncmp(s, "w4a16", 5)) return *m = MJ_MODE_W4A16, 1;
-    if (n == 4 && !strncmp(s, "w4a4", 4)) return *m = MJ_MODE_W4A4, 1;
+static int mode_value(const char *s, size_t n, int32_t *v, void *arg) {
+    (void)arg;
+    if (n == 5 && !strncmp(s, "w4a16", 5)) return *v = MJ_MODE_W4A16, 1;
+    if (n == 4 && !strncmp(s, "w4a4", 4)) return *v = MJ_MODE_W4A4, 1;
     return 0;
 }
 
-/* "w4a16", or rules "LO-HI:MODE" / "LO-:MODE" / "B:MODE" separated by commas. */
-static mj_status parse_policy(mj_experts *ex, const char *text) {
-    mj_weight_mode m;
-    ex->n_rules = 0;
-    if (mode_word(text, strlen(text), &m)) {
-        ex->rules[0] = (mode_rule){1, INT32_MAX, m};
-        ex->n_rules = 1;
-    } else {
-        const char *s = text;
-        while (*s) {
-            char *end;
-            if (ex->n_rules == MJ_MODE_RULES) goto bad;
-            long lo = strtol(s, &end, 10), hi;
-            if (end == s || lo < 1) goto bad;
-            s = end;
-            if (*s == '-') {
-                s++;
-                if (*s == ':') hi = INT32_MAX;
-                else {
-                    hi = strtol(s, &end, 10);
-                    if (end == s) goto bad;
-                    s = end;
-                }
-            } else {
-                hi = lo;
-            }
-            if (*s++ != ':' || hi < lo || hi > INT32_MAX) goto bad;
-            size_t n = strcspn(s, ",");
-            if (!mode_word(s, n, &m)) goto bad;
-            s += n;
-            for (int i = 0; i < ex->n_rules; i++)
-                if (lo <= ex->rules[i].hi && hi >= ex->rules[i].lo)
-                    return mj_set_error(MJ_ERR_INVALID_ARG, "mode policy '%s': batch sizes %ld..%ld overlap rule %d",
-                                        text, lo, hi, i + 1);
-            ex->rules[ex->n_rules++] = (mode_rule){(int32_t)lo, (int32_t)hi, m};
-            if (*s == ',' && !*++s) goto bad;
-        }
-        if (!ex->n_rules) goto bad;
-    }
-    for (int i = 0; i < ex->n_rules; i++)
-        if (ex->rules[i].mode == MJ_MODE_W4A4 && !ex->w4a4)
+mj_status mj_mode_policy_parse(const char *text, mj_target target, mj_mode_policy *out) {
+    mj_mode_policy p;
+    MJ_CHECK(mj_rules_parse(text, "mode policy", "1-8:w4a16,9-:w4a4", mode_value, NULL, p.rules, MJ_MODE_POLICY_MAX_RULES,
+                            &p.n_rules));
+    for (int32_t i = 0; i < p.n_rules; i++)
+        if (p.rules[i].v == MJ_MODE_W4A4 && mj_target_sm(target) < 120) {
+            char shown[96];
             return mj_set_error(MJ_ERR_UNSUPPORTED,
                                 "mode policy '%s' asks for w4a4, which needs the FP4 MMA of sm_120a / sm_121a; "
                                 "this context builds for %s: use \"w4a16\"",
-                                text, mj_target_name(ex->target));
+                                mj_printable(text, shown, sizeof shown), mj_target_name(target));
+        }
+    *out = p;
     return MJ_OK;
-bad:
-    return mj_set_error(MJ_ERR_INVALID_ARG,
-                        "mode policy '%s' is malformed: write \"w4a16\" or \"w4a4\", or rules LO-HI:MODE / "
-                        "LO-:MODE / B:MODE separated by commas (\"1-8:w4a16,9-:w4a4\")",
-                        text);
 }
 
-mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_weight_mode *resolved) {
-    if (!ex || !resolved) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_mode: NULL argument");
+const char *mj_mode_policy_default(mj_target target) {
+    return mj_target_sm(target) >= 120 ? "1-8:w4a16,9-:w4a4" : "w4a16";
+}
+
+mj_status mj_mode_resolve(const mj_mode_policy *p, mj_target target, mj_weight_mode mode, int32_t B,
+                          mj_weight_mode *resolved) {
     if (mode == MJ_MODE_AUTO) {
-        int found = 0;
-        for (int i = 0; i < ex->n_rules && !found; i++)
-            if (B >= ex->rules[i].lo && B <= ex->rules[i].hi) mode = ex->rules[i].mode, found = 1;
-        if (!found)
+        int32_t v;
+        if (!mj_rules_find(p->rules, p->n_rules, B, &v))
             return mj_set_error(MJ_ERR_INVALID_ARG, "the experts' mode policy has no rule for batch size %d; add one", B);
+        mode = (mj_weight_mode)v;
     }
     if (mode != MJ_MODE_W4A16 && mode != MJ_MODE_W4A4)
         return mj_set_error(MJ_ERR_INVALID_ARG, "unknown weight mode %d: use MJ_MODE_W4A16, MJ_MODE_W4A4 or MJ_MODE_AUTO",
                             (int)mode);
-    if (mode == MJ_MODE_W4A4 && !ex->w4a4)
+    if (mode == MJ_MODE_W4A4 && mj_target_sm(target) < 120)
         return mj_set_error(MJ_ERR_UNSUPPORTED,
                             "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a; this context builds for %s: "
                             "use MJ_MODE_W4A16",
-                            mj_target_name(ex->target));
+                            mj_target_name(target));
     *resolved = mode;
     return MJ_OK;
+}
+
+mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_weight_mode *resolved) {
+    if (!ex || !resolved) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_mode: NULL argument");
+    return mj_mode_resolve(&ex->policy, ex->target, mode, B, resolved);
 }
 
 /* ---- packing --------------------------------------------------------------------------------- */
@@ -219,8 +183,8 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
     ex->w4a4 = mj_target_sm(ex->target) >= 120;
     ex->bytes_w13 = mj_pack_w13_bytes(H, I), ex->bytes_s13 = mj_pack_s13_bytes(H, I);
     ex->bytes_w2 = mj_pack_w2_bytes(H, I), ex->bytes_s2 = mj_pack_s2_bytes(H, I);
-    const char *policy = opts.mode_policy ? opts.mode_policy : ex->w4a4 ? "1-8:w4a16,9-:w4a4" : "w4a16";
-    mj_status st = parse_policy(ex, policy);
+    const char *policy = opts.mode_policy ? opts.mode_policy : mj_mode_policy_default(ex->target);
+    mj_status st = mj_mode_policy_parse(policy, ex->target, &ex->policy);
     const int64_t X = (int64_t)ex->n_local + nsub;
     const int64_t rows = (int64_t)ex->mb * ex->K + (int64_t)nsub * ex->mb, xrows = (int64_t)ex->mb * (ex->K + 1);
     uint8_t *stage = NULL;
@@ -293,14 +257,21 @@ static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
  * up to 8 warps (their partials within 48 KiB of shared memory, no opt-in), and a down block
  * is 2 warps (32 hidden dims) once H has 256 tiles of 16 to spread over the SMs. */
-static mj_knobs_moe_experts plan(const mj_experts *ex, mj_weight_mode mode, int32_t B) {
-    mj_knobs_moe_experts k = {.MODE = mode == MJ_MODE_W4A4, .H = ex->H, .I = ex->I, .K = ex->K, .NSUB = ex->nsub};
+void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
+                      mj_knobs_moe_experts *out) {
+    mj_knobs_moe_experts k = {.MODE = mode == MJ_MODE_W4A4, .H = H, .I = I, .K = K, .NSUB = nsub};
     int32_t tpe = pow2_at_least(B);
     k.TPE = tpe < 8 ? 8 : tpe > 64 ? 64 : tpe;
-    int32_t runs = (ex->H / 64 + 3) / 4;
+    int32_t runs = (H / 64 + 3) / 4;
     k.NW1 = 8;
     while (k.NW1 > 1 && (k.NW1 > runs || up_smem(&k) > MJ_SMEM_DEFAULT_LIMIT)) k.NW1 /= 2;
-    k.NW2 = (ex->H / 16 >= 256 && ex->H % 32 == 0) ? 2 : 1;
+    k.NW2 = (H / 16 >= 256 && H % 32 == 0) ? 2 : 1;
+    *out = k;
+}
+
+static mj_knobs_moe_experts plan(const mj_experts *ex, mj_weight_mode mode, int32_t B) {
+    mj_knobs_moe_experts k;
+    mj_experts_knobs(ex->H, ex->I, ex->K, ex->nsub, mode, B, &k);
     return k;
 }
 

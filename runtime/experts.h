@@ -20,7 +20,24 @@ typedef struct mj_experts_view {
 } mj_experts_view;
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
 
-/* The specialization a forward of B tokens in (resolved) mode launches. */
+/* The specialization a forward of B tokens in (resolved) mode launches; mj_experts_knobs
+ * is the same choice from the shapes alone (H, I_local, top-k, shared sub-experts), for
+ * the planner. */
+void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
+                      mj_knobs_moe_experts *out);
+/* The mode policy ("w4a16", "1-8:w4a16,9-:w4a4"): parsed for a target (w4a4 needs sm_120+),
+ * its default there, and the mode a batch of B takes (MJ_MODE_AUTO by the policy; an
+ * explicit mode checked against the target). */
+#define MJ_MODE_POLICY_MAX_RULES 16
+typedef struct mj_mode_policy {
+    int32_t n_rules;
+    mj_rule rules[MJ_MODE_POLICY_MAX_RULES];
+} mj_mode_policy;
+mj_status mj_mode_policy_parse(const char *text, mj_target target, mj_mode_policy *out);
+const char *mj_mode_policy_default(mj_target target);
+mj_status mj_mode_resolve(const mj_mode_policy *p, mj_target target, mj_weight_mode mode, int32_t B,
+                          mj_weight_mode *resolved);
+
 void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_moe_experts *out);
 
 #endif

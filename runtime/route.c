@@ -22,70 +22,32 @@
 
 /* ---- k0 policy ---------------------------------------------------------------------- */
 
+static int k0_value(const char *s, size_t n, int32_t *v, void *arg) {
+    const int32_t topk = *(const int32_t *)arg;
+    char *end;
+    if (!n || *s < '0' || *s > '9') return 0;
+    long k0 = strtol(s, &end, 10);
+    if ((size_t)(end - s) != n) return 0;
+    if (k0 < 1 || k0 > topk) {
+        mj_set_error(MJ_ERR_INVALID_ARG, "k0 policy: k0 %ld must be in 1..%d (the top-k)", k0, topk);
+        return -1;
+    }
+    *v = (int32_t)k0;
+    return 1;
+}
+
 mj_status mj_k0_policy_parse(const char *text, int32_t topk, mj_k0_policy *out) {
     if (!text || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_k0_policy_parse: NULL argument");
     if (topk < 1) return mj_set_error(MJ_ERR_INVALID_ARG, "k0 policy: top-k %d must be >= 1", topk);
+    mj_rule r[MJ_K0_POLICY_MAX_RULES];
+    int32_t n;
+    MJ_CHECK(mj_rules_parse(text, "k0 policy", "1-3:8,4-15:6,16-:4", k0_value, &topk, r, MJ_K0_POLICY_MAX_RULES, &n));
     mj_k0_policy p;
     memset(&p, 0, sizeof p);
-    const char *s = text;
-    char *end;
-    /* A bare number: that k0 for every batch size. */
-    long v = strtol(s, &end, 10);
-    if (end != s && *end == '\0') {
-        if (v < 1 || v > topk)
-            return mj_set_error(MJ_ERR_INVALID_ARG, "k0 policy '%s': k0 %ld must be in 1..%d", text, v, topk);
-        p.n_rules = 1;
-        p.rules[0].b_lo = 1, p.rules[0].b_hi = INT32_MAX, p.rules[0].k0 = (int32_t)v;
-        *out = p;
-        return MJ_OK;
-    }
-    /* Rules "LO-HI:K0", "LO-:K0" or "B:K0", comma-separated. */
-    while (*s) {
-        if (p.n_rules == MJ_K0_POLICY_MAX_RULES)
-            return mj_set_error(MJ_ERR_INVALID_ARG, "k0 policy '%s': more than %d rules", text, MJ_K0_POLICY_MAX_RULES);
-        long lo = strtol(s, &end, 10), hi;
-        if (end == s || lo < 1) goto bad;
-        s = end;
-        if (*s == '-') {
-            s++;
-            if (*s == ':') hi = INT32_MAX;
-            else {
-                hi = strtol(s, &end, 10);
-                if (end == s) goto bad;
-                s = end;
-            }
-        } else {
-            hi = lo;
-        }
-        if (*s != ':' || hi < lo || hi > INT32_MAX) goto bad;
-        s++;
-        long k0 = strtol(s, &end, 10);
-        if (end == s) goto bad;
-        s = end;
-        if (k0 < 1 || k0 > topk)
-            return mj_set_error(MJ_ERR_INVALID_ARG, "k0 policy '%s': k0 %ld must be in 1..%d", text, k0, topk);
-        for (int32_t i = 0; i < p.n_rules; i++)
-            if (lo <= p.rules[i].b_hi && hi >= p.rules[i].b_lo)
-                return mj_set_error(MJ_ERR_INVALID_ARG, "k0 policy '%s': batch sizes %ld..%ld overlap rule %d",
-                                    text, lo, hi, i + 1);
-        p.rules[p.n_rules].b_lo = (int32_t)lo;
-        p.rules[p.n_rules].b_hi = (int32_t)hi;
-        p.rules[p.n_rules].k0 = (int32_t)k0;
-        p.n_rules++;
-        if (*s == ',') {
-            if (!*++s) goto bad; /* a trailing comma */
-        } else if (*s) {
-            goto bad;
-        }
-    }
-    if (p.n_rules == 0) goto bad;
+    p.n_rules = n;
+    for (int32_t i = 0; i < n; i++) p.rules[i].b_lo = r[i].lo, p.rules[i].b_hi = r[i].hi, p.rules[i].k0 = r[i].v;
     *out = p;
     return MJ_OK;
-bad:
-    return mj_set_error(MJ_ERR_INVALID_ARG,
-                        "k0 policy '%s' is malformed: write a k0 (\"4\") or rules LO-HI:K0 / LO-:K0 / "
-                        "B:K0 separated by commas (\"1-3:8,4-15:6,16-:4\")",
-                        text);
 }
 
 mj_status mj_k0_policy_resolve(const mj_k0_policy *p, int32_t B, int32_t *k0) {
@@ -202,6 +164,13 @@ static mj_knobs_oea_route route_knobs(const mj_route_params *p, int32_t k0, int3
                                 .NWARPS = nwarps};
 }
 
+mj_status mj_route_knobs(const mj_route_params *p, int32_t B, mj_knobs_oea_route *kn) {
+    MJ_CHECK(check_route(p, B));
+    if (B <= MJ_ROUTE_ONE_BLOCK_MAX) *kn = route_knobs(p, p->k0, route_warps(p->n_experts, p->topk, B));
+    else *kn = route_knobs(p, p->topk, route_warps(p->n_experts, p->topk, 0));
+    return MJ_OK;
+}
+
 static mj_status load_outputs(const mj_route_outputs *in, mj_route_outputs *out) {
     mj_route_outputs d = MJ_ROUTE_OUTPUTS_INIT;
     *out = d;
@@ -227,15 +196,14 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
     if (B > 0 && (!logits || !out.ids || !out.weights || !out.n_sel))
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: NULL logits or a required output "
                                                 "(ids, weights, n_sel)");
-    MJ_CHECK(check_route(&p, B));
-    const int32_t E = p.n_experts, k = p.topk;
+    mj_knobs_oea_route kn;
+    MJ_CHECK(mj_route_knobs(&p, B, &kn));
+    const int32_t k = p.topk, nw = kn.NWARPS;
     mj_spec s;
     const mj_function *fn;
+    mj_spec_oea_route(ctx, &kn, &s);
+    MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     if (B <= MJ_ROUTE_ONE_BLOCK_MAX) {
-        int32_t nw = route_warps(E, k, B);
-        mj_knobs_oea_route kn = route_knobs(&p, p.k0, nw);
-        mj_spec_oea_route(ctx, &kn, &s);
-        MJ_CHECK(mj_jit_get(ctx, &s, &fn));
         mj_launch_dims d = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, (uint32_t)B * (uint32_t)k * 4, stream};
         return mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
                                    out.weights, out.n_sel, out.expert_counts, out.expert_offsets,
@@ -245,10 +213,6 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
      * the device keeps busy; at least 2 blocks: a grid of one is the one-block OEA launch,
      * which needs the ids' dynamic shared memory), then the dispatch in one block of the
      * same warps. */
-    int32_t nw = route_warps(E, k, 0);
-    mj_knobs_oea_route kn = route_knobs(&p, k, nw);
-    mj_spec_oea_route(ctx, &kn, &s);
-    MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     int64_t blocks = (B + nw - 1) / nw, cap = mj_context_max_blocks(ctx);
     if (blocks > cap) blocks = cap;
     if (blocks < 2) blocks = 2;
@@ -277,6 +241,15 @@ static int32_t router_warps(int32_t H) {
     return nw;
 }
 
+void mj_router_knobs(int32_t H, int32_t E, int32_t B, mj_knobs_router_gemm *kn) {
+    /* ROWS: the largest power of 2 <= B (a group of rows never reads past B), at most 8,
+     * and at most 32 chunk-rows a group (the unrolled body: 24 for GLM-5, 3 chunks x 8). */
+    const int32_t nw = router_warps(H), ch = (H / 8 + nw * 32 - 1) / (nw * 32);
+    int32_t rows = 1;
+    while (rows < 8 && rows * 2 <= B && ch * rows * 2 <= 32) rows *= 2;
+    *kn = (mj_knobs_router_gemm){.H = H, .E = E, .ROWS = rows, .NWARPS = nw};
+}
+
 mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_t *gate, int32_t B,
                          int32_t H, int32_t E, float *logits, void *stream) {
     if (!ctx || (B > 0 && (!hidden || !gate || !logits)) || B < 0)
@@ -295,12 +268,8 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
     if (B > 65535LL * MJ_ROUTER_TILE)
         return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than %lld rows", B,
                             65535LL * MJ_ROUTER_TILE);
-    /* ROWS: the largest power of 2 <= B (a group of rows never reads past B), at most 8,
-     * and at most 32 chunk-rows a group (the unrolled body: 24 for GLM-5, 3 chunks x 8). */
-    const int32_t nw = router_warps(H), ch = (H / 8 + nw * 32 - 1) / (nw * 32);
-    int32_t rows = 1;
-    while (rows < 8 && rows * 2 <= B && ch * rows * 2 <= 32) rows *= 2;
-    mj_knobs_router_gemm kn = {.H = H, .E = E, .ROWS = rows, .NWARPS = nw};
+    mj_knobs_router_gemm kn;
+    mj_router_knobs(H, E, B, &kn);
     mj_spec s;
     const mj_function *fn;
     mj_spec_router_gemm(ctx, &kn, &s);
