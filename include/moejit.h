@@ -416,6 +416,94 @@ MJ_API mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B
 
 MJ_API mj_status mj_experts_free(mj_experts_t ex);
 
+/* ---------------------------------------------------------------------------------------
+ * Communicators: the all-reduce of the ranks' partial outputs
+ * ------------------------------------------------------------------------------------- */
+typedef struct mj_comm *mj_comm_t;
+/* n_ranks loopback ranks as threads of one process: comms[r] is rank r's handle, to be used
+ * by one thread at a time. Buffers are host memory (the sim backend). */
+MJ_API mj_status mj_comm_loopback_create(int32_t n_ranks, mj_comm_t *comms);
+/* NCCL (libnccl.so.2 dlopen'd, never linked; MOEJIT_NCCL=path overrides the library). */
+typedef struct mj_comm_id { uint8_t bytes[128]; } mj_comm_id; /* ncclUniqueId */
+MJ_API mj_status mj_comm_nccl_unique_id(mj_comm_id *id);
+MJ_API mj_status mj_comm_nccl_init_rank(const mj_comm_id *id, int32_t n_ranks, int32_t rank, mj_comm_t *out);
+MJ_API mj_status mj_comm_nccl_init_all(int32_t n_ranks, const int32_t *devices, mj_comm_t *comms);
+MJ_API mj_status mj_comm_nccl_wrap(void *nccl_comm, mj_comm_t *out);
+MJ_API mj_status mj_comm_info(mj_comm_t c, int32_t *rank, int32_t *n_ranks);
+MJ_API mj_status mj_comm_all_reduce_f32(mj_comm_t c, const float *send, float *recv, int64_t count, void *stream);
+MJ_API mj_status mj_comm_free(mj_comm_t c);
+
+/* ---------------------------------------------------------------------------------------
+ * The whole MoE layer: router GEMM -> routing -> experts -> all-reduce, on one rank of 1..8
+ * ------------------------------------------------------------------------------------- */
+
+#define MJ_MAX_RANKS 64     /* ranks of a split (TP or EP)                                */
+#define MJ_MAX_BATCH 65536  /* tokens of one forward                                      */
+
+typedef struct mj_moe *mj_moe_t;
+
+typedef struct mj_moe_options {
+    uint32_t struct_size;      /* sizeof(mj_moe_options): set by MJ_MOE_OPTIONS_INIT         */
+    mj_parallel parallel;      /* MJ_PAR_NONE (one rank holds the layer), MJ_PAR_TP, MJ_PAR_EP */
+    int32_t rank, n_ranks;     /* this rank of the split (0 of 1 for MJ_PAR_NONE)           */
+    mj_comm_t comm;            /* sums the ranks' partial outputs; NULL when n_ranks is 1   */
+    int32_t rsf_in_weights;    /* 1: the routed weights carry routed_scaling_factor (as
+                                  mj_route_ref; default); 0: they do not, for an engine that
+                                  scales the routed output itself (SGLang's default): then
+                                  set shared_expert 0 too and add the shared expert after
+                                  scaling                                                    */
+    int32_t shared_expert;     /* 1: the output includes the shared expert (default);
+                                  0: routed experts only                                    */
+    const char *mode_policy;   /* for MJ_MODE_AUTO (see mj_experts_options); NULL: the
+                                  target's default                                           */
+} mj_moe_options;
+#define MJ_MOE_OPTIONS_INIT {sizeof(mj_moe_options), MJ_PAR_NONE, 0, 1, NULL, 1, 1, NULL}
+
+/* A layer on this rank, for ctx's backend and target: its experts packed where the kernels
+ * run (the device, or host memory on the interpreter), the router weight and bias beside
+ * them. `layer` is the whole layer (this rank's slice is cut from it) or already this
+ * rank's slice (mj_layer_shard or mj_layer_load with the same split); the handle keeps no
+ * reference to it. Nothing is compiled yet. */
+MJ_API mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options *opts, mj_moe_t *out);
+
+typedef struct mj_moe_prepare_options {
+    uint32_t struct_size;      /* sizeof(mj_moe_prepare_options): MJ_MOE_PREPARE_OPTIONS_INIT */
+    int32_t max_batch;         /* forwards of 1..max_batch tokens (when batches is NULL)      */
+    const int32_t *batches;    /* or exactly these batch sizes (e.g. an engine's CUDA-graph
+                                  buckets), n_batches of them                                */
+    int32_t n_batches;
+    const char *k0_policy;     /* OEA's k0 by batch size ("4", "1-3:8,4-:4"); NULL: plain
+                                  top-k. Above 256 tokens k0 must be top-k                   */
+    mj_weight_mode mode;       /* MJ_MODE_W4A16, MJ_MODE_W4A4 or MJ_MODE_AUTO (the policy)    */
+} mj_moe_prepare_options;
+#define MJ_MOE_PREPARE_OPTIONS_INIT {sizeof(mj_moe_prepare_options), 256, NULL, 0, NULL, MJ_MODE_AUTO}
+
+/* Compile (or load from the cache) every kernel forwards of those batch sizes launch, and
+ * allocate all their workspace. Afterwards a forward of a prepared batch size allocates
+ * nothing, waits for nothing and compiles nothing: it can be captured in a CUDA graph. A
+ * context in strict mode turns any kernel missing from the cache into MJ_ERR_CACHE_MISS
+ * here (prewarm with `moejit prewarm --config`). Preparing again replaces the set (and may
+ * move the workspace: capture graphs after the last prepare). */
+MJ_API mj_status mj_moe_prepare(mj_moe_t moe, const mj_moe_prepare_options *opts);
+
+/* out [B, H] f32 = this layer applied to hidden [B, H] bf16 (device pointers; host pointers
+ * on the interpreter), identical on every rank: the router GEMM, routing with the prepared
+ * k0, this rank's experts, then the all-reduce over the communicator. Rows at and past
+ * *num_valid (a device int32 read when the kernels run; NULL: all B) are padding and come
+ * out 0. B must be a prepared batch size. Enqueued on `stream` (a CUstream); on the
+ * interpreter it has run when the call returns. */
+MJ_API mj_status mj_moe_forward(mj_moe_t moe, const uint16_t *hidden, int32_t B, const int32_t *num_valid,
+                                float *out, void *stream);
+
+/* What a prepared batch size B runs with: its k0 and its resolved weight mode. */
+MJ_API mj_status mj_moe_batch_plan(mj_moe_t moe, int32_t B, int32_t *k0, mj_weight_mode *mode);
+
+/* The routing of the last forward, in the handle's workspace (device pointers; valid until
+ * the next forward or prepare): ids, weights, n_sel, the dispatch metadata. */
+MJ_API mj_status mj_moe_route_outputs(mj_moe_t moe, mj_route_outputs *out);
+
+MJ_API mj_status mj_moe_free(mj_moe_t moe);
+
 #ifdef __cplusplus
 }
 #endif

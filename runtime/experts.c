@@ -10,6 +10,7 @@
  * from mj_route's outputs on the device.
  */
 #include "experts.h"
+#include "mem.h"
 #include "weights/pack.h"
 
 #include <stdio.h>
@@ -38,31 +39,14 @@ struct mj_experts {
 /* ---- memory where the kernels run -------------------------------------------------------- */
 
 static mj_status buf_alloc(const mj_experts *ex, size_t bytes, void **out) {
-    *out = NULL;
-    if (ex->device == MJ_DEVICE_NONE) {
-        *out = calloc(1, bytes ? bytes : 1);
-        return *out ? MJ_OK : mj_set_error(MJ_ERR_NOMEM, "mj_experts_create: out of host memory (%zu bytes)", bytes);
-    }
-    uint64_t d = 0;
-    MJ_CHECK(mj_cuda_bind(ex->device));
-    MJ_CHECK(mj_cuda_malloc(bytes ? bytes : 1, &d));
-    *out = (void *)(uintptr_t)d;
-    return MJ_OK;
+    return mj_mem_alloc(ex->device, bytes, "mj_experts_create", out);
 }
 
 static mj_status buf_put(const mj_experts *ex, void *dst, const void *src, size_t bytes) {
-    if (ex->device == MJ_DEVICE_NONE) {
-        memcpy(dst, src, bytes);
-        return MJ_OK;
-    }
-    return mj_cuda_memcpy_htod((uint64_t)(uintptr_t)dst, src, bytes);
+    return mj_mem_put(ex->device, dst, src, bytes);
 }
 
-static void buf_free(const mj_experts *ex, void *p) {
-    if (!p) return;
-    if (ex->device == MJ_DEVICE_NONE) free(p);
-    else mj_cuda_free((uint64_t)(uintptr_t)p);
-}
+static void buf_free(const mj_experts *ex, void *p) { mj_mem_free(ex->device, p); }
 
 mj_status mj_experts_free(mj_experts_t ex) {
     if (!ex) return MJ_OK;
@@ -126,6 +110,42 @@ mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_we
     return mj_mode_resolve(&ex->policy, ex->target, mode, B, resolved);
 }
 
+/* The forward's workspace for up to mb tokens: the activations between the two GEMMs, and
+ * (W4A4) the quantized inputs. Replaces what was there. */
+static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
+    void *old[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) buf_free(ex, old[i]);
+    ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL;
+    const int64_t rows = (int64_t)mb * ex->K + (int64_t)ex->nsub * mb, xrows = (int64_t)mb * (ex->K + 1);
+    const int64_t H = ex->H, I = ex->I;
+    MJ_CHECK(buf_alloc(ex, (size_t)(rows * I * 2), (void **)&ex->act));
+    if (ex->w4a4) {
+        MJ_CHECK(buf_alloc(ex, (size_t)(rows * I / 2), (void **)&ex->actq));
+        MJ_CHECK(buf_alloc(ex, (size_t)(rows * I / 16), (void **)&ex->act_sf));
+        MJ_CHECK(buf_alloc(ex, (size_t)(xrows * H / 2), (void **)&ex->xq));
+        MJ_CHECK(buf_alloc(ex, (size_t)(xrows * H / 16), (void **)&ex->xsf));
+    }
+    ex->mb = mb;
+    return MJ_OK;
+}
+
+mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch) {
+    if (!ex) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_reserve: NULL experts");
+    if (max_batch < 1 || max_batch > 65536)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_reserve: max_batch %d must be in 1..65536", max_batch);
+    if (max_batch <= ex->mb) return MJ_OK;
+    mj_status st = workspace_alloc(ex, max_batch);
+    if (st != MJ_OK) { /* keep the handle usable: no workspace at all is mb 0 */
+        char why[512];
+        snprintf(why, sizeof why, "%s", mj_last_error());
+        void *bufs[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(ex, bufs[i]);
+        ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL, ex->mb = 0;
+        return mj_set_error(st, "%s", why);
+    }
+    return MJ_OK;
+}
+
 /* ---- packing --------------------------------------------------------------------------------- */
 
 mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_options *opts_in,
@@ -186,7 +206,6 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
     const char *policy = opts.mode_policy ? opts.mode_policy : mj_mode_policy_default(ex->target);
     mj_status st = mj_mode_policy_parse(policy, ex->target, &ex->policy);
     const int64_t X = (int64_t)ex->n_local + nsub;
-    const int64_t rows = (int64_t)ex->mb * ex->K + (int64_t)nsub * ex->mb, xrows = (int64_t)ex->mb * (ex->K + 1);
     uint8_t *stage = NULL;
     float *scal = NULL;
     if (st != MJ_OK) goto fail;
@@ -195,13 +214,7 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
     MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_w2), (void **)&ex->w2), st, fail);
     MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_s2), (void **)&ex->s2), st, fail);
     MJ_CHECK_GOTO(buf_alloc(ex, (size_t)X * 4 * sizeof(float), (void **)&ex->scal), st, fail);
-    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(rows * I * 2), (void **)&ex->act), st, fail);
-    if (ex->w4a4) {
-        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(rows * I / 2), (void **)&ex->actq), st, fail);
-        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(rows * I / 16), (void **)&ex->act_sf), st, fail);
-        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(xrows * H / 2), (void **)&ex->xq), st, fail);
-        MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(xrows * H / 16), (void **)&ex->xsf), st, fail);
-    }
+    MJ_CHECK_GOTO(workspace_alloc(ex, ex->mb), st, fail);
     /* One expert at a time through a host staging buffer, then to where the kernels run. */
     const int64_t per = ex->bytes_w13 + ex->bytes_s13 + ex->bytes_w2 + ex->bytes_s2;
     stage = malloc((size_t)per);

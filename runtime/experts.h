@@ -20,6 +20,11 @@ typedef struct mj_experts_view {
 } mj_experts_view;
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
 
+/* Grow the forward's workspace to max_batch tokens (nothing when it is that big already).
+ * On failure the handle has no workspace (a forward of any B > 0 is refused) until a
+ * reserve succeeds. Not during a captured graph's life: the buffers move. */
+mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch);
+
 /* The specialization a forward of B tokens in (resolved) mode launches; mj_experts_knobs
  * is the same choice from the shapes alone (H, I_local, top-k, shared sub-experts), for
  * the planner. */

@@ -1,9 +1,12 @@
 /* cmd_prewarm.c — `moejit prewarm`: compile a list of specializations into the cache, so
- * that no request ever waits for a compile. Works with no GPU: NVRTC needs none. */
+ * that no request ever waits for a compile. The list is a manifest, or the plan of a model
+ * config (--config): exactly what mj_moe_prepare asks for, from the same planner
+ * (runtime/plan.c). Works with no GPU: NVRTC needs none. */
 #include "tools.h"
 
 #include "cache.h"
 #include "jit.h"
+#include "plan.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -18,15 +21,36 @@
 
 static const char k_help[] =
     "usage: moejit prewarm [options] MANIFEST...\n"
+    "       moejit prewarm [options] --config CONFIG.json [--quant HF_QUANT.json] [--arch A]\n"
+    "                      [--tp N | --ep N] [--batch B] [--k0-policy P] [--mode M]\n"
+    "                      [--no-shared-expert] [--dry-run]\n"
     "\n"
-    "Compile every specialization a manifest lists into the kernel cache. A manifest has one\n"
-    "JSON object a line: {\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 4},\n"
-    "\"arch\": \"sm_120a\"} (blank lines and lines starting with # are skipped). A server run\n"
-    "with MOEJIT_RECORD=path writes such a manifest of every kernel it had to compile. No GPU\n"
-    "is needed. Exit status 1 if any specialization failed or could not be stored in the cache.\n"
+    "Compile specializations into the kernel cache, so that no request waits for a compile.\n"
+    "No GPU is needed. Exit status 1 if any specialization failed or could not be stored.\n"
+    "\n"
+    "A manifest has one JSON object a line: {\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144,\n"
+    "\"E\": 256, \"ROWS\": 8, \"NWARPS\": 4}, \"arch\": \"sm_120a\"} (blank lines and lines starting\n"
+    "with # are skipped). A server run with MOEJIT_RECORD=path writes such a manifest of every\n"
+    "kernel it had to compile.\n"
+    "\n"
+    "With --config, the list is what mj_moe_prepare asks for on every rank of that model and\n"
+    "split, for those batch sizes, k0 policy and mode: the same planner serves both, so a\n"
+    "server that prepares with the same settings (in strict mode, even) compiles nothing.\n"
+    "  --config F       a Hugging Face config.json (its MoE part; quantization_config inside\n"
+    "                   it, or --quant)\n"
+    "  --quant F        hf_quant_config.json beside it\n"
+    "  --tp N, --ep N   the split over N ranks (default: one rank holds the layer)\n"
+    "  --batch B        batch sizes: \"1-256\" (default), \"1,2,4,8\" or both (\"1-8,16,32\")\n"
+    "  --k0-policy P    OEA's k0 by batch size: \"4\" or \"1-3:8,4-:4\" (default: k0 = top-k,\n"
+    "                   plain top-k); above 256 tokens k0 must be top-k\n"
+    "  --mode M         w4a16, w4a4, or a policy by batch size (\"1-8:w4a16,9-:w4a4\");\n"
+    "                   default: that policy where W4A4 exists (sm_120a, sm_121a), else w4a16\n"
+    "  --no-shared-expert  the engine runs the shared expert itself\n"
+    "  --dry-run        print the plan as manifest lines on stdout; compile nothing\n"
+    "  --arch A         the target (repeatable; default sm_120a)\n"
     "\n"
     "options:\n"
-    "  --arch A         compile each line for target A instead of its own \"arch\"\n"
+    "  --arch A         compile each manifest line for target A instead of its own \"arch\"\n"
     "                   (repeatable: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a)\n"
     "  -j N             parallel compiles (default: the number of CPUs)\n"
     "  --cache-dir D    the cache directory (default $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,\n"
@@ -158,12 +182,97 @@ static int read_manifest(const char *path, const char **archs, int n_archs, job 
     return rc;
 }
 
+/* The settings of --config. */
+typedef struct plan_args {
+    const char *config, *quant, *batch, *k0, *mode;
+    mj_parallel par;
+    int n_ranks, shared, dry_run;
+} plan_args;
+
+static void add_job(job **jobs, int *n, int *cap, char *line, const char *where) {
+    if (*n == *cap) {
+        *cap = *cap ? *cap * 2 : 64;
+        *jobs = realloc(*jobs, sizeof **jobs * (size_t)*cap);
+    }
+    job *j = &(*jobs)[(*n)++];
+    j->line = line;
+    snprintf(j->where, sizeof j->where, "%s", where);
+}
+
+/* The plan of a model config for one target, as jobs (manifest lines). */
+static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir, job **jobs, int *n, int *cap) {
+    mj_moe_config cfg;
+    mj_status st = mj_moe_config_read(a->config, a->quant, &cfg);
+    if (st != MJ_OK) return tool_fail_status(a->config, st);
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = arch, o.strict = 0;
+    mj_context_t ctx = NULL;
+    if ((st = mj_context_create(&o, &ctx)) != MJ_OK) return tool_fail_status("creating the JIT context", st);
+    int32_t *bs = NULL, nb = 0, rc = 0;
+    mj_k0_policy k0;
+    mj_mode_policy modes;
+    mj_weight_mode mode = MJ_MODE_AUTO;
+    mj_plan plan = {0, NULL};
+    const mj_target t = mj_context_target(ctx);
+    if ((st = mj_batches_parse(a->batch, &bs, &nb)) != MJ_OK) {
+        rc = tool_usage("prewarm", "--batch: %s", mj_last_error());
+        goto out;
+    }
+    if (a->k0 && (st = mj_k0_policy_parse(a->k0, cfg.topk, &k0)) != MJ_OK) {
+        rc = tool_usage("prewarm", "--k0-policy: %s", mj_last_error());
+        goto out;
+    }
+    if (a->mode && !strcmp(a->mode, "w4a16")) mode = MJ_MODE_W4A16;
+    else if (a->mode && !strcmp(a->mode, "w4a4")) mode = MJ_MODE_W4A4;
+    if ((st = mj_mode_policy_parse(mode == MJ_MODE_AUTO && a->mode ? a->mode : mj_mode_policy_default(t), t,
+                                   &modes)) != MJ_OK) {
+        rc = tool_fail("--mode for %s: %s", arch, mj_last_error());
+        goto out;
+    }
+    mj_plan_request req = {&cfg, a->par, a->n_ranks, -1, bs, nb, a->k0 ? &k0 : NULL, mode, &modes, a->shared};
+    if ((st = mj_plan_build(ctx, &req, &plan)) != MJ_OK) {
+        rc = tool_fail("the plan of %s for %s: %s", a->config, arch, mj_last_error());
+        goto out;
+    }
+    for (int32_t i = 0; i < plan.n; i++) {
+        char *line = NULL, where[300];
+        if ((st = mj_spec_to_json(&plan.e[i].spec, &line)) != MJ_OK) {
+            rc = tool_fail_status("the plan", st);
+            goto out;
+        }
+        snprintf(where, sizeof where, "%s: %s, batch %d..%d", a->config, plan.e[i].what, (int)plan.e[i].b_lo,
+                 (int)plan.e[i].b_hi);
+        if (a->dry_run) {
+            printf("%s\n", line);
+            free(line);
+        } else {
+            add_job(jobs, n, cap, line, where);
+        }
+    }
+    fprintf(stderr, "plan for %s: H %d, E %d, top-%d, %s, %d batch sizes (%s), k0 %s, mode %s: %d specializations\n",
+            arch, cfg.hidden, cfg.n_experts, cfg.topk,
+            a->par == MJ_PAR_TP ? "TP" : a->par == MJ_PAR_EP ? "EP" : "one rank", (int)nb, a->batch,
+            a->k0 ? a->k0 : "= top-k", a->mode ? a->mode : mj_mode_policy_default(t), (int)plan.n);
+out:
+    mj_plan_free(&plan);
+    free(bs);
+    mj_context_destroy(ctx);
+    return rc;
+}
+
 int cmd_prewarm(int argc, char **argv) {
-    enum { OPT_ARCH = 256, OPT_CACHE };
+    enum { OPT_ARCH = 256, OPT_CACHE, OPT_CONFIG, OPT_QUANT, OPT_TP, OPT_EP, OPT_BATCH, OPT_K0, OPT_MODE, OPT_NOSHARED,
+           OPT_DRY };
     static const struct option opts[] = {
-        {"arch", required_argument, 0, OPT_ARCH}, {"cache-dir", required_argument, 0, OPT_CACHE},
-        {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
-        {"version", no_argument, 0, 'V'},         {0, 0, 0, 0}};
+        {"arch", required_argument, 0, OPT_ARCH},     {"cache-dir", required_argument, 0, OPT_CACHE},
+        {"config", required_argument, 0, OPT_CONFIG}, {"quant", required_argument, 0, OPT_QUANT},
+        {"tp", required_argument, 0, OPT_TP},         {"ep", required_argument, 0, OPT_EP},
+        {"batch", required_argument, 0, OPT_BATCH},   {"k0-policy", required_argument, 0, OPT_K0},
+        {"mode", required_argument, 0, OPT_MODE},     {"no-shared-expert", no_argument, 0, OPT_NOSHARED},
+        {"dry-run", no_argument, 0, OPT_DRY},         {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},                {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0}};
+    plan_args pa = {NULL, NULL, "1-256", NULL, NULL, MJ_PAR_NONE, 1, 1, 0};
     const char *archs[MJ_TARGET_COUNT * 4];
     int n_archs = 0, jobs_n = (int)sysconf(_SC_NPROCESSORS_ONLN), quiet = 0, c;
     const char *cache_dir = NULL;
@@ -182,18 +291,43 @@ int cmd_prewarm(int argc, char **argv) {
         }
         case 'j': if (tool_parse_int("prewarm", "-j", optarg, 1, 256, &jobs_n)) return 2; break;
         case OPT_CACHE: cache_dir = optarg; break;
+        case OPT_CONFIG: pa.config = optarg; break;
+        case OPT_QUANT: pa.quant = optarg; break;
+        case OPT_TP:
+        case OPT_EP:
+            if (pa.par != MJ_PAR_NONE) return tool_usage("prewarm", "give one of --tp and --ep, once");
+            if (tool_parse_int("prewarm", c == OPT_TP ? "--tp" : "--ep", optarg, 1, MJ_MAX_RANKS, &pa.n_ranks))
+                return 2;
+            pa.par = c == OPT_TP ? MJ_PAR_TP : MJ_PAR_EP;
+            break;
+        case OPT_BATCH: pa.batch = optarg; break;
+        case OPT_K0: pa.k0 = optarg; break;
+        case OPT_MODE: pa.mode = optarg; break;
+        case OPT_NOSHARED: pa.shared = 0; break;
+        case OPT_DRY: pa.dry_run = 1; break;
         case 'q': quiet = 1; break;
         case 'h': fputs(k_help, stdout); return 0;
         case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
         default: return tool_usage("prewarm", "unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
-    if (optind >= argc) return tool_usage("prewarm", "expected one or more MANIFEST files");
+    if (pa.config && optind < argc)
+        return tool_usage("prewarm", "give MANIFEST files or --config, not both");
+    if (!pa.config && (pa.quant || pa.par != MJ_PAR_NONE || pa.k0 || pa.mode || !pa.shared || pa.dry_run ||
+                       strcmp(pa.batch, "1-256")))
+        return tool_usage("prewarm", "--quant, --tp, --ep, --batch, --k0-policy, --mode, --no-shared-expert and "
+                                     "--dry-run go with --config");
+    if (!pa.config && optind >= argc) return tool_usage("prewarm", "expected one or more MANIFEST files, or --config");
 
     work w;
     memset(&w, 0, sizeof w);
     int cap = 0, rc = 0;
     for (int i = optind; i < argc && !rc; i++) rc = read_manifest(argv[i], archs, n_archs, &w.jobs, &w.n, &cap);
+    if (pa.config) {
+        if (!n_archs) archs[n_archs++] = "sm_120a";
+        for (int a = 0; a < n_archs && !rc; a++) rc = plan_jobs(&pa, archs[a], cache_dir, &w.jobs, &w.n, &cap);
+        if (pa.dry_run) goto done;
+    }
     if (rc) goto done;
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = cache_dir;

@@ -1,0 +1,48 @@
+/* mem.c — memory where kernels run (see mem.h). */
+#include "mem.h"
+#include "cuda.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out) {
+    *out = NULL;
+    if (device == MJ_DEVICE_NONE) {
+        *out = calloc(1, bytes ? bytes : 1);
+        return *out ? MJ_OK : mj_set_error(MJ_ERR_NOMEM, "%s: out of host memory (%zu bytes)", what, bytes);
+    }
+    uint64_t d = 0;
+    MJ_CHECK(mj_cuda_bind(device));
+    mj_status st = mj_cuda_malloc(bytes ? bytes : 1, &d);
+    if (st != MJ_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", mj_last_error());
+        return mj_set_error(st, "%s: %zu bytes of device memory: %s", what, bytes, why);
+    }
+    *out = (void *)(uintptr_t)d;
+    return MJ_OK;
+}
+
+mj_status mj_mem_put(int device, void *dst, const void *src, size_t bytes) {
+    if (device == MJ_DEVICE_NONE) {
+        if (bytes) memcpy(dst, src, bytes);
+        return MJ_OK;
+    }
+    return mj_cuda_memcpy_htod((uint64_t)(uintptr_t)dst, src, bytes);
+}
+
+mj_status mj_mem_get(int device, void *dst, const void *src, size_t bytes) {
+    if (device == MJ_DEVICE_NONE) {
+        if (bytes) memcpy(dst, src, bytes);
+        return MJ_OK;
+    }
+    return mj_cuda_memcpy_dtoh(dst, (uint64_t)(uintptr_t)src, bytes);
+}
+
+void mj_mem_free(int device, void *p) {
+    if (!p) return;
+    if (device == MJ_DEVICE_NONE) free(p);
+    else mj_cuda_free((uint64_t)(uintptr_t)p);
+}

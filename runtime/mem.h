@@ -1,0 +1,16 @@
+/* mem.h — memory where kernels run: device memory on a GPU (device >= 0), host memory for
+ * the interpreter (MJ_DEVICE_NONE). Not public. */
+#ifndef MJ_MEM_H
+#define MJ_MEM_H
+
+#include "internal.h"
+
+#include <stddef.h>
+
+/* Zeroed on the interpreter; uninitialized on a GPU. `what` labels the error. */
+mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out);
+mj_status mj_mem_put(int device, void *dst, const void *src, size_t bytes);
+mj_status mj_mem_get(int device, void *dst, const void *src, size_t bytes);
+void mj_mem_free(int device, void *p);
+
+#endif /* MJ_MEM_H */

@@ -1,0 +1,269 @@
+/* moe.c — the whole MoE layer on one rank: mj_moe_create packs this rank's experts and the
+ * router where the kernels run, mj_moe_prepare compiles what the planner (plan.c) lists for
+ * the batch sizes asked and sizes the workspace, and mj_moe_forward is the decode step:
+ *
+ *   hidden [B, H] bf16 --router GEMM--> logits [B, E] f32 --mj_route (k0)--> ids, weights,
+ *   dispatch --experts (this rank's slice, + shared)--> out [B, H] f32 --all-reduce--> out
+ *
+ * Every rank routes every token (the router is replicated), so the ranks agree on the
+ * routing without talking; only the partial outputs are summed. A forward does host work
+ * only (table lookups, launches): no allocation, no sync, no compile, so it can be captured
+ * in a CUDA graph; the token count it obeys is read on the device (num_valid). */
+#include "mem.h"
+#include "plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+struct mj_moe {
+    mj_context_t ctx;
+    mj_target target;
+    int device;                   /* ordinal, or MJ_DEVICE_NONE (the interpreter)            */
+    mj_moe_config cfg;
+    mj_moe_options opt;
+    mj_experts_t ex;              /* this rank's experts, packed                             */
+    uint16_t *gate;               /* [E, H] bf16, where the kernels run                      */
+    float *bias;                  /* [E] or NULL                                             */
+    mj_route_params route;        /* from the config; k0 set per forward                     */
+    /* What prepare set up: per batch size 1..mb, whether it was prepared, its k0 and mode. */
+    int32_t mb;
+    uint8_t *prepared;            /* [mb + 1]                                                */
+    int8_t *k0_of, *mode_of;      /* [mb + 1]                                                */
+    /* The forward's workspace (for mb tokens). */
+    float *logits;                /* [mb, E]                                                 */
+    int32_t *ids, *n_sel, *counts, *offsets, *active, *n_active, *perm, *row_index;
+    float *weights;
+};
+
+static void workspace_free(mj_moe_t m) {
+    void *bufs[] = {m->logits, m->ids, m->weights, m->n_sel, m->counts, m->offsets,
+                    m->active, m->n_active, m->perm, m->row_index};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mj_mem_free(m->device, bufs[i]);
+    m->logits = m->weights = NULL;
+    m->ids = m->n_sel = m->counts = m->offsets = m->active = m->n_active = m->perm = m->row_index = NULL;
+    free(m->prepared), free(m->k0_of), free(m->mode_of);
+    m->prepared = NULL, m->k0_of = m->mode_of = NULL, m->mb = 0;
+}
+
+mj_status mj_moe_free(mj_moe_t m) {
+    if (!m) return MJ_OK;
+    workspace_free(m);
+    mj_experts_free(m->ex);
+    mj_mem_free(m->device, m->gate);
+    mj_mem_free(m->device, m->bias);
+    free(m);
+    return MJ_OK;
+}
+
+/* Errors from a step keep their status and gain the call's name. */
+static mj_status fail_in(const char *fn, mj_status st) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", mj_last_error());
+    return mj_set_error(st, "%s: %s", fn, why);
+}
+
+mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options *opts_in, mj_moe_t *out) {
+    if (!ctx || !layer || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_create: NULL context, layer or output");
+    *out = NULL;
+    mj_moe_options o = MJ_MOE_OPTIONS_INIT;
+    if (opts_in)
+        MJ_CHECK(mj_struct_load(opts_in, sizeof o, sizeof o, &o, "mj_moe_options", "MJ_MOE_OPTIONS_INIT"));
+    int32_t il, nsub;
+    mj_status st = mj_plan_rank_shape(&layer->cfg, o.parallel, o.rank, o.n_ranks, o.shared_expert != 0, &il, &nsub);
+    if (st != MJ_OK) return fail_in("mj_moe_create", st);
+    if (o.n_ranks > 1 && !o.comm)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_create: %d ranks need a communicator to sum their outputs (mj_moe_options.comm: "
+                            "mj_comm_nccl_init_rank, mj_comm_nccl_wrap or mj_comm_loopback_create)",
+                            o.n_ranks);
+    if (o.comm) {
+        int32_t cr, cn;
+        MJ_CHECK(mj_comm_info(o.comm, &cr, &cn));
+        if (cr != o.rank || cn != o.n_ranks)
+            return mj_set_error(MJ_ERR_INVALID_ARG,
+                                "mj_moe_create: the communicator is rank %d of %d, the options say rank %d of %d", cr,
+                                cn, o.rank, o.n_ranks);
+    }
+    /* This rank's slice: the layer as given when it is that slice, else cut from the whole. */
+    mj_layer_t slice = NULL, L = layer;
+    const int whole = layer->par == MJ_PAR_NONE;
+    if (!whole && (layer->par != o.parallel || layer->rank != o.rank || layer->n_ranks != o.n_ranks))
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_create: the layer is rank %d of a %s=%d split, the options ask for rank %d of "
+                            "%s=%d: pass the whole layer or this rank's slice",
+                            layer->rank, layer->par == MJ_PAR_TP ? "TP" : "EP", layer->n_ranks, o.rank,
+                            o.parallel == MJ_PAR_TP ? "TP" : o.parallel == MJ_PAR_EP ? "EP" : "none", o.n_ranks);
+    if (whole && o.parallel != MJ_PAR_NONE) {
+        if ((st = mj_layer_shard(layer, o.parallel, o.rank, o.n_ranks, &slice)) != MJ_OK)
+            return fail_in("mj_moe_create", st);
+        L = slice;
+    }
+    /* Without the shared expert: the same slice, seen without it (a shallow copy). */
+    struct mj_layer noshared;
+    if (!o.shared_expert && L->has_shared) {
+        noshared = *L;
+        noshared.has_shared = 0, noshared.is_local = 0;
+        L = &noshared;
+    }
+    mj_moe_t m = calloc(1, sizeof *m);
+    if (!m) {
+        mj_layer_free(slice);
+        return mj_set_error(MJ_ERR_NOMEM, "mj_moe_create: out of memory");
+    }
+    m->ctx = ctx, m->cfg = layer->cfg, m->opt = o;
+    m->target = mj_context_target(ctx);
+    mj_backend backend;
+    MJ_CHECK_GOTO(mj_context_backend(ctx, &backend, NULL), st, fail);
+    m->device = backend == MJ_BACKEND_SIM ? MJ_DEVICE_NONE : mj_context_device(ctx, NULL);
+    mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
+    eo.max_batch = 1, eo.mode_policy = o.mode_policy;
+    if ((st = mj_experts_create(ctx, L, &eo, &m->ex)) != MJ_OK) {
+        st = fail_in("mj_moe_create", st);
+        goto fail;
+    }
+    const size_t E = (size_t)m->cfg.n_experts, H = (size_t)m->cfg.hidden;
+    MJ_CHECK_GOTO(mj_mem_alloc(m->device, E * H * 2, "mj_moe_create", (void **)&m->gate), st, fail);
+    MJ_CHECK_GOTO(mj_mem_put(m->device, m->gate, L->gate, E * H * 2), st, fail);
+    if (L->bias) {
+        MJ_CHECK_GOTO(mj_mem_alloc(m->device, E * 4, "mj_moe_create", (void **)&m->bias), st, fail);
+        MJ_CHECK_GOTO(mj_mem_put(m->device, m->bias, L->bias, E * 4), st, fail);
+    }
+    MJ_CHECK_GOTO(mj_route_params_from_config(&m->cfg, &m->route), st, fail);
+    if (!o.rsf_in_weights) m->route.routed_scaling_factor = 1.0f;
+    mj_layer_free(slice);
+    *out = m;
+    return MJ_OK;
+fail:
+    mj_layer_free(slice);
+    mj_moe_free(m);
+    return st;
+}
+
+mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
+    if (!m) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_prepare: NULL handle");
+    mj_moe_prepare_options o = MJ_MOE_PREPARE_OPTIONS_INIT;
+    if (opts_in)
+        MJ_CHECK(mj_struct_load(opts_in, sizeof o, sizeof o, &o, "mj_moe_prepare_options",
+                                "MJ_MOE_PREPARE_OPTIONS_INIT"));
+    /* The batch sizes, ascending and distinct. */
+    int32_t nb = o.batches ? o.n_batches : o.max_batch;
+    if (nb < 1 || (!o.batches && o.max_batch > MJ_MAX_BATCH))
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_prepare: %s %d: give max_batch in 1..%d or a non-empty list of batch sizes",
+                            o.batches ? "n_batches" : "max_batch", nb, MJ_MAX_BATCH);
+    int32_t *bs = malloc(sizeof *bs * (size_t)nb);
+    if (!bs) return mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of memory");
+    int32_t mb = 0;
+    for (int32_t i = 0; i < nb; i++) {
+        bs[i] = o.batches ? o.batches[i] : i + 1;
+        if (bs[i] < 1 || bs[i] > MJ_MAX_BATCH) {
+            int32_t bad = bs[i];
+            free(bs);
+            return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_prepare: batch size %d is not within 1..%d", bad,
+                                MJ_MAX_BATCH);
+        }
+        if (bs[i] > mb) mb = bs[i];
+    }
+    mj_k0_policy k0p;
+    mj_mode_policy modes;
+    mj_status st = MJ_OK;
+    mj_plan plan = {0, NULL};
+    uint8_t *prepared = NULL;
+    int8_t *k0_of = NULL, *mode_of = NULL;
+    if (o.k0_policy) MJ_CHECK_GOTO(mj_k0_policy_parse(o.k0_policy, m->cfg.topk, &k0p), st, out);
+    MJ_CHECK_GOTO(mj_mode_policy_parse(m->opt.mode_policy ? m->opt.mode_policy : mj_mode_policy_default(m->target),
+                                       m->target, &modes),
+                  st, out);
+    mj_plan_request req = {&m->cfg, m->opt.parallel, m->opt.n_ranks, m->opt.rank, bs, nb,
+                           o.k0_policy ? &k0p : NULL, o.mode, &modes, m->opt.shared_expert != 0};
+    MJ_CHECK_GOTO(mj_plan_build(m->ctx, &req, &plan), st, out);
+    for (int32_t i = 0; i < plan.n; i++) {
+        const mj_function *f;
+        MJ_CHECK_GOTO(mj_jit_get(m->ctx, &plan.e[i].spec, &f), st, out);
+    }
+    /* Per batch size: prepared, its k0 and mode (resolved here, so a forward only reads). */
+    prepared = calloc((size_t)mb + 1, 1), k0_of = calloc((size_t)mb + 1, 1), mode_of = calloc((size_t)mb + 1, 1);
+    if (!prepared || !k0_of || !mode_of) {
+        st = mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of memory");
+        goto out;
+    }
+    for (int32_t i = 0; i < nb; i++) {
+        int32_t k0 = m->cfg.topk;
+        mj_weight_mode md;
+        if (o.k0_policy) MJ_CHECK_GOTO(mj_k0_policy_resolve(&k0p, bs[i], &k0), st, out);
+        MJ_CHECK_GOTO(mj_mode_resolve(&modes, m->target, o.mode, bs[i], &md), st, out);
+        prepared[bs[i]] = 1, k0_of[bs[i]] = (int8_t)k0, mode_of[bs[i]] = (int8_t)md;
+    }
+    /* The workspace, for the largest batch. */
+    workspace_free(m);
+    const size_t E = (size_t)m->cfg.n_experts, K = (size_t)m->cfg.topk, B = (size_t)mb;
+    struct { void **p; size_t bytes; } bufs[] = {
+        {(void **)&m->logits, B * E * 4},  {(void **)&m->ids, B * K * 4},     {(void **)&m->weights, B * K * 4},
+        {(void **)&m->n_sel, B * 4},       {(void **)&m->counts, E * 4},      {(void **)&m->offsets, (E + 1) * 4},
+        {(void **)&m->active, E * 4},      {(void **)&m->n_active, 4},        {(void **)&m->perm, B * K * 4},
+        {(void **)&m->row_index, B * K * 4}};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        MJ_CHECK_GOTO(mj_mem_alloc(m->device, bufs[i].bytes, "mj_moe_prepare", bufs[i].p), st, fail_ws);
+    MJ_CHECK_GOTO(mj_experts_reserve(m->ex, mb), st, fail_ws);
+    m->mb = mb, m->prepared = prepared, m->k0_of = k0_of, m->mode_of = mode_of;
+    prepared = NULL, k0_of = mode_of = NULL;
+    goto out;
+fail_ws:
+    workspace_free(m);
+out:
+    if (st != MJ_OK) st = fail_in("mj_moe_prepare", st);
+    mj_plan_free(&plan);
+    free(bs), free(prepared), free(k0_of), free(mode_of);
+    return st;
+}
+
+mj_status mj_moe_batch_plan(mj_moe_t m, int32_t B, int32_t *k0, mj_weight_mode *mode) {
+    if (!m) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_batch_plan: NULL handle");
+    if (B < 1 || B > m->mb || !m->prepared[B])
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_batch_plan: batch size %d was not prepared", B);
+    if (k0) *k0 = m->k0_of[B];
+    if (mode) *mode = (mj_weight_mode)m->mode_of[B];
+    return MJ_OK;
+}
+
+mj_status mj_moe_route_outputs(mj_moe_t m, mj_route_outputs *out) {
+    if (!m || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_route_outputs: NULL argument");
+    mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
+    r.ids = m->ids, r.weights = m->weights, r.n_sel = m->n_sel, r.expert_counts = m->counts;
+    r.expert_offsets = m->offsets, r.active_experts = m->active, r.n_active = m->n_active;
+    r.permutation = m->perm, r.row_index = m->row_index;
+    MJ_CHECK(mj_struct_load(out, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof r, &(mj_route_outputs){0}, "mj_route_outputs",
+                            "MJ_ROUTE_OUTPUTS_INIT"));
+    mj_struct_store(out, &r, sizeof r);
+    return MJ_OK;
+}
+
+mj_status mj_moe_forward(mj_moe_t m, const uint16_t *hidden, int32_t B, const int32_t *num_valid, float *out,
+                         void *stream) {
+    if (!m || (B > 0 && (!hidden || !out)))
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_forward: NULL handle, hidden or out");
+    if (B == 0) return MJ_OK; /* every rank has the same B: no one waits in the all-reduce */
+    if (B < 0 || B > m->mb || !m->prepared[B])
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_moe_forward: batch size %d was not prepared (%s): add it to mj_moe_prepare's batch "
+                            "sizes, or pad the batch to a prepared size and pass num_valid",
+                            B, m->mb ? "prepared: up to the largest, see mj_moe_prepare" : "mj_moe_prepare was not called");
+    mj_status st;
+    const mj_moe_config *c = &m->cfg;
+    if ((st = mj_router_gemm(m->ctx, hidden, m->gate, B, c->hidden, c->n_experts, m->logits, stream)) != MJ_OK)
+        return fail_in("mj_moe_forward", st);
+    mj_route_params p = m->route;
+    p.k0 = m->k0_of[B];
+    mj_route_outputs r;
+    r.struct_size = sizeof r;
+    MJ_CHECK(mj_moe_route_outputs(m, &r));
+    if ((st = mj_route(m->ctx, &p, m->logits, m->bias, B, num_valid, &r, stream)) != MJ_OK)
+        return fail_in("mj_moe_forward", st);
+    if ((st = mj_experts_forward(m->ctx, m->ex, (mj_weight_mode)m->mode_of[B], hidden, &r, B, num_valid, out,
+                                 stream)) != MJ_OK)
+        return fail_in("mj_moe_forward", st);
+    if (m->opt.n_ranks > 1 &&
+        (st = mj_comm_all_reduce_f32(m->opt.comm, out, out, (int64_t)B * c->hidden, stream)) != MJ_OK)
+        return fail_in("mj_moe_forward", st);
+    return MJ_OK;
+}
