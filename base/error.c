@@ -23,6 +23,7 @@ static const char *const k_status_text[MJ_STATUS_COUNT] = {
     [MJ_ERR_CUDA] = "CUDA driver error",
     [MJ_ERR_INTERNAL] = "internal error",
     [MJ_ERR_KERNEL] = "kernel failed as it ran",
+    [MJ_ERR_COMM] = "collective communication failed",
 };
 
 const char *mj_status_string(mj_status s) {

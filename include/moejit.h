@@ -50,6 +50,8 @@ typedef enum mj_status {
     MJ_ERR_INTERNAL,      /* a bug in moejit: please report it with mj_last_error()       */
     MJ_ERR_KERNEL,        /* a kernel failed as it ran: on the sim a barrier or warp
                              collective that cannot complete (deadlock), or __trap()     */
+    MJ_ERR_COMM,          /* a collective failed: an NCCL error, or a loopback group that
+                             was aborted (a rank timed out, or its handle was freed)     */
     MJ_STATUS_COUNT
 } mj_status;
 
@@ -417,27 +419,68 @@ MJ_API mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B
 MJ_API mj_status mj_experts_free(mj_experts_t ex);
 
 /* ---------------------------------------------------------------------------------------
- * Communicators: the all-reduce of the ranks' partial outputs
+ * Communicators: the all-reduce that sums the ranks' partial outputs
  * ------------------------------------------------------------------------------------- */
+
+/* One rank's end of a group of 1..MJ_COMM_MAX_RANKS ranks. Two kinds behind one interface:
+ * loopback (ranks are threads of this process, buffers host memory: the interpreter's
+ * multi-rank runs and tests) and NCCL (libnccl.so.2, dlopen'd, never linked; buffers device
+ * memory). A handle is used by one thread at a time. */
 typedef struct mj_comm *mj_comm_t;
-/* n_ranks loopback ranks as threads of one process: comms[r] is rank r's handle, to be used
- * by one thread at a time. Buffers are host memory (the sim backend). */
-MJ_API mj_status mj_comm_loopback_create(int32_t n_ranks, mj_comm_t *comms);
-/* NCCL (libnccl.so.2 dlopen'd, never linked; MOEJIT_NCCL=path overrides the library). */
-typedef struct mj_comm_id { uint8_t bytes[128]; } mj_comm_id; /* ncclUniqueId */
+
+#define MJ_COMM_MAX_RANKS 64
+
+/* n_ranks loopback ranks as threads of one process: comms[r] is rank r's handle, each to be
+ * driven by its own thread. Collectives are synchronous and deterministic. A rank that does
+ * not arrive within 300 s aborts the group (MJ_ERR_COMM on every rank, then and after), and
+ * so does freeing one rank's handle while the others still call: no hang either way. */
+MJ_API mj_status mj_comm_loopback_create(int32_t n_ranks, mj_comm_t *comms /* [n_ranks] */);
+
+/* NCCL. The library is $MOEJIT_NCCL when set (no fallback), else libnccl.so.2 from the
+ * loader's search path or the CUDA toolkit; missing: MJ_ERR_LIBRARY saying what to
+ * install. NCCL failures are MJ_ERR_COMM with NCCL's own text. */
+typedef struct mj_comm_id { uint8_t bytes[128]; } mj_comm_id;   /* an ncclUniqueId */
+/* A new id (ncclGetUniqueId) on one process, to be sent to every rank before init_rank. */
 MJ_API mj_status mj_comm_nccl_unique_id(mj_comm_id *id);
-MJ_API mj_status mj_comm_nccl_init_rank(const mj_comm_id *id, int32_t n_ranks, int32_t rank, mj_comm_t *out);
+/* Rank `rank` of n_ranks (ncclCommInitRank), on the calling thread's current CUDA device;
+ * blocks until every rank has joined. */
+MJ_API mj_status mj_comm_nccl_init_rank(const mj_comm_id *id, int32_t n_ranks, int32_t rank,
+                                        mj_comm_t *out);
+/* n_ranks ranks on the GPUs devices[0..n_ranks) (NULL: 0..n_ranks-1), one process
+ * (ncclCommInitAll): comms[r] is rank r's. The devices must exist and be distinct (NCCL
+ * refuses two ranks on one GPU); no GPU: MJ_ERR_NO_DEVICE. Drive each comm from its own
+ * thread: ranks of one process that share a thread would have to group their calls. */
 MJ_API mj_status mj_comm_nccl_init_all(int32_t n_ranks, const int32_t *devices, mj_comm_t *comms);
+/* A handle over an engine's own ncclComm_t (a blocking one, NCCL's default): not owned, so
+ * mj_comm_free leaves it alive. */
 MJ_API mj_status mj_comm_nccl_wrap(void *nccl_comm, mj_comm_t *out);
+
+/* This handle's rank and the group's size; either pointer may be NULL. */
 MJ_API mj_status mj_comm_info(mj_comm_t c, int32_t *rank, int32_t *n_ranks);
-MJ_API mj_status mj_comm_all_reduce_f32(mj_comm_t c, const float *send, float *recv, int64_t count, void *stream);
+
+/* recv[i] = sum over ranks of send[i], count floats (send == recv allowed); every rank must
+ * call with the same count.
+ * Loopback: host pointers, stream ignored; returns when every rank's recv is written. The
+ * sum is taken in rank order, ((send_0 + send_1) + send_2) + ..., in f32, so every rank gets
+ * the same bits, run after run. Ranks that disagree on count (or one that passes a NULL
+ * buffer) all get MJ_ERR_INVALID_ARG naming the counts; the group stays usable.
+ * NCCL: ncclAllReduce(float32, sum) enqueued on stream (a CUstream; NULL: the legacy
+ * default stream), device pointers, asynchronous, capturable in a CUDA graph; count 0
+ * enqueues nothing. Its bits depend on NCCL's algorithm and protocol: see the README. */
+MJ_API mj_status mj_comm_all_reduce_f32(mj_comm_t c, const float *send, float *recv, int64_t count,
+                                        void *stream);
+
+/* Free this rank's handle (NULL is fine). A loopback group goes when its last handle does;
+ * an NCCL comm made by init_rank/init_all is destroyed (ncclCommDestroy), a wrapped one is
+ * not. */
 MJ_API mj_status mj_comm_free(mj_comm_t c);
+
 
 /* ---------------------------------------------------------------------------------------
  * The whole MoE layer: router GEMM -> routing -> experts -> all-reduce, on one rank of 1..8
  * ------------------------------------------------------------------------------------- */
 
-#define MJ_MAX_RANKS 64     /* ranks of a split (TP or EP)                                */
+#define MJ_MAX_RANKS MJ_COMM_MAX_RANKS /* ranks of a split (TP or EP)                       */
 #define MJ_MAX_BATCH 65536  /* tokens of one forward                                      */
 
 typedef struct mj_moe *mj_moe_t;

@@ -9,6 +9,7 @@
  * routing without talking; only the partial outputs are summed. A forward does host work
  * only (table lookups, launches): no allocation, no sync, no compile, so it can be captured
  * in a CUDA graph; the token count it obeys is read on the device (num_valid). */
+#include "comm/comm.h"
 #include "mem.h"
 #include "plan.h"
 
@@ -78,6 +79,14 @@ mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options
                             o.n_ranks);
     if (o.comm) {
         int32_t cr, cn;
+        mj_backend be;
+        MJ_CHECK(mj_context_backend(ctx, &be, NULL));
+        const int loop = mj_comm_kind(o.comm) == MJ_COMM_LOOPBACK;
+        if (loop != (be == MJ_BACKEND_SIM))
+            return mj_set_error(MJ_ERR_INVALID_ARG,
+                                "mj_moe_create: a %s communicator with a %s context: loopback ranks sum host "
+                                "buffers (the interpreter), NCCL device buffers (a GPU)",
+                                loop ? "loopback" : "NCCL", be == MJ_BACKEND_SIM ? "interpreter" : "GPU");
         MJ_CHECK(mj_comm_info(o.comm, &cr, &cn));
         if (cr != o.rank || cn != o.n_ranks)
             return mj_set_error(MJ_ERR_INVALID_ARG,
