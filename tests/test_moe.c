@@ -414,6 +414,22 @@ static void test_refusals(mj_context_t ctx, uint64_t seed) {
     CHECK(strstr(mj_last_error(), "slice") != NULL, "wrong slice: %s", mj_last_error());
     o.struct_size = 3;
     CHECK_STATUS(mj_moe_create(ctx, L, &o, &moe), MJ_ERR_INVALID_ARG);
+    /* A loopback communicator sums host buffers: a GPU context is refused with it. */
+    mj_context_options gco = MJ_CONTEXT_OPTIONS_INIT;
+    gco.cache_dir = test_shared_cache(), gco.device = MJ_DEVICE_NONE, gco.backend = MJ_BACKEND_CUDA;
+    mj_context_t gctx = NULL;
+    CHECK_OK(mj_context_create(&gco, &gctx));
+    o = (mj_moe_options)MJ_MOE_OPTIONS_INIT;
+    o.parallel = MJ_PAR_TP, o.rank = 0, o.n_ranks = 4, o.comm = comms[0];
+    c.intermediate = 256;
+    mj_layer_t L4 = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed + 1, &L4));
+    if (gctx && L4) {
+        CHECK_STATUS(mj_moe_create(gctx, L4, &o, &moe), MJ_ERR_INVALID_ARG);
+        CHECK(strstr(mj_last_error(), "loopback") != NULL, "loopback with a GPU context: %s", mj_last_error());
+    }
+    mj_layer_free(L4);
+    mj_context_destroy(gctx);
     for (int i = 0; i < 4; i++) mj_comm_free(comms[i]);
     /* Batch sizes: a forward before prepare, an unprepared one, a k0 below top-k above the
      * one-block limit, a W4A4 mode on a target without it. */
