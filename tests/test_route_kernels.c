@@ -213,15 +213,13 @@ static int build_table(rcase *t) {
         t[n++] = (rcase){300, 300, 256, 8, 8, 1, 1, 0, 1, 1, sp, 0};
         t[n++] = (rcase){300, 290, 256, 8, 8, 8, 4, 1, 0, 0, sp, 1}; /* max rule, multi-block */
     }
-    /* DeepSeek-V2's router: 160 experts in 8 groups, keep 3, top-6, softmax, no renorm. */
-    t[n++] = (rcase){64, 64, 160, 6, 6, 8, 3, 1, 0, 0, 0, 1};
+    /* DeepSeek-V2's router (160 experts in 8 groups, keep 3, top-6, softmax, no renorm), OEA. */
     t[n++] = (rcase){64, 61, 160, 6, 2, 8, 3, 1, 0, 0, 0, 1};
     t[n++] = (rcase){24, 24, 64, 4, 2, 1, 1, 1, 1, 0, 4, 0};   /* infinities under softmax, OEA */
     t[n++] = (rcase){24, 20, 64, 4, 4, 1, 1, 0, 0, 1, 4, 0};   /* infinities under sigmoid */
     t[n++] = (rcase){12, 12, 8, 3, 2, 8, 4, 0, 1, 1, 0, 0};    /* one expert a group */
     t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0, 0};  /* one expert a group, 32 groups */
-    t[n++] = (rcase){12, 12, 8, 3, 2, 8, 4, 0, 1, 1, 0, 1}; /* the same under the max rule */
-    t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0, 1};
+    t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0, 1};  /* the same under the max rule */
     t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0, 0}; /* big E and k: 4 warps */
     t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 0}; /* and B = 256: 2 warps */
     t[n++] = (rcase){256, 250, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 1}; /* max rule, 2 warps */
