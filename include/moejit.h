@@ -70,6 +70,13 @@ MJ_API mj_status mj_version(int *major, int *minor, int *patch, const char **tex
  * Model configuration
  * ------------------------------------------------------------------------------------- */
 typedef enum mj_scoring { MJ_SCORING_SIGMOID = 0, MJ_SCORING_SOFTMAX = 1 } mj_scoring;
+/* How group-limited routing (n_group > 1) scores a group of experts, from the model's
+ * topk_method: noaux_tc (DeepSeek-V3, GLM-5) sums the group's two best selection scores;
+ * DeepSeek-V2's group_limited_greedy takes the group's best one. */
+typedef enum mj_group_score {
+    MJ_GROUP_SCORE_TOP2_SUM = 0, /* sum of the group's top-2 (s + bias): noaux_tc            */
+    MJ_GROUP_SCORE_MAX = 1       /* the group's maximum score: group_limited_greedy          */
+} mj_group_score;
 typedef enum mj_activation { MJ_ACT_SILU = 0 } mj_activation;
 typedef enum mj_quant { MJ_QUANT_NONE = 0, MJ_QUANT_NVFP4 = 1 } mj_quant;
 
@@ -94,6 +101,7 @@ typedef struct mj_moe_config {
     mj_activation activation;  /* silu (SwiGLU experts)                                    */
     mj_quant quant;            /* NVFP4 for ModelOpt checkpoints                           */
     int32_t quant_group_size;  /* 16 for NVFP4                                             */
+    mj_group_score group_score;/* group score of group-limited routing (from topk_method)  */
 } mj_moe_config;
 
 /* Fill *cfg with GLM-5's MoE layer (the values of its config.json, NVFP4 quantized). */
@@ -159,11 +167,16 @@ typedef struct mj_route_params {
     mj_scoring scoring;
     float routed_scaling_factor;
     int32_t renormalize;       /* norm_topk_prob                                            */
+    mj_group_score group_score;/* how a group is scored when n_group > 1 (a caller whose
+                                  struct ends before it gets MJ_GROUP_SCORE_TOP2_SUM)       */
 } mj_route_params;
 /* Plain top-k over no experts yet: set n_experts, topk and k0 (or use
  * mj_route_params_from_config). */
 #define MJ_ROUTE_PARAMS_INIT \
-    {sizeof(mj_route_params), 0, 0, 0, 1, 1, MJ_SCORING_SIGMOID, 1.0f, 1}
+    {sizeof(mj_route_params), 0, 0, 0, 1, 1, MJ_SCORING_SIGMOID, 1.0f, 1, MJ_GROUP_SCORE_TOP2_SUM}
+/* The size of mj_route_params before group_score was added (0.1.0): still accepted; such a
+ * caller routes with the top-2 sum, the only rule there was. */
+#define MJ_ROUTE_PARAMS_V1_SIZE offsetof(mj_route_params, group_score)
 
 /* Routing parameters of a model, with k0 = k (plain top-k). */
 MJ_API mj_status mj_route_params_from_config(const mj_moe_config *cfg, mj_route_params *p);

@@ -128,6 +128,11 @@ static mj_status check_route(const mj_route_params *p, int32_t B) {
                             p->topk_group, p->n_group, k);
     if (p->scoring != MJ_SCORING_SIGMOID && p->scoring != MJ_SCORING_SOFTMAX)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: unknown scoring %d", (int)p->scoring);
+    if (p->group_score != MJ_GROUP_SCORE_TOP2_SUM && p->group_score != MJ_GROUP_SCORE_MAX)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_route: unknown group_score %d; use MJ_GROUP_SCORE_TOP2_SUM (noaux_tc) "
+                            "or MJ_GROUP_SCORE_MAX (group_limited_greedy)",
+                            (int)p->group_score);
     if (!(p->routed_scaling_factor == p->routed_scaling_factor) || p->routed_scaling_factor - p->routed_scaling_factor != 0.0f)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: routed scaling factor must be finite");
     if (B < 0) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: B = %d must not be negative", B);
@@ -159,6 +164,8 @@ static mj_knobs_oea_route route_knobs(const mj_route_params *p, int32_t k0, int3
                                 .K0 = k0,
                                 .NG = p->n_group,
                                 .TG = p->n_group > 1 ? p->topk_group : 1,
+                                /* without groups the rule decides nothing: one kernel */
+                                .GSCORE = p->n_group > 1 && p->group_score == MJ_GROUP_SCORE_MAX,
                                 .SCORING = p->scoring == MJ_SCORING_SOFTMAX,
                                 .RENORM = p->renormalize != 0,
                                 .NWARPS = nwarps};

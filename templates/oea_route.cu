@@ -6,7 +6,9 @@
  * inverted expert id), so "higher score first, NaN after every number, ties to the lower id"
  * is one integer max, and every pick is deterministic. The arithmetic mirrors
  * runtime/route_ref.c exactly (same formulas, same summation order), so on the CPU
- * interpreter ids and counts match the reference bit for bit.
+ * interpreter ids and counts match the reference bit for bit. With groups (NG > 1) a group
+ * is scored as the model's topk_method says: GSCORE 0 the sum of its top-2 (noaux_tc),
+ * GSCORE 1 its max (DeepSeek-V2's group_limited_greedy).
  *
  *   oea_route        in one block: phase 1 for every valid token, S_base as flags in
  *                    shared memory, __syncthreads, phase 2 + weights, __syncthreads,
@@ -27,6 +29,7 @@ MJ_KNOB_RANGE(K, int, 1, 16, "experts per token (top-k)")
 MJ_KNOB_RANGE(K0, int, 1, 16, "OEA phase-1 experts per token (K0 == K: plain top-k)")
 MJ_KNOB_RANGE(NG, int, 1, 32, "expert groups (1: no group limit)")
 MJ_KNOB_RANGE(TG, int, 1, 32, "groups kept per token")
+MJ_KNOB_SET(GSCORE, int, "0 1", "group score when NG > 1: 0 the sum of its top-2 (noaux_tc), 1 its max (group_limited_greedy)")
 MJ_KNOB_SET(SCORING, int, "0 1", "0 sigmoid, 1 softmax")
 MJ_KNOB_SET(RENORM, int, "0 1", "renormalize the chosen weights to sum 1 (then x rsf)")
 MJ_KNOB_SET(NWARPS, int, "1 2 4 8 16", "warps per block (tokens routed at once)")
@@ -36,6 +39,7 @@ MJ_CONSTRAINT("E % NG == 0", "groups split the experts evenly")
 MJ_CONSTRAINT("TG <= NG", "cannot keep more groups than there are")
 MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
 MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
+MJ_CONSTRAINT("NG > 1 || GSCORE == 0", "without groups the group score decides nothing: one specialization, GSCORE 0")
 MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K) * 4 <= 48 * 1024", "static shared memory fits the 48 KiB every target gives")
 
 /* A helper ptxas compiles as a function of its own (called, not inlined): ptxas's time grows
@@ -184,8 +188,9 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *
 }
 
 /* Which of the lane's experts are eligible under the group limit: bit i for expert
- * lane + 32 i. Group score = the sum of its two best c (NaN as -inf); the TG best groups
- * are kept, ties to the lower group id. */
+ * lane + 32 i. Group score = the sum of its two best c (GSCORE 0, noaux_tc) or its best c
+ * alone (GSCORE 1, group_limited_greedy), NaN as -inf; the TG best groups are kept, ties to
+ * the lower group id. One scan serves both rules: GSCORE only picks what it returns. */
 MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
     if (NG == 1) { /* every expert the lane holds (the last lane may hold fewer) */
         uint32_t all = 0;
@@ -205,7 +210,7 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
                 b2 = v;
             }
         }
-        gs = GSIZE == 1 ? b1 : b1 + b2;
+        gs = (GSIZE == 1 || GSCORE) ? b1 : b1 + b2;
     }
     uint32_t kept = 0;
 #pragma unroll 1 /* each pick depends on the one before: nothing to gain from copies */

@@ -62,11 +62,11 @@ static double cold(const mj_spec *s, int reps, double *t) {
  * OEA route (k0 = 4) and plain top-k, a grouped softmax route, and the router GEMM at one
  * row and at 8 rows a group, with 4 and with 8 warps. */
 static const char *const k_product[] = {
-    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 4, \"NG\": 1, \"TG\": 1, "
+    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 4, \"NG\": 1, \"TG\": 1, \"GSCORE\": 0, "
     "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
-    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 8, \"NG\": 1, \"TG\": 1, "
+    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 8, \"NG\": 1, \"TG\": 1, \"GSCORE\": 0, "
     "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
-    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 384, \"K\": 8, \"K0\": 3, \"NG\": 8, \"TG\": 4, "
+    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 384, \"K\": 8, \"K0\": 3, \"NG\": 8, \"TG\": 4, \"GSCORE\": 0, "
     "\"SCORING\": 1, \"RENORM\": 1, \"NWARPS\": 4}, \"arch\": \"sm_120a\"}",
     "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 1, \"NWARPS\": 4}, "
     "\"arch\": \"sm_120a\"}",

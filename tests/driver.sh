@@ -112,6 +112,33 @@ expect_rc 0 "$MJ" route --topk 2 --n-group 4 --topk-group 1 l.npy
 json_check 'j["ids"][1] == [1,0] and j["ids"][2] == [2,3]'
 expect_rc 0 "$MJ" route --topk 2 --n-group 4 --topk-group 2 l.npy
 json_check 'j["ids"][0] == [0,1]'
+# The group score: 4 groups of 2, keep 1. Group 0 (4, -10) has the best expert, group 1
+# (3.5, 3.5) the best pair: the top-2 sum (noaux_tc, the default) keeps group 1, the max
+# (group_limited_greedy) group 0; sigmoid and softmax alike, reference and kernel alike.
+mknpy g.npy '<f4' '(1, 8)' 'f<' 4 -10 3.5 3.5 -10 -10 -10 -10
+expect_rc 0 "$MJ" route --topk 2 --n-group 4 --topk-group 1 g.npy;                        json_check 'j["ids"] == [[2,3]]'
+expect_rc 0 "$MJ" route --topk 2 --n-group 4 --topk-group 1 --group-score top2-sum g.npy; json_check 'j["ids"] == [[2,3]]'
+expect_rc 0 "$MJ" route --topk 2 --n-group 4 --topk-group 1 --group-score max g.npy;      json_check 'j["ids"] == [[0,1]]'
+expect_rc 0 "$MJ" route --backend sim --topk 2 --n-group 4 --topk-group 1 --group-score max g.npy
+json_check 'j["ids"] == [[0,1]]'
+expect_rc 0 "$MJ" route --backend sim --scoring softmax --topk 2 --n-group 4 --topk-group 1 g.npy
+json_check 'j["ids"] == [[2,3]]'
+expect_rc 0 "$MJ" route --backend sim --scoring softmax --topk 2 --n-group 4 --topk-group 1 --group-score max g.npy
+json_check 'j["ids"] == [[0,1]]'
+expect_fail "$MJ" route --group-score sum g.npy;        contains err "--group-score wants top2-sum or max"
+expect_rc 0 "$MJ" route --help;                         contains out "--group-score"; contains out "group_limited_greedy"
+# From a config: group_limited_greedy (DeepSeek-V2) scores by the max; the flag overrides it.
+cat >v2.json <<'EOF'
+{"hidden_size": 64, "moe_intermediate_size": 64, "n_routed_experts": 8, "num_experts_per_tok": 2,
+ "n_group": 4, "topk_group": 1, "topk_method": "group_limited_greedy", "scoring_func": "softmax",
+ "norm_topk_prob": false, "routed_scaling_factor": 1.0}
+EOF
+expect_rc 0 "$MJ" route --config v2.json g.npy;                           json_check 'j["ids"] == [[0,1]]'
+expect_rc 0 "$MJ" route --config v2.json --group-score top2-sum g.npy;    json_check 'j["ids"] == [[2,3]]'
+sed 's/group_limited_greedy/noaux_tc/' v2.json >v3.json
+expect_rc 0 "$MJ" route --config v3.json g.npy;                           json_check 'j["ids"] == [[2,3]]'
+sed 's/group_limited_greedy/sparsemixer/' v2.json >bad_method.json
+expect_fail "$MJ" route --config bad_method.json g.npy; contains err "topk_method 'sparsemixer' is not supported"
 expect_rc 0 "$MJ" route --topk 4 --k0 2 --valid 1 l.npy
 json_check 'j["experts_per_token"] == [2,0,0] and j["ids"] == [[0,1],[],[]] and j["valid"] == 1'
 mknpy b.npy '<f4' '(8,)' 'f<' 0 0 0 0 0 0 0 5
@@ -297,7 +324,7 @@ cat >m.jsonl <<'EOF'
 {"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}
 {"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 8, "NWARPS": 4}, "arch": "sm_120a"}
 
-{"template": "oea_route", "knobs": {"E": 64, "K": 4, "K0": 2, "NG": 1, "TG": 1, "SCORING": 0, "RENORM": 1, "NWARPS": 4}, "arch": "sm_120a"}
+{"template": "oea_route", "knobs": {"E": 64, "K": 4, "K0": 2, "NG": 1, "TG": 1, "GSCORE": 0, "SCORING": 0, "RENORM": 1, "NWARPS": 4}, "arch": "sm_120a"}
 EOF
 MOEJIT_RECORD=$T/rec.jsonl expect_rc 0 "$MJ" prewarm --cache-dir "$C" -j 2 m.jsonl
 contains out "3 specializations: 3 compiled, 0 already cached, 0 failed"

@@ -2,8 +2,10 @@
  *
  * The happy paths: GLM-5's config.json with the ModelOpt hf_quant_config.json (tests/data/model)
  * gives exactly mj_moe_config_glm5; the newer layout with quantization_config inside
- * config.json, a Qwen-style config (num_experts alias, softmax defaults) and a multimodal
- * one (text_config) read as they should. The error paths: every malformed, missing,
+ * config.json, a Qwen-style config (num_experts alias, softmax defaults), a multimodal
+ * one (text_config) and DeepSeek-V2's (group_limited_greedy: groups scored by their max) read
+ * as they should; each topk_method sets the bias and the group score, an unknown one is
+ * refused. The error paths: every malformed, missing,
  * mistyped or impossible field fails with the right status, a message naming the field,
  * and the output struct left byte-for-byte untouched.
  */
@@ -134,6 +136,8 @@ static void check_same(const char *what, const mj_moe_config *a, const mj_moe_co
     CHECK(a->quant == b->quant, "%s: quant %d vs %d", what, a->quant, b->quant);
     CHECK(a->quant_group_size == b->quant_group_size, "%s: group size %d vs %d", what,
           a->quant_group_size, b->quant_group_size);
+    CHECK(a->group_score == b->group_score, "%s: group_score %d vs %d", what,
+          (int)a->group_score, (int)b->group_score);
     CHECK(memcmp(a, b, sizeof *a) == 0, "%s: bytes differ", what);
 }
 
@@ -145,7 +149,8 @@ static void test_glm5(void) {
     CHECK_OK(mj_moe_config_glm5(&want));
     CHECK(want.hidden == 6144 && want.intermediate == 2048 && want.n_experts == 256 &&
               want.topk == 8 && want.n_shared == 1 && want.routed_scaling_factor == 2.5f &&
-              want.quant == MJ_QUANT_NVFP4 && want.quant_group_size == 16,
+              want.quant == MJ_QUANT_NVFP4 && want.quant_group_size == 16 &&
+              want.has_correction_bias == 1 && want.group_score == MJ_GROUP_SCORE_TOP2_SUM,
           "mj_moe_config_glm5 values");
     CHECK_OK(mj_moe_config_validate(&want, 1));
 
@@ -237,6 +242,33 @@ static void test_other_models(void) {
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FIXTURES "text_config_nvfp4.json", NULL, &c));
     check_same("text_config", &c, &want);
+
+    /* DeepSeek-V2: group_limited_greedy, softmax, 8 groups keep 3, no bias: a group scores
+     * its max. */
+    memset(&want, 0, sizeof want);
+    want.hidden = 5120;
+    want.intermediate = 1536;
+    want.n_experts = 160;
+    want.topk = 6;
+    want.n_shared = 2;
+    want.n_group = 8;
+    want.topk_group = 3;
+    want.scoring = MJ_SCORING_SOFTMAX;
+    want.routed_scaling_factor = 16.0f;
+    want.norm_topk_prob = 0;
+    want.has_correction_bias = 0;
+    want.activation = MJ_ACT_SILU;
+    want.quant = MJ_QUANT_NONE;
+    want.quant_group_size = 0;
+    want.group_score = MJ_GROUP_SCORE_MAX;
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FIXTURES "deepseek_v2.json", NULL, &c));
+    check_same("deepseek_v2", &c, &want);
+    mj_route_params p;
+    CHECK_OK(mj_route_params_from_config(&c, &p));
+    CHECK(p.group_score == MJ_GROUP_SCORE_MAX && p.n_group == 8 && p.topk_group == 3,
+          "deepseek_v2 route params: group_score %d, groups %d/%d", (int)p.group_score,
+          p.n_group, p.topk_group);
 }
 
 static void test_defaults_and_aliases(void) {
@@ -250,7 +282,7 @@ static void test_defaults_and_aliases(void) {
     CHECK(c.n_shared == 0 && c.n_group == 1 && c.topk_group == 1, "minimal: group defaults");
     CHECK(c.scoring == MJ_SCORING_SOFTMAX && c.routed_scaling_factor == 1.0f &&
               c.norm_topk_prob == 0 && c.has_correction_bias == 0 &&
-              c.activation == MJ_ACT_SILU,
+              c.group_score == MJ_GROUP_SCORE_TOP2_SUM && c.activation == MJ_ACT_SILU,
           "minimal: routing defaults");
     CHECK(c.quant == MJ_QUANT_NONE && c.quant_group_size == 0, "minimal: no quantization");
 
@@ -282,21 +314,66 @@ static void test_defaults_and_aliases(void) {
     CHECK(c.routed_scaling_factor == 2.0f, "integer rsf: %g", c.routed_scaling_factor);
     free(t);
 
-    /* topk_method: only noaux_tc means a correction bias. */
-    const char *methods[] = {"greedy", "group_limited_greedy", "something_else"};
-    for (int i = 0; i < 3; i++) {
-        t = with_fields("topk_method", json_string(methods[i]), NULL);
-        fill_ab(&c);
-        CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
-        CHECK(c.has_correction_bias == 0, "topk_method %s: bias %d", methods[i],
-              c.has_correction_bias);
+    /* topk_method: only noaux_tc means a correction bias; it also says how a group is
+     * scored (noaux_tc the top-2 sum, group_limited_greedy the max; greedy has no groups and
+     * gets the default). With and without groups (8 of 32 experts, keep 4). */
+    static const struct {
+        const char *method; /* NULL: the field absent (greedy) */
+        int bias;
+        mj_group_score gs;
+    } methods[] = {{"noaux_tc", 1, MJ_GROUP_SCORE_TOP2_SUM},
+                   {"group_limited_greedy", 0, MJ_GROUP_SCORE_MAX},
+                   {"greedy", 0, MJ_GROUP_SCORE_TOP2_SUM},
+                   {NULL, 0, MJ_GROUP_SCORE_TOP2_SUM}};
+    for (int i = 0; i < 4; i++)
+        for (int grouped = 0; grouped < 2; grouped++) {
+            const char *name = methods[i].method ? methods[i].method : "(absent)";
+            json_t *m = methods[i].method ? json_string(methods[i].method) : NULL;
+            /* greedy keeps every group (topk_group = n_group): its groups limit nothing */
+            int greedy = i >= 2;
+            t = grouped ? with_fields("topk_method", m, "n_group", json_integer(8), "topk_group",
+                                      json_integer(greedy ? 8 : 4), NULL)
+                        : with_fields("topk_method", m, NULL);
+            fill_ab(&c);
+            CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
+            CHECK(c.has_correction_bias == methods[i].bias && c.group_score == methods[i].gs,
+                  "topk_method %s (groups %d): bias %d group_score %d, want %d / %d", name,
+                  c.n_group, c.has_correction_bias, (int)c.group_score, methods[i].bias,
+                  (int)methods[i].gs);
+            CHECK(c.n_group == (grouped ? 8 : 1), "topk_method %s: n_group %d", name, c.n_group);
+            free(t);
+        }
+
+    /* A topk_method we do not know is refused, naming it and the ones we route with (it
+     * used to be read as "no bias", routing whatever it is as top-2-sum groups). "gready" is
+     * the misspelt default of HF's DeepseekV2Config class, which HF's router rejects too. */
+    static const char *const unknown[] = {"something_else", "gready", "NOAUX_TC", ""};
+    for (int i = 0; i < 4; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "topk_method '%s'", unknown[i]);
+        mj_moe_config u;
+        fill_ab(&u);
+        t = with_fields("topk_method", json_string(unknown[i]), NULL);
+        mj_clear_error();
+        CHECK_STATUS(mj_moe_config_parse(t, NULL, NAME, &u), MJ_ERR_UNSUPPORTED);
+        char quoted[80];
+        snprintf(quoted, sizeof quoted, "'%s'", unknown[i]);
+        CHECK(mentions(quoted) && mentions("'noaux_tc'") && mentions("'group_limited_greedy'") &&
+                  mentions("'greedy'") && mentions(NAME),
+              "%s: %s", what, mj_last_error());
+        CHECK(is_untouched(&u), "%s: output struct was written on failure", what);
         free(t);
     }
-    t = with_fields("topk_method", NULL, NULL);
-    fill_ab(&c);
-    CHECK_OK(mj_moe_config_parse(t, NULL, NAME, &c));
-    CHECK(c.has_correction_bias == 0, "no topk_method: bias %d", c.has_correction_bias);
-    free(t);
+    /* greedy routing has no group limit: a greedy config that limits groups is ambiguous
+     * (HF ignores the groups, engines apply them) and refused, saying what to set. */
+    expect_field_fail("greedy with a group limit",
+                      with_fields("topk_method", json_string("greedy"), "n_group", json_integer(8),
+                                  "topk_group", json_integer(4), NULL),
+                      MJ_ERR_UNSUPPORTED, "group_limited_greedy");
+    expect_field_fail("absent topk_method (greedy) with a group limit",
+                      with_fields("topk_method", NULL, "n_group", json_integer(8), "topk_group",
+                                  json_integer(4), NULL),
+                      MJ_ERR_UNSUPPORTED, "'greedy' with n_group 8 and topk_group 4");
 
     /* softmax, norm_topk_prob false, n_shared_experts 0. */
     t = with_fields("scoring_func", json_string("softmax"), "norm_topk_prob", json_false(),
@@ -581,6 +658,8 @@ static void test_validate(void) {
     BAD(quant, (mj_quant)5, MJ_ERR_CONFIG, "quant");
     BAD(norm_topk_prob, 2, MJ_ERR_CONFIG, "norm_topk_prob");
     BAD(has_correction_bias, -1, MJ_ERR_CONFIG, "has_correction_bias");
+    BAD(group_score, (mj_group_score)2, MJ_ERR_CONFIG, "group_score 2");
+    BAD(group_score, (mj_group_score)-1, MJ_ERR_CONFIG, "mj_group_score");
     BAD(quant_group_size, 32, MJ_ERR_UNSUPPORTED, "group_size 32");
 #undef BAD
     /* Groups: 256 experts in 8 groups of 32, keep 4 -> 128 reachable (DeepSeek-V3). */

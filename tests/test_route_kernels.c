@@ -2,9 +2,11 @@
  * interpreter, against the CPU reference: ids, counts and the dispatch metadata bit for
  * bit, weights within 1e-6 relative, over a table of cases that forces every branch.
  * Every output starts poisoned and sits between sentinels. Also: a recorded launch
- * sequence replayed at several token counts (what a CUDA graph does), GLM-5-shaped
- * specializations compiling for sm_120a, sm_90a and sm_80 with 0 spills, the knobs' cross
- * constraints, and the k0 policy. With ROUTE_TEST_GPU (tests/test_route_gpu.c) the same
+ * sequence replayed at several token counts (what a CUDA graph does), GLM-5-shaped (and
+ * DeepSeek-V2-shaped: groups scored by their max) specializations compiling for sm_120a,
+ * sm_90a and sm_80 with 0 spills, the knobs' cross constraints, an old caller's smaller
+ * mj_route_params, and the k0 policy. Both group-score rules (GSCORE 0 and 1) run through the
+ * table with every special input. With ROUTE_TEST_GPU (tests/test_route_gpu.c) the same
  * table runs on a GPU. */
 #include "mj_kernels.h"
 #include "sim/sim.h"
@@ -19,6 +21,7 @@
 typedef struct rcase {
     int B, V, E, k, k0, ng, tg, softmax, renorm, bias;
     int special; /* 0 random, 1 ties, 2 NaN logits, 3 one expert takes every token, 4 +-inf */
+    int gmax;    /* groups scored by their max (group_limited_greedy), else their top-2 sum */
 } rcase;
 
 static void fill_logits(const rcase *c, uint64_t *rng, float *x, float *bias) {
@@ -136,6 +139,7 @@ static mj_route_params params_of(const rcase *c) {
     p.n_experts = c->E, p.topk = c->k, p.k0 = c->k0, p.n_group = c->ng, p.topk_group = c->tg;
     p.scoring = c->softmax ? MJ_SCORING_SOFTMAX : MJ_SCORING_SIGMOID;
     p.routed_scaling_factor = 2.5f, p.renormalize = c->renorm;
+    p.group_score = c->gmax ? MJ_GROUP_SCORE_MAX : MJ_GROUP_SCORE_TOP2_SUM;
     return p;
 }
 
@@ -164,9 +168,10 @@ static int run_case(mj_context_t ctx, const rcase *c, uint64_t seed, int case_in
     dbufs_free(&d);
     int ok = g_fail == before;
     if (!ok)
-        fprintf(stderr, "  case B=%d valid=%d E=%d k=%d k0=%d groups=%d/%d %s renorm=%d bias=%d special=%d seed=%llu\n",
-                c->B, c->V, c->E, c->k, c->k0, c->ng, c->tg, c->softmax ? "softmax" : "sigmoid", c->renorm,
-                c->bias, c->special, (unsigned long long)seed);
+        fprintf(stderr, "  case B=%d valid=%d E=%d k=%d k0=%d groups=%d/%d (%s) %s renorm=%d bias=%d special=%d "
+                "seed=%llu\n",
+                c->B, c->V, c->E, c->k, c->k0, c->ng, c->tg, c->gmax ? "max" : "top-2 sum",
+                c->softmax ? "softmax" : "sigmoid", c->renorm, c->bias, c->special, (unsigned long long)seed);
     routed_free(&want);
     free(x), free(bias);
     return ok;
@@ -190,29 +195,37 @@ static int build_table(rcase *t) {
                 for (int j = 0; j < nk; j++) {
                     if (j > 0 && k0s[j] == k) continue;
                     int idx = n;
-                    rcase c = {B, B, E, k, k0s[j], 1, 1, (idx % 5) == 3, (idx % 4) != 1, (idx % 3) != 2, 0};
-                    if (E >= 64 && (idx % 6) == 0) c.ng = 8, c.tg = k > 2 ? 3 : 2; /* group limit */
+                    rcase c = {B, B, E, k, k0s[j], 1, 1, (idx % 5) == 3, (idx % 4) != 1, (idx % 3) != 2, 0, 0};
+                    if (E >= 64 && (idx % 6) == 0) /* group limit, the two rules in turn */
+                        c.ng = 8, c.tg = k > 2 ? 3 : 2, c.gmax = (idx / 6) % 2;
                     if (idx % 7 == 4 && B > 1) c.V = B - B / 3 - 1;                  /* padding */
                     t[n++] = c;
                 }
             }
     /* Every k0 for one shape, and the special inputs. */
-    for (int k0 = 1; k0 <= 8; k0++) t[n++] = (rcase){16, 13, 256, 8, k0, 1, 1, 0, 1, 1, 0};
-    for (int k0 = 1; k0 <= 8; k0 += 3) t[n++] = (rcase){16, 16, 64, 8, k0, 8, 4, 1, 1, 1, 0};
+    for (int k0 = 1; k0 <= 8; k0++) t[n++] = (rcase){16, 13, 256, 8, k0, 1, 1, 0, 1, 1, 0, 0};
+    for (int k0 = 1; k0 <= 8; k0 += 3) t[n++] = (rcase){16, 16, 64, 8, k0, 8, 4, 1, 1, 1, 0, 0};
     for (int sp = 1; sp <= 4; sp++) {
-        t[n++] = (rcase){32, 30, 256, 8, 3, 1, 1, 0, 1, 1, sp};
-        t[n++] = (rcase){32, 32, 64, 6, 6, 4, 2, 1, 1, 0, sp};
-        t[n++] = (rcase){300, 300, 256, 8, 8, 1, 1, 0, 1, 1, sp};
+        t[n++] = (rcase){32, 30, 256, 8, 3, 1, 1, 0, 1, 1, sp, 0};
+        t[n++] = (rcase){32, 32, 64, 6, 6, 4, 2, 1, 1, 0, sp, 0};
+        t[n++] = (rcase){32, 31, 64, 6, 3, 4, 2, 1, 1, 0, sp, 1};  /* max rule, softmax, OEA */
+        t[n++] = (rcase){32, 32, 64, 6, 6, 8, 3, 0, 1, 1, sp, 1};  /* max rule, sigmoid + bias */
+        t[n++] = (rcase){300, 300, 256, 8, 8, 1, 1, 0, 1, 1, sp, 0};
+        t[n++] = (rcase){300, 290, 256, 8, 8, 8, 4, 1, 0, 0, sp, 1}; /* max rule, multi-block */
     }
-    t[n++] = (rcase){24, 24, 64, 4, 2, 1, 1, 1, 1, 0, 4};   /* infinities under softmax, OEA */
-    t[n++] = (rcase){24, 20, 64, 4, 4, 1, 1, 0, 0, 1, 4};   /* infinities under sigmoid */
-    t[n++] = (rcase){12, 12, 8, 3, 2, 8, 4, 0, 1, 1, 0};    /* one expert a group */
-    t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0};  /* one expert a group, 32 groups */
-    t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0}; /* big E and k: 4 warps */
-    t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0}; /* and B = 256: 2 warps */
-    t[n++] = (rcase){600, 599, 1024, 16, 16, 1, 1, 1, 1, 1, 0}; /* multi-block, 4 warps */
-    t[n++] = (rcase){16, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0}; /* all padding */
-    t[n++] = (rcase){0, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0};  /* empty batch */
+    /* DeepSeek-V2's router (160 experts in 8 groups, keep 3, top-6, softmax, no renorm), OEA. */
+    t[n++] = (rcase){64, 61, 160, 6, 2, 8, 3, 1, 0, 0, 0, 1};
+    t[n++] = (rcase){24, 24, 64, 4, 2, 1, 1, 1, 1, 0, 4, 0};   /* infinities under softmax, OEA */
+    t[n++] = (rcase){24, 20, 64, 4, 4, 1, 1, 0, 0, 1, 4, 0};   /* infinities under sigmoid */
+    t[n++] = (rcase){12, 12, 8, 3, 2, 8, 4, 0, 1, 1, 0, 0};    /* one expert a group */
+    t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0, 0};  /* one expert a group, 32 groups */
+    t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0, 1};  /* the same under the max rule */
+    t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0, 0}; /* big E and k: 4 warps */
+    t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 0}; /* and B = 256: 2 warps */
+    t[n++] = (rcase){256, 250, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 1}; /* max rule, 2 warps */
+    t[n++] = (rcase){600, 599, 1024, 16, 16, 1, 1, 1, 1, 1, 0, 0}; /* multi-block, 4 warps */
+    t[n++] = (rcase){16, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0, 0}; /* all padding */
+    t[n++] = (rcase){0, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0, 0};  /* empty batch */
     return n;
 }
 
@@ -233,8 +246,13 @@ static void test_branches_reached(mj_context_t ctx) {
     /* The cases above reached the smaller warp counts and the grid cap. */
     mj_knobs_oea_route w4 = {.E = 1024, .K = 16, .K0 = 8, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4};
     mj_knobs_oea_route w2 = {.E = 1024, .K = 16, .K0 = 5, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 2};
+    mj_knobs_oea_route w2max = w2, v2 = {.E = 160, .K = 6, .K0 = 2, .NG = 8, .TG = 3, .GSCORE = 1, .SCORING = 1,
+                                         .RENORM = 0, .NWARPS = 8};
+    w2max.GSCORE = 1;
     CHECK(built(ctx, w4), "the 4-warp route kernel was not reached");
     CHECK(built(ctx, w2), "the 2-warp route kernel was not reached");
+    CHECK(built(ctx, w2max), "the 2-warp max-rule route kernel was not reached");
+    CHECK(built(ctx, v2), "the DeepSeek-V2 OEA route kernel (GSCORE 1) was not reached");
     int32_t cap = mj_context_max_blocks(ctx);
     CHECK((1024 + 7) / 8 > cap && (257 + 7) / 8 <= cap,
           "B = 1024 must exceed the grid cap (%d blocks) and B = 257 stay under it", cap);
@@ -244,7 +262,7 @@ static void test_branches_reached(mj_context_t ctx) {
  * int: each replay routes exactly that many tokens. (The interpreter's recording is what a
  * CUDA graph is on a GPU: same kernels, same argument values, new data.) */
 static void test_replay(mj_context_t ctx, uint64_t seed) {
-    static const rcase shapes[] = {{16, 16, 64, 6, 2, 1, 1, 0, 1, 1, 0}, {300, 300, 64, 4, 4, 1, 1, 0, 1, 1, 0}};
+    static const rcase shapes[] = {{16, 16, 64, 6, 2, 1, 1, 0, 1, 1, 0, 0}, {300, 300, 64, 4, 4, 1, 1, 0, 1, 1, 0, 0}};
     for (int si = 0; si < 2; si++) {
         const rcase *c = &shapes[si];
         uint64_t rng = seed + 99 + (uint64_t)si;
@@ -467,27 +485,36 @@ static void test_router_sass(mj_context_t c, const char *target) {
     free(dir);
 }
 
-/* GLM-5-shaped kernels compile for the three reference targets with 0 spills. */
+/* GLM-5-shaped kernels compile for the three reference targets with 0 spills, and so do the
+ * max-rule ones (GSCORE 1): DeepSeek-V2's router with OEA, and the widest groups. */
 static void test_compile(const char *dir) {
     static const char *targets[] = {"sm_120a", "sm_90a", "sm_80"};
     const mj_knobs_oea_route specs[] = {
         {.E = 256, .K = 8, .K0 = 4, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 8},
         {.E = 256, .K = 8, .K0 = 8, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 8},
         {.E = 384, .K = 8, .K0 = 3, .NG = 8, .TG = 4, .SCORING = 1, .RENORM = 1, .NWARPS = 4},
-        {.E = 1024, .K = 16, .K0 = 8, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 2}};
+        {.E = 1024, .K = 16, .K0 = 8, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 2},
+        {.E = 160, .K = 6, .K0 = 3, .NG = 8, .TG = 3, .GSCORE = 1, .SCORING = 1, .RENORM = 0, .NWARPS = 8},
+        {.E = 1024, .K = 16, .K0 = 8, .NG = 32, .TG = 8, .GSCORE = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 2}};
+    enum { N_SPECS = sizeof specs / sizeof specs[0] };
     for (int t = 0; t < 3; t++) {
         mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
         o.cache_dir = dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = targets[t];
         mj_context_t c = NULL;
         CHECK_OK(mj_context_create(&o, &c));
         if (!c) continue;
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < N_SPECS; i++) {
             mj_spec s;
             const mj_function *f = NULL;
             mj_spec_oea_route(c, &specs[i], &s);
             CHECK_OK(mj_jit_get(c, &s, &f));
-            if (f) CHECK(mj_function_report(f)->spill_stores == 0 && mj_function_report(f)->spill_loads == 0,
-                         "oea_route spec %d on %s spills", i, targets[t]);
+            if (!f) continue;
+            const mj_ptxas_report *rep = mj_function_report(f);
+            CHECK(rep->spill_stores == 0 && rep->spill_loads == 0, "oea_route spec %d on %s spills", i, targets[t]);
+            if (specs[i].GSCORE)
+                printf("oea_route E=%d K=%d K0=%d NG=%d TG=%d GSCORE=1 on %s: %d registers, %d spill bytes\n",
+                       specs[i].E, specs[i].K, specs[i].K0, specs[i].NG, specs[i].TG, targets[t], rep->registers,
+                       rep->spill_stores + rep->spill_loads);
         }
         /* The router GEMM: what the launcher picks for GLM-5 (H = 6144: 8 warps, 3 chunks a
          * thread) at every ROWS, and for the widest row (H = 16384: 8 chunks a thread, so 4
@@ -523,6 +550,8 @@ static void test_constraints(mj_context_t ctx) {
         {{.E = 64, .K = 4, .K0 = 2, .NG = 4, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "TG <= NG"},
         {{.E = 64, .K = 8, .K0 = 2, .NG = 16, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "TG * (E / NG) >= K"},
         {{.E = 1024, .K = 8, .K0 = 2, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 16}, "48 * 1024"},
+        {{.E = 64, .K = 4, .K0 = 2, .NG = 1, .TG = 1, .GSCORE = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4},
+         "NG > 1 || GSCORE == 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         mj_spec s;
@@ -542,7 +571,10 @@ static void test_constraints(mj_context_t ctx) {
     mj_spec_oea_route(ctx, &good, &s);
     CHECK_OK(mj_spec_validate(&s));
     const mj_template_desc *t = mj_template_at(MJ_TPL_oea_route);
-    CHECK(t->n_constraints >= 6, "oea_route declares %d constraints", t->n_constraints);
+    CHECK(t->n_constraints >= 7, "oea_route declares %d constraints", t->n_constraints);
+    good.GSCORE = 1;
+    mj_spec_oea_route(ctx, &good, &s);
+    CHECK_OK(mj_spec_validate(&s));
     /* The router GEMM's: chunks a thread, chunk-rows a group. */
     static const struct {
         mj_knobs_router_gemm k;
@@ -560,6 +592,57 @@ static void test_constraints(mj_context_t ctx) {
     mj_knobs_router_gemm rgood = {.H = 512, .E = 64, .ROWS = 8, .NWARPS = 4}; /* tests/driver.sh's manifest */
     mj_spec_router_gemm(ctx, &rgood, &s);
     CHECK_OK(mj_spec_validate(&s));
+}
+
+/* Group-limited routing through mj_route on logits where the two rules keep different groups
+ * (test_route_ref works them by hand: the top-2 sum routes to [2 3], the max to [0 1]), and
+ * an old caller's smaller mj_route_params: accepted, routed with the top-2 sum whatever lies
+ * past its struct. Outputs poisoned, every sentinel checked. */
+static void test_group_rules_and_old_params(mj_context_t ctx) {
+    static const float row[8] = {4, -10, 3.5f, 3.5f, -10, -10, -10, -10};
+    const rcase c = {1, 1, 8, 2, 2, 4, 1, 0, 1, 0, 0, 1};
+    static const struct {
+        uint32_t size;
+        mj_group_score gs;
+        int32_t want0;
+    } runs[] = {{sizeof(mj_route_params), MJ_GROUP_SCORE_MAX, 0},
+                {sizeof(mj_route_params), MJ_GROUP_SCORE_TOP2_SUM, 2},
+                {(uint32_t)MJ_ROUTE_PARAMS_V1_SIZE, MJ_GROUP_SCORE_MAX, 2},
+                {(uint32_t)MJ_ROUTE_PARAMS_V1_SIZE, (mj_group_score)77, 2}};
+    for (int r = 0; r < 4; r++) {
+        mj_route_params p = params_of(&c);
+        p.struct_size = runs[r].size;
+        p.group_score = runs[r].gs;
+        dbufs d = dbufs_new(1, 8, 2);
+        tbuf_put(&d.x, row, sizeof row);
+        dbufs_poison(&d);
+        mj_route_outputs o = dbufs_outputs(&d);
+        CHECK_OK(mj_route(ctx, &p, d.x.p, NULL, 1, NULL, &o, NULL));
+        int32_t ids[2] = {-9, -9}, n = -9;
+        tbuf_get(&d.ids, ids, "ids");
+        tbuf_get(&d.n, &n, "n_sel");
+        CHECK(n == 2 && ids[0] == runs[r].want0 && ids[1] == runs[r].want0 + 1,
+              "struct_size %u group_score %d: ids [%d %d] n_sel %d, want [%d %d]", runs[r].size,
+              (int)runs[r].gs, ids[0], ids[1], n, runs[r].want0, runs[r].want0 + 1);
+        /* and the rest of the outputs as the reference has them */
+        routed want = routed_new(1, 8, 2);
+        mj_route_params rp = p;
+        if (rp.struct_size < sizeof rp) rp.group_score = MJ_GROUP_SCORE_TOP2_SUM;
+        rp.struct_size = sizeof rp;
+        reference(&rp, row, NULL, 1, 1, &want);
+        compare(&d, &want, 1, 8, 2);
+        routed_free(&want);
+        dbufs_free(&d);
+    }
+    mj_route_params bad = params_of(&c);
+    bad.group_score = (mj_group_score)2;
+    int32_t ids[2], ns[1];
+    float w[2];
+    mj_route_outputs out = MJ_ROUTE_OUTPUTS_INIT;
+    out.ids = ids, out.weights = w, out.n_sel = ns;
+    CHECK_STATUS(mj_route(ctx, &bad, row, NULL, 1, NULL, &out, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "group_score 2") && strstr(mj_last_error(), "MJ_GROUP_SCORE_MAX"), "%s",
+          mj_last_error());
 }
 
 static void test_policy(void) {
@@ -662,6 +745,7 @@ int main(void) {
         test_replay(ctx, seed);
         test_constraints(ctx);
     }
+    test_group_rules_and_old_params(ctx);
     test_refusals(ctx);
     mj_context_destroy(ctx);
     return test_finish();

@@ -5,7 +5,10 @@
  * computes its own group limit, S_base and phase 2, so a wrong reading of the algorithm in
  * either place shows up as a disagreement. Then come hand-worked batches whose answers are
  * written out in comments, and the edge cases: padding rows, ties, the bias, NaN logits, a
- * hot expert and invalid arguments.
+ * hot expert and invalid arguments. Both group-score rules (noaux_tc's top-2 sum, DeepSeek-V2's
+ * max) run through the random sweep, and hand-made logits on which the two rules keep
+ * different groups show that each keeps the one it should; a caller with the old, smaller
+ * mj_route_params gets the top-2 sum.
  */
 #include "internal.h"
 #include "test.h"
@@ -48,7 +51,8 @@ static void t_scores(mj_scoring scoring, const float *x, int E, float *s) {
 static float no_nan(float v) { return isnan(v) ? -INFINITY : v; }
 
 /* ok[e] = 1 for the experts of the kept groups: each group scored by its best plus its
- * second best selection score (found by two scans), the best topk_group groups kept. */
+ * second best selection score (found by two scans), or by its best alone under
+ * MJ_GROUP_SCORE_MAX, the best topk_group groups kept. */
 static void t_groups(const mj_route_params *p, const float *c, unsigned char *ok) {
     int E = p->n_experts, G = p->n_group, size = E / G;
     if (G == 1) {
@@ -60,7 +64,7 @@ static void t_groups(const mj_route_params *p, const float *c, unsigned char *ok
         int first = g * size, b1 = first;
         for (int e = first; e < first + size; e++)
             if (no_nan(c[e]) > no_nan(c[b1])) b1 = e;
-        if (size == 1) {
+        if (size == 1 || p->group_score == MJ_GROUP_SCORE_MAX) {
             gscore[g] = no_nan(c[b1]);
             continue;
         }
@@ -329,6 +333,19 @@ static void check_oea_sweep(const rcase *rc, const float *x, const float *bias) 
     }
 }
 
+/* Whether some valid token's plain top-k differs between the two group rules. */
+static int routes_differ_by_rule(const rcase *rc, const float *x, const float *bias) {
+    mj_route_params p = rc->p;
+    int32_t ids[2][MAXB * MAXK], n_sel[MAXB];
+    float w[MAXB * MAXK];
+    for (int r = 0; r < 2; r++) {
+        p.group_score = r ? MJ_GROUP_SCORE_MAX : MJ_GROUP_SCORE_TOP2_SUM;
+        CHECK_OK(mj_route_ref(&p, x, rc->use_bias ? bias : NULL, rc->B, rc->num_valid, ids[r],
+                              w, n_sel, NULL));
+    }
+    return memcmp(ids[0], ids[1], sizeof(int32_t) * (size_t)rc->num_valid * p.topk) != 0;
+}
+
 static void test_random(uint64_t seed) {
     static const struct { int E, k, G, TG; } shapes[] = {
         {64, 6, 1, 1},   /* no group limit                                        */
@@ -341,37 +358,49 @@ static void test_random(uint64_t seed) {
     };
     static const int batches[][2] = {{1, 1}, {7, 5}, {32, 32}, {64, 61}};
     static float x[MAXB * MAXE], bias[MAXE];
-    int cases = 0;
+    int cases = 0, max_cases = 0, rules_differ = 0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
-        for (int scoring = 0; scoring < 2; scoring++)
-            for (int use_bias = 0; use_bias < 2; use_bias++)
-                for (int renorm = 0; renorm < 2; renorm++)
-                    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
-                        rcase rc;
-                        memset(&rc, 0, sizeof rc);
-                        rc.p = (mj_route_params)MJ_ROUTE_PARAMS_INIT;
-                        rc.p.n_experts = shapes[sh].E;
-                        rc.p.topk = rc.p.k0 = shapes[sh].k;
-                        rc.p.n_group = shapes[sh].G;
-                        rc.p.topk_group = shapes[sh].TG;
-                        rc.p.scoring = scoring ? MJ_SCORING_SOFTMAX : MJ_SCORING_SIGMOID;
-                        rc.p.routed_scaling_factor = renorm ? 2.5f : 1.5f;
-                        rc.p.renormalize = renorm;
-                        rc.B = batches[bi][0];
-                        rc.num_valid = batches[bi][1];
-                        rc.use_bias = use_bias;
-                        uint64_t case_seed = seed + 7919u * (uint64_t)cases++;
-                        snprintf(rc.tag, sizeof rc.tag,
-                                 "[E=%d k=%d n_group=%d topk_group=%d %s bias=%d renorm=%d B=%d "
-                                 "valid=%d case seed %llu]",
-                                 rc.p.n_experts, rc.p.topk, rc.p.n_group, rc.p.topk_group,
-                                 scoring ? "softmax" : "sigmoid", use_bias, renorm, rc.B,
-                                 rc.num_valid, (unsigned long long)case_seed);
-                        uint64_t st = case_seed;
-                        random_inputs(&rc, &st, x, bias);
-                        check_plain(&rc, x, bias);
-                        check_oea_sweep(&rc, x, bias);
-                    }
+        for (int gmax = 0; gmax < (shapes[sh].G > 1 ? 2 : 1); gmax++) /* both group rules */
+            for (int scoring = 0; scoring < 2; scoring++)
+                for (int use_bias = 0; use_bias < 2; use_bias++)
+                    for (int renorm = 0; renorm < 2; renorm++)
+                        for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+                            rcase rc;
+                            memset(&rc, 0, sizeof rc);
+                            rc.p = (mj_route_params)MJ_ROUTE_PARAMS_INIT;
+                            rc.p.n_experts = shapes[sh].E;
+                            rc.p.topk = rc.p.k0 = shapes[sh].k;
+                            rc.p.n_group = shapes[sh].G;
+                            rc.p.topk_group = shapes[sh].TG;
+                            rc.p.group_score = gmax ? MJ_GROUP_SCORE_MAX : MJ_GROUP_SCORE_TOP2_SUM;
+                            rc.p.scoring = scoring ? MJ_SCORING_SOFTMAX : MJ_SCORING_SIGMOID;
+                            rc.p.routed_scaling_factor = renorm ? 2.5f : 1.5f;
+                            rc.p.renormalize = renorm;
+                            rc.B = batches[bi][0];
+                            rc.num_valid = batches[bi][1];
+                            rc.use_bias = use_bias;
+                            uint64_t case_seed = seed + 7919u * (uint64_t)cases++;
+                            snprintf(rc.tag, sizeof rc.tag,
+                                     "[E=%d k=%d n_group=%d topk_group=%d group score %s %s bias=%d "
+                                     "renorm=%d B=%d valid=%d case seed %llu]",
+                                     rc.p.n_experts, rc.p.topk, rc.p.n_group, rc.p.topk_group,
+                                     gmax ? "max" : "top2-sum", scoring ? "softmax" : "sigmoid",
+                                     use_bias, renorm, rc.B, rc.num_valid,
+                                     (unsigned long long)case_seed);
+                            uint64_t st = case_seed;
+                            random_inputs(&rc, &st, x, bias);
+                            check_plain(&rc, x, bias);
+                            check_oea_sweep(&rc, x, bias);
+                            if (gmax) {
+                                max_cases++;
+                                rules_differ += routes_differ_by_rule(&rc, x, bias);
+                            }
+                        }
+    /* The max cases would prove nothing if the rules always agreed on random logits. */
+    CHECK(rules_differ > max_cases / 4, "the two group rules routed alike in %d of %d cases",
+          max_cases - rules_differ, max_cases);
+    printf("random: the max and top-2-sum rules route differently in %d of %d cases\n",
+           rules_differ, max_cases);
     CHECK(g_seen_pruned && g_seen_partial && g_seen_full,
           "the random sweep never reached: %s%s%s", g_seen_pruned ? "" : "n_sel == k0 < k; ",
           g_seen_partial ? "" : "k0 < n_sel < k; ", g_seen_full ? "" : "n_sel == k > k0");
@@ -790,6 +819,143 @@ static void test_hot_expert(uint64_t seed) {
 }
 
 /* ---------------------------------------------------------------------------------------
+ * The group-score rules, on logits where they disagree
+ * ------------------------------------------------------------------------------------- */
+
+/* Route B tokens and compare every slot's id (-1 past n_sel) with want[B][4]; check the
+ * test's own router agrees on each token's top-k. */
+static void expect_ids(const char *what, const mj_route_params *p, const float *x,
+                       const float *bias, int B, const int32_t want[][4]) {
+    int32_t ids[4 * 4], n_sel[4];
+    float w[4 * 4];
+    CHECK(p->topk <= 4 && B <= 4, "%s: test shape", what);
+    CHECK_OK(mj_route_ref(p, x, bias, B, B, ids, w, n_sel, NULL));
+    for (int i = 0; i < B; i++) {
+        int same = 1;
+        for (int j = 0; j < p->topk; j++) same = same && ids[i * p->topk + j] == want[i][j];
+        CHECK(same, "%s: token %d got [%d %d %d %d] (n_sel %d), want [%d %d %d %d]", what, i,
+              ids[i * p->topk], p->topk > 1 ? ids[i * p->topk + 1] : -9,
+              p->topk > 2 ? ids[i * p->topk + 2] : -9, p->topk > 3 ? ids[i * p->topk + 3] : -9,
+              n_sel[i], want[i][0], want[i][1], want[i][2], want[i][3]);
+        if (p->k0 == p->topk) { /* plain top-k: the oracle's ranking says the same */
+            int rank[MAXE];
+            float sc[MAXE];
+            mj_route_params eff = *p; /* an old caller's struct ends before group_score */
+            if (eff.struct_size <= MJ_ROUTE_PARAMS_V1_SIZE) eff.group_score = MJ_GROUP_SCORE_TOP2_SUM;
+            t_ranking(&eff, x + i * p->n_experts, bias, rank, sc);
+            for (int j = 0; j < p->topk; j++)
+                CHECK(rank[j] == want[i][j], "%s: the test's router puts %d at rank %d, want %d",
+                      what, rank[j], j, want[i][j]);
+        }
+    }
+}
+
+/* 8 experts in 4 groups of 2. Row R = (4, -10 | 3.5, 3.5 | -10, -10 | -10, -10):
+ *   sigmoid: group 0 has s 0.982 and 4.5e-5, group 1 has 0.9707 twice. Top-2 sums 0.982 vs
+ *            1.941: group 1; maxima 0.982 vs 0.9707: group 0.
+ *   softmax: e^4 = 54.6 vs 2 e^3.5 = 66.2 (over the same sum): the same two answers.
+ * So keeping one group, top-2: the top-2 sum routes to [2 3], the max to [0 1]. The max is
+ * over selection scores: a bias of 0.1 on expert 2 lifts group 1's max to 1.0707, above
+ * group 0's 0.982, and the max rule follows it to [2 3].
+ *
+ * OEA (k = 4, k0 = 2, keep 2 groups, sigmoid). Token 0 = (4, -10 | 3.5, 3.5 | 1, 1 | -10,
+ * -10), token 1 = (-10, -10 | -10, -10 | 1, 1 | 3, -10); s(1) = 0.731, s(3) = 0.953.
+ *   top-2 sum: token 0 keeps groups 1 (1.941) and 2 (1.462), ranking 2 3 4 5; token 1 keeps
+ *     groups 2 (1.462) and 3 (0.953), ranking 6 4 5 7. S_base = {2, 3} u {6, 4}: token 0
+ *     takes 4 (in S_base), not 5 -> [2 3 4]; token 1 neither 5 nor 7 -> [6 4].
+ *   max: token 0 keeps groups 0 (0.982) and 1 (0.971), ranking 0 2 3 1; token 1 the same
+ *     groups as before. S_base = {0, 2} u {6, 4}: token 0 takes neither 3 nor 1 -> [0 2];
+ *     token 1 -> [6 4].
+ */
+static void test_group_rules(void) {
+    static const float row[8] = {4, -10, 3.5f, 3.5f, -10, -10, -10, -10};
+    static const int32_t top2_pick[1][4] = {{2, 3, -1, -1}}, max_pick[1][4] = {{0, 1, -1, -1}};
+    for (int softmax = 0; softmax < 2; softmax++) {
+        mj_route_params p = small_params(8, 2, 2);
+        p.n_group = 4;
+        p.topk_group = 1;
+        p.scoring = softmax ? MJ_SCORING_SOFTMAX : MJ_SCORING_SIGMOID;
+        char what[96];
+        snprintf(what, sizeof what, "%s, top-2 sum", softmax ? "softmax" : "sigmoid");
+        p.group_score = MJ_GROUP_SCORE_TOP2_SUM;
+        expect_ids(what, &p, row, NULL, 1, top2_pick);
+        snprintf(what, sizeof what, "%s, max", softmax ? "softmax" : "sigmoid");
+        p.group_score = MJ_GROUP_SCORE_MAX;
+        expect_ids(what, &p, row, NULL, 1, max_pick);
+        /* The weights are the chosen experts' own s, renormalized: group 0 under the max
+         * rule holds nearly all the mass on expert 0. */
+        int32_t ids[2], n;
+        float w[2];
+        CHECK_OK(mj_route_ref(&p, row, NULL, 1, 1, ids, w, &n, NULL));
+        float s[8];
+        t_scores(p.scoring, row, 8, s);
+        CHECK_NEAR(w[0], s[0] / (s[0] + s[1] + 1e-20f), 1e-6);
+        CHECK_NEAR(w[1], s[1] / (s[0] + s[1] + 1e-20f), 1e-6);
+        /* Groups of one expert: both rules score the expert itself, so they agree. */
+        mj_route_params p1 = p;
+        p1.n_group = 8, p1.topk_group = 2;
+        static const int32_t single[1][4] = {{0, 2, -1, -1}};
+        p1.group_score = MJ_GROUP_SCORE_MAX;
+        expect_ids("groups of one, max", &p1, row, NULL, 1, single);
+        p1.group_score = MJ_GROUP_SCORE_TOP2_SUM;
+        expect_ids("groups of one, top-2 sum", &p1, row, NULL, 1, single);
+    }
+    { /* the max rule scores selection scores: a bias moves it */
+        mj_route_params p = small_params(8, 2, 2);
+        p.n_group = 4, p.topk_group = 1, p.group_score = MJ_GROUP_SCORE_MAX;
+        float bias[8] = {0};
+        bias[2] = 0.1f;
+        expect_ids("sigmoid, max, bias on expert 2", &p, row, bias, 1, top2_pick);
+    }
+    { /* OEA with groups */
+        static const float x[16] = {4, -10, 3.5f, 3.5f, 1, 1, -10, -10,
+                                    -10, -10, -10, -10, 1, 1, 3, -10};
+        mj_route_params p = small_params(8, 4, 2);
+        p.n_group = 4, p.topk_group = 2;
+        static const int32_t top2_oea[2][4] = {{2, 3, 4, -1}, {6, 4, -1, -1}},
+                             max_oea[2][4] = {{0, 2, -1, -1}, {6, 4, -1, -1}},
+                             top2_plain[2][4] = {{2, 3, 4, 5}, {6, 4, 5, 7}},
+                             max_plain[2][4] = {{0, 2, 3, 1}, {6, 4, 5, 7}};
+        p.group_score = MJ_GROUP_SCORE_TOP2_SUM;
+        expect_ids("OEA k0=2, top-2 sum", &p, x, NULL, 2, top2_oea);
+        p.group_score = MJ_GROUP_SCORE_MAX;
+        expect_ids("OEA k0=2, max", &p, x, NULL, 2, max_oea);
+        p.k0 = 4;
+        p.group_score = MJ_GROUP_SCORE_TOP2_SUM;
+        expect_ids("k0=k, top-2 sum", &p, x, NULL, 2, top2_plain);
+        p.group_score = MJ_GROUP_SCORE_MAX;
+        expect_ids("k0=k, max", &p, x, NULL, 2, max_plain);
+    }
+}
+
+/* A caller built before group_score existed passes the old struct size: accepted, the bytes
+ * past its struct never read, the top-2 sum used. Larger or smaller sizes are refused. */
+static void test_old_params_size(void) {
+    static const float row[8] = {4, -10, 3.5f, 3.5f, -10, -10, -10, -10};
+    mj_route_params p = small_params(8, 2, 2);
+    p.n_group = 4, p.topk_group = 1;
+    CHECK(MJ_ROUTE_PARAMS_V1_SIZE == offsetof(mj_route_params, group_score) &&
+              MJ_ROUTE_PARAMS_V1_SIZE < sizeof(mj_route_params),
+          "MJ_ROUTE_PARAMS_V1_SIZE %zu", (size_t)MJ_ROUTE_PARAMS_V1_SIZE);
+    static const int32_t top2_pick[1][4] = {{2, 3, -1, -1}};
+    const mj_group_score junk[] = {MJ_GROUP_SCORE_MAX, (mj_group_score)77};
+    for (int i = 0; i < 2; i++) {
+        mj_route_params old = p;
+        old.struct_size = (uint32_t)MJ_ROUTE_PARAMS_V1_SIZE;
+        old.group_score = junk[i]; /* past the old struct: what an old caller never wrote */
+        expect_ids("old params size", &old, row, NULL, 1, top2_pick);
+    }
+    mj_route_params bad = p;
+    bad.struct_size = (uint32_t)MJ_ROUTE_PARAMS_V1_SIZE - 4;
+    int32_t ids[2], n;
+    float w[2];
+    CHECK_STATUS(mj_route_ref(&bad, row, NULL, 1, 1, ids, w, &n, NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "MJ_ROUTE_PARAMS_INIT") != NULL, "%s", mj_last_error());
+    bad.struct_size = sizeof bad + 4;
+    CHECK_STATUS(mj_route_ref(&bad, row, NULL, 1, 1, ids, w, &n, NULL), MJ_ERR_INVALID_ARG);
+}
+
+/* ---------------------------------------------------------------------------------------
  * Invalid arguments: MJ_ERR_INVALID_ARG and not one output byte written
  * ------------------------------------------------------------------------------------- */
 
@@ -847,6 +1013,8 @@ static void test_invalid(void) {
     BAD(n_group, 3);
     BAD(topk_group, 0);
     BAD(scoring, (mj_scoring)7);
+    BAD(group_score, (mj_group_score)2);
+    BAD(group_score, (mj_group_score)-1);
     BAD(routed_scaling_factor, NAN);
     BAD(routed_scaling_factor, INFINITY);
 #undef BAD
@@ -881,15 +1049,20 @@ static void test_params_from_config(void) {
     cfg.scoring = MJ_SCORING_SOFTMAX;
     cfg.routed_scaling_factor = 2.5f;
     cfg.norm_topk_prob = 1;
+    cfg.group_score = MJ_GROUP_SCORE_MAX;
     mj_route_params p;
     memset(&p, 0x5A, sizeof p);
     CHECK_OK(mj_route_params_from_config(&cfg, &p));
     CHECK(p.struct_size == sizeof p && p.n_experts == 256 && p.topk == 8 && p.k0 == 8 && p.n_group == 8 &&
               p.topk_group == 4 && p.scoring == MJ_SCORING_SOFTMAX &&
-              p.routed_scaling_factor == 2.5f && p.renormalize == 1,
-          "params: E %d k %d k0 %d groups %d/%d scoring %d rsf %g renorm %d", p.n_experts,
-          p.topk, p.k0, p.n_group, p.topk_group, (int)p.scoring,
-          (double)p.routed_scaling_factor, p.renormalize);
+              p.routed_scaling_factor == 2.5f && p.renormalize == 1 &&
+              p.group_score == MJ_GROUP_SCORE_MAX,
+          "params: E %d k %d k0 %d groups %d/%d scoring %d rsf %g renorm %d group_score %d",
+          p.n_experts, p.topk, p.k0, p.n_group, p.topk_group, (int)p.scoring,
+          (double)p.routed_scaling_factor, p.renormalize, (int)p.group_score);
+    cfg.group_score = MJ_GROUP_SCORE_TOP2_SUM;
+    CHECK_OK(mj_route_params_from_config(&cfg, &p));
+    CHECK(p.group_score == MJ_GROUP_SCORE_TOP2_SUM, "group_score %d", (int)p.group_score);
     CHECK_STATUS(mj_route_params_from_config(NULL, &p), MJ_ERR_INVALID_ARG);
     CHECK_STATUS(mj_route_params_from_config(&cfg, NULL), MJ_ERR_INVALID_ARG);
 }
@@ -903,6 +1076,8 @@ int main(void) {
     test_ties_and_bias();
     test_nan_and_inf();
     test_hot_expert(seed ^ 0x3333);
+    test_group_rules();
+    test_old_params_size();
     test_invalid();
     test_random(seed);
     return test_finish();

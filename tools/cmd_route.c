@@ -22,8 +22,9 @@ static const char k_help[] =
     "\n"
     "options:\n"
     "  --bias FILE          e_score_correction_bias, float32 [E] (selection only)\n"
-    "  --config FILE        a model's config.json: top-k, scaling factor, renorm, scoring and\n"
-    "                       groups come from it (flags below override)\n"
+    "  --config FILE        a model's config.json: top-k, scaling factor, renorm, scoring,\n"
+    "                       groups and the group score (from topk_method) come from it\n"
+    "                       (flags below override)\n"
     "  --topk K             experts per token (default 8, or the model's)\n"
     "  --k0 K0              OEA phase-1 experts, 1..K (default K: plain top-k)\n"
     "  --rsf X              routed scaling factor, a positive number (default 1.0, or the\n"
@@ -32,6 +33,10 @@ static const char k_help[] =
     "  --scoring S          sigmoid (default) or softmax\n"
     "  --n-group G          expert groups for group-limited routing (default 1)\n"
     "  --topk-group G       groups kept per token (default 1)\n"
+    "  --group-score R      how a group is scored when --n-group > 1: top2-sum, the sum of\n"
+    "                       its two best selection scores (noaux_tc: DeepSeek-V3, GLM-5), or\n"
+    "                       max, its best one (group_limited_greedy: DeepSeek-V2); default\n"
+    "                       top2-sum, or what the model's topk_method says\n"
     "  --valid N            only the first N rows are real tokens; the rest are padding that\n"
     "                       gets no experts and does not join OEA's shared set (default B)\n"
     "  --k0-policy P        k0 from the batch size: \"1-3:8,4-15:6,16-:4\" (instead of --k0)\n"
@@ -49,7 +54,7 @@ static const char k_help[] =
 #define ROUTE_MAX_TOKENS (1 << 24)
 
 enum { OPT_BIAS = 256, OPT_CONFIG, OPT_TOPK, OPT_K0, OPT_RSF, OPT_NORENORM, OPT_SCORING,
-       OPT_NGROUP, OPT_TOPKGROUP, OPT_VALID, OPT_BACKEND, OPT_POLICY };
+       OPT_NGROUP, OPT_TOPKGROUP, OPT_GSCORE, OPT_VALID, OPT_BACKEND, OPT_POLICY };
 
 static json_t *route_json(const mj_route_params *p, int B, int V, const int32_t *ids,
                           const float *w, const int32_t *nsel, const mj_route_stats *st) {
@@ -137,13 +142,14 @@ int cmd_route(int argc, char **argv) {
         {"topk", required_argument, 0, OPT_TOPK},      {"k0", required_argument, 0, OPT_K0},
         {"rsf", required_argument, 0, OPT_RSF},        {"no-renorm", no_argument, 0, OPT_NORENORM},
         {"scoring", required_argument, 0, OPT_SCORING}, {"n-group", required_argument, 0, OPT_NGROUP},
-        {"topk-group", required_argument, 0, OPT_TOPKGROUP}, {"valid", required_argument, 0, OPT_VALID},
+        {"topk-group", required_argument, 0, OPT_TOPKGROUP}, {"group-score", required_argument, 0, OPT_GSCORE},
+        {"valid", required_argument, 0, OPT_VALID},
         {"backend", required_argument, 0, OPT_BACKEND}, {"k0-policy", required_argument, 0, OPT_POLICY},
         {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
     const char *bias_path = NULL, *config_path = NULL, *backend = NULL, *policy = NULL;
     int topk = -1, k0 = -1, no_renorm = 0, n_group = -1, topk_group = -1, valid = -1;
-    int scoring = -1;
+    int scoring = -1, gscore = -1;
     float rsf = 0.0f;
     int have_rsf = 0, c;
     optind = 1;
@@ -163,6 +169,11 @@ int cmd_route(int argc, char **argv) {
             break;
         case OPT_NGROUP: if (tool_parse_int("route", "--n-group", optarg, 1, 1 << 20, &n_group)) return 2; break;
         case OPT_TOPKGROUP: if (tool_parse_int("route", "--topk-group", optarg, 1, 1 << 20, &topk_group)) return 2; break;
+        case OPT_GSCORE:
+            if (!strcmp(optarg, "top2-sum")) gscore = MJ_GROUP_SCORE_TOP2_SUM;
+            else if (!strcmp(optarg, "max")) gscore = MJ_GROUP_SCORE_MAX;
+            else return tool_usage("route", "--group-score wants top2-sum or max, got '%s'", optarg);
+            break;
         case OPT_VALID: if (tool_parse_int("route", "--valid", optarg, 0, 1 << 30, &valid)) return 2; break;
         case OPT_BACKEND:
             if (strcmp(optarg, "ref") && strcmp(optarg, "sim") && strcmp(optarg, "cuda"))
@@ -191,6 +202,7 @@ int cmd_route(int argc, char **argv) {
     if (scoring >= 0) p.scoring = (mj_scoring)scoring;
     if (n_group > 0) p.n_group = n_group;
     if (topk_group > 0) p.topk_group = topk_group;
+    if (gscore >= 0) p.group_score = (mj_group_score)gscore;
     p.k0 = k0 > 0 ? k0 : p.topk;
     if (policy && k0 > 0) return tool_usage("route", "give --k0 or --k0-policy, not both");
 

@@ -7,7 +7,8 @@
  *   1. scores      s_e = sigmoid(logit_e), or the softmax of the token's logits;
  *   2. selection   c_e = s_e + bias_e (the bias only chooses experts; it never weighs them);
  *   3. groups      with n_group > 1 only the topk_group best groups stay eligible, a group's
- *                  score being the sum of its two best c;
+ *                  score being the sum of its two best c (noaux_tc: DeepSeek-V3, GLM-5) or its
+ *                  best c alone (group_limited_greedy: DeepSeek-V2), as group_score says;
  *   4. ranking     the eligible experts by c, best first, ties to the lower expert id;
  *   5. OEA phase 1 each token keeps the first k0 of its ranking; S_base is the union of
  *                  those over the valid tokens of the batch;
@@ -52,6 +53,7 @@ mj_status mj_route_params_from_config(const mj_moe_config *cfg, mj_route_params 
     r.scoring = cfg->scoring;
     r.routed_scaling_factor = cfg->routed_scaling_factor;
     r.renormalize = cfg->norm_topk_prob;
+    r.group_score = cfg->group_score;
     *p = r;
     return MJ_OK;
 }
@@ -60,8 +62,9 @@ mj_status mj_route_params_load(const mj_route_params *in, const char *fn, mj_rou
     mj_route_params d = MJ_ROUTE_PARAMS_INIT;
     *out = d;
     if (!in) return mj_set_error(MJ_ERR_INVALID_ARG, "%s: params is NULL", fn);
-    /* v1 is today's struct: every field is known to every caller so far. */
-    mj_status st = mj_struct_load(in, sizeof(mj_route_params), sizeof(mj_route_params), out,
+    /* A caller built before group_score existed passes MJ_ROUTE_PARAMS_V1_SIZE: the fields it
+     * does not know keep their defaults from MJ_ROUTE_PARAMS_INIT (the top-2 sum). */
+    mj_status st = mj_struct_load(in, MJ_ROUTE_PARAMS_V1_SIZE, sizeof(mj_route_params), out,
                                   "mj_route_params", "MJ_ROUTE_PARAMS_INIT");
     if (st != MJ_OK) {
         char why[512];
@@ -107,6 +110,11 @@ static mj_status check_params(const mj_route_params *p) {
                             "mj_route_ref: scoring = %d; use MJ_SCORING_SIGMOID or "
                             "MJ_SCORING_SOFTMAX",
                             (int)p->scoring);
+    if (p->group_score != MJ_GROUP_SCORE_TOP2_SUM && p->group_score != MJ_GROUP_SCORE_MAX)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_route_ref: group_score = %d; use MJ_GROUP_SCORE_TOP2_SUM "
+                            "(noaux_tc) or MJ_GROUP_SCORE_MAX (group_limited_greedy)",
+                            (int)p->group_score);
     if (!isfinite(p->routed_scaling_factor))
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "mj_route_ref: routed_scaling_factor is %g; it must be finite "
@@ -196,8 +204,9 @@ static int32_t softmax_scores(const float *x, int32_t E, float *s) {
  * ------------------------------------------------------------------------------------- */
 
 /* A group's score: the sum of its two best selection scores (the best one alone for a
- * group of one expert). NaN counts as -inf here, as a masked expert would. */
-static float group_score(const float *c, int32_t first, int32_t size) {
+ * group of one expert), or with MJ_GROUP_SCORE_MAX its best one. NaN counts as -inf here, as
+ * a masked expert would. */
+static float group_score(const float *c, int32_t first, int32_t size, mj_group_score rule) {
     float best1 = -INFINITY, best2 = -INFINITY;
     for (int32_t e = first; e < first + size; e++) {
         float v = isnan(c[e]) ? -INFINITY : c[e];
@@ -208,7 +217,7 @@ static float group_score(const float *c, int32_t first, int32_t size) {
             best2 = v;
         }
     }
-    return size == 1 ? best1 : best1 + best2;
+    return (size == 1 || rule == MJ_GROUP_SCORE_MAX) ? best1 : best1 + best2;
 }
 
 /* eligible[e] = 1 for the experts of the topk_group best groups (all experts when
@@ -221,7 +230,7 @@ static void mark_eligible(const mj_route_params *p, const float *c, scored *grou
         return;
     }
     for (int32_t g = 0; g < G; g++) {
-        groups[g].c = group_score(c, g * size, size);
+        groups[g].c = group_score(c, g * size, size, p->group_score);
         groups[g].id = g;
     }
     qsort(groups, (size_t)G, sizeof *groups, compare_scored);

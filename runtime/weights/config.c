@@ -215,10 +215,40 @@ static mj_status parse_routing(const json_t *m, const char *label, mj_moe_config
     MJ_CHECK(get_pos_float(m, "routed_scaling_factor", "routed_scaling_factor", 1.0f, label,
                            &c->routed_scaling_factor));
     MJ_CHECK(get_bool(m, "norm_topk_prob", "norm_topk_prob", 0, label, &c->norm_topk_prob));
-    /* noaux_tc (DeepSeek-V3, GLM-5) adds e_score_correction_bias to the scores for
-     * selection; greedy and group_limited_greedy have no bias. */
+    /* topk_method decides the bias and, with n_group > 1, how a group is scored:
+     *   noaux_tc             (DeepSeek-V3, GLM-5) e_score_correction_bias added to the scores
+     *                        for selection; a group scores the sum of its top-2;
+     *   group_limited_greedy (DeepSeek-V2) no bias; a group scores its max;
+     *   greedy               (DeepSeek-V2-Lite, and the default when absent, as Qwen-MoE
+     *                        configs are) no bias, no groups: plain top-k.
+     * Anything else is a router we do not know: routing it as one of these would pick other
+     * experts than the model was trained with, so it is refused. */
     MJ_CHECK(get_string(m, "topk_method", "topk_method", "greedy", label, &method));
-    c->has_correction_bias = strcmp(method, "noaux_tc") == 0;
+    if (strcmp(method, "noaux_tc") == 0) {
+        c->has_correction_bias = 1;
+        c->group_score = MJ_GROUP_SCORE_TOP2_SUM;
+    } else if (strcmp(method, "group_limited_greedy") == 0) {
+        c->has_correction_bias = 0;
+        c->group_score = MJ_GROUP_SCORE_MAX;
+    } else if (strcmp(method, "greedy") == 0) {
+        /* HF's DeepSeek-V2 greedy ignores n_group; engines that apply the groups anyway
+         * would route differently, so a greedy config that limits groups is ambiguous. */
+        if (c->n_group > 1 && c->topk_group < c->n_group)
+            return fail(MJ_ERR_UNSUPPORTED, label,
+                        "topk_method 'greedy' with n_group %d and topk_group %d: greedy routing "
+                        "has no group limit; set topk_method to 'group_limited_greedy' (group "
+                        "score: its max) or 'noaux_tc' (sum of its top-2) to route with groups, "
+                        "or topk_group to n_group",
+                        (int)c->n_group, (int)c->topk_group);
+        c->has_correction_bias = 0;
+        c->group_score = MJ_GROUP_SCORE_TOP2_SUM; /* decides nothing without groups */
+    } else {
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "topk_method '%.64s' is not supported; moejit routes with 'noaux_tc' "
+                    "(DeepSeek-V3, GLM-5), 'group_limited_greedy' (DeepSeek-V2) or 'greedy' "
+                    "(plain top-k, the default when the field is absent)",
+                    method);
+    }
     MJ_CHECK(get_string(m, "hidden_act", "hidden_act", "silu", label, &act));
     if (strcmp(act, "silu") != 0)
         return fail(MJ_ERR_UNSUPPORTED, label,
@@ -469,6 +499,7 @@ mj_status mj_moe_config_glm5(mj_moe_config *cfg) {
     cfg->routed_scaling_factor = 2.5f;
     cfg->norm_topk_prob = 1;
     cfg->has_correction_bias = 1;
+    cfg->group_score = MJ_GROUP_SCORE_TOP2_SUM; /* noaux_tc */
     cfg->activation = MJ_ACT_SILU;
     cfg->quant = MJ_QUANT_NVFP4;
     cfg->quant_group_size = MJ_NVFP4_GROUP;
@@ -539,6 +570,10 @@ static mj_status validate_kernel(const mj_moe_config *c) {
     if (c->has_correction_bias != 0 && c->has_correction_bias != 1)
         return fail(MJ_ERR_CONFIG, NULL, "has_correction_bias %d must be 0 or 1",
                     (int)c->has_correction_bias);
+    if (c->group_score != MJ_GROUP_SCORE_TOP2_SUM && c->group_score != MJ_GROUP_SCORE_MAX)
+        return fail(MJ_ERR_CONFIG, NULL,
+                    "group_score %d is not a valid mj_group_score (topk_method)",
+                    (int)c->group_score);
     return MJ_OK;
 }
 
