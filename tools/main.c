@@ -95,6 +95,7 @@ static int run(int argc, char **argv) {
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "prewarm")) return cmd_prewarm(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(cmd, "make-checkpoint")) return cmd_make_checkpoint(argc - 1, argv + 1);
     fprintf(stderr, "moejit: unknown command '%s' (see 'moejit --help')\n", cmd);
     return 2;
 }

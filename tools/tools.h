@@ -13,6 +13,7 @@ int cmd_nvfp4(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_prewarm(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_make_checkpoint(int argc, char **argv);
 
 /* One line on stderr, "moejit: ...", and the exit code 1 (or 2 for usage errors). */
 int tool_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
