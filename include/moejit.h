@@ -274,7 +274,8 @@ MJ_API mj_status mj_checkpoint_moe_layers(mj_checkpoint_t ck, int32_t *layers, i
  * mj_layer_shard would make from the whole layer, byte for byte, reading only the bytes of
  * that slice from the shards. Checks every tensor's dtype and shape against the config and
  * that scales are finite (block scales: not the e4m3 NaN, not negative; weight_scale_2 and
- * input_scale: positive). On any error nothing is allocated and *out is untouched. */
+ * input_scale: positive). On any error nothing is allocated and *out is untouched. Several
+ * threads (ranks) may load from one open checkpoint at once. */
 MJ_API mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int32_t rank,
                                int32_t n_ranks, mj_layer_t *out);
 /* Unmap the shards and free the handle (layers loaded from it stay valid). */

@@ -498,6 +498,76 @@ expect_fail as_ro "$MJ" inspect --cache-dir "$RO/cache" gc --max-bytes 0; contai
 expect_rc 0 as_ro "$MJ" inspect --cache-dir "$RO/cache" --stats; contains out "writable    no"
 find "$RO/cache" -type d -exec chmod 700 {} +
 
+# ---- make-checkpoint ---------------------------------------------------------------------
+GLM5="$SRC/tests/data/model/glm5_moe_config.json"
+SMALL="--hidden 128 --intermediate 128 --experts 8 --topk 2"
+expect_rc 0 "$MJ" make-checkpoint --help;    contains out "usage: moejit make-checkpoint"; contains out "--shard-mb"
+expect_rc 0 "$MJ" make-checkpoint -V;        contains out "moejit 0."
+expect_rc 0 "$MJ" --help;                    contains out "make-checkpoint"
+# Two layers in 0.1 MB shards: an index, several shards, the overrides in config.json.
+expect_rc 0 "$MJ" make-checkpoint --config "$GLM5" --out ck --seed 5 $SMALL --layers 3-4 --shard-mb 0.1
+contains out "planned: MoE layers 3..4 (2 layers), hidden 128, intermediate 128, 8 experts, top-2, 1 shared"
+contains out "wrote ck"
+planned=$(sed -n 's/.*shards, \([0-9]*\) bytes.*/\1/p' out)
+[ "$planned" = "$(cat ck/* | wc -c)" ] && ok || bad "planned $planned bytes, wrote $(cat ck/* | wc -c)"
+python3 - ck <<'PY' && ok || bad "ck is not the checkpoint it should be: $(ls ck)"
+import json, os, struct, sys
+d = sys.argv[1]
+c = json.load(open(os.path.join(d, "config.json")))
+assert (c["hidden_size"], c["moe_intermediate_size"], c["n_routed_experts"], c["num_experts_per_tok"]) == (128, 128, 8, 2)
+assert c["first_k_dense_replace"] == 3 and c["model_type"] == "glm_moe_dsa"   # the source's other keys
+q = json.load(open(os.path.join(d, "hf_quant_config.json")))
+assert q["quantization"]["quant_algo"] == "NVFP4" and q["quantization"]["group_size"] == 16
+wm = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
+assert len(wm) == 2 * (2 + 9 * 12), len(wm)                 # router + bias, 8 experts + shared
+shards = sorted(set(wm.values()))
+assert len(shards) > 2 and sorted(f for f in os.listdir(d) if f.endswith(".safetensors")) == shards
+for s in shards:                                             # every tensor where the index says
+    b = open(os.path.join(d, s), "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    assert all(wm[k] == s for k in h if k != "__metadata__")
+    assert n % 8 == 0 and max(v["data_offsets"][1] for k, v in h.items() if k != "__metadata__") == len(b) - 8 - n
+e = "model.layers.4.mlp.experts.7.down_proj."
+assert wm[e + "weight"] and wm[e + "weight_scale_2"] and "model.layers.4.mlp.gate.e_score_correction_bias" in wm
+PY
+# Defaults: the first MoE layer (first_k_dense_replace 3), one file, no index; --quant copied.
+expect_rc 0 "$MJ" make-checkpoint --config "$GLM5" --quant "$SRC/tests/data/model/hf_quant_config.example.json" \
+    --out ck1 --seed 5 $SMALL
+contains out "planned: MoE layer 3, "; contains out "1 shard,"
+[ -f ck1/model.safetensors ] && [ ! -e ck1/model.safetensors.index.json ] && ok || bad "one shard: $(ls ck1)"
+cmp -s ck1/hf_quant_config.json "$SRC/tests/data/model/hf_quant_config.example.json" && ok || bad "--quant not copied"
+# The same seed, the same layer: the same bytes.
+expect_rc 0 "$MJ" make-checkpoint --config "$GLM5" --out ck2 --seed 5 $SMALL --layers 3
+cmp -s ck1/model.safetensors ck2/model.safetensors && ok || bad "same seed and layer, different tensors"
+# Refusals, before anything is written; nothing left behind.
+before=$(ls -A | wc -l)
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out ck --seed 5 $SMALL;             contains err "not empty"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 $SMALL --layers 0-2; contains err "dense"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 $SMALL --layers 90;  contains err "past the model's last layer"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 --hidden 100;        contains err "hidden_size 100"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 $SMALL --quant "$SRC/tests/data/config/hf_quant_fp8.json"
+contains err "not supported"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 --hidden 16384 --intermediate 16384 \
+    --experts 4096 --layers 3-77
+contains err "will not fit"
+expect_fail "$MJ" make-checkpoint --config nonexistent.json --out x --seed 5;            contains err "nonexistent.json"
+ln -s "$GLM5" linked.json
+expect_fail "$MJ" make-checkpoint --config linked.json --out x --seed 5 $SMALL;          contains err "symbolic link"
+ln -s ck1 linked_out
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out linked_out --seed 5 $SMALL;     contains err "symbolic link"
+rm linked.json linked_out
+[ "$(ls -A | wc -l)" = "$before" ] && [ ! -e x ] && ok || bad "failures left files: $(ls -A)"
+expect_rc 2 "$MJ" make-checkpoint --out x --seed 5;                       contains err "--config is required"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --seed 5;              contains err "--out is required"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x;               contains err "--seed is required"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed -1;     contains err "--seed"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --layers 5-3; contains err "before the first"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --layers 3x; contains err "--layers"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --shard-mb 0; contains err "--shard-mb"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 extra; contains err "unexpected argument"
+[ ! -e x ] && ok || bad "a usage error wrote x"
+
 # ---- standard output that cannot be written -------------------------------------------
 # A command whose output is lost did not do its job: exit 1, one line on stderr.
 full() { # full CMD...: run with stdout on /dev/full
@@ -517,6 +587,8 @@ full "$MJ" prewarm --cache-dir "$T/cache2" -q rec.jsonl
 full "$MJ" inspect templates
 full "$MJ" inspect --cache-dir "$T/cache2" list
 full "$MJ" inspect --cache-dir "$T/cache2" --stats
+full "$MJ" make-checkpoint --config "$GLM5" --out fullck --seed 1 $SMALL
+[ ! -e fullck ] && ok || bad "make-checkpoint wrote a checkpoint though its output was lost"
 # A command with nothing to print does not fail for it.
 expect_rc 0 "$MJ" nvfp4 quantize m.npy full_q >/dev/full
 

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -480,6 +481,48 @@ static void test_slice_reads(const char *dir) {
               cases[c].rank, cases[c].n, (long long)tr.outside);
     }
     mj_checkpoint_set_read_hook(ck, NULL, NULL);
+    mj_checkpoint_close(ck);
+}
+
+/* Ranks as threads, loading their slices from one open checkpoint at once. */
+typedef struct rank_load {
+    mj_checkpoint_t ck;
+    int rank;
+    mj_layer_t out;
+    mj_status st;
+} rank_load;
+
+static void *load_rank(void *a) {
+    rank_load *r = a;
+    r->st = mj_layer_load(r->ck, 3, MJ_PAR_TP, r->rank, 4, &r->out);
+    return NULL;
+}
+
+static void test_parallel_load(const char *dir) {
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(dir, &ck));
+    if (!ck) return;
+    rank_load r[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        r[i] = (rank_load){ck, i, NULL, MJ_ERR_INTERNAL};
+        CHECK(pthread_create(&th[i], NULL, load_rank, &r[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    mj_layer_t ref = reference_layer(ck, 3);
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        mj_layer_t want = NULL;
+        CHECK_OK(mj_layer_shard(ref, MJ_PAR_TP, i, 4, &want));
+        CHECK(r[i].st == MJ_OK && layer_equal(r[i].out, want), "rank %d of 4 loaded in parallel", i);
+        mj_layer_free(want), mj_layer_free(r[i].out);
+    }
+    /* Four TP quarters read every expert byte once and the router four times. */
+    const int64_t per_expert = 2 * (int64_t)I * (H / 2 + H / 16) + (int64_t)H * (I / 2 + I / 16);
+    total = 4 * ((int64_t)E * H * 2 + E * 4 + (E + 1) * 6 * 4) + (E + 1) * per_expert;
+    CHECK(mj_checkpoint_bytes_read(ck) == total, "bytes read by 4 threads: %lld, want %lld",
+          (long long)mj_checkpoint_bytes_read(ck), (long long)total);
+    mj_layer_free(ref);
     mj_checkpoint_close(ck);
 }
 
@@ -1008,6 +1051,7 @@ int main(void) {
     g_sharded_good = path2(g_root, "sharded");
     test_two_shared();
     test_slice_reads(single);
+    test_parallel_load(single);
     test_malformed_single(single);
     test_alternative_encodings(single);
     test_gate_up_swapped(single);

@@ -131,7 +131,9 @@ int cmd_make_checkpoint(int argc, char **argv) {
     printf(", hidden %d, intermediate %d, %d experts, top-%d, %d shared; %d shard%s, %lld bytes (%.3f GB) in %s\n",
            cfg->hidden, cfg->intermediate, cfg->n_experts, cfg->topk, cfg->n_shared, info.n_shards,
            info.n_shards > 1 ? "s" : "", (long long)info.total_bytes, (double)info.total_bytes / 1e9, o.out_dir);
-    fflush(stdout);
+    /* Output that cannot be written (a full disk, a closed pipe): stop before the real work. */
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return tool_fail("cannot write to standard output: nothing was written to %s", o.out_dir);
     s = mj_checkpoint_make(&o);
     if (s != MJ_OK) return tool_fail_status("make-checkpoint", s);
     printf("wrote %s\n", o.out_dir);

@@ -21,6 +21,8 @@ static const char k_usage[] =
     "  prewarm    compile the kernels a manifest lists into the cache (no GPU needed)\n"
     "  inspect    the kernel cache: list, show (source, PTX, SASS, log), templates, gc,\n"
     "             verify, --stats\n"
+    "  make-checkpoint\n"
+    "             write a Hugging Face checkpoint (ModelOpt NVFP4 layout) of random MoE layers\n"
     "\n"
     "Run 'moejit <command> --help' for a command's options.\n"
     "  -h, --help       this text\n"

@@ -170,7 +170,7 @@ void mj_checkpoint_set_read_hook(mj_checkpoint_t ck, mj_ck_read_hook fn, void *u
     ck->hook_user = user;
 }
 
-int64_t mj_checkpoint_bytes_read(mj_checkpoint_t ck) { return ck ? ck->bytes_read : 0; }
+int64_t mj_checkpoint_bytes_read(mj_checkpoint_t ck) { return ck ? __atomic_load_n(&ck->bytes_read, __ATOMIC_RELAXED) : 0; }
 
 static int cmp_entry(const void *a, const void *b) {
     return strcmp(((const ck_entry *)a)->name, ((const ck_entry *)b)->name);
@@ -443,7 +443,7 @@ static mj_status ck_expect(const ck_ref *r, const mj_st_dtype *want, int nwant, 
 /* Copy len bytes at offset within r's tensor: the one place tensor bytes leave a shard. */
 static void ck_copy(mj_checkpoint_t ck, const ck_ref *r, uint64_t offset, uint64_t len, void *dst) {
     memcpy(dst, r->f->data + r->t->begin + offset, (size_t)len);
-    ck->bytes_read += (int64_t)len;
+    __atomic_fetch_add(&ck->bytes_read, (int64_t)len, __ATOMIC_RELAXED); /* ranks may load in parallel */
     if (ck->hook) ck->hook(ck->hook_user, r->t->name, offset, len);
 }
 
