@@ -255,6 +255,98 @@ MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t
                                float *logits);
 
 /* ---------------------------------------------------------------------------------------
+ * Checkpoints: MoE layers from a Hugging Face ModelOpt NVFP4 checkpoint directory
+ *
+ * A directory holds config.json, hf_quant_config.json (or quantization_config inside
+ * config.json), and either model.safetensors.index.json with the shards it names or a single
+ * model.safetensors. Layer L's tensors (SPEC.md §1):
+ *   model.layers.L.mlp.gate.weight                     bf16 [E, H]   the router
+ *   model.layers.L.mlp.gate.e_score_correction_bias    f32 [E]       when topk_method is noaux_tc
+ *   model.layers.L.mlp.experts.e.P.weight              u8 [N, K/2]   P: gate_proj, up_proj [I, H];
+ *   model.layers.L.mlp.experts.e.P.weight_scale        e4m3 (or u8) [N, K/16]    down_proj [H, I]
+ *   model.layers.L.mlp.experts.e.P.weight_scale_2      f32 [] or [1]
+ *   model.layers.L.mlp.experts.e.P.input_scale         f32 [] or [1]
+ *   model.layers.L.mlp.shared_experts.P.*              the same with n_shared * I for I
+ * gate_proj and up_proj become w13 = [gate rows ; up rows]. Their weight_scale_2 and
+ * input_scale should be equal (ModelOpt fuses them); where they differ the larger is taken
+ * and the other's block scales are re-rounded against it (lossy; a warning once per layer).
+ * Shards must be regular files inside the directory (a symbolic link, FIFO, or a name with a
+ * '/' is refused). Every error names the file and the tensor.
+ * ------------------------------------------------------------------------------------- */
+typedef struct mj_checkpoint *mj_checkpoint_t;
+
+/* Open a checkpoint directory: read the configs, map the shards read-only and check their
+ * headers (dtypes known, sizes matching shapes, offsets inside the file, no overlaps) and the
+ * index (every tensor it names is in its shard). Tensor bytes are read by mj_layer_load. The
+ * quantization must be NVFP4 (MJ_ERR_UNSUPPORTED otherwise). */
+MJ_API mj_status mj_checkpoint_open(const char *dir, mj_checkpoint_t *out);
+/* The model's MoE layer config (config.json with its quantization). */
+MJ_API mj_status mj_checkpoint_config(mj_checkpoint_t ck, mj_moe_config *cfg);
+/* The MoE layers the checkpoint holds tensors for, ascending: *n of them (all, even when
+ * more than cap), the first min(*n, cap) written to layers[]. */
+MJ_API mj_status mj_checkpoint_moe_layers(mj_checkpoint_t ck, int32_t *layers, int32_t cap, int32_t *n);
+/* One MoE layer, whole (MJ_PAR_NONE, rank 0 of 1) or rank's slice under TP / EP: the handle
+ * mj_layer_shard would make from the whole layer, byte for byte, reading only the bytes of
+ * that slice from the shards. Checks every tensor's dtype and shape against the config and
+ * that scales are finite (block scales: not the e4m3 NaN, not negative; weight_scale_2 and
+ * input_scale: positive). On any error nothing is allocated and *out is untouched. Several
+ * threads (ranks) may load from one open checkpoint at once. */
+MJ_API mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int32_t rank,
+                               int32_t n_ranks, mj_layer_t *out);
+/* Unmap the shards and free the handle (layers loaded from it stay valid). */
+MJ_API mj_status mj_checkpoint_close(mj_checkpoint_t ck);
+
+/* Writing a checkpoint of random layers (`moejit make-checkpoint`, tests): config.json (the
+ * source's keys with the overrides applied), hf_quant_config.json, the shards and, with more
+ * than one shard, model.safetensors.index.json, in the layout above. Layer L holds the
+ * tensors of mj_layer_create_random(cfg, mj_checkpoint_layer_seed(seed, L)), where cfg is what
+ * mj_checkpoint_config reads back. Tensors are packed into shards in order (router, then
+ * experts 0..E-1 gate/up/down, then the shared expert; layers ascending) up to shard_bytes
+ * of data each (a larger tensor gets a shard of its own); one shard is model.safetensors, more
+ * are model-0000i-of-0000n.safetensors. Written into a new directory beside out_dir, renamed
+ * to out_dir when complete: on an error nothing is left behind. */
+typedef struct mj_checkpoint_make_options {
+    uint32_t struct_size;      /* sizeof(mj_checkpoint_make_options): set by the initializer  */
+    const char *config_json;   /* the source config.json (required)                          */
+    const char *quant_json;    /* an NVFP4 hf_quant_config.json to copy, or NULL: a ModelOpt
+                                  NVFP4 one (group 16) is written                             */
+    const char *out_dir;       /* the directory to create: must not exist, or be empty      */
+    uint64_t seed;
+    int32_t layer_first;       /* MoE layers layer_first..layer_last (the dense ones between
+                                  are skipped); -1: the first MoE layer (first_k_dense_replace) */
+    int32_t layer_last;        /* -1: layer_first                                            */
+    int32_t hidden;            /* overrides of hidden_size, moe_intermediate_size,          */
+    int32_t intermediate;      /* n_routed_experts (or num_experts) and num_experts_per_tok; */
+    int32_t n_experts;         /* 0: the source's value                                     */
+    int32_t topk;
+    int64_t shard_bytes;       /* tensor bytes per shard; 0: 5e9 (Hugging Face's "5GB")      */
+} mj_checkpoint_make_options;
+#define MJ_CHECKPOINT_MAKE_OPTIONS_INIT \
+    {sizeof(mj_checkpoint_make_options), NULL, NULL, NULL, 0, -1, -1, 0, 0, 0, 0, 0}
+
+/* What mj_checkpoint_make writes (mj_checkpoint_make_plan says it beforehand). */
+typedef struct mj_checkpoint_make_info {
+    uint32_t struct_size;      /* sizeof(mj_checkpoint_make_info): set by the initializer     */
+    mj_moe_config cfg;         /* the config the checkpoint will have                        */
+    int32_t layer_first, layer_last; /* the MoE layers written, and how many                 */
+    int32_t n_layers;
+    int32_t n_shards;
+    int64_t tensor_bytes;      /* tensor data                                                */
+    int64_t total_bytes;       /* every file: shards with their headers, the JSON files      */
+} mj_checkpoint_make_info;
+#define MJ_CHECKPOINT_MAKE_INFO_INIT {sizeof(mj_checkpoint_make_info), {0}, 0, 0, 0, 0, 0, 0}
+
+/* The seed of layer L's tensors: one splitmix64 step (mj_rng_next) from the state
+ * seed + (L + 1) * 0xD1B54A32D192ED03. */
+MJ_API mj_status mj_checkpoint_layer_seed(uint64_t seed, int32_t layer, uint64_t *out);
+/* Check the options and say what would be written, writing nothing. */
+MJ_API mj_status mj_checkpoint_make_plan(const mj_checkpoint_make_options *opts,
+                                         mj_checkpoint_make_info *info);
+/* Write the checkpoint. Refuses (before writing) an out_dir that exists and is not an empty
+ * directory, and a checkpoint larger than the free space of out_dir's file system. */
+MJ_API mj_status mj_checkpoint_make(const mj_checkpoint_make_options *opts);
+
+/* ---------------------------------------------------------------------------------------
  * The JIT: a context owns the kernel cache (memory and disk) and, optionally, a device
  * ------------------------------------------------------------------------------------- */
 typedef struct mj_context *mj_context_t;

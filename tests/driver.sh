@@ -304,11 +304,89 @@ want_mode=$(printf '%o' $((0666 & ~$(umask))))
 [ "$(stat -c %a sl/q.weight.npy)" = "$want_mode" ] && ok || bad "output mode $(stat -c %a sl/q.weight.npy), want $want_mode"
 
 # ---- demo -------------------------------------------------------------------------------
-expect_rc 0 "$MJ" demo --hidden 128 --intermediate 128 --experts 32 --batch 8 --k0 2 --seed 3
-contains out "unique experts"; contains out "retained routing mass"; contains out "relative L2"
-expect_rc 0 "$MJ" demo --hidden 128 --intermediate 64 --experts 16 --topk 4 --batch 4 --mode w4a4
+# A checkpoint written, read back on 8 loopback ranks, TP and EP, with and without OEA,
+# each run checked against the reference; the table and the GLM-5-size projection.
+DC="--cache-dir $T/democache"
+expect_rc 0 "$MJ" demo --hidden 128 --intermediate 512 --experts 32 --batch 8 --k0 2 --seed 3 $DC
+contains out "checkpoint: layer 3 of a GLM-5-shaped model (hidden 128, intermediate 512, 32 experts, top-8"
+contains out "TP=8 top-k"; contains out "TP=8 OEA k0=2"; contains out "EP=8 top-k"; contains out "EP=8 OEA k0=2"
+[ "$(grep -c ' ok$' out)" = 4 ] && ok || bad "demo: want 4 runs ok: $(cat out)"
+contains out "At GLM-5's size (hidden 6144, intermediate 2048)"
+[ -z "$(ls "${TMPDIR:-/tmp}" | grep "^moejit-demo-" || true)" ] && ok || bad "demo left its temporary directory"
+expect_rc 0 "$MJ" demo --hidden 128 --intermediate 512 --experts 16 --topk 4 --batch 4 --mode w4a4 $DC
 contains out "W4A4"
+[ "$(grep -c ' ok$' out)" = 4 ] && ok || bad "demo w4a4: want 4 runs ok: $(cat out)"
+# --keep: the checkpoint stays, and `moejit run` reads it.
+expect_rc 0 "$MJ" demo --hidden 128 --intermediate 512 --experts 16 --topk 4 --batch 2 --keep kept $DC
+[ -f kept/config.json ] && [ -f kept/hf_quant_config.json ] && ok || bad "demo --keep: $(ls kept)"
+# ---- run ---------------------------------------------------------------------------------
+expect_rc 0 "$MJ" run --help; contains out "usage: moejit run"; contains out "--check"
+# Four tokens of the kept checkpoint's hidden size (128).
+mknpy x.npy '<f4' '(4, 128)' f $(awk 'BEGIN { srand(11); for (i = 0; i < 512; i++) printf "%.6f ", rand() * 2 - 1 }')
+RUN="$MJ run --checkpoint kept --input x.npy $DC"
+expect_rc 0 $RUN --output y_ref.npy --backend ref --k0 2
+contains err "reference W4A16, k0 2"
+expect_rc 0 $RUN --output y_sim.npy --backend sim --k0 2
+contains err "interpreter on 1 rank (whole layer), W4A16, k0 2"
+python3 - y_ref.npy y_sim.npy <<'PY' && ok || bad "run: the interpreter's output is not the reference's"
+import struct, sys, math
+def load(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<H", b[8:10])[0]
+    assert b"(4, 128)" in b[10:10 + n] and b"<f4" in b[10:10 + n]
+    return struct.unpack("<512f", b[10 + n:])
+a, r = load(sys.argv[2]), load(sys.argv[1])
+num = sum((x - y) ** 2 for x, y in zip(a, r)); den = sum(y * y for y in r)
+assert den > 0 and math.sqrt(num / den) < 2e-3, math.sqrt(num / den)
+PY
+expect_rc 0 $RUN --output y_tp.npy --backend sim --tp 2 --k0 2 --check
+contains out "check: relative L2"; contains err "on 2 ranks (TP)"
+expect_rc 0 $RUN --output y_ep.npy --backend sim --ep 4 --k0-policy "1-2:4,3-:2" --mode w4a4 --check --num-valid 3
+contains out "(W4A4; tolerance 5e-02)"; contains err "B 4 (3 valid)"; contains err "EP"
+expect_rc 2 $RUN --output y.npy --k0 2 --k0-policy 2;   contains err "not both"
+expect_rc 2 $RUN --output y.npy --backend ref --tp 2;  contains err "whole layer"
+expect_rc 2 $RUN --output y.npy --num-valid 9;         contains err "exceeds"
+expect_rc 2 "$MJ" run --checkpoint kept --output y.npy; contains err "required"
+expect_fail $RUN --output y.npy --backend sim --tp 3;   contains err "TP=3"
+expect_fail $RUN --output y.npy --backend sim --layer 7
+expect_fail $RUN --output y.npy --backend cuda;        contains err "GPU"
+mknpy x64.npy '<f4' '(4, 64)' f $(seq 256)
+expect_fail "$MJ" run --checkpoint kept --input x64.npy --output y.npy $DC; contains err "[B, 128]"
+mknpy xnan.npy '<f4' '(1, 128)' f nan $(seq 127)
+expect_fail "$MJ" run --checkpoint kept --input xnan.npy --output y.npy $DC; contains err "not finite"
+expect_fail "$MJ" run --checkpoint nowhere --input x.npy --output y.npy $DC
+[ ! -e y.npy ] && ok || bad "a failed run wrote its output"
+
+# ---- prewarm --config ---------------------------------------------------------------------
+GLM5="$SRC/tests/data/model/glm5_moe_config.json"
+# GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 1/2/4/8, plain top-k routing, experts
+# TPE 8 (W4A16 at 1-8 tokens) and TPE 16/32/64 (W4A4): 9 specializations, listed.
+Q="--quant $SRC/tests/data/model/hf_quant_config.example.json"
+expect_rc 1 "$MJ" prewarm --config "$GLM5" --tp 8 --dry-run --cache-dir "$T/pc"; contains err "--quant"
+expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --tp 8 --dry-run --cache-dir "$T/pc"
+contains err "plan for sm_120a: H 6144, E 256, top-8, TP, 256 batch sizes (1-256), k0 = top-k"
+contains err "9 specializations"
+[ "$(wc -l <out)" = 9 ] && [ "$(grep -c '"arch":"sm_120a"' out)" = 9 ] && ok || bad "dry run: $(cat out)"
+[ "$(grep -c '"template":"moe_experts"' out)" = 4 ] && ok || bad "dry run experts: $(cat out)"
+expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --ep 8 --k0-policy "1-3:8,4-:4" --arch sm_90a --dry-run --cache-dir "$T/pc"
+contains err "mode w4a16"
+[ "$(grep -c '"MODE":1' out)" = 0 ] && ok || bad "sm_90a plan has W4A4: $(cat out)"
+# The kept checkpoint's config, 1-4 tokens, for real: compiled, then all cached.
+expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-policy 2 --cache-dir "$T/pc" -q
+contains out "5 specializations: 5 compiled, 0 already cached, 0 failed"
+expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1,2,3,4 --k0-policy 2 --cache-dir "$T/pc" -q
+contains out "5 specializations: 0 compiled, 5 already cached"
+expect_rc 2 "$MJ" prewarm --config kept/config.json m.jsonl;   contains err "not both"
+expect_rc 2 "$MJ" prewarm --tp 2 m.jsonl;                       contains err "go with --config"
+expect_rc 2 "$MJ" prewarm --config kept/config.json --tp 2 --ep 2; contains err "once"
+expect_rc 2 "$MJ" prewarm --config kept/config.json --batch 0;  contains err "--batch"
+expect_rc 2 "$MJ" prewarm --config kept/config.json --k0-policy 9 --dry-run; contains err "--k0-policy"
+expect_rc 1 "$MJ" prewarm --config kept/config.json --mode w4a4 --arch sm_90a --dry-run; contains err "sm_90a"
+expect_rc 1 "$MJ" prewarm --config kept/config.json --k0-policy 2 --batch 1-300 --dry-run; contains err "batch size 257"
+
 expect_fail "$MJ" demo --hidden 100;                     contains err "64"
+expect_fail "$MJ" demo --intermediate 640;               contains err "512"
+expect_fail "$MJ" demo --experts 20;                     contains err "8"
 expect_fail "$MJ" demo --k0 9
 expect_fail "$MJ" demo --mode int8
 expect_fail "$MJ" demo extra
@@ -525,6 +603,76 @@ expect_fail as_ro "$MJ" inspect --cache-dir "$RO/cache" gc --max-bytes 0; contai
 expect_rc 0 as_ro "$MJ" inspect --cache-dir "$RO/cache" --stats; contains out "writable    no"
 find "$RO/cache" -type d -exec chmod 700 {} +
 
+# ---- make-checkpoint ---------------------------------------------------------------------
+GLM5="$SRC/tests/data/model/glm5_moe_config.json"
+SMALL="--hidden 128 --intermediate 128 --experts 8 --topk 2"
+expect_rc 0 "$MJ" make-checkpoint --help;    contains out "usage: moejit make-checkpoint"; contains out "--shard-mb"
+expect_rc 0 "$MJ" make-checkpoint -V;        contains out "moejit 0."
+expect_rc 0 "$MJ" --help;                    contains out "make-checkpoint"
+# Two layers in 0.1 MB shards: an index, several shards, the overrides in config.json.
+expect_rc 0 "$MJ" make-checkpoint --config "$GLM5" --out ck --seed 5 $SMALL --layers 3-4 --shard-mb 0.1
+contains out "planned: MoE layers 3..4 (2 layers), hidden 128, intermediate 128, 8 experts, top-2, 1 shared"
+contains out "wrote ck"
+planned=$(sed -n 's/.*shards, \([0-9]*\) bytes.*/\1/p' out)
+[ "$planned" = "$(cat ck/* | wc -c)" ] && ok || bad "planned $planned bytes, wrote $(cat ck/* | wc -c)"
+python3 - ck <<'PY' && ok || bad "ck is not the checkpoint it should be: $(ls ck)"
+import json, os, struct, sys
+d = sys.argv[1]
+c = json.load(open(os.path.join(d, "config.json")))
+assert (c["hidden_size"], c["moe_intermediate_size"], c["n_routed_experts"], c["num_experts_per_tok"]) == (128, 128, 8, 2)
+assert c["first_k_dense_replace"] == 3 and c["model_type"] == "glm_moe_dsa"   # the source's other keys
+q = json.load(open(os.path.join(d, "hf_quant_config.json")))
+assert q["quantization"]["quant_algo"] == "NVFP4" and q["quantization"]["group_size"] == 16
+wm = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
+assert len(wm) == 2 * (2 + 9 * 12), len(wm)                 # router + bias, 8 experts + shared
+shards = sorted(set(wm.values()))
+assert len(shards) > 2 and sorted(f for f in os.listdir(d) if f.endswith(".safetensors")) == shards
+for s in shards:                                             # every tensor where the index says
+    b = open(os.path.join(d, s), "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    assert all(wm[k] == s for k in h if k != "__metadata__")
+    assert n % 8 == 0 and max(v["data_offsets"][1] for k, v in h.items() if k != "__metadata__") == len(b) - 8 - n
+e = "model.layers.4.mlp.experts.7.down_proj."
+assert wm[e + "weight"] and wm[e + "weight_scale_2"] and "model.layers.4.mlp.gate.e_score_correction_bias" in wm
+PY
+# Defaults: the first MoE layer (first_k_dense_replace 3), one file, no index; --quant copied.
+expect_rc 0 "$MJ" make-checkpoint --config "$GLM5" --quant "$SRC/tests/data/model/hf_quant_config.example.json" \
+    --out ck1 --seed 5 $SMALL
+contains out "planned: MoE layer 3, "; contains out "1 shard,"
+[ -f ck1/model.safetensors ] && [ ! -e ck1/model.safetensors.index.json ] && ok || bad "one shard: $(ls ck1)"
+cmp -s ck1/hf_quant_config.json "$SRC/tests/data/model/hf_quant_config.example.json" && ok || bad "--quant not copied"
+# The same seed, the same layer: the same bytes.
+expect_rc 0 "$MJ" make-checkpoint --config "$GLM5" --out ck2 --seed 5 $SMALL --layers 3
+cmp -s ck1/model.safetensors ck2/model.safetensors && ok || bad "same seed and layer, different tensors"
+# Refusals, before anything is written; nothing left behind.
+before=$(ls -A | wc -l)
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out ck --seed 5 $SMALL;             contains err "not empty"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 $SMALL --layers 0-2; contains err "dense"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 $SMALL --layers 90;  contains err "past the model's last layer"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 --hidden 100;        contains err "hidden_size 100"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 $SMALL --quant "$SRC/tests/data/config/hf_quant_fp8.json"
+contains err "not supported"
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out x --seed 5 --hidden 16384 --intermediate 16384 \
+    --experts 4096 --layers 3-77
+contains err "will not fit"
+expect_fail "$MJ" make-checkpoint --config nonexistent.json --out x --seed 5;            contains err "nonexistent.json"
+ln -s "$GLM5" linked.json
+expect_fail "$MJ" make-checkpoint --config linked.json --out x --seed 5 $SMALL;          contains err "symbolic link"
+ln -s ck1 linked_out
+expect_fail "$MJ" make-checkpoint --config "$GLM5" --out linked_out --seed 5 $SMALL;     contains err "symbolic link"
+rm linked.json linked_out
+[ "$(ls -A | wc -l)" = "$before" ] && [ ! -e x ] && ok || bad "failures left files: $(ls -A)"
+expect_rc 2 "$MJ" make-checkpoint --out x --seed 5;                       contains err "--config is required"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --seed 5;              contains err "--out is required"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x;               contains err "--seed is required"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed -1;     contains err "--seed"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --layers 5-3; contains err "before the first"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --layers 3x; contains err "--layers"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --shard-mb 0; contains err "--shard-mb"
+expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 extra; contains err "unexpected argument"
+[ ! -e x ] && ok || bad "a usage error wrote x"
+
 # ---- standard output that cannot be written -------------------------------------------
 # A command whose output is lost did not do its job: exit 1, one line on stderr.
 full() { # full CMD...: run with stdout on /dev/full
@@ -539,11 +687,13 @@ full "$MJ" route --help
 full "$MJ" route --topk 4 l.npy
 full "$MJ" route --backend sim --topk 4 --k0 2 l.npy
 full "$MJ" nvfp4 --help
-full "$MJ" demo --hidden 128 --intermediate 64 --experts 16 --topk 4 --batch 2
+full "$MJ" demo --hidden 128 --intermediate 512 --experts 16 --topk 4 --batch 2 $DC
 full "$MJ" prewarm --cache-dir "$T/cache2" -q rec.jsonl
 full "$MJ" inspect templates
 full "$MJ" inspect --cache-dir "$T/cache2" list
 full "$MJ" inspect --cache-dir "$T/cache2" --stats
+full "$MJ" make-checkpoint --config "$GLM5" --out fullck --seed 1 $SMALL
+[ ! -e fullck ] && ok || bad "make-checkpoint wrote a checkpoint though its output was lost"
 # A command with nothing to print does not fail for it.
 expect_rc 0 "$MJ" nvfp4 quantize m.npy full_q >/dev/full
 

@@ -1,34 +1,68 @@
-/* cmd_demo.c — `moejit demo`: what OEA does to one MoE layer, on the CPU reference. */
+/* cmd_demo.c — `moejit demo`: the whole pipeline on a small GLM-5-shaped checkpoint. */
 #include "tools.h"
 
+#include "cuda.h"
+#include "internal.h"
+#include "weights/pack.h"
+
+#include <ftw.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
-
-#include "internal.h"
+#include <unistd.h>
 
 static const char k_help[] =
     "usage: moejit demo [options]\n"
     "\n"
-    "Build a small GLM-5-shaped MoE layer from a seed (GLM-5's routing: 256 experts, top-8,\n"
-    "sigmoid noaux_tc with correction bias, scaling 2.5, one shared expert; smaller hidden and\n"
-    "intermediate sizes so it runs in seconds), quantize it to NVFP4, and run the CPU reference\n"
-    "forward on a random batch with plain top-k and with OEA. Prints unique experts, mean\n"
-    "experts per token, retained routing mass, and how far the OEA output is from plain.\n"
+    "The whole pipeline on a small GLM-5-shaped model: write a random ModelOpt NVFP4\n"
+    "checkpoint (GLM-5's routing: 256 experts, top-8, sigmoid noaux_tc with correction bias,\n"
+    "scaling 2.5, one shared expert; smaller hidden and intermediate sizes) into a temporary\n"
+    "directory, load one MoE layer from it on 8 ranks (each rank reads only its slice), and\n"
+    "run it through the generated kernels with tensor and with expert parallelism, with plain\n"
+    "top-k and with OEA, each output checked against the CPU reference. The 8 ranks are\n"
+    "loopback ranks on the interpreter (the kernels' CPU execution); on a machine with a GPU\n"
+    "the whole layer also runs there. Prints the specializations compiled or found in the\n"
+    "cache, unique experts, weight bytes read, and the time that read takes at the memory\n"
+    "bandwidth of an RTX PRO 6000. Exit status 1 if any check fails.\n"
     "\n"
     "options:\n"
-    "  --seed N          seed of the layer and the batch (default 1)\n"
-    "  --batch B         tokens in the batch (default 16)\n"
+    "  --seed N          seed of the checkpoint and the batch (default 1)\n"
+    "  --batch B         tokens in the batch, 1..256 (default 16)\n"
     "  --k0 K0           OEA phase-1 experts (default 4)\n"
     "  --hidden H        hidden size, a multiple of 64 (default 512)\n"
-    "  --intermediate I  expert intermediate size, a multiple of 64 (default 256)\n"
-    "  --experts E       routed experts (default 256)\n"
+    "  --intermediate I  expert intermediate size, a multiple of 512 so TP 8 splits it\n"
+    "                    (default 512)\n"
+    "  --experts E       routed experts, a multiple of 8 (default 256)\n"
     "  --topk K          experts per token (default 8)\n"
     "  --mode M          w4a16 (default) or w4a4 (activations in NVFP4, as on sm_120)\n"
+    "  --keep DIR        write the checkpoint to DIR (new) and keep it\n"
+    "  --cache-dir D     the kernel cache (default $MOEJIT_CACHE_DIR, ~/.cache/moejit)\n"
     "  -h, --help        this text\n"
     "  -V, --version     print the version\n";
+
+/* GLM-5's MoE configuration (config.json, the keys moejit reads). */
+static const char k_glm5_config[] =
+    "{\n"
+    "  \"architectures\": [\"GlmMoeDsaForCausalLM\"],\n"
+    "  \"model_type\": \"glm_moe_dsa\",\n"
+    "  \"hidden_size\": 6144,\n"
+    "  \"moe_intermediate_size\": 2048,\n"
+    "  \"n_routed_experts\": 256,\n"
+    "  \"num_experts_per_tok\": 8,\n"
+    "  \"n_shared_experts\": 1,\n"
+    "  \"n_group\": 1,\n"
+    "  \"topk_group\": 1,\n"
+    "  \"topk_method\": \"noaux_tc\",\n"
+    "  \"scoring_func\": \"sigmoid\",\n"
+    "  \"routed_scaling_factor\": 2.5,\n"
+    "  \"norm_topk_prob\": true,\n"
+    "  \"first_k_dense_replace\": 3,\n"
+    "  \"num_hidden_layers\": 78,\n"
+    "  \"hidden_act\": \"silu\"\n"
+    "}\n";
 
 static double now_s(void) {
     struct timespec t;
@@ -36,7 +70,21 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-enum { OPT_SEED = 256, OPT_BATCH, OPT_K0, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_MODE };
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+/* The temporary directory this command made (mkdtemp), without following links. */
+static void rm_tree(const char *dir) { nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+enum { OPT_SEED = 256, OPT_BATCH, OPT_K0, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_MODE, OPT_KEEP, OPT_CACHE };
 
 int cmd_demo(int argc, char **argv) {
     static const struct option opts[] = {
@@ -44,96 +92,157 @@ int cmd_demo(int argc, char **argv) {
         {"k0", required_argument, 0, OPT_K0},         {"hidden", required_argument, 0, OPT_HIDDEN},
         {"intermediate", required_argument, 0, OPT_INTER}, {"experts", required_argument, 0, OPT_EXPERTS},
         {"topk", required_argument, 0, OPT_TOPK},     {"mode", required_argument, 0, OPT_MODE},
+        {"keep", required_argument, 0, OPT_KEEP},     {"cache-dir", required_argument, 0, OPT_CACHE},
         {"help", no_argument, 0, 'h'},                {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    int seed = 1, batch = 16, k0 = 4, c;
+    int seed = 1, batch = 16, k0 = 4, hidden = 512, inter = 512, experts = 256, topk = 8, c;
+    const char *keep = NULL, *cache_dir = NULL;
     mj_weight_mode mode = MJ_MODE_W4A16;
-    mj_moe_config cfg;
-    mj_moe_config_glm5(&cfg);
-    cfg.hidden = 512;
-    cfg.intermediate = 256;
     optind = 1;
     opterr = 0; /* we report bad options ourselves, in one line */
     while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
         switch (c) {
         case OPT_SEED: if (tool_parse_int("demo", "--seed", optarg, 0, 2147483647L, &seed)) return 2; break;
-        case OPT_BATCH: if (tool_parse_int("demo", "--batch", optarg, 1, 4096, &batch)) return 2; break;
-        case OPT_K0: if (tool_parse_int("demo", "--k0", optarg, 1, 1024, &k0)) return 2; break;
-        case OPT_HIDDEN: if (tool_parse_int("demo", "--hidden", optarg, 1, 16384, &cfg.hidden)) return 2; break;
-        case OPT_INTER: if (tool_parse_int("demo", "--intermediate", optarg, 1, 16384, &cfg.intermediate)) return 2; break;
-        case OPT_EXPERTS: if (tool_parse_int("demo", "--experts", optarg, 1, 4096, &cfg.n_experts)) return 2; break;
-        case OPT_TOPK: if (tool_parse_int("demo", "--topk", optarg, 1, 1024, &cfg.topk)) return 2; break;
+        case OPT_BATCH: if (tool_parse_int("demo", "--batch", optarg, 1, 256, &batch)) return 2; break;
+        case OPT_K0: if (tool_parse_int("demo", "--k0", optarg, 1, 16, &k0)) return 2; break;
+        case OPT_HIDDEN: if (tool_parse_int("demo", "--hidden", optarg, 64, 16384, &hidden)) return 2; break;
+        case OPT_INTER: if (tool_parse_int("demo", "--intermediate", optarg, 512, 8192, &inter)) return 2; break;
+        case OPT_EXPERTS: if (tool_parse_int("demo", "--experts", optarg, 8, 1024, &experts)) return 2; break;
+        case OPT_TOPK: if (tool_parse_int("demo", "--topk", optarg, 1, 16, &topk)) return 2; break;
         case OPT_MODE:
             if (!strcmp(optarg, "w4a16")) mode = MJ_MODE_W4A16;
             else if (!strcmp(optarg, "w4a4")) mode = MJ_MODE_W4A4;
             else return tool_usage("demo", "--mode wants w4a16 or w4a4, got '%s'", optarg);
             break;
+        case OPT_KEEP: keep = optarg; break;
+        case OPT_CACHE: cache_dir = optarg; break;
         case 'h': fputs(k_help, stdout); return 0;
         case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
         default: return tool_usage("demo", "unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc) return tool_usage("demo", "unexpected argument '%s'", argv[optind]);
-    if (k0 > cfg.topk) return tool_usage("demo", "--k0 %d exceeds --topk %d", k0, cfg.topk);
-    mj_status s = mj_moe_config_validate(&cfg, 1);
-    if (s != MJ_OK) return tool_fail_status("demo config", s);
+    if (k0 > topk) return tool_usage("demo", "--k0 %d exceeds --topk %d", k0, topk);
+    if (hidden % 64) return tool_usage("demo", "--hidden %d is not a multiple of 64", hidden);
+    if (inter % 512) return tool_usage("demo", "--intermediate %d is not a multiple of 512 (TP 8 x 64)", inter);
+    if (experts % 8) return tool_usage("demo", "--experts %d is not a multiple of 8 (EP 8)", experts);
+    if (topk > experts) return tool_usage("demo", "--topk %d exceeds --experts %d", topk, experts);
 
-    printf("layer: hidden %d, intermediate %d, %d experts, top-%d, %d shared, rsf %.2f, %s, seed %d\n",
-           cfg.hidden, cfg.intermediate, cfg.n_experts, cfg.topk, cfg.n_shared,
-           cfg.routed_scaling_factor, mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", seed);
+    int rc = 1, failed = 0;
+    char path[4096], ckdir[4096];
+    const char *base = getenv("TMPDIR");
+    char tmpl[4096];
+    snprintf(tmpl, sizeof tmpl, "%s/moejit-demo-XXXXXX", base && *base ? base : "/tmp");
+    char *tdir = mkdtemp(tmpl);
+    if (!tdir) return tool_fail("cannot make a temporary directory under %s", base && *base ? base : "/tmp");
+    mj_checkpoint_t ck = NULL;
+    mj_layer_t full = NULL;
+    uint16_t *h = NULL;
+    float *out = NULL, *want = NULL;
+    snprintf(path, sizeof path, "%s/config.json", tdir);
+    FILE *f = fopen(path, "wx");
+    if (!f || fputs(k_glm5_config, f) < 0 || fclose(f)) {
+        tool_fail("cannot write %s", path);
+        goto done;
+    }
+    snprintf(ckdir, sizeof ckdir, "%s", keep ? keep : tdir);
+    if (!keep) strncat(ckdir, "/checkpoint", sizeof ckdir - strlen(ckdir) - 1);
+
+    /* 1. The checkpoint. */
     double t0 = now_s();
-    mj_layer_t layer;
-    s = mj_layer_create_random(&cfg, (uint64_t)seed, &layer);
-    if (s != MJ_OK) return tool_fail_status("creating the layer", s);
-    double t1 = now_s();
-    printf("built and quantized in %.2f s\n", t1 - t0);
-
-    int rc = 1;
-    size_t n = (size_t)batch * (size_t)cfg.hidden;
-    uint16_t *hidden = malloc(n * sizeof *hidden);
-    float *y_plain = malloc(n * sizeof(float)), *y_oea = malloc(n * sizeof(float));
-    if (!hidden || !y_plain || !y_oea) {
+    mj_checkpoint_make_options mo = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
+    mo.config_json = path, mo.out_dir = ckdir, mo.seed = (uint64_t)seed;
+    mo.hidden = hidden, mo.intermediate = inter, mo.n_experts = experts, mo.topk = topk;
+    mo.shard_bytes = 16 << 20;
+    mj_checkpoint_make_info info = MJ_CHECKPOINT_MAKE_INFO_INIT;
+    mj_status st = mj_checkpoint_make_plan(&mo, &info);
+    if (st == MJ_OK) st = mj_checkpoint_make(&mo);
+    if (st != MJ_OK) {
+        tool_fail_status("writing the checkpoint", st);
+        goto done;
+    }
+    printf("checkpoint: layer %d of a GLM-5-shaped model (hidden %d, intermediate %d, %d experts, top-%d, 1 "
+           "shared), %.1f MB in %d shards, %s (%.1f s)\n",
+           info.layer_first, hidden, inter, experts, topk, info.total_bytes / 1e6, info.n_shards,
+           keep ? ckdir : "a temporary directory", now_s() - t0);
+    if ((st = mj_checkpoint_open(ckdir, &ck)) != MJ_OK || (st = mj_layer_load(ck, info.layer_first, MJ_PAR_NONE, 0, 1,
+                                                                             &full)) != MJ_OK) {
+        tool_fail_status("reading the checkpoint back", st);
+        goto done;
+    }
+    const size_t n = (size_t)batch * (size_t)hidden;
+    h = malloc(n * 2), out = malloc(n * 4), want = malloc(n * 4);
+    if (!h || !out || !want) {
         tool_fail("out of memory");
         goto done;
     }
     uint64_t rng = (uint64_t)seed ^ 0xD1B54A32D192ED03ull;
-    for (size_t i = 0; i < n; i++) hidden[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
+    for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
+    const tool_gpu *gpu = tool_gpu_find("rtx-pro-6000");
+    const double glm5_expert = (double)(mj_pack_w13_bytes(6144, 2048) + mj_pack_s13_bytes(6144, 2048) +
+                                        mj_pack_w2_bytes(6144, 2048) + mj_pack_s2_bytes(6144, 2048));
+    int gpus = 0;
+    if (mj_cuda_load() == MJ_OK) mj_cuda_device_count(&gpus);
+    printf("batch: %d tokens, %s; kernels on the interpreter (8 loopback ranks)%s\n\n", batch,
+           mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", gpus ? " and on GPU 0 (the whole layer)" : "; no GPU here");
+    printf("%-22s %7s %9s %12s %13s %9s %s\n", "run", "experts", "compiled", "MB read/rank", "floor/rank us",
+           "rel L2", "check");
 
-    mj_route_stats st_plain = MJ_ROUTE_STATS_INIT, st_oea = MJ_ROUTE_STATS_INIT;
-    t0 = now_s();
-    s = mj_moe_forward_ref(layer, mode, hidden, batch, batch, cfg.topk, y_plain, &st_plain);
-    t1 = now_s();
-    if (s != MJ_OK) {
-        tool_fail_status("forward (plain top-k)", s);
+    /* 2. The layer on 8 ranks, TP and EP, plain top-k and OEA; then the GPU. */
+    int active[2] = {0, 0};
+    for (int run = 0; run < 6; run++) {
+        const int oea = run % 2, on_gpu = run >= 4;
+        if (on_gpu && !gpus) break;
+        const mj_parallel par = on_gpu ? MJ_PAR_NONE : run < 2 ? MJ_PAR_TP : MJ_PAR_EP;
+        const int ranks = on_gpu ? 1 : 8, k = oea ? k0 : topk;
+        char k0s[16], label[64];
+        snprintf(k0s, sizeof k0s, "%d", k);
+        snprintf(label, sizeof label, "%s %s", on_gpu ? "GPU 0" : par == MJ_PAR_TP ? "TP=8" : "EP=8",
+                 oea ? "OEA" : "top-k");
+        if (oea) snprintf(label + strlen(label), sizeof label - strlen(label), " k0=%d", k0);
+        tool_moe_job j;
+        memset(&j, 0, sizeof j);
+        j.ck = ck, j.layer = info.layer_first, j.par = par, j.n_ranks = ranks;
+        j.backend = on_gpu ? MJ_BACKEND_CUDA : MJ_BACKEND_SIM, j.sim_target = "sm_120a", j.cache_dir = cache_dir;
+        j.k0_policy = k0s, j.mode = mode, j.hidden = h, j.B = batch, j.num_valid = batch, j.out = out;
+        if (tool_moe_run(&j)) goto done;
+        if ((st = mj_moe_forward_ref(full, mode, h, batch, batch, k, want, NULL)) != MJ_OK) {
+            tool_fail_status("the reference forward", st);
+            goto done;
+        }
+        const double e = rel_l2(out, want, n), tol = mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3;
+        const int ok = e <= tol;
+        failed += !ok;
+        char mb[32], fl[32];
+        if (on_gpu) {
+            snprintf(mb, sizeof mb, "%s", "-"), snprintf(fl, sizeof fl, "%s", "-");
+        } else {
+            snprintf(mb, sizeof mb, "%.2f", j.max_rank_bytes / 1e6);
+            snprintf(fl, sizeof fl, "%.2f", gpu ? j.max_rank_bytes / (gpu->gbps * 1e3) : 0.0);
+        }
+        printf("%-22s %7d %9lld %12s %13s %9.2e %s\n", label, j.n_active, (long long)j.stats.compiles, mb, fl, e,
+               ok ? "ok" : "FAILED");
+        if (run < 2) active[run] = j.n_active;
+    }
+    if (gpu && active[0] && active[1])
+        printf("\nAt GLM-5's size (hidden 6144, intermediate 2048) plain top-%d's %d experts are %.0f MB of weights, "
+               "%.0f us at %.0f GB/s; OEA's %d are %.0f MB, %.0f us: %.2fx less to read.\n",
+               topk, active[0], active[0] * glm5_expert / 1e6, active[0] * glm5_expert / (gpu->gbps * 1e3), gpu->gbps,
+               active[1], active[1] * glm5_expert / 1e6, active[1] * glm5_expert / (gpu->gbps * 1e3),
+               (double)active[0] / active[1]);
+    printf("\n(experts: distinct experts the batch reads; compiled: kernels compiled by this run, the rest came "
+           "from the cache; MB read/rank: weight bytes the busiest rank streamed, counted by the interpreter; "
+           "floor: that read at %s's %.0f GB/s)\n",
+           gpu ? gpu->desc : "the GPU", gpu ? gpu->gbps : 0.0);
+    if (failed) {
+        tool_fail("%d run%s further from the CPU reference than the kernels' tolerance", failed, failed > 1 ? "s" : "");
         goto done;
     }
-    double t2 = now_s();
-    s = mj_moe_forward_ref(layer, mode, hidden, batch, batch, k0, y_oea, &st_oea);
-    double t3 = now_s();
-    if (s != MJ_OK) {
-        tool_fail_status("forward (OEA)", s);
-        goto done;
-    }
-    double d2 = 0, r2 = 0, dmax = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)y_oea[i] - (double)y_plain[i];
-        d2 += d * d;
-        r2 += (double)y_plain[i] * y_plain[i];
-        if (fabs(d) > dmax) dmax = fabs(d);
-    }
-    printf("batch %d tokens\n", batch);
-    printf("  plain top-%d: unique experts %3d, experts/token %.2f, forward %.1f ms\n", cfg.topk,
-           st_plain.unique_after, st_plain.mean_experts, 1e3 * (t1 - t0));
-    printf("  OEA k0=%d:    unique experts %3d, experts/token %.2f, forward %.1f ms\n", k0,
-           st_oea.unique_after, st_oea.mean_experts, 1e3 * (t3 - t2));
-    printf("  expert weights read: %.1f%% of plain top-k\n",
-           st_plain.unique_after ? 100.0 * st_oea.unique_after / st_plain.unique_after : 100.0);
-    printf("  retained routing mass %.4f\n", st_oea.retained_mass);
-    printf("  output difference OEA vs plain: relative L2 %.4f, max |diff| %.4g\n",
-           r2 > 0 ? sqrt(d2 / r2) : 0.0, dmax);
     rc = 0;
 done:
-    free(hidden), free(y_plain), free(y_oea);
-    mj_layer_free(layer);
+    free(h), free(out), free(want);
+    mj_layer_free(full);
+    mj_checkpoint_close(ck);
+    rm_tree(tdir);
     return rc;
 }

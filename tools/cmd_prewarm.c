@@ -38,7 +38,8 @@ static const char k_help[] =
     "server that prepares with the same settings (in strict mode, even) compiles nothing.\n"
     "  --config F       a Hugging Face config.json (its MoE part; quantization_config inside\n"
     "                   it, or --quant)\n"
-    "  --quant F        hf_quant_config.json beside it\n"
+    "  --quant F        its hf_quant_config.json (default: the one beside config.json,\n"
+    "                   when config.json has no quantization_config)\n"
     "  --tp N, --ep N   the split over N ranks (default: one rank holds the layer)\n"
     "  --batch B        batch sizes: \"1-256\" (default), \"1,2,4,8\" or both (\"1-8,16,32\")\n"
     "  --k0-policy P    OEA's k0 by batch size: \"4\" or \"1-3:8,4-:4\" (default: k0 = top-k,\n"
@@ -202,7 +203,22 @@ static void add_job(job **jobs, int *n, int *cap, char *line, const char *where)
 /* The plan of a model config for one target, as jobs (manifest lines). */
 static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir, job **jobs, int *n, int *cap) {
     mj_moe_config cfg;
-    mj_status st = mj_moe_config_read(a->config, a->quant, &cfg);
+    /* Without --quant, hf_quant_config.json beside config.json (as a checkpoint has it) when
+     * config.json has no quantization_config of its own. */
+    const char *quant = a->quant;
+    char beside[4096];
+    if (!quant) {
+        const char *slash = strrchr(a->config, '/');
+        int dl = slash ? (int)(slash - a->config) + 1 : 0;
+        snprintf(beside, sizeof beside, "%.*shf_quant_config.json", dl, a->config);
+        struct stat sb;
+        if (stat(beside, &sb) == 0 && S_ISREG(sb.st_mode)) quant = beside;
+    }
+    mj_status st = mj_moe_config_read(a->config, quant, &cfg);
+    if (st == MJ_OK && cfg.quant != MJ_QUANT_NVFP4)
+        return tool_fail("%s: no NVFP4 quantization: moejit runs ModelOpt NVFP4 checkpoints; give the checkpoint's "
+                         "hf_quant_config.json with --quant (or put it beside config.json)",
+                         a->config);
     if (st != MJ_OK) return tool_fail_status(a->config, st);
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = arch, o.strict = 0;

@@ -19,11 +19,12 @@ static const char k_usage[] =
     "  demo       the whole pipeline on a small GLM-5-shaped checkpoint: the layer through\n"
     "             the kernels on 8 ranks (TP and EP), with and without OEA, checked\n"
     "  run        one MoE layer of a checkpoint on a batch from a .npy file\n"
-    "  make-checkpoint  a small random ModelOpt NVFP4 checkpoint, for tests and trying moejit\n"
     "  prewarm    compile the kernels a manifest or a model config needs into the cache (no\n"
     "             GPU needed)\n"
     "  inspect    the kernel cache: list, show (source, PTX, SASS, log), templates, gc,\n"
     "             verify, --stats\n"
+    "  make-checkpoint\n"
+    "             write a Hugging Face checkpoint (ModelOpt NVFP4 layout) of random MoE layers\n"
     "\n"
     "Run 'moejit <command> --help' for a command's options.\n"
     "  -h, --help       this text\n"
@@ -98,6 +99,8 @@ static int run(int argc, char **argv) {
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "prewarm")) return cmd_prewarm(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "make-checkpoint")) return cmd_make_checkpoint(argc - 1, argv + 1);
     fprintf(stderr, "moejit: unknown command '%s' (see 'moejit --help')\n", cmd);
     return 2;
 }

@@ -13,6 +13,34 @@ int cmd_nvfp4(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_prewarm(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+/* One layer forward on n_ranks ranks (threads), for run and demo (tools/moe_run.c). */
+typedef struct tool_moe_job {
+    mj_layer_t full;             /* the whole layer, or NULL: each rank loads its slice     */
+    mj_checkpoint_t ck;          /* from here (with full NULL)                              */
+    int32_t layer;
+    mj_parallel par;
+    int n_ranks;
+    int backend;                 /* MJ_BACKEND_SIM (loopback ranks) or MJ_BACKEND_CUDA     */
+    const char *sim_target;      /* the interpreter's target ("sm_120a")                   */
+    const char *cache_dir;
+    const char *k0_policy;       /* NULL: plain top-k                                      */
+    mj_weight_mode mode;
+    const char *mode_policy;
+    const uint16_t *hidden;      /* [B, H] bf16, host                                      */
+    int32_t B, num_valid;
+    float *out;                  /* [B, H], host: rank 0's output                          */
+    /* results */
+    mj_jit_stats stats;          /* compiles, hits: summed over the ranks                  */
+    unsigned long long bytes;    /* weight bytes streamed, all ranks (the interpreter)      */
+    unsigned long long max_rank_bytes; /* the busiest rank's                              */
+    int32_t n_active, k0;
+    mj_weight_mode mode_used;
+    double prepare_ms, forward_ms; /* the slowest rank's                                  */
+} tool_moe_job;
+int tool_moe_run(tool_moe_job *j); /* 0, or 1 after printing the error                    */
+int cmd_make_checkpoint(int argc, char **argv);
 
 /* One line on stderr, "moejit: ...", and the exit code 1 (or 2 for usage errors). */
 int tool_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

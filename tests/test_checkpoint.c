@@ -1,0 +1,1065 @@
+/* test_checkpoint.c — ModelOpt NVFP4 checkpoints: mj_checkpoint_make writes, mj_checkpoint_open
+ * and mj_layer_load read back exactly mj_layer_create_random's layer (whole, and every TP / EP
+ * slice equal to mj_layer_shard's, byte for byte and in the reference forward); a slice reads
+ * only its bytes; and every malformed checkpoint (each made by editing a good one) is refused
+ * with an error naming the file and the tensor, leaving *out untouched. */
+#include "internal.h"
+#include "test.h"
+#include "weights/checkpoint.h"
+#include "weights/safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+/* A small layer with GLM-5's routing: TP 4 needs I/4 % 64 == 0, EP 4 needs E % 4. */
+enum { H = 128, I = 256, E = 8, TOPK = 2 };
+
+static char *g_root;           /* this run's temporary directory */
+static uint64_t g_seed;
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static char *path2(const char *a, const char *b) {
+    char *p = NULL;
+    if (asprintf(&p, "%s/%s", a, b) < 0) abort();
+    return p;
+}
+
+static const char *glm5_config(void) { return MJ_SOURCE_DIR "/tests/data/model/glm5_moe_config.json"; }
+
+/* GLM-5's config with n_shared_experts set, written under the run's directory. */
+static char *config_with_shared(int n_shared) {
+    json_error_t err;
+    json_t *root = json_load_file(glm5_config(), 0, &err);
+    if (!root) abort();
+    json_object_set_new(root, "n_shared_experts", json_integer(n_shared));
+    char name[64];
+    snprintf(name, sizeof name, "config_shared%d.json", n_shared);
+    char *p = path2(g_root, name);
+    if (json_dump_file(root, p, JSON_INDENT(2))) abort();
+    json_decref(root);
+    return p;
+}
+
+static mj_status make_ck(const char *config, const char *out, int32_t first, int32_t last, int64_t shard_bytes) {
+    mj_checkpoint_make_options o = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
+    o.config_json = config;
+    o.out_dir = out;
+    o.seed = g_seed;
+    o.layer_first = first;
+    o.layer_last = last;
+    o.hidden = H, o.intermediate = I, o.n_experts = E, o.topk = TOPK;
+    o.shard_bytes = shard_bytes;
+    return mj_checkpoint_make(&o);
+}
+
+/* The layer the checkpoint's layer L must be. */
+static mj_layer_t reference_layer(mj_checkpoint_t ck, int32_t L) {
+    mj_moe_config cfg;
+    uint64_t s;
+    mj_layer_t ref = NULL;
+    CHECK_OK(mj_checkpoint_config(ck, &cfg));
+    CHECK_OK(mj_checkpoint_layer_seed(g_seed, L, &s));
+    CHECK_OK(mj_layer_create_random(&cfg, s, &ref));
+    return ref;
+}
+
+static int g_expect_differ; /* a comparison expected to fail: do not print the difference */
+
+static int linear_equal(const mj_nvfp4_linear *a, const mj_nvfp4_linear *b, const char *what) {
+    if (g_expect_differ) what = NULL;
+    if (a->n_out != b->n_out || a->k_in != b->k_in) {
+        if (what) fprintf(stderr, "%s: shape [%d, %d] vs [%d, %d]\n", what, a->n_out, a->k_in, b->n_out, b->k_in);
+        return 0;
+    }
+    size_t nq = (size_t)a->n_out * (size_t)(a->k_in / 2), ns = (size_t)a->n_out * (size_t)(a->k_in / 16);
+    if ((nq && memcmp(a->weight, b->weight, nq)) || (ns && memcmp(a->weight_scale, b->weight_scale, ns))) {
+        if (what) fprintf(stderr, "%s: weight or weight_scale bytes differ\n", what);
+        return 0;
+    }
+    if (memcmp(&a->weight_scale_2, &b->weight_scale_2, 4) || memcmp(&a->input_scale, &b->input_scale, 4)) {
+        if (what) fprintf(stderr, "%s: scales %g/%g vs %g/%g\n", what, (double)a->weight_scale_2, (double)a->input_scale,
+                (double)b->weight_scale_2, (double)b->input_scale);
+        return 0;
+    }
+    return 1;
+}
+
+/* Every field and byte of two layer handles. */
+static int layer_equal(mj_layer_t a, mj_layer_t b) {
+    if (!a || !b) return 0;
+    if (memcmp(&a->cfg, &b->cfg, sizeof a->cfg) || a->par != b->par || a->rank != b->rank ||
+        a->n_ranks != b->n_ranks || a->i_local != b->i_local || a->expert_begin != b->expert_begin ||
+        a->n_local != b->n_local || a->has_shared != b->has_shared || a->is_local != b->is_local) {
+        fprintf(stderr, "layer fields differ: par %d/%d rank %d/%d i_local %d/%d begin %d/%d n_local %d/%d shared %d/%d "
+                "is_local %d/%d\n", a->par, b->par, a->rank, b->rank, a->i_local, b->i_local, a->expert_begin,
+                b->expert_begin, a->n_local, b->n_local, a->has_shared, b->has_shared, a->is_local, b->is_local);
+        return 0;
+    }
+    const size_t EH = (size_t)a->cfg.n_experts * (size_t)a->cfg.hidden;
+    if (memcmp(a->gate, b->gate, EH * 2)) return fprintf(stderr, "router gate differs\n"), 0;
+    if (!a->bias != !b->bias || (a->bias && memcmp(a->bias, b->bias, (size_t)a->cfg.n_experts * 4)))
+        return fprintf(stderr, "bias differs\n"), 0;
+    for (int32_t e = 0; e < a->n_local; e++) {
+        char w[64];
+        snprintf(w, sizeof w, "expert %d w13", a->expert_begin + e);
+        if (!linear_equal(&a->w13[e], &b->w13[e], w)) return 0;
+        snprintf(w, sizeof w, "expert %d w2", a->expert_begin + e);
+        if (!linear_equal(&a->w2[e], &b->w2[e], w)) return 0;
+    }
+    if (a->has_shared)
+        return linear_equal(&a->shared_w13, &b->shared_w13, "shared w13") &&
+               linear_equal(&a->shared_w2, &b->shared_w2, "shared w2");
+    return a->shared_w13.n_out == b->shared_w13.n_out && a->shared_w2.n_out == b->shared_w2.n_out;
+}
+
+/* Reference forwards of two handles on the same tokens, in both modes: equal bits? */
+static int forward_equal(mj_layer_t a, mj_layer_t b, int B) {
+    const int32_t h = a->cfg.hidden;
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(B * h));
+    float *ya = malloc(sizeof(float) * (size_t)(B * h)), *yb = malloc(sizeof(float) * (size_t)(B * h));
+    uint64_t rng = g_seed ^ 0x5EED;
+    for (int i = 0; i < B * h; i++) x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
+    int same = 1;
+    for (int m = 0; m < 2; m++) {
+        mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+        memset(ya, 0xA5, sizeof(float) * (size_t)(B * h));
+        memset(yb, 0x5A, sizeof(float) * (size_t)(B * h));
+        CHECK_OK(mj_moe_forward_ref(a, mode, x, B, B, 0, ya, NULL));
+        CHECK_OK(mj_moe_forward_ref(b, mode, x, B, B, 0, yb, NULL));
+        same &= memcmp(ya, yb, sizeof(float) * (size_t)(B * h)) == 0;
+    }
+    free(x), free(ya), free(yb);
+    return same;
+}
+
+/* max |a - b| / max |b| of the two handles' W4A16 forwards. */
+static double forward_rel_diff(mj_layer_t a, mj_layer_t b, int B) {
+    const int32_t h = a->cfg.hidden;
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)(B * h));
+    float *ya = malloc(sizeof(float) * (size_t)(B * h)), *yb = malloc(sizeof(float) * (size_t)(B * h));
+    uint64_t rng = g_seed ^ 0xF00D;
+    for (int i = 0; i < B * h; i++) x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
+    CHECK_OK(mj_moe_forward_ref(a, MJ_MODE_W4A16, x, B, B, 0, ya, NULL));
+    CHECK_OK(mj_moe_forward_ref(b, MJ_MODE_W4A16, x, B, B, 0, yb, NULL));
+    double d = 0, m = 0;
+    for (int i = 0; i < B * h; i++) {
+        d = fmax(d, fabs((double)ya[i] - yb[i]));
+        m = fmax(m, fabs((double)yb[i]));
+    }
+    free(x), free(ya), free(yb);
+    return m > 0 ? d / m : d;
+}
+
+static int count_files(const char *dir, const char *suffix) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        size_t l = strlen(de->d_name), s = strlen(suffix);
+        if (de->d_name[0] != '.' && l >= s && !strcmp(de->d_name + l - s, suffix)) n++;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+static void copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    if (!in || !out) abort();
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) abort();
+    fclose(in);
+    if (fclose(out)) abort();
+}
+
+/* A fresh copy of checkpoint src, named name under the run's directory (malloc'd path). */
+static char *copy_ck(const char *src, const char *name) {
+    char *dst = path2(g_root, name);
+    if (mkdir(dst, 0755)) abort();
+    DIR *d = opendir(src);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char *a = path2(src, de->d_name), *b = path2(dst, de->d_name);
+        copy_file(a, b);
+        free(a), free(b);
+    }
+    closedir(d);
+    return dst;
+}
+
+/* ---- a safetensors file to edit -------------------------------------------------------------- */
+typedef struct stf {
+    json_t *hdr;
+    uint8_t *data;
+    size_t data_len;
+} stf;
+
+static void st_load(const char *path, stf *f) {
+    FILE *in = fopen(path, "rb");
+    uint8_t n8[8];
+    if (!in || fread(n8, 1, 8, in) != 8) abort();
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | n8[i];
+    char *h = malloc(n);
+    if (fread(h, 1, n, in) != n) abort();
+    json_error_t err;
+    f->hdr = json_loadb(h, n, 0, &err);
+    free(h);
+    long at = ftell(in);
+    fseek(in, 0, SEEK_END);
+    f->data_len = (size_t)(ftell(in) - at);
+    fseek(in, at, SEEK_SET);
+    f->data = malloc(f->data_len + 1);
+    if (!f->hdr || fread(f->data, 1, f->data_len, in) != f->data_len) abort();
+    fclose(in);
+}
+
+/* Write header text (as it is) and the data back. */
+static void st_save_text(const char *path, const char *text, const stf *f) {
+    size_t len = strlen(text);
+    FILE *out = fopen(path, "wb");
+    uint8_t n8[8];
+    for (int i = 0; i < 8; i++) n8[i] = (uint8_t)((uint64_t)len >> (8 * i));
+    if (!out || fwrite(n8, 1, 8, out) != 8 || fwrite(text, 1, len, out) != len ||
+        fwrite(f->data, 1, f->data_len, out) != f->data_len || fclose(out))
+        abort();
+}
+
+static void st_save(const char *path, stf *f) {
+    char *text = json_dumps(f->hdr, JSON_COMPACT);
+    st_save_text(path, text, f);
+    free(text);
+    json_decref(f->hdr);
+    free(f->data);
+}
+
+static json_t *st_entry(stf *f, const char *name) {
+    json_t *e = json_object_get(f->hdr, name);
+    if (!e) fprintf(stderr, "no tensor %s in the header\n", name), abort();
+    return e;
+}
+
+static uint64_t st_off(stf *f, const char *name, int i) {
+    return (uint64_t)json_integer_value(json_array_get(json_object_get(st_entry(f, name), "data_offsets"), (size_t)i));
+}
+
+static void st_set_off(stf *f, const char *name, uint64_t b, uint64_t e) {
+    json_t *o = json_object_get(st_entry(f, name), "data_offsets");
+    json_array_set_new(o, 0, json_integer((json_int_t)b));
+    json_array_set_new(o, 1, json_integer((json_int_t)e));
+}
+
+static void st_set_dtype(stf *f, const char *name, const char *dtype) {
+    json_object_set_new(st_entry(f, name), "dtype", json_string(dtype));
+}
+
+static void st_set_shape(stf *f, const char *name, int ndim, int64_t d0, int64_t d1) {
+    json_t *s = json_array();
+    if (ndim > 0) json_array_append_new(s, json_integer(d0));
+    if (ndim > 1) json_array_append_new(s, json_integer(d1));
+    json_object_set_new(st_entry(f, name), "shape", s);
+}
+
+static float *st_f32(stf *f, const char *name) { return (float *)(f->data + st_off(f, name, 0)); }
+
+/* A tensor name in a ring of buffers: valid for the next 15 calls (copy one kept longer). */
+static const char *tname(int32_t L, int32_t e, const char *proj, const char *field) {
+    static char buf[16][MJ_CK_NAME_MAX];
+    static int k;
+    char *b = buf[k++ % 16];
+    return mj_ck_tensor_name(b, MJ_CK_NAME_MAX, L, e, proj, field);
+}
+
+/* Open (and load layer 3 whole): the first failure's status, and its message in msg. */
+static mj_status open_and_load(const char *dir, int32_t layer, char *msg, size_t n) {
+    mj_checkpoint_t ck = NULL;
+    mj_layer_t sentinel = (mj_layer_t)(uintptr_t)0x1234, out = sentinel;
+    msg[0] = '\0';
+    mj_status st = mj_checkpoint_open(dir, &ck);
+    if (st == MJ_OK) {
+        st = mj_layer_load(ck, layer, MJ_PAR_NONE, 0, 1, &out);
+        if (st == MJ_OK) mj_layer_free(out);
+        else CHECK(out == sentinel, "a failed load wrote *out");
+        mj_checkpoint_close(ck);
+    } else {
+        CHECK(ck == NULL, "a failed open wrote *out");
+    }
+    snprintf(msg, n, "%s", mj_last_error());
+    return st;
+}
+
+/* A malformed case: want status `want` with each of the texts in the message. */
+static void expect_refused(const char *what, const char *dir, mj_status want, const char *t1, const char *t2) {
+    char msg[4096];
+    mj_status st = open_and_load(dir, 3, msg, sizeof msg);
+    CHECK(st == want, "%s: got %s (want %s): %s", what, mj_status_string(st), mj_status_string(want), msg);
+    CHECK(!t1 || strstr(msg, t1), "%s: the message lacks '%s': %s", what, t1, msg);
+    CHECK(!t2 || strstr(msg, t2), "%s: the message lacks '%s': %s", what, t2, msg);
+}
+
+/* ---- round trips ------------------------------------------------------------------------------ */
+
+static void check_layer_and_slices(mj_checkpoint_t ck, int32_t L) {
+    mj_layer_t ref = reference_layer(ck, L), got = NULL;
+    CHECK_OK(mj_layer_load(ck, L, MJ_PAR_NONE, 0, 1, &got));
+    CHECK(layer_equal(got, ref), "layer %d: loaded != mj_layer_create_random", L);
+    CHECK(got && forward_equal(got, ref, 3), "layer %d: reference forwards differ", L);
+    mj_layer_free(got);
+    const struct { mj_parallel kind; int n; } splits[] = {{MJ_PAR_TP, 2}, {MJ_PAR_TP, 4}, {MJ_PAR_EP, 2}, {MJ_PAR_EP, 4}};
+    for (size_t s = 0; s < sizeof splits / sizeof splits[0]; s++)
+        for (int r = 0; r < splits[s].n; r++) {
+            mj_layer_t want = NULL, have = NULL;
+            CHECK_OK(mj_layer_shard(ref, splits[s].kind, r, splits[s].n, &want));
+            CHECK_OK(mj_layer_load(ck, L, splits[s].kind, r, splits[s].n, &have));
+            const char *k = splits[s].kind == MJ_PAR_TP ? "TP" : "EP";
+            CHECK(layer_equal(have, want), "layer %d %s rank %d of %d: loaded slice != mj_layer_shard", L, k, r,
+                  splits[s].n);
+            CHECK(have && want && forward_equal(have, want, 3), "layer %d %s rank %d of %d: forwards differ", L, k, r,
+                  splits[s].n);
+            mj_layer_free(want), mj_layer_free(have);
+        }
+    mj_layer_free(ref);
+}
+
+static void test_round_trip_single(const char *dir) {
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(dir, &ck));
+    if (!ck) return;
+    CHECK(count_files(dir, ".safetensors") == 1 && count_files(dir, ".index.json") == 0,
+          "one shard, no index: %d shards", count_files(dir, ".safetensors"));
+    mj_moe_config cfg;
+    CHECK_OK(mj_checkpoint_config(ck, &cfg));
+    CHECK(cfg.hidden == H && cfg.intermediate == I && cfg.n_experts == E && cfg.topk == TOPK && cfg.n_shared == 1 &&
+              cfg.has_correction_bias == 1 && cfg.quant == MJ_QUANT_NVFP4,
+          "config read back: %d %d %d %d", cfg.hidden, cfg.intermediate, cfg.n_experts, cfg.topk);
+    int32_t layers[4] = {-1, -1, -1, -1}, n = -1;
+    CHECK_OK(mj_checkpoint_moe_layers(ck, layers, 4, &n));
+    /* GLM-5: first_k_dense_replace 3, so the default layer is 3. */
+    CHECK(n == 1 && layers[0] == 3 && layers[1] == -1, "moe layers: n %d, [%d, %d]", n, layers[0], layers[1]);
+    CHECK_OK(mj_checkpoint_moe_layers(ck, NULL, 0, &n));
+    CHECK(n == 1, "count with cap 0: %d", n);
+    check_layer_and_slices(ck, 3);
+    /* The whole layer reads each of its bytes once. */
+    int64_t before = mj_checkpoint_bytes_read(ck);
+    mj_layer_t got = NULL;
+    CHECK_OK(mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 1, &got));
+    const int64_t per_expert = 2 * (int64_t)I * (H / 2 + H / 16) + (int64_t)H * (I / 2 + I / 16) + 6 * 4;
+    const int64_t whole = (int64_t)E * H * 2 + E * 4 + (E + 1) * per_expert;
+    CHECK(mj_checkpoint_bytes_read(ck) - before == whole, "whole layer read %lld bytes, its tensors are %lld",
+          (long long)(mj_checkpoint_bytes_read(ck) - before), (long long)whole);
+    mj_layer_free(got);
+    /* Arguments. */
+    mj_layer_t sentinel = (mj_layer_t)(uintptr_t)0x99, out = sentinel;
+    CHECK_STATUS(mj_layer_load(ck, 4, MJ_PAR_NONE, 0, 1, &out), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "MoE layers: 3"), "names the layers there: %s", mj_last_error());
+    CHECK_STATUS(mj_layer_load(ck, 3, MJ_PAR_TP, 0, 3, &out), MJ_ERR_CONFIG);
+    CHECK_STATUS(mj_layer_load(ck, 3, MJ_PAR_EP, 0, 3, &out), MJ_ERR_CONFIG);
+    CHECK_STATUS(mj_layer_load(ck, 3, MJ_PAR_TP, 2, 2, &out), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 2, &out), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_layer_load(ck, 3, (mj_parallel)7, 0, 1, &out), MJ_ERR_INVALID_ARG);
+    CHECK(out == sentinel, "failed loads left *out alone");
+    CHECK_STATUS(mj_layer_load(NULL, 3, MJ_PAR_NONE, 0, 1, &out), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_checkpoint_moe_layers(ck, NULL, 2, &n), MJ_ERR_INVALID_ARG);
+    CHECK_OK(mj_checkpoint_close(ck));
+    CHECK_OK(mj_checkpoint_close(NULL));
+}
+
+static void test_round_trip_sharded(void) {
+    char *dir = path2(g_root, "sharded");
+    /* One layer is ~500 KB: 60 KB shards make many, and tensors of one expert span two. */
+    CHECK_OK(make_ck(glm5_config(), dir, 3, 4, 60000));
+    int shards = count_files(dir, ".safetensors");
+    CHECK(shards >= 8 && count_files(dir, ".index.json") == 1, "%d shards and an index", shards);
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(dir, &ck));
+    if (ck) {
+        int32_t layers[2], n;
+        CHECK_OK(mj_checkpoint_moe_layers(ck, layers, 2, &n));
+        CHECK(n == 2 && layers[0] == 3 && layers[1] == 4, "layers %d: %d %d", n, layers[0], layers[1]);
+        mj_layer_t l3 = NULL, l4 = NULL, ref4 = reference_layer(ck, 4);
+        CHECK_OK(mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 1, &l3));
+        CHECK_OK(mj_layer_load(ck, 4, MJ_PAR_NONE, 0, 1, &l4));
+        CHECK(layer_equal(l4, ref4), "layer 4 from shards != its reference");
+        CHECK(l3 && l4 && memcmp(l3->gate, l4->gate, (size_t)E * H * 2) != 0, "layers 3 and 4 have their own seeds");
+        mj_layer_t want = NULL, have = NULL;
+        CHECK_OK(mj_layer_shard(ref4, MJ_PAR_TP, 1, 2, &want));
+        CHECK_OK(mj_layer_load(ck, 4, MJ_PAR_TP, 1, 2, &have));
+        CHECK(layer_equal(have, want) && forward_equal(have, want, 2), "layer 4 TP 1/2 from shards");
+        mj_layer_free(want), mj_layer_free(have), mj_layer_free(l3), mj_layer_free(l4), mj_layer_free(ref4);
+        mj_checkpoint_close(ck);
+    }
+    free(dir);
+}
+
+/* n_shared > 1: one shared_experts MLP of n_shared * I rows, as mj_layer_create_random has it. */
+static void test_two_shared(void) {
+    char *cfg = config_with_shared(2), *dir = path2(g_root, "shared2");
+    CHECK_OK(make_ck(cfg, dir, -1, -1, 0));
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(dir, &ck));
+    if (ck) {
+        mj_layer_t ref = reference_layer(ck, 3), got = NULL, want = NULL, have = NULL;
+        CHECK(ref->shared_w13.n_out == 2 * 2 * I, "the reference's shared w13 has %d rows", ref->shared_w13.n_out);
+        CHECK_OK(mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 1, &got));
+        CHECK(layer_equal(got, ref), "n_shared 2: loaded != reference");
+        CHECK_OK(mj_layer_shard(ref, MJ_PAR_TP, 3, 4, &want));
+        CHECK_OK(mj_layer_load(ck, 3, MJ_PAR_TP, 3, 4, &have));
+        CHECK(layer_equal(have, want) && forward_equal(have, want, 2), "n_shared 2: TP 3/4");
+        mj_layer_free(ref), mj_layer_free(got), mj_layer_free(want), mj_layer_free(have);
+        mj_checkpoint_close(ck);
+    }
+    free(cfg), free(dir);
+}
+
+/* ---- a slice reads only its bytes ------------------------------------------------------------- */
+typedef struct trace {
+    int rank, n, kind;         /* the slice loaded */
+    int64_t bytes, outside;    /* bytes copied; ranges outside the slice                       */
+} trace;
+
+static int has(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
+
+static void on_read(void *user, const char *t, uint64_t off, uint64_t len) {
+    trace *tr = user;
+    tr->bytes += (int64_t)len;
+    const int shared = has(t, "shared_experts");
+    const int64_t inter = shared ? (int64_t)I : I; /* n_shared is 1 here */
+    const int is_scale = has(t, ".weight_scale") && !has(t, "weight_scale_2");
+    const int is_weight = has(t, "_proj.weight") && !has(t, "_proj.weight_scale");
+    if (tr->kind == MJ_PAR_TP && (is_weight || is_scale)) {
+        int64_t lo = inter * tr->rank / tr->n, hi = inter * (tr->rank + 1) / tr->n; /* rows / columns held */
+        int64_t div = is_scale ? 16 : 2;
+        if (has(t, "down_proj")) { /* columns of every row of [H, inter] */
+            int64_t row = inter / div, c = (int64_t)off % row;
+            tr->outside += c < lo / div || c + (int64_t)len > hi / div;
+        } else { /* rows of [inter, H] */
+            int64_t row = H / div;
+            tr->outside += (int64_t)off < lo * row || (int64_t)(off + len) > hi * row;
+        }
+    }
+    if (tr->kind == MJ_PAR_EP && has(t, ".experts.")) {
+        int e = atoi(strstr(t, ".experts.") + 9);
+        tr->outside += e < E * tr->rank / tr->n || e >= E * (tr->rank + 1) / tr->n;
+    }
+    if (tr->kind == MJ_PAR_EP && shared) tr->outside += tr->rank != 0;
+}
+
+static void test_slice_reads(const char *dir) {
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(dir, &ck));
+    if (!ck) return;
+    const int64_t router = (int64_t)E * H * 2 + E * 4, scalars = 6 * 4;
+    const struct { int kind, n, rank; } cases[] = {{MJ_PAR_TP, 2, 1}, {MJ_PAR_TP, 4, 2}, {MJ_PAR_EP, 2, 1}, {MJ_PAR_EP, 4, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        trace tr = {cases[c].rank, cases[c].n, cases[c].kind, 0, 0};
+        mj_checkpoint_set_read_hook(ck, on_read, &tr);
+        int64_t before = mj_checkpoint_bytes_read(ck);
+        mj_layer_t l = NULL;
+        CHECK_OK(mj_layer_load(ck, 3, (mj_parallel)cases[c].kind, cases[c].rank, cases[c].n, &l));
+        mj_layer_free(l);
+        int64_t want;
+        if (cases[c].kind == MJ_PAR_TP) {
+            int64_t il = I / cases[c].n;
+            want = router + (E + 1) * (2 * il * (H / 2 + H / 16) + (int64_t)H * (il / 2 + il / 16) + scalars);
+        } else {
+            int64_t whole = 2 * (int64_t)I * (H / 2 + H / 16) + (int64_t)H * (I / 2 + I / 16) + scalars;
+            want = router + (E / cases[c].n + (cases[c].rank == 0)) * whole;
+        }
+        CHECK(tr.bytes == want && mj_checkpoint_bytes_read(ck) - before == want,
+              "%s rank %d of %d read %lld bytes (counter %lld), its slice is %lld", cases[c].kind == MJ_PAR_TP ? "TP" : "EP",
+              cases[c].rank, cases[c].n, (long long)tr.bytes, (long long)(mj_checkpoint_bytes_read(ck) - before),
+              (long long)want);
+        CHECK(tr.outside == 0, "%s rank %d of %d: %lld reads outside its slice", cases[c].kind == MJ_PAR_TP ? "TP" : "EP",
+              cases[c].rank, cases[c].n, (long long)tr.outside);
+    }
+    mj_checkpoint_set_read_hook(ck, NULL, NULL);
+    mj_checkpoint_close(ck);
+}
+
+/* Ranks as threads, loading their slices from one open checkpoint at once. */
+typedef struct rank_load {
+    mj_checkpoint_t ck;
+    int rank;
+    mj_layer_t out;
+    mj_status st;
+} rank_load;
+
+static void *load_rank(void *a) {
+    rank_load *r = a;
+    r->st = mj_layer_load(r->ck, 3, MJ_PAR_TP, r->rank, 4, &r->out);
+    return NULL;
+}
+
+static void test_parallel_load(const char *dir) {
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(dir, &ck));
+    if (!ck) return;
+    rank_load r[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        r[i] = (rank_load){ck, i, NULL, MJ_ERR_INTERNAL};
+        CHECK(pthread_create(&th[i], NULL, load_rank, &r[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    mj_layer_t ref = reference_layer(ck, 3);
+    int64_t total = 0;
+    for (int i = 0; i < 4; i++) {
+        mj_layer_t want = NULL;
+        CHECK_OK(mj_layer_shard(ref, MJ_PAR_TP, i, 4, &want));
+        CHECK(r[i].st == MJ_OK && layer_equal(r[i].out, want), "rank %d of 4 loaded in parallel", i);
+        mj_layer_free(want), mj_layer_free(r[i].out);
+    }
+    /* Four TP quarters read every expert byte once and the router four times. */
+    const int64_t per_expert = 2 * (int64_t)I * (H / 2 + H / 16) + (int64_t)H * (I / 2 + I / 16);
+    total = 4 * ((int64_t)E * H * 2 + E * 4 + (E + 1) * 6 * 4) + (E + 1) * per_expert;
+    CHECK(mj_checkpoint_bytes_read(ck) == total, "bytes read by 4 threads: %lld, want %lld",
+          (long long)mj_checkpoint_bytes_read(ck), (long long)total);
+    mj_layer_free(ref);
+    mj_checkpoint_close(ck);
+}
+
+/* ---- malformed checkpoints -------------------------------------------------------------------- */
+
+static void test_malformed_single(const char *good) {
+    stf f;
+    char gw[MJ_CK_NAME_MAX], gu[MJ_CK_NAME_MAX], sg[MJ_CK_NAME_MAX];
+    mj_ck_tensor_name(gw, sizeof gw, 3, 0, "gate_proj", "weight");
+    mj_ck_tensor_name(gu, sizeof gu, 3, 0, "up_proj", "weight");
+    mj_ck_tensor_name(sg, sizeof sg, 3, MJ_CK_SHARED, "gate_proj", "weight");
+
+    /* A tensor missing. */
+    char *d = copy_ck(good, "missing_tensor"), *p = path2(d, MJ_CK_SINGLE);
+    st_load(p, &f);
+    json_object_del(f.hdr, tname(3, 1, "up_proj", "weight_scale"));
+    st_save(p, &f);
+    expect_refused("missing tensor", d, MJ_ERR_PARSE, tname(3, 1, "up_proj", "weight_scale"), "model.safetensors");
+    free(d), free(p);
+
+    /* Wrong dtypes: a scalar as I32, a weight as I8, the router as F16. */
+    const char *dt_cases[][2] = {{tname(3, 2, "down_proj", "weight_scale_2"), "I32"},
+                                 {gw, "I8"},
+                                 {tname(3, MJ_CK_ROUTER, NULL, "weight"), "F16"}};
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "dtype%d", i);
+        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        char tn[MJ_CK_NAME_MAX];
+        snprintf(tn, sizeof tn, "%s", dt_cases[i][0]);
+        st_load(p, &f);
+        st_set_dtype(&f, tn, dt_cases[i][1]);
+        st_save(p, &f);
+        expect_refused("wrong dtype", d, MJ_ERR_PARSE, tn, dt_cases[i][1]);
+        free(d), free(p);
+    }
+
+    /* Wrong shapes (the same byte count, so the header itself is consistent). */
+    d = copy_ck(good, "shape"), p = path2(d, MJ_CK_SINGLE);
+    st_load(p, &f);
+    st_set_shape(&f, gw, 2, H / 2, I);
+    st_save(p, &f);
+    expect_refused("wrong shape", d, MJ_ERR_PARSE, gw, "expected [256, 64]");
+    free(d), free(p);
+    d = copy_ck(good, "shape_router"), p = path2(d, MJ_CK_SINGLE);
+    st_load(p, &f);
+    st_set_shape(&f, tname(3, MJ_CK_ROUTER, NULL, "weight"), 2, H, E);
+    st_save(p, &f);
+    expect_refused("router shape", d, MJ_ERR_PARSE, "mlp.gate.weight", "n_routed_experts");
+    free(d), free(p);
+
+    /* A truncated shard. */
+    d = copy_ck(good, "truncated"), p = path2(d, MJ_CK_SINGLE);
+    struct stat sb;
+    stat(p, &sb);
+    CHECK(truncate(p, sb.st_size - 1000) == 0, "truncate");
+    expect_refused("truncated shard", d, MJ_ERR_PARSE, "model.safetensors", "run past the data area");
+    free(d), free(p);
+
+    /* The header length past the end of the file. */
+    d = copy_ck(good, "header_len"), p = path2(d, MJ_CK_SINGLE);
+    stat(p, &sb);
+    {
+        int fd = open(p, O_WRONLY);
+        uint64_t n = (uint64_t)sb.st_size;
+        CHECK(pwrite(fd, &n, 8, 0) == 8, "pwrite");
+        close(fd);
+    }
+    expect_refused("header length past the file", d, MJ_ERR_PARSE, "model.safetensors", "runs past the end");
+    free(d), free(p);
+
+    /* Offsets that lie: overlapping, out of bounds, end before begin. */
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "offsets%d", i);
+        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        st_load(p, &f);
+        uint64_t b = st_off(&f, gw, 0), e = st_off(&f, gw, 1);
+        if (i == 0) st_set_off(&f, gu, b + 32, e + 32); /* overlaps gate's bytes */
+        if (i == 1) st_set_off(&f, gu, f.data_len - (e - b) + 16, f.data_len + 16);
+        if (i == 2) st_set_off(&f, gu, e, b);
+        const char *want = i == 0 ? "overlap" : i == 1 ? "run past the data area" : "end before they begin";
+        st_save(p, &f);
+        expect_refused("offsets", d, MJ_ERR_PARSE, gu, want);
+        free(d), free(p);
+    }
+
+    /* A duplicate JSON key: the gate's entry written twice. */
+    d = copy_ck(good, "dupkey"), p = path2(d, MJ_CK_SINGLE);
+    st_load(p, &f);
+    {
+        char *entry = json_dumps(st_entry(&f, gw), JSON_COMPACT), *all = json_dumps(f.hdr, JSON_COMPACT), *text = NULL;
+        if (asprintf(&text, "{\"%s\":%s,%s", gw, entry, all + 1) < 0) abort();
+        st_save_text(p, text, &f);
+        free(entry), free(all), free(text);
+        json_decref(f.hdr), free(f.data);
+    }
+    expect_refused("duplicate key", d, MJ_ERR_PARSE, "model.safetensors", "duplicate");
+    free(d), free(p);
+
+    /* Non-finite and impossible scales. */
+    for (int i = 0; i < 4; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "nonfinite%d", i);
+        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        st_load(p, &f);
+        const char *t = i == 0 ? tname(3, 3, "down_proj", "input_scale")
+                      : i == 1 ? tname(3, 0, "up_proj", "weight_scale")
+                      : i == 2 ? tname(3, MJ_CK_ROUTER, NULL, "e_score_correction_bias")
+                               : tname(3, MJ_CK_SHARED, "gate_proj", "weight_scale_2");
+        char tn[MJ_CK_NAME_MAX];
+        snprintf(tn, sizeof tn, "%s", t);
+        if (i == 0) *st_f32(&f, tn) = NAN;
+        if (i == 1) f.data[st_off(&f, tn, 0) + 5] = 0x7F; /* the e4m3 NaN */
+        if (i == 2) st_f32(&f, tn)[E - 1] = INFINITY;
+        if (i == 3) *st_f32(&f, tn) = -1.0f;
+        st_save(p, &f);
+        expect_refused("bad scale", d, i == 3 ? MJ_ERR_PARSE : MJ_ERR_NONFINITE, tn, i == 3 ? "positive" : NULL);
+        free(d), free(p);
+    }
+
+    /* A bf16 (unquantized) shared expert: refused, naming the tensor. */
+    d = copy_ck(good, "bf16_shared"), p = path2(d, MJ_CK_SINGLE);
+    st_load(p, &f);
+    st_set_dtype(&f, sg, "BF16");
+    st_set_shape(&f, sg, 2, I, H / 4); /* the same bytes as [I, H/2] u8 */
+    st_save(p, &f);
+    expect_refused("bf16 shared expert", d, MJ_ERR_UNSUPPORTED, sg, "unquantized shared expert");
+    free(d), free(p);
+
+    /* No NVFP4 quantization: hf_quant_config.json removed (GLM-5's config has none inline). */
+    d = copy_ck(good, "no_quant");
+    p = path2(d, MJ_CK_QUANT);
+    unlink(p);
+    expect_refused("not NVFP4", d, MJ_ERR_UNSUPPORTED, "NVFP4", NULL);
+    free(d), free(p);
+
+    /* No tensors at all. */
+    d = copy_ck(good, "no_shard");
+    p = path2(d, MJ_CK_SINGLE);
+    unlink(p);
+    expect_refused("no shard", d, MJ_ERR_IO, "model.safetensors", "neither");
+    free(d), free(p);
+    expect_refused("no directory", "/nonexistent/checkpoint", MJ_ERR_IO, "/nonexistent/checkpoint", NULL);
+}
+
+/* Alternative encodings a real export may use: weight_scale stored as U8, scalars as [1]. */
+static void test_alternative_encodings(const char *good) {
+    char *d = copy_ck(good, "alt"), *p = path2(d, MJ_CK_SINGLE);
+    stf f;
+    st_load(p, &f);
+    const char *k;
+    json_t *v;
+    json_object_foreach(f.hdr, k, v) {
+        const char *dt = json_string_value(json_object_get(v, "dtype"));
+        if (dt && !strcmp(dt, "F8_E4M3")) json_object_set_new(v, "dtype", json_string("U8"));
+        json_t *shape = json_object_get(v, "shape");
+        if (shape && json_array_size(shape) == 0) json_array_append_new(shape, json_integer(1));
+    }
+    st_save(p, &f);
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(d, &ck));
+    if (ck) {
+        mj_layer_t ref = reference_layer(ck, 3), got = NULL;
+        CHECK_OK(mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 1, &got));
+        CHECK(layer_equal(got, ref), "U8 block scales and [1] scalars load as the originals");
+        mj_layer_free(ref), mj_layer_free(got);
+        mj_checkpoint_close(ck);
+    }
+    free(d), free(p);
+}
+
+/* gate and up swapped in the file: every header check passes (the shapes are the same), and
+ * the reference forward shows it. */
+static void test_gate_up_swapped(const char *good) {
+    char *d = copy_ck(good, "swapped"), *p = path2(d, MJ_CK_SINGLE);
+    stf f;
+    st_load(p, &f);
+    for (int e = 0; e < E; e++)
+        for (int s = 0; s < 2; s++) {
+            char g[MJ_CK_NAME_MAX], u[MJ_CK_NAME_MAX];
+            mj_ck_tensor_name(g, sizeof g, 3, e, "gate_proj", s ? "weight_scale" : "weight");
+            mj_ck_tensor_name(u, sizeof u, 3, e, "up_proj", s ? "weight_scale" : "weight");
+            uint64_t gb = st_off(&f, g, 0), ge = st_off(&f, g, 1), ub = st_off(&f, u, 0), ue = st_off(&f, u, 1);
+            st_set_off(&f, g, ub, ue);
+            st_set_off(&f, u, gb, ge);
+        }
+    st_save(p, &f);
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(d, &ck));
+    if (ck) {
+        mj_layer_t ref = reference_layer(ck, 3), got = NULL;
+        CHECK_OK(mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 1, &got));
+        g_expect_differ = 1;
+        CHECK(got && !layer_equal(got, ref), "a swapped checkpoint loads into a different layer");
+        g_expect_differ = 0;
+        double rel = got ? forward_rel_diff(got, ref, 4) : 0;
+        CHECK(rel > 0.1, "gate/up swapped: the forward differs from the reference by %.3g (relative)", rel);
+        mj_layer_free(ref), mj_layer_free(got);
+        mj_checkpoint_close(ck);
+    }
+    free(d), free(p);
+}
+
+/* stderr into a file while f runs; the text (malloc'd). */
+static char *capture_stderr(void (*fn)(void *), void *arg) {
+    char *path = path2(g_root, "stderr.txt");
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    dup2(fd, 2);
+    close(fd);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    FILE *in = fopen(path, "r");
+    char *text = calloc(1, 8192);
+    if (in) {
+        size_t n = fread(text, 1, 8191, in);
+        text[n] = '\0';
+        fclose(in);
+    }
+    free(path);
+    return text;
+}
+
+/* Block scales re-expressed from ws_old to ws_new: each value (scale * per-tensor scale)
+ * within e4m3 rounding of the original, and some bytes changed. e4m3 rounds to half an ulp
+ * (1/16 relative) among the normals; among the subnormals (and for the smallest-subnormal
+ * floor of an underflow) 2^-9 absolute in unit scale. */
+static int reexpressed_ok(const uint8_t *now, const uint8_t *was, float ws_old, float ws_new, int64_t n) {
+    int bad = 0, changed = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double want = mj_e4m3_decode(was[i]) * (double)ws_old, have = mj_e4m3_decode(now[i]) * (double)ws_new;
+        bad += fabs(have - want) > want / 16 + 0x1p-9 * ws_new;
+        changed += now[i] != was[i];
+    }
+    if (bad || !changed) fprintf(stderr, "re-expressed scales: %d outside e4m3 rounding, %d changed\n", bad, changed);
+    return !bad && changed;
+}
+
+typedef struct load_args {
+    mj_checkpoint_t ck;
+    mj_parallel kind;
+    int rank, n;
+    mj_layer_t out;
+    mj_status st;
+} load_args;
+
+static void do_load(void *a) {
+    load_args *la = a;
+    la->st = mj_layer_load(la->ck, 3, la->kind, la->rank, la->n, &la->out);
+}
+
+/* Fused siblings with different scales: loaded with the max; the other sibling's block scales
+ * re-expressed (within e4m3 rounding of the original values); one warning for the layer. */
+static void test_sibling_scales(const char *good) {
+    char *d = copy_ck(good, "siblings"), *p = path2(d, MJ_CK_SINGLE);
+    stf f;
+    st_load(p, &f);
+    char us2[MJ_CK_NAME_MAX], us2b[MJ_CK_NAME_MAX], uin[MJ_CK_NAME_MAX];
+    mj_ck_tensor_name(us2, sizeof us2, 3, 1, "up_proj", "weight_scale_2");
+    mj_ck_tensor_name(us2b, sizeof us2b, 3, 5, "up_proj", "weight_scale_2");
+    mj_ck_tensor_name(uin, sizeof uin, 3, 2, "up_proj", "input_scale");
+    *st_f32(&f, us2) *= 1.5f;  /* expert 1: up's scale the larger      */
+    *st_f32(&f, us2b) *= 0.5f; /* expert 5: gate's scale the larger    */
+    *st_f32(&f, uin) *= 2.0f;  /* expert 2: up's input_scale the larger */
+    st_save(p, &f);
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(d, &ck));
+    if (!ck) return;
+    mj_layer_t ref = reference_layer(ck, 3);
+    load_args la = {ck, MJ_PAR_NONE, 0, 1, NULL, MJ_OK};
+    unsetenv("MOEJIT_QUIET");
+    char *err = capture_stderr(do_load, &la);
+    CHECK(la.st == MJ_OK, "load with differing sibling scales: %s", mj_last_error());
+    CHECK(test_count(err, "warning") == 1 && strstr(err, "weight_scale_2") && strstr(err, "2 expert(s)") &&
+              strstr(err, "expert 1") && strstr(err, "lossy"),
+          "one warning for the layer, naming the first expert: %s", err);
+    mj_layer_t got = la.out;
+    if (got) {
+        const int64_t sb = H / 16, qb = H / 2;
+        /* Expert 1: up rows as stored (their scale is the max), gate rows re-expressed. */
+        const mj_nvfp4_linear *a = &got->w13[1], *b = &ref->w13[1];
+        CHECK(a->weight_scale_2 == b->weight_scale_2 * 1.5f, "w13 scale: the larger (%g vs %g)",
+              (double)a->weight_scale_2, (double)b->weight_scale_2);
+        CHECK(!memcmp(a->weight, b->weight, (size_t)(2 * I * qb)), "FP4 codes are kept");
+        CHECK(!memcmp(a->weight_scale + I * sb, b->weight_scale + I * sb, (size_t)(I * sb)), "up's block scales kept");
+        CHECK(reexpressed_ok(a->weight_scale, b->weight_scale, b->weight_scale_2, a->weight_scale_2, I * sb),
+              "expert 1's gate block scales re-expressed within e4m3 rounding");
+        /* Expert 5: gate's scale is the max; up's block scales are re-expressed. */
+        const mj_nvfp4_linear *a5 = &got->w13[5], *b5 = &ref->w13[5];
+        CHECK(a5->weight_scale_2 == b5->weight_scale_2, "expert 5 keeps gate's scale");
+        CHECK(!memcmp(a5->weight_scale, b5->weight_scale, (size_t)(I * sb)), "expert 5's gate scales kept");
+        CHECK(reexpressed_ok(a5->weight_scale + I * sb, b5->weight_scale + I * sb, b5->weight_scale_2 * 0.5f,
+                             a5->weight_scale_2, I * sb),
+              "expert 5's up block scales re-expressed within e4m3 rounding");
+        /* Expert 2: the larger input_scale; the rest as stored. */
+        CHECK(got->w13[2].input_scale == ref->w13[2].input_scale * 2.0f, "expert 2 input_scale: the max");
+        CHECK(linear_equal(&got->w13[0], &ref->w13[0], "expert 0"), "an expert with equal siblings is as stored");
+        /* A TP slice of the same checkpoint is the same slice of the whole (the fix is per row). */
+        mj_layer_t want = NULL;
+        load_args tp = {ck, MJ_PAR_TP, 1, 2, NULL, MJ_OK};
+        char *err2 = capture_stderr(do_load, &tp);
+        CHECK_OK(mj_layer_shard(got, MJ_PAR_TP, 1, 2, &want));
+        CHECK(tp.st == MJ_OK && layer_equal(tp.out, want), "TP 1/2 of the fixed layer");
+        mj_layer_free(want), mj_layer_free(tp.out), free(err2);
+    }
+    free(err);
+    mj_layer_free(got), mj_layer_free(ref);
+    mj_checkpoint_close(ck);
+    free(d), free(p);
+}
+
+/* ---- shards and the index ---------------------------------------------------------------------- */
+
+static char *g_sharded_good;
+
+static char *shard_name(const char *dir, int i) {
+    char name[64];
+    snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", i, count_files(dir, ".safetensors"));
+    return path2(dir, name);
+}
+
+static void edit_index(const char *dir, const char *tensor, const char *shard) {
+    char *p = path2(dir, MJ_CK_INDEX);
+    json_error_t err;
+    json_t *root = json_load_file(p, 0, &err);
+    json_t *map = json_object_get(root, "weight_map");
+    if (shard) json_object_set_new(map, tensor, json_string(shard));
+    else json_object_del(map, tensor);
+    json_dump_file(root, p, JSON_INDENT(1));
+    json_decref(root);
+    free(p);
+}
+
+static void sigalrm(int s) {
+    (void)s;
+    static const char m[] = "test_checkpoint: opening a FIFO shard blocked\n";
+    if (write(2, m, sizeof m - 1)) {}
+    _exit(3);
+}
+
+static void test_malformed_sharded(void) {
+    const char *good = g_sharded_good;
+    char gw[MJ_CK_NAME_MAX];
+    mj_ck_tensor_name(gw, sizeof gw, 3, 0, "gate_proj", "weight");
+    char *d, *p, *q;
+
+    /* A tensor the index lacks; a tensor the index puts in a shard that lacks it. */
+    d = copy_ck(good, "idx_missing");
+    edit_index(d, tname(3, 4, "down_proj", "weight"), NULL);
+    expect_refused("missing from the index", d, MJ_ERR_PARSE, tname(3, 4, "down_proj", "weight"), MJ_CK_INDEX);
+    free(d);
+    d = copy_ck(good, "idx_wrong_shard");
+    q = shard_name(d, 2);
+    edit_index(d, gw, strrchr(q, '/') + 1); /* gate's tensor is in shard 1 */
+    expect_refused("index names the wrong shard", d, MJ_ERR_PARSE, gw, "whose header has no such tensor");
+    free(d), free(q);
+
+    /* Shard names that are paths: refused before anything is opened. */
+    const char *bad_names[3] = {"../x.safetensors", NULL, "."};
+    char *abs = shard_name(good, 1);
+    bad_names[1] = abs;
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "idx_path%d", i);
+        d = copy_ck(good, name);
+        edit_index(d, gw, bad_names[i]);
+        expect_refused("shard name that is a path", d, MJ_ERR_PARSE, gw, "not a file name inside");
+        free(d);
+    }
+    free(abs);
+
+    /* A missing shard; a symlinked one; a FIFO (which must not block the open). */
+    d = copy_ck(good, "shard_missing");
+    p = shard_name(d, 3);
+    unlink(p);
+    expect_refused("missing shard", d, MJ_ERR_IO, strrchr(p, '/') + 1, "missing");
+    free(d), free(p);
+    d = copy_ck(good, "shard_symlink");
+    p = shard_name(d, 2);
+    q = path2(g_root, "outside.safetensors");
+    rename(p, q);
+    CHECK(symlink(q, p) == 0, "symlink: %s", strerror(errno));
+    expect_refused("symlinked shard", d, MJ_ERR_IO, strrchr(p, '/') + 1, "symbolic link");
+    free(d), free(p), free(q);
+    d = copy_ck(good, "shard_fifo");
+    p = shard_name(d, 1);
+    unlink(p);
+    CHECK(mkfifo(p, 0600) == 0, "mkfifo: %s", strerror(errno));
+    signal(SIGALRM, sigalrm);
+    alarm(20);
+    expect_refused("FIFO shard", d, MJ_ERR_IO, strrchr(p, '/') + 1, "FIFO");
+    alarm(0);
+    free(d), free(p);
+
+    /* A truncated shard among several names that shard. */
+    d = copy_ck(good, "shard_truncated");
+    p = shard_name(d, 2);
+    struct stat sb;
+    stat(p, &sb);
+    CHECK(truncate(p, sb.st_size / 2) == 0, "truncate");
+    expect_refused("truncated shard", d, MJ_ERR_PARSE, strrchr(p, '/') + 1, "run past the data area");
+    free(d), free(p);
+}
+
+/* ---- the writer --------------------------------------------------------------------------------- */
+
+static int64_t dir_bytes(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int64_t n = 0;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char *p = path2(dir, de->d_name);
+        struct stat sb;
+        if (!stat(p, &sb)) n += sb.st_size;
+        free(p);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* Entries of dir (not . and ..). */
+static int dir_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d))) n += strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_writer(void) {
+    /* The plan says what is written, to the byte. */
+    char *dir = path2(g_root, "planned");
+    mj_checkpoint_make_options o = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
+    o.config_json = glm5_config(), o.out_dir = dir, o.seed = 7, o.layer_first = 3, o.layer_last = 5;
+    o.hidden = 64, o.intermediate = 64, o.n_experts = 4, o.topk = 2, o.shard_bytes = 20000;
+    mj_checkpoint_make_info info = MJ_CHECKPOINT_MAKE_INFO_INIT;
+    CHECK_OK(mj_checkpoint_make_plan(&o, &info));
+    CHECK(info.n_layers == 3 && info.layer_first == 3 && info.layer_last == 5 && info.cfg.hidden == 64 &&
+              info.n_shards > 1 && info.tensor_bytes > 0,
+          "plan: %d layers %d..%d, %d shards", info.n_layers, info.layer_first, info.layer_last, info.n_shards);
+    CHECK(access(dir, F_OK) != 0, "planning writes nothing");
+    CHECK_OK(mj_checkpoint_make(&o));
+    CHECK(dir_bytes(dir) == info.total_bytes, "wrote %lld bytes, planned %lld", (long long)dir_bytes(dir),
+          (long long)info.total_bytes);
+    CHECK(count_files(dir, ".safetensors") == info.n_shards, "%d shards, planned %d", count_files(dir, ".safetensors"),
+          info.n_shards);
+
+    /* An existing non-empty directory is refused and left alone; an empty one is used. */
+    int before = dir_entries(dir);
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
+    CHECK(strstr(mj_last_error(), "not empty"), "says why: %s", mj_last_error());
+    CHECK(dir_entries(dir) == before && dir_bytes(dir) == info.total_bytes, "the existing checkpoint is untouched");
+    char *empty = path2(g_root, "empty_out");
+    mkdir(empty, 0755);
+    o.out_dir = empty;
+    CHECK_OK(mj_checkpoint_make(&o));
+    CHECK(count_files(empty, ".safetensors") == info.n_shards, "an empty directory is filled");
+    /* A symbolic link as out_dir is refused. */
+    char *link = path2(g_root, "link_out");
+    CHECK(symlink(empty, link) == 0, "symlink");
+    o.out_dir = link;
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
+    CHECK(strstr(mj_last_error(), "symbolic link"), "says why: %s", mj_last_error());
+
+    /* Errors leave nothing behind: a bad override (before writing), a dense layer, and a
+     * write that fails half-way (a file size limit). */
+    char *fresh = path2(g_root, "fresh");
+    o.out_dir = fresh;
+    int root_before = dir_entries(g_root);
+    o.hidden = 100;
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_CONFIG);
+    CHECK(strstr(mj_last_error(), "hidden_size 100"), "names the field: %s", mj_last_error());
+    o.hidden = 64, o.layer_first = 1, o.layer_last = 2;
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "first_k_dense_replace 3"), "says why: %s", mj_last_error());
+    o.layer_first = 3, o.layer_last = 200;
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_INVALID_ARG);
+    o.layer_first = 3, o.layer_last = 5;
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 10000; /* below a shard's size */
+    signal(SIGXFSZ, SIG_IGN);
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit");
+    mj_status st = mj_checkpoint_make(&o);
+    setrlimit(RLIMIT_FSIZE, &old);
+    CHECK(st == MJ_ERR_IO && strstr(mj_last_error(), "cannot write"), "a failed write: %s: %s", mj_status_string(st),
+          mj_last_error());
+    CHECK(dir_entries(g_root) == root_before && access(fresh, F_OK) != 0, "nothing left behind (%d entries, were %d)",
+          dir_entries(g_root), root_before);
+
+    /* Too big for the file system: refused before anything is written. */
+    o.hidden = 16384, o.intermediate = 16384, o.n_experts = 4096, o.layer_first = 3, o.layer_last = 77;
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
+    CHECK(strstr(mj_last_error(), "will not fit"), "says why: %s", mj_last_error());
+    CHECK(dir_entries(g_root) == root_before, "nothing left behind");
+
+    /* Arguments. */
+    uint64_t s1, s2;
+    CHECK_OK(mj_checkpoint_layer_seed(1, 3, &s1));
+    CHECK_OK(mj_checkpoint_layer_seed(1, 4, &s2));
+    CHECK(s1 != s2, "layer seeds differ");
+    CHECK_STATUS(mj_checkpoint_layer_seed(1, -1, &s1), MJ_ERR_INVALID_ARG);
+    mj_checkpoint_make_options bad = o;
+    bad.struct_size = 3;
+    CHECK_STATUS(mj_checkpoint_make(&bad), MJ_ERR_INVALID_ARG);
+    bad = o, bad.config_json = NULL;
+    CHECK_STATUS(mj_checkpoint_make(&bad), MJ_ERR_INVALID_ARG);
+    free(dir), free(empty), free(link), free(fresh);
+}
+
+int main(void) {
+    g_seed = test_seed(20240611);
+    g_root = test_tmpdir("ckpt");
+    if (!g_root) return 1;
+    setenv("MOEJIT_QUIET", "1", 1); /* the sibling test captures its warning itself */
+    char *single = path2(g_root, "single");
+    CHECK_OK(make_ck(glm5_config(), single, -1, -1, 0));
+    test_round_trip_single(single);
+    test_round_trip_sharded();
+    g_sharded_good = path2(g_root, "sharded");
+    test_two_shared();
+    test_slice_reads(single);
+    test_parallel_load(single);
+    test_malformed_single(single);
+    test_alternative_encodings(single);
+    test_gate_up_swapped(single);
+    test_sibling_scales(single);
+    test_malformed_sharded();
+    test_writer();
+    free(single), free(g_sharded_good);
+    test_rm_rf(g_root);
+    free(g_root);
+    return test_finish();
+}

@@ -1,0 +1,255 @@
+/* cmd_run.c — `moejit run`: one MoE layer of a checkpoint on a batch from a .npy file,
+ * through the JIT kernels (a GPU, or the interpreter) or the CPU reference. */
+#include "tools.h"
+
+#include "cuda.h"
+#include "internal.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_help[] =
+    "usage: moejit run --checkpoint DIR --input X.npy --output Y.npy [options]\n"
+    "\n"
+    "Run one MoE layer of a ModelOpt NVFP4 checkpoint on a batch: X is float32 [B, H] (rounded\n"
+    "to bf16 on the way in, as a model's hidden states are), Y the layer's output, float32\n"
+    "[B, H], written atomically. The layer runs through the generated kernels on the ranks\n"
+    "asked for (--tp/--ep), or through the CPU reference (--backend ref).\n"
+    "\n"
+    "options:\n"
+    "  --checkpoint DIR  the checkpoint (config.json, hf_quant_config.json, safetensors)\n"
+    "  --layer L         the MoE layer (default: the first the checkpoint holds)\n"
+    "  --input X.npy     float32 [B, H]\n"
+    "  --output Y.npy    float32 [B, H]\n"
+    "  --num-valid N     rows past N are padding (output 0); default B\n"
+    "  --backend B       cuda (GPUs), sim (the CPU interpreter running the same kernels), ref\n"
+    "                    (the CPU reference) or auto (default: cuda when there are GPUs for\n"
+    "                    every rank, else sim, whose ranks are loopback threads)\n"
+    "  --tp N, --ep N    split the layer over N ranks: tensor or expert parallel (default one\n"
+    "                    rank). On cuda, rank r runs on GPU r, summed by NCCL\n"
+    "  --k0 K            OEA with k0 = K (default: plain top-k)\n"
+    "  --k0-policy P     k0 by batch size (\"1-3:8,4-:4\")\n"
+    "  --mode M          w4a16, w4a4 (sm_120a/sm_121a and the interpreter), or a policy by\n"
+    "                    batch size (\"1-8:w4a16,9-:w4a4\"); default: that policy where W4A4\n"
+    "                    exists, else w4a16. The reference takes w4a16 (default) or w4a4\n"
+    "  --arch A          the interpreter's target (default sm_120a)\n"
+    "  --check           also run the CPU reference and print the relative error; exit 1 if\n"
+    "                    it is above the kernels' tolerance (2e-3 W4A16, 5e-2 W4A4)\n"
+    "  --cache-dir D     the kernel cache (default $MOEJIT_CACHE_DIR, ~/.cache/moejit)\n"
+    "  -h, --help        this text\n"
+    "  -V, --version     print the version\n";
+
+static double rel_l2(const float *a, const float *b, size_t n, double *max_abs) {
+    double num = 0, den = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d, den += (double)b[i] * b[i];
+        if (fabs(d) > mx) mx = fabs(d);
+    }
+    *max_abs = mx;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+int cmd_run(int argc, char **argv) {
+    enum { OPT_CK = 256, OPT_LAYER, OPT_IN, OPT_OUT, OPT_NV, OPT_BACKEND, OPT_TP, OPT_EP, OPT_K0, OPT_K0P, OPT_MODE,
+           OPT_ARCH, OPT_CHECK, OPT_CACHE };
+    static const struct option opts[] = {
+        {"checkpoint", required_argument, 0, OPT_CK}, {"layer", required_argument, 0, OPT_LAYER},
+        {"input", required_argument, 0, OPT_IN},      {"output", required_argument, 0, OPT_OUT},
+        {"num-valid", required_argument, 0, OPT_NV},  {"backend", required_argument, 0, OPT_BACKEND},
+        {"tp", required_argument, 0, OPT_TP},         {"ep", required_argument, 0, OPT_EP},
+        {"k0", required_argument, 0, OPT_K0},         {"k0-policy", required_argument, 0, OPT_K0P},
+        {"mode", required_argument, 0, OPT_MODE},     {"arch", required_argument, 0, OPT_ARCH},
+        {"check", no_argument, 0, OPT_CHECK},         {"cache-dir", required_argument, 0, OPT_CACHE},
+        {"help", no_argument, 0, 'h'},                {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0}};
+    const char *ck_dir = NULL, *in_path = NULL, *out_path = NULL, *backend = "auto", *k0_policy = NULL;
+    const char *mode_text = NULL, *arch = "sm_120a", *cache_dir = NULL;
+    int layer = -1, nv = -1, n_ranks = 1, k0 = 0, check = 0, c;
+    mj_parallel par = MJ_PAR_NONE;
+    char k0_text[16];
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_CK: ck_dir = optarg; break;
+        case OPT_LAYER: if (tool_parse_int("run", "--layer", optarg, 0, 100000, &layer)) return 2; break;
+        case OPT_IN: in_path = optarg; break;
+        case OPT_OUT: out_path = optarg; break;
+        case OPT_NV: if (tool_parse_int("run", "--num-valid", optarg, 0, MJ_MAX_BATCH, &nv)) return 2; break;
+        case OPT_BACKEND:
+            if (strcmp(optarg, "cuda") && strcmp(optarg, "sim") && strcmp(optarg, "ref") && strcmp(optarg, "auto"))
+                return tool_usage("run", "--backend wants cuda, sim, ref or auto, got '%s'", optarg);
+            backend = optarg;
+            break;
+        case OPT_TP:
+        case OPT_EP:
+            if (par != MJ_PAR_NONE) return tool_usage("run", "give one of --tp and --ep, once");
+            if (tool_parse_int("run", c == OPT_TP ? "--tp" : "--ep", optarg, 1, MJ_MAX_RANKS, &n_ranks)) return 2;
+            par = c == OPT_TP ? MJ_PAR_TP : MJ_PAR_EP;
+            break;
+        case OPT_K0: if (tool_parse_int("run", "--k0", optarg, 1, 64, &k0)) return 2; break;
+        case OPT_K0P: k0_policy = optarg; break;
+        case OPT_MODE: mode_text = optarg; break;
+        case OPT_ARCH: arch = optarg; break;
+        case OPT_CHECK: check = 1; break;
+        case OPT_CACHE: cache_dir = optarg; break;
+        case 'h': fputs(k_help, stdout); return 0;
+        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
+        default: return tool_usage("run", "unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind != argc) return tool_usage("run", "unexpected argument '%s'", argv[optind]);
+    if (!ck_dir || !in_path || !out_path) return tool_usage("run", "--checkpoint, --input and --output are required");
+    if (k0 && k0_policy) return tool_usage("run", "give --k0 or --k0-policy, not both");
+    if (k0) snprintf(k0_text, sizeof k0_text, "%d", k0), k0_policy = k0_text;
+    const int ref = !strcmp(backend, "ref");
+    if (ref && par != MJ_PAR_NONE) return tool_usage("run", "the reference runs the whole layer: no --tp/--ep");
+    mj_weight_mode mode = MJ_MODE_AUTO;
+    const char *mode_policy = NULL;
+    if (mode_text && !strcmp(mode_text, "w4a16")) mode = MJ_MODE_W4A16;
+    else if (mode_text && !strcmp(mode_text, "w4a4")) mode = MJ_MODE_W4A4;
+    else if (mode_text) mode_policy = mode_text;
+    if (ref && mode_policy) return tool_usage("run", "the reference takes --mode w4a16 or w4a4");
+    mj_target tgt;
+    if (mj_target_parse(arch, &tgt) != MJ_OK) return tool_usage("run", "--arch: %s", mj_last_error());
+
+    /* The backend: cuda needs a GPU per rank. */
+    int backend_id = MJ_BACKEND_SIM, gpus = 0;
+    if (!ref && strcmp(backend, "sim")) {
+        if (mj_cuda_load() == MJ_OK) mj_cuda_device_count(&gpus);
+        if (gpus >= n_ranks) {
+            backend_id = MJ_BACKEND_CUDA;
+        } else if (!strcmp(backend, "cuda")) {
+            return tool_fail("--backend cuda: %d rank%s, %d GPU%s found (each rank runs on its own GPU): use fewer "
+                             "ranks or --backend sim",
+                             n_ranks, n_ranks > 1 ? "s" : "", gpus, gpus == 1 ? "" : "s");
+        } else if (gpus > 0) {
+            fprintf(stderr, "moejit: %d ranks but %d GPUs: all ranks run as loopback ranks on the interpreter\n",
+                    n_ranks, gpus);
+        }
+    }
+
+    mj_checkpoint_t ck = NULL;
+    mj_status st = mj_checkpoint_open(ck_dir, &ck);
+    if (st != MJ_OK) return tool_fail_status(ck_dir, st);
+    int rc = 1;
+    npy_array x = {0};
+    float *y = NULL, *want = NULL;
+    uint16_t *hidden = NULL;
+    mj_layer_t full = NULL;
+    mj_moe_config cfg;
+    char err[512];
+    if ((st = mj_checkpoint_config(ck, &cfg)) != MJ_OK) {
+        tool_fail_status(ck_dir, st);
+        goto done;
+    }
+    if (layer < 0) {
+        int32_t first, n;
+        if ((st = mj_checkpoint_moe_layers(ck, &first, 1, &n)) != MJ_OK || n < 1) {
+            if (st == MJ_OK) tool_fail("%s holds no MoE layer", ck_dir);
+            else tool_fail_status(ck_dir, st);
+            goto done;
+        }
+        layer = first;
+    }
+    if (npy_load(in_path, "<f4", &x, err, sizeof err)) {
+        tool_fail("%s", err);
+        goto done;
+    }
+    char shape[64];
+    if (x.ndim != 2 || x.shape[1] != cfg.hidden || x.shape[0] < 1 || x.shape[0] > MJ_MAX_BATCH) {
+        tool_fail("%s: shape %s; the layer takes [B, %d] with B in 1..%d", in_path, npy_shape_str(&x, shape, sizeof shape),
+                  cfg.hidden, MJ_MAX_BATCH);
+        goto done;
+    }
+    const int32_t B = (int32_t)x.shape[0];
+    const size_t n = (size_t)B * (size_t)cfg.hidden;
+    if (nv < 0) nv = B;
+    if (nv > B) {
+        tool_usage("run", "--num-valid %d exceeds the batch's %d rows", nv, B);
+        rc = 2;
+        goto done;
+    }
+    hidden = malloc(n * 2), y = malloc(n * 4);
+    if (!hidden || !y) {
+        tool_fail("out of memory");
+        goto done;
+    }
+    const float *xf = x.data;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(xf[i])) {
+            tool_fail("%s: element %zu (row %zu) is not finite", in_path, i, i / (size_t)cfg.hidden);
+            goto done;
+        }
+        hidden[i] = mj_f32_to_bf16(xf[i]);
+    }
+    int32_t k0_ref = cfg.topk;
+    if (k0_policy) {
+        mj_k0_policy p;
+        if ((st = mj_k0_policy_parse(k0_policy, cfg.topk, &p)) != MJ_OK ||
+            (st = mj_k0_policy_resolve(&p, B, &k0_ref)) != MJ_OK) {
+            tool_usage("run", "%s: %s", k0 ? "--k0" : "--k0-policy", mj_last_error());
+            rc = 2;
+            goto done;
+        }
+    }
+    mj_weight_mode ref_mode = mode == MJ_MODE_W4A4 ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+    if (ref) {
+        if ((st = mj_layer_load(ck, layer, MJ_PAR_NONE, 0, 1, &full)) != MJ_OK) {
+            tool_fail_status("loading the layer", st);
+            goto done;
+        }
+        mj_route_stats rs = MJ_ROUTE_STATS_INIT;
+        if ((st = mj_moe_forward_ref(full, ref_mode, hidden, B, nv, k0_ref, y, &rs)) != MJ_OK) {
+            tool_fail_status("the reference forward", st);
+            goto done;
+        }
+        fprintf(stderr, "layer %d, B %d (%d valid), reference %s, k0 %d: %d active experts\n", layer, B, nv,
+                ref_mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", k0_ref, rs.unique_after);
+    } else {
+        tool_moe_job j;
+        memset(&j, 0, sizeof j);
+        j.ck = ck, j.layer = layer, j.par = par, j.n_ranks = n_ranks, j.backend = backend_id;
+        j.sim_target = mj_target_name(tgt), j.cache_dir = cache_dir, j.k0_policy = k0_policy, j.mode = mode;
+        j.mode_policy = mode_policy, j.hidden = hidden, j.B = B, j.num_valid = nv, j.out = y;
+        if (tool_moe_run(&j)) goto done;
+        ref_mode = j.mode_used;
+        fprintf(stderr,
+                "layer %d, B %d (%d valid), %s on %d rank%s (%s), %s, k0 %d: %d active experts; %lld kernels "
+                "compiled, prepare %.0f ms, forward %.1f ms\n",
+                layer, B, nv, backend_id == MJ_BACKEND_CUDA ? "cuda" : "interpreter", n_ranks, n_ranks > 1 ? "s" : "",
+                par == MJ_PAR_TP ? "TP" : par == MJ_PAR_EP ? "EP" : "whole layer",
+                j.mode_used == MJ_MODE_W4A4 ? "W4A4" : "W4A16", j.k0, j.n_active, (long long)j.stats.compiles,
+                j.prepare_ms, j.forward_ms);
+    }
+    int64_t shp[2] = {B, cfg.hidden};
+    if (npy_save(out_path, "<f4", 4, 2, shp, y, err, sizeof err)) {
+        tool_fail("%s", err);
+        goto done;
+    }
+    rc = 0;
+    if (check && !ref) {
+        if (!full && (st = mj_layer_load(ck, layer, MJ_PAR_NONE, 0, 1, &full)) != MJ_OK) {
+            rc = tool_fail_status("loading the layer for --check", st);
+            goto done;
+        }
+        want = malloc(n * 4);
+        if (!want || (st = mj_moe_forward_ref(full, ref_mode, hidden, B, nv, k0_ref, want, NULL)) != MJ_OK) {
+            rc = want ? tool_fail_status("the reference forward", st) : tool_fail("out of memory");
+            goto done;
+        }
+        double mx, e = rel_l2(y, want, n, &mx), tol = ref_mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3;
+        printf("check: relative L2 %.3e, max |diff| %.3e vs the CPU reference (%s; tolerance %.0e)\n", e, mx,
+               ref_mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", tol);
+        if (!(e <= tol)) rc = tool_fail("the output is further from the reference than the kernels' tolerance");
+    }
+done:
+    npy_free(&x);
+    free(hidden), free(y), free(want);
+    mj_layer_free(full);
+    mj_checkpoint_close(ck);
+    return rc;
+}

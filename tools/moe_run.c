@@ -1,0 +1,133 @@
+/* moe_run.c — one MoE layer forward on N ranks, for `moejit run` and `moejit demo`: each
+ * rank a thread with its own context and mj_moe handle, its slice of the layer (cut from a
+ * whole layer, or loaded from a checkpoint by the rank itself), the partial outputs summed
+ * by a loopback communicator on the interpreter or by NCCL on GPUs. */
+#include "tools.h"
+
+#include "jit.h"
+#include "mem.h"
+#include "sim/sim.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
+}
+
+typedef struct rank_state {
+    tool_moe_job *job;
+    int rank;
+    mj_comm_t comm;
+    mj_status st;
+    char err[1024];
+    mj_jit_stats stats;
+    unsigned long long bytes;
+    int32_t n_active;
+    mj_weight_mode mode;
+    int32_t k0;
+    double prepare_ms, forward_ms;
+} rank_state;
+
+static void *rank_main(void *arg) {
+    rank_state *rs = arg;
+    tool_moe_job *j = rs->job;
+    const int sim = j->backend == MJ_BACKEND_SIM, dev = sim ? MJ_DEVICE_NONE : rs->rank;
+    mj_context_t ctx = NULL;
+    mj_layer_t slice = NULL;
+    mj_moe_t moe = NULL;
+    uint16_t *hidden = NULL;
+    float *out = NULL;
+    int32_t *nv = NULL;
+    const char *step = "";
+#define STEP(name, call)                                                                   \
+    do {                                                                                   \
+        step = name;                                                                       \
+        if ((rs->st = (call)) != MJ_OK) goto done;                                         \
+    } while (0)
+    mj_context_options co = MJ_CONTEXT_OPTIONS_INIT;
+    co.cache_dir = j->cache_dir, co.backend = j->backend, co.device = sim ? MJ_DEVICE_NONE : dev;
+    co.target = sim ? j->sim_target : NULL;
+    STEP("creating the context", mj_context_create(&co, &ctx));
+    mj_layer_t L = j->full;
+    if (!L) {
+        STEP("loading the layer", mj_layer_load(j->ck, j->layer, j->par, j->par == MJ_PAR_NONE ? 0 : rs->rank,
+                                                j->n_ranks, &slice));
+        L = slice;
+    }
+    const int64_t H = L->cfg.hidden, B = j->B;
+    mj_moe_options o = MJ_MOE_OPTIONS_INIT;
+    o.parallel = j->par, o.rank = rs->rank, o.n_ranks = j->n_ranks, o.comm = j->n_ranks > 1 ? rs->comm : NULL;
+    o.mode_policy = j->mode_policy;
+    STEP("creating the layer", mj_moe_create(ctx, L, &o, &moe));
+    mj_layer_free(slice), slice = NULL;
+    mj_moe_prepare_options po = MJ_MOE_PREPARE_OPTIONS_INIT;
+    po.batches = &j->B, po.n_batches = 1, po.k0_policy = j->k0_policy, po.mode = j->mode;
+    double t = now_ms();
+    STEP("preparing", mj_moe_prepare(moe, &po));
+    rs->prepare_ms = now_ms() - t;
+    STEP("the batch plan", mj_moe_batch_plan(moe, j->B, &rs->k0, &rs->mode));
+    STEP("allocating", mj_mem_alloc(dev, (size_t)(B * H * 2), "moejit", (void **)&hidden));
+    STEP("allocating", mj_mem_alloc(dev, (size_t)(B * H * 4), "moejit", (void **)&out));
+    STEP("allocating", mj_mem_alloc(dev, 4, "moejit", (void **)&nv));
+    STEP("copying in", mj_mem_put(dev, hidden, j->hidden, (size_t)(B * H * 2)));
+    STEP("copying in", mj_mem_put(dev, nv, &j->num_valid, 4));
+    if (sim) mj_sim_stream_bytes_take();
+    t = now_ms();
+    STEP("the forward", mj_moe_forward(moe, hidden, j->B, nv, out, NULL));
+    if (!sim) STEP("the forward", mj_cuda_synchronize());
+    rs->forward_ms = now_ms() - t;
+    if (sim) rs->bytes = mj_sim_stream_bytes_take();
+    mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
+    STEP("reading the routing", mj_moe_route_outputs(moe, &r));
+    STEP("reading the routing", mj_mem_get(dev, &rs->n_active, r.n_active, 4));
+    if (rs->rank == 0) STEP("copying out", mj_mem_get(dev, j->out, out, (size_t)(B * H * 4)));
+    STEP("statistics", mj_context_stats(ctx, &rs->stats));
+done:
+    if (rs->st != MJ_OK) snprintf(rs->err, sizeof rs->err, "rank %d: %s: %s", rs->rank, step, mj_last_error());
+    mj_mem_free(dev, hidden), mj_mem_free(dev, out), mj_mem_free(dev, nv);
+    mj_moe_free(moe);
+    mj_layer_free(slice);
+    mj_context_destroy(ctx);
+    return NULL;
+#undef STEP
+}
+
+int tool_moe_run(tool_moe_job *j) {
+    const int n = j->n_ranks;
+    mj_comm_t comms[MJ_MAX_RANKS] = {0};
+    rank_state rs[MJ_MAX_RANKS];
+    pthread_t th[MJ_MAX_RANKS];
+    mj_status st = MJ_OK;
+    if (n > 1) {
+        st = j->backend == MJ_BACKEND_SIM ? mj_comm_loopback_create(n, comms) : mj_comm_nccl_init_all(n, NULL, comms);
+        if (st != MJ_OK) return tool_fail_status("making the communicator", st);
+    }
+    int started = 0;
+    for (int r = 0; r < n; r++) {
+        memset(&rs[r], 0, sizeof rs[r]);
+        rs[r].job = j, rs[r].rank = r, rs[r].comm = comms[r];
+        if (pthread_create(&th[r], NULL, rank_main, &rs[r]) != 0) break;
+        started++;
+    }
+    for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) mj_comm_free(comms[r]);
+    if (started < n) return tool_fail("could not start %d rank threads", n);
+    memset(&j->stats, 0, sizeof j->stats);
+    j->bytes = j->max_rank_bytes = 0, j->prepare_ms = j->forward_ms = 0;
+    for (int r = 0; r < n; r++) {
+        if (rs[r].st != MJ_OK) return tool_fail("%s: %s", mj_status_string(rs[r].st), rs[r].err);
+        j->stats.compiles += rs[r].stats.compiles, j->stats.disk_hits += rs[r].stats.disk_hits;
+        j->stats.mem_hits += rs[r].stats.mem_hits, j->stats.compile_ms += rs[r].stats.compile_ms;
+        j->bytes += rs[r].bytes;
+        if (rs[r].bytes > j->max_rank_bytes) j->max_rank_bytes = rs[r].bytes;
+        if (rs[r].prepare_ms > j->prepare_ms) j->prepare_ms = rs[r].prepare_ms;
+        if (rs[r].forward_ms > j->forward_ms) j->forward_ms = rs[r].forward_ms;
+    }
+    j->n_active = rs[0].n_active, j->k0 = rs[0].k0, j->mode_used = rs[0].mode;
+    return 0;
+}
