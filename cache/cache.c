@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -407,6 +408,24 @@ static DIR *open_sub(const mj_cache *c, int sub) {
     DIR *d = fdopendir(fd);
     if (!d) close(fd);
     return d;
+}
+
+/* Create a temp file in tmp/ (dirfd) under a name nobody can predict: the prefix, our pid and
+ * 64 random bits. O_EXCL|O_NOFOLLOW: a name that exists, whatever it is, is never opened; a
+ * clash (someone planted that name, or chance) just draws another name. Returns the fd, or
+ * -1 with errno set; name receives the name. */
+static int open_unique_temp(int dirfd, const char *prefix, char *name, size_t cap) {
+    for (int attempt = 0; attempt < 16; attempt++) {
+        unsigned long long r;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+            r = ((unsigned long long)now_ns() * 0x9E3779B97F4A7C15ull) ^
+                atomic_fetch_add(&g_temp_counter, 1);
+        snprintf(name, cap, "%s.%ld.%016llx.tmp", prefix, (long)getpid(), r);
+        int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    errno = EEXIST;
+    return -1;
 }
 
 /* Delete what writers killed mid-write left in tmp/. Those files count against no cap (the
@@ -789,10 +808,7 @@ mj_status mj_cache_store(mj_cache *c, const char *key_hex, const mj_cache_entry 
 
     MJ_CHECK_GOTO(mj_cache_encode(e, &buf, &len), ret, exit);
     snprintf(name, sizeof name, "%s" ENTRY_SUFFIX, key_hex);
-    snprintf(temp, sizeof temp, "%s.%ld.%ld.%llu.tmp", key_hex, (long)getpid(), (long)gettid(),
-             (unsigned long long)atomic_fetch_add(&g_temp_counter, 1));
-
-    fd = openat(tmp_dir, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    fd = open_unique_temp(tmp_dir, key_hex, temp, sizeof temp);
     if (fd < 0) {
         int err = errno;
         if (is_permission_error(err)) became_unwritable(c, "creating a temp file", err);
@@ -1073,9 +1089,7 @@ void mj_cache_add_totals(mj_cache *c, const double v[MJ_CACHE_N_TOTALS]) {
         json_object_set_new(o, "processes", json_integer(json_integer_value(np) + 1));
         char *text = json_dumps(o, JSON_PRESERVE_ORDER | JSON_INDENT(1));
         char temp[128];
-        snprintf(temp, sizeof temp, "stats.%ld.%ld.%llu.tmp", (long)getpid(), (long)gettid(),
-                 (unsigned long long)atomic_fetch_add(&g_temp_counter, 1));
-        int fd = text ? openat(c->sub_fd[SUB_TMP], temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
+        int fd = text ? open_unique_temp(c->sub_fd[SUB_TMP], "stats", temp, sizeof temp) : -1;
         if (fd >= 0) {
             (void)flock(fd, LOCK_EX | LOCK_NB); /* a live writer's temp (remove_stale_temps) */
             int ok = write_all(fd, (const uint8_t *)text, strlen(text)) == 0;

@@ -2204,10 +2204,55 @@ static void test_default_dir(void) {
     rm_rf(scratch);
 }
 
+/* Temp names nobody can predict: files planted at every name the store and the totals would
+ * have used under a pid.tid.counter scheme (the first 64 counter values of this process) do
+ * not make a store fail. Run first in main, so the counter is still below 64. */
+static void test_planted_temps(void) {
+    char scratch[PATH_BUF], dir[PATH_BUF], path[PATH_BUF];
+    make_temp_dir(scratch, "planted");
+    fmt_into(dir, sizeof dir, "%s/cache", scratch);
+    mj_cache *c = NULL;
+    CHECK_OK(mj_cache_open(dir, 0, &c));
+    test_entry t[4];
+    static const char *const keys[4] = {"planted-a", "planted-b", "planted-c", "planted-d"};
+    for (int i = 0; i < 4; i++) {
+        make_entry(&t[i], keys[i], 40 + (size_t)i, 0);
+        for (int n = 0; n < 64; n++) {
+            char name[PATH_BUF];
+            fmt_into(name, sizeof name, "%s.%ld.%ld.%d.tmp", t[i].hex, (long)getpid(),
+                     (long)gettid(), n);
+            sub_path(path, dir, "tmp", name);
+            write_file(path, "planted", 7);
+        }
+    }
+    for (int n = 0; n < 64; n++) {
+        char name[PATH_BUF];
+        fmt_into(name, sizeof name, "stats.%ld.%ld.%d.tmp", (long)getpid(), (long)gettid(), n);
+        sub_path(path, dir, "tmp", name);
+        write_file(path, "planted", 7);
+    }
+    for (int i = 0; i < 4; i++) CHECK_OK(mj_cache_store(c, t[i].hex, &t[i].e));
+    mj_cache_add_totals(c, k_one_process);
+    mj_cache_stats st;
+    mj_cache_get_stats(c, &st);
+    CHECK(st.stores == 4 && st.store_failures == 0, "planted temp names: %lld stores, %lld "
+          "failures", (long long)st.stores, (long long)st.store_failures);
+    expect_totals(c, 1, 1, "planted temp names");
+    for (int i = 0; i < 4; i++) {
+        entry_path(path, dir, t[i].hex);
+        CHECK(exists(path), "entry %s not stored", keys[i]);
+    }
+    CHECK(count_in(dir, "tmp") == 5 * 64, "tmp/ holds %d files, want the %d planted ones",
+          count_in(dir, "tmp"), 5 * 64);
+    mj_cache_close(c);
+    rm_rf(scratch);
+}
+
 int main(void) {
     umask(022);
     unsetenv("MOEJIT_QUIET");
     unsetenv("MOEJIT_CACHE_MAX_BYTES");
+    test_planted_temps();
     test_hash();
     test_round_trip();
     test_decode_errors();
