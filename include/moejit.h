@@ -124,7 +124,7 @@ MJ_API mj_status mj_moe_config_parse(const char *config_json, const char *quant_
 MJ_API mj_status mj_moe_config_validate(const mj_moe_config *cfg, int require_nvfp4);
 
 /* ---------------------------------------------------------------------------------------
- * NVFP4 on the host (ModelOpt layout; see SPEC.md §1)
+ * NVFP4 on the host (the layout ModelOpt writes; README "Checkpoints")
  *   weight        uint8 [N, K/2]  two E2M1 codes a byte, element 2i in the low nibble
  *   weight_scale  uint8 [N, K/16] E4M3 block scales, one per 16 consecutive K elements
  *   weight_scale_2 float scalar   amax(W) / (6 * 448)
@@ -259,7 +259,7 @@ MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t
  *
  * A directory holds config.json, hf_quant_config.json (or quantization_config inside
  * config.json), and either model.safetensors.index.json with the shards it names or a single
- * model.safetensors. Layer L's tensors (SPEC.md §1):
+ * model.safetensors. Layer L's tensors:
  *   model.layers.L.mlp.gate.weight                     bf16 [E, H]   the router
  *   model.layers.L.mlp.gate.e_score_correction_bias    f32 [E]       when topk_method is noaux_tc
  *   model.layers.L.mlp.experts.e.P.weight              u8 [N, K/2]   P: gate_proj, up_proj [I, H];

@@ -499,6 +499,14 @@ expect_fail "$MJ" prewarm
 expect_rc 0 "$MJ" inspect templates
 contains out "router_gemm"; contains out "knob H"; contains out "kernel route_dispatch("
 grep -q fixture out && bad "inspect templates lists test fixtures" || ok
+# Cross-knob constraints are listed with their reasons (one of each template's).
+contains out "constraint K0 <= K  (phase 1 keeps at most top-k experts)"
+contains out "constraint H % 64 == 0  (the gate row splits"
+contains out "constraint MODE == 0 || SM >= 120"
+# The repository stands alone: nothing it ships points at documents outside it.
+if grep -rInE "(SPEC|DESIGN|STYLE)\.md|\.\./shared" "$SRC/include" "$SRC/README.md" "$SRC/base" \
+        "$SRC/gen" "$SRC/cache" "$SRC/runtime" "$SRC/templates" "$SRC/tools" "$SRC/examples" >refs 2>&1
+then bad "references outside the repository: $(head -c 400 refs)"; else ok; fi
 expect_rc 0 "$MJ" inspect --cache-dir "$C" list
 contains out "6 entries"; contains out "oea_route"; contains out "sm_80"
 key=$(awk 'NR>1 && $2=="router_gemm" && / sm_120a / {print $1; exit}' out)

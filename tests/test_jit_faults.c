@@ -264,6 +264,52 @@ static void test_store_fails(void) {
     rm_rf(dir);
 }
 
+/* ---- a transient failure is not remembered --------------------------------------------
+ * A build that fails in a way that may pass later (here the interpreter cannot create its
+ * temp directory: $TMPDIR does not exist, MJ_ERR_IO) is tried again by the next request in
+ * the same context, and then succeeds once the cause is gone. */
+static void transient_child(const char *dir) {
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = dir;
+    o.device = MJ_DEVICE_NONE;
+    o.backend = MJ_BACKEND_SIM;
+    o.strict = 0;
+    mj_context_t ctx = NULL;
+    CHECK_OK(mj_context_create(&o, &ctx));
+    if (!ctx) return;
+    mj_spec s = saxpy(128);
+    s.backend = MJ_BACKEND_SIM;
+    s.target = MJ_TARGET_SM120A;
+    const mj_function *f = NULL;
+    char saved[PATH_BUF] = "";
+    const char *t = getenv("TMPDIR");
+    if (t) fmt_into(saved, sizeof saved, "%s", t);
+    setenv("TMPDIR", "/nonexistent/moejit-test-tmp", 1);
+    mj_status st1 = mj_jit_get(ctx, &s, &f);
+    CHECK(st1 == MJ_ERR_IO && strstr(mj_last_error(), "/nonexistent/moejit-test-tmp"),
+          "first try: %s (%s)", mj_status_string(st1), mj_last_error());
+    mj_status st2 = mj_jit_get(ctx, &s, &f); /* still failing: tried again, same error */
+    CHECK(st2 == MJ_ERR_IO, "second try: %s", mj_status_string(st2));
+    if (saved[0]) setenv("TMPDIR", saved, 1);
+    else unsetenv("TMPDIR");
+    f = NULL;
+    mj_status st3 = mj_jit_get(ctx, &s, &f);
+    CHECK(st3 == MJ_OK && f, "after the cause is gone: %s (%s)", mj_status_string(st3),
+          mj_last_error());
+    mj_jit_stats js;
+    CHECK_OK(mj_context_stats(ctx, &js));
+    CHECK(js.compiles == 1 && js.mem_misses == 3, "compiles %lld, mem_misses %lld (want 1, 3)",
+          (long long)js.compiles, (long long)js.mem_misses);
+    CHECK_OK(mj_context_destroy(ctx));
+}
+
+static void test_transient(void) {
+    char dir[PATH_BUF];
+    make_temp_dir(dir, "transient");
+    in_child(transient_child, dir, "a transient failure");
+    rm_rf(dir);
+}
+
 int main(void) {
     /* No driver, whatever the machine: compile-only. */
     setenv("MOEJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
@@ -274,5 +320,6 @@ int main(void) {
     test_stats_fifo();
     test_lock_symlink();
     test_store_fails();
+    test_transient();
     return test_finish();
 }

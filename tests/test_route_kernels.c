@@ -582,6 +582,7 @@ static void test_constraints(mj_context_t ctx) {
     } rbad[] = {
         {{.H = 6144, .E = 256, .ROWS = 1, .NWARPS = 2}, "H <= 2048 * NWARPS"},
         {{.H = 16384, .E = 256, .ROWS = 8, .NWARPS = 8}, "* ROWS <= 48"},
+        {{.H = 6176, .E = 256, .ROWS = 1, .NWARPS = 8}, "H % 64 == 0"},
     };
     for (size_t i = 0; i < sizeof rbad / sizeof rbad[0]; i++) {
         mj_spec_router_gemm(ctx, &rbad[i].k, &s);

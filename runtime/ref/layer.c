@@ -1,7 +1,7 @@
 /* layer.c — an MoE layer's weights on the host, how they split across ranks, and the CPU
  * reference forward that every kernel is tested against.
  *
- * The forward is the data flow of DESIGN.md written as plainly as I can:
+ * The forward is the layer's data flow written as plainly as possible:
  *
  *   hidden [B,H] bf16 -> router GEMM -> route (OEA, k0) -> for each expert held here:
  *   gather its tokens, y = w2 . (silu(gate . x) * (up . x)) -> combine in slot order

@@ -1,6 +1,6 @@
 /* nvfp4.c — NVFP4 on the host: the two tiny float formats, and ModelOpt's quantizer.
  *
- * NVFP4 stores a weight as three things (SPEC.md §1):
+ * NVFP4 stores a weight as three things (as ModelOpt exports it):
  *   - a 4-bit E2M1 code per element: sign, 2 exponent bits, 1 mantissa bit, which can say
  *     only 0, 0.5, 1, 1.5, 2, 3, 4, 6 (and their negatives);
  *   - an 8-bit E4M3FN scale per block of 16 consecutive elements along K;

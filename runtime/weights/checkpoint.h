@@ -34,7 +34,7 @@ typedef struct mj_ck_layout {
 mj_status mj_ck_layout_parse(const char *config_text, const char *label, mj_ck_layout *out);
 int mj_ck_layout_is_moe(const mj_ck_layout *lo, int32_t layer);
 
-/* The name of one tensor of MoE layer `layer` (SPEC.md §1):
+/* The name of one tensor of MoE layer `layer` (the ModelOpt export's names):
  *   expert >= 0: model.layers.L.mlp.experts.E.PROJ.FIELD
  *   expert == MJ_CK_SHARED: model.layers.L.mlp.shared_experts.PROJ.FIELD
  *   expert == MJ_CK_ROUTER: model.layers.L.mlp.gate.FIELD (proj ignored)

@@ -1,4 +1,4 @@
-/* pack.c — an expert's NVFP4 weights, from the ModelOpt layout (SPEC §1: codes [N, K/2],
+/* pack.c — an expert's NVFP4 weights, from the ModelOpt layout (codes [N, K/2],
  * element 2i in the low nibble; scales [N, K/16]) to the layout the expert kernels stream
  * (templates/moe_experts.cu has the picture), and back.
  *
