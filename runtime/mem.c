@@ -2,15 +2,21 @@
 #include "mem.h"
 #include "cuda.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+static atomic_llong g_allocs;
+
+long long mj_mem_allocs(void) { return atomic_load(&g_allocs); }
+
 mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out) {
     *out = NULL;
     if (device == MJ_DEVICE_NONE) {
         *out = calloc(1, bytes ? bytes : 1);
+        if (*out) atomic_fetch_add(&g_allocs, 1);
         return *out ? MJ_OK : mj_set_error(MJ_ERR_NOMEM, "%s: out of host memory (%zu bytes)", what, bytes);
     }
     uint64_t d = 0;
@@ -22,6 +28,7 @@ mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out) {
         return mj_set_error(st, "%s: %zu bytes of device memory: %s", what, bytes, why);
     }
     *out = (void *)(uintptr_t)d;
+    atomic_fetch_add(&g_allocs, 1);
     return MJ_OK;
 }
 

@@ -343,6 +343,9 @@ expect_rc 0 $RUN --output y_tp.npy --backend sim --tp 2 --k0 2 --check
 contains out "check: relative L2"; contains err "on 2 ranks (TP)"
 expect_rc 0 $RUN --output y_ep.npy --backend sim --ep 4 --k0-policy "1-2:4,3-:2" --mode w4a4 --check --num-valid 3
 contains out "(W4A4; tolerance 5e-02)"; contains err "B 4 (3 valid)"; contains err "EP"
+# The default backend (auto): no GPU here (or fewer than the ranks), so the interpreter.
+MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 $RUN --output y_auto.npy --tp 2 --k0 2 --check
+contains err "interpreter on 2 ranks (TP)"; contains out "check: relative L2"
 expect_rc 2 $RUN --output y.npy --k0 2 --k0-policy 2;   contains err "not both"
 expect_rc 2 $RUN --output y.npy --backend ref --tp 2;  contains err "whole layer"
 expect_rc 2 $RUN --output y.npy --num-valid 9;         contains err "exceeds"
@@ -376,6 +379,18 @@ expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-poli
 contains out "5 specializations: 5 compiled, 0 already cached, 0 failed"
 expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1,2,3,4 --k0-policy 2 --cache-dir "$T/pc" -q
 contains out "5 specializations: 0 compiled, 5 already cached"
+# What a prewarm stores is what a run needs: the same settings in strict mode compile
+# nothing (the interpreter's objects: --backend sim).
+expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 4 --k0-policy 2 --backend sim --cache-dir "$T/pc" -q
+contains out "specializations:"; contains out "0 failed"
+expect_rc 2 "$MJ" prewarm --backend sim m.jsonl; contains err "go with --config"
+expect_rc 2 "$MJ" prewarm --config kept/config.json --backend rocm; contains err "--backend"
+MOEJIT_STRICT=1 expect_rc 0 "$MJ" run --checkpoint kept --input x.npy --output y_strict.npy --backend sim \
+    --tp 2 --k0-policy 2 --cache-dir "$T/pc" --check
+contains err "on 2 ranks (TP)"; contains out "check: relative L2"
+MOEJIT_STRICT=1 expect_rc 1 "$MJ" run --checkpoint kept --input x.npy --output y_strict.npy --backend sim \
+    --ep 2 --k0-policy 2 --cache-dir "$T/pc"
+contains err "MOEJIT_STRICT"
 expect_rc 2 "$MJ" prewarm --config kept/config.json m.jsonl;   contains err "not both"
 expect_rc 2 "$MJ" prewarm --tp 2 m.jsonl;                       contains err "go with --config"
 expect_rc 2 "$MJ" prewarm --config kept/config.json --tp 2 --ep 2; contains err "once"

@@ -19,6 +19,7 @@
  *   refusals   bad options, splits that do not divide, a k0 below top-k above 256 tokens.
  */
 #include "experts.h"
+#include "mem.h"
 #include "plan.h"
 #include "sim/sim.h"
 #include "test.h"
@@ -376,6 +377,69 @@ static void test_plan_strict(uint64_t seed) {
         CHECK(js.strict_misses == 4, "strict misses %lld, want the 4 asked for", (long long)js.strict_misses);
         printf("  plan: %d specializations prewarmed; 4 strict prepares compiled %lld\n", planned, (long long)js.compiles);
     }
+    mj_context_destroy(strict);
+
+    /* One rank, end to end: prewarm its plan, then a strict context prepares and runs a
+     * forward at every prepared B (and num_valid < B): no compile, no miss of any kind, no
+     * allocation — what a CUDA graph capture of the forward needs. */
+    warm = sim_ctx(cache, 0);
+    if (warm) {
+        mj_plan plan;
+        mj_plan_request req = {&c, MJ_PAR_NONE, 1, -1, batches, 7, &k0, MJ_MODE_AUTO, NULL, 1};
+        CHECK_OK(mj_plan_build(warm, &req, &plan));
+        for (int i = 0; i < plan.n; i++) {
+            char *line = NULL;
+            CHECK_OK(mj_spec_to_json(&plan.e[i].spec, &line));
+            if (line) CHECK_OK(mj_prewarm_json(warm, line, NULL));
+            free(line);
+        }
+        mj_plan_free(&plan);
+        mj_context_destroy(warm);
+    }
+    strict = sim_ctx(cache, 1);
+    mj_moe_t moe = NULL;
+    mj_moe_options o = MJ_MOE_OPTIONS_INIT;
+    if (strict) CHECK_OK(mj_moe_create(strict, L, &o, &moe));
+    mj_moe_prepare_options po = MJ_MOE_PREPARE_OPTIONS_INIT;
+    po.batches = batches, po.n_batches = 7, po.k0_policy = "1-4:4,5-:2";
+    if (moe) CHECK_OK(mj_moe_prepare(moe, &po));
+    if (moe) {
+        mj_jit_stats before, after;
+        CHECK_OK(mj_context_stats(strict, &before));
+        long long allocs = mj_mem_allocs();
+        const int64_t H = c.hidden;
+        uint16_t *hidden = calloc((size_t)(16 * H), 2);
+        float *out = calloc((size_t)(16 * H), 4), *ref = calloc((size_t)(16 * H), 4);
+        uint64_t rng = seed ^ 0x5eed;
+        random_hidden(hidden, (size_t)(16 * H), &rng);
+        int forwards = 0;
+        for (int i = 0; i < 7 && hidden && out && ref; i++) {
+            int32_t B = batches[i], nv = B > 2 ? B - 2 : B;
+            CHECK_OK(mj_moe_forward(moe, hidden, B, &nv, out, NULL));
+            int32_t k0b = 0;
+            mj_weight_mode mode = MJ_MODE_AUTO;
+            CHECK_OK(mj_moe_batch_plan(moe, B, &k0b, &mode));
+            CHECK_OK(mj_moe_forward_ref(L, mode, hidden, B, nv, k0b, ref, NULL));
+            double rel = rel_l2(out, ref, (size_t)B * H);
+            /* tolerance as test_splits: W4A16 2e-3, W4A4 5e-2 relative L2 */
+            CHECK(rel <= (mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3), "strict forward B=%d nv=%d: rel L2 %.3g",
+                  B, nv, rel);
+            forwards++;
+        }
+        CHECK_OK(mj_context_stats(strict, &after));
+        CHECK(after.compiles == 0 && after.strict_misses == before.strict_misses &&
+                  after.mem_misses == before.mem_misses && after.disk_misses == before.disk_misses,
+              "strict forwards: %lld compiles, %lld/%lld strict misses, %lld/%lld memory misses",
+              (long long)after.compiles, (long long)before.strict_misses, (long long)after.strict_misses,
+              (long long)before.mem_misses, (long long)after.mem_misses);
+        CHECK(mj_mem_allocs() == allocs, "%d forwards allocated %lld times", forwards,
+              mj_mem_allocs() - allocs);
+        CHECK(forwards == 7, "%d strict forwards ran", forwards);
+        printf("  plan: one rank, %d strict forwards after prewarm: %lld compiles, %lld allocations\n",
+               forwards, (long long)after.compiles, mj_mem_allocs() - allocs);
+        free(hidden), free(out), free(ref);
+    }
+    mj_moe_free(moe);
     mj_context_destroy(strict);
     mj_layer_free(L);
     test_rm_rf(cache);

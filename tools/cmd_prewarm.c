@@ -23,7 +23,7 @@ static const char k_help[] =
     "usage: moejit prewarm [options] MANIFEST...\n"
     "       moejit prewarm [options] --config CONFIG.json [--quant HF_QUANT.json] [--arch A]\n"
     "                      [--tp N | --ep N] [--batch B] [--k0-policy P] [--mode M]\n"
-    "                      [--no-shared-expert] [--dry-run]\n"
+    "                      [--no-shared-expert] [--backend cuda|sim] [--dry-run]\n"
     "\n"
     "Compile specializations into the kernel cache, so that no request waits for a compile.\n"
     "No GPU is needed. Exit status 1 if any specialization failed or could not be stored.\n"
@@ -47,6 +47,8 @@ static const char k_help[] =
     "  --mode M         w4a16, w4a4, or a policy by batch size (\"1-8:w4a16,9-:w4a4\");\n"
     "                   default: that policy where W4A4 exists (sm_120a, sm_121a), else w4a16\n"
     "  --no-shared-expert  the engine runs the shared expert itself\n"
+    "  --backend B      cuda: GPU kernels (default); sim: the interpreter's objects, what\n"
+    "                   'moejit run --backend sim' and the demo use\n"
     "  --dry-run        print the plan as manifest lines on stdout; compile nothing\n"
     "  --arch A         the target (repeatable; default sm_120a)\n"
     "\n"
@@ -188,6 +190,7 @@ typedef struct plan_args {
     const char *config, *quant, *batch, *k0, *mode;
     mj_parallel par;
     int n_ranks, shared, dry_run;
+    mj_backend backend; /* cuda (cubins, the default) or sim (the interpreter's objects) */
 } plan_args;
 
 static void add_job(job **jobs, int *n, int *cap, char *line, const char *where) {
@@ -221,7 +224,7 @@ static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir
                          a->config);
     if (st != MJ_OK) return tool_fail_status(a->config, st);
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = arch, o.strict = 0;
+    o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = a->backend, o.target = arch, o.strict = 0;
     mj_context_t ctx = NULL;
     if ((st = mj_context_create(&o, &ctx)) != MJ_OK) return tool_fail_status("creating the JIT context", st);
     int32_t *bs = NULL, nb = 0, rc = 0;
@@ -265,8 +268,8 @@ static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir
             add_job(jobs, n, cap, line, where);
         }
     }
-    fprintf(stderr, "plan for %s: H %d, E %d, top-%d, %s, %d batch sizes (%s), k0 %s, mode %s: %d specializations\n",
-            arch, cfg.hidden, cfg.n_experts, cfg.topk,
+    fprintf(stderr, "plan for %s%s: H %d, E %d, top-%d, %s, %d batch sizes (%s), k0 %s, mode %s: %d specializations\n",
+            arch, a->backend == MJ_BACKEND_SIM ? " (interpreter)" : "", cfg.hidden, cfg.n_experts, cfg.topk,
             a->par == MJ_PAR_TP ? "TP" : a->par == MJ_PAR_EP ? "EP" : "one rank", (int)nb, a->batch,
             a->k0 ? a->k0 : "= top-k", a->mode ? a->mode : mj_mode_policy_default(t), (int)plan.n);
 out:
@@ -278,7 +281,7 @@ out:
 
 int cmd_prewarm(int argc, char **argv) {
     enum { OPT_ARCH = 256, OPT_CACHE, OPT_CONFIG, OPT_QUANT, OPT_TP, OPT_EP, OPT_BATCH, OPT_K0, OPT_MODE, OPT_NOSHARED,
-           OPT_DRY };
+           OPT_DRY, OPT_BACKEND };
     static const struct option opts[] = {
         {"arch", required_argument, 0, OPT_ARCH},     {"cache-dir", required_argument, 0, OPT_CACHE},
         {"config", required_argument, 0, OPT_CONFIG}, {"quant", required_argument, 0, OPT_QUANT},
@@ -286,9 +289,11 @@ int cmd_prewarm(int argc, char **argv) {
         {"batch", required_argument, 0, OPT_BATCH},   {"k0-policy", required_argument, 0, OPT_K0},
         {"mode", required_argument, 0, OPT_MODE},     {"no-shared-expert", no_argument, 0, OPT_NOSHARED},
         {"dry-run", no_argument, 0, OPT_DRY},         {"quiet", no_argument, 0, 'q'},
+        {"backend", required_argument, 0, OPT_BACKEND},
         {"help", no_argument, 0, 'h'},                {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    plan_args pa = {NULL, NULL, "1-256", NULL, NULL, MJ_PAR_NONE, 1, 1, 0};
+    plan_args pa = {NULL, NULL, "1-256", NULL, NULL, MJ_PAR_NONE, 1, 1, 0, MJ_BACKEND_CUDA};
+    int backend_given = 0;
     const char *archs[MJ_TARGET_COUNT * 4];
     int n_archs = 0, jobs_n = (int)sysconf(_SC_NPROCESSORS_ONLN), quiet = 0, c;
     const char *cache_dir = NULL;
@@ -321,6 +326,13 @@ int cmd_prewarm(int argc, char **argv) {
         case OPT_MODE: pa.mode = optarg; break;
         case OPT_NOSHARED: pa.shared = 0; break;
         case OPT_DRY: pa.dry_run = 1; break;
+        case OPT_BACKEND:
+            if (!strcmp(optarg, "cuda")) pa.backend = MJ_BACKEND_CUDA;
+            else if (!strcmp(optarg, "sim")) pa.backend = MJ_BACKEND_SIM;
+            else return tool_usage("prewarm", "--backend: '%s': use cuda (GPU kernels, the default) or sim (the "
+                                              "interpreter, for 'moejit run --backend sim')", optarg);
+            backend_given = 1;
+            break;
         case 'q': quiet = 1; break;
         case 'h': fputs(k_help, stdout); return 0;
         case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
@@ -330,9 +342,10 @@ int cmd_prewarm(int argc, char **argv) {
     if (pa.config && optind < argc)
         return tool_usage("prewarm", "give MANIFEST files or --config, not both");
     if (!pa.config && (pa.quant || pa.par != MJ_PAR_NONE || pa.k0 || pa.mode || !pa.shared || pa.dry_run ||
-                       strcmp(pa.batch, "1-256")))
-        return tool_usage("prewarm", "--quant, --tp, --ep, --batch, --k0-policy, --mode, --no-shared-expert and "
-                                     "--dry-run go with --config");
+                       backend_given || strcmp(pa.batch, "1-256")))
+        return tool_usage("prewarm", "--quant, --tp, --ep, --batch, --k0-policy, --mode, --no-shared-expert, "
+                                     "--backend and --dry-run go with --config (a manifest line names its "
+                                     "backend: \"backend\": \"sim\")");
     if (!pa.config && optind >= argc) return tool_usage("prewarm", "expected one or more MANIFEST files, or --config");
 
     work w;
