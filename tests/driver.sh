@@ -307,12 +307,13 @@ want_mode=$(printf '%o' $((0666 & ~$(umask))))
 # A checkpoint written, read back on 8 loopback ranks, TP and EP, with and without OEA,
 # each run checked against the reference; the table and the GLM-5-size projection.
 DC="--cache-dir $T/democache"
-expect_rc 0 "$MJ" demo --hidden 128 --intermediate 512 --experts 32 --batch 8 --k0 2 --seed 3 $DC
+mkdir -p demotmp   # a TMPDIR of its own: another process's demo in /tmp cannot confuse the check
+TMPDIR=$T/demotmp expect_rc 0 "$MJ" demo --hidden 128 --intermediate 512 --experts 32 --batch 8 --k0 2 --seed 3 $DC
 contains out "checkpoint: layer 3 of a GLM-5-shaped model (hidden 128, intermediate 512, 32 experts, top-8"
 contains out "TP=8 top-k"; contains out "TP=8 OEA k0=2"; contains out "EP=8 top-k"; contains out "EP=8 OEA k0=2"
 [ "$(grep -c ' ok$' out)" = 4 ] && ok || bad "demo: want 4 runs ok: $(cat out)"
 contains out "At GLM-5's size (hidden 6144, intermediate 2048)"
-[ -z "$(ls "${TMPDIR:-/tmp}" | grep "^moejit-demo-" || true)" ] && ok || bad "demo left its temporary directory"
+[ -z "$(ls -A demotmp)" ] && ok || bad "demo left files in its TMPDIR: $(ls -A demotmp)"
 expect_rc 0 "$MJ" demo --hidden 128 --intermediate 512 --experts 16 --topk 4 --batch 4 --mode w4a4 $DC
 contains out "W4A4"
 [ "$(grep -c ' ok$' out)" = 4 ] && ok || bad "demo w4a4: want 4 runs ok: $(cat out)"
@@ -379,6 +380,15 @@ expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-poli
 contains out "5 specializations: 5 compiled, 0 already cached, 0 failed"
 expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1,2,3,4 --k0-policy 2 --cache-dir "$T/pc" -q
 contains out "5 specializations: 0 compiled, 5 already cached"
+# On a terminal, a progress bar ([###...] done/total) that is erased before the summary.
+if command -v script >/dev/null; then
+    script -qec "\"$MJ\" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-policy 2 --cache-dir \"$T/pc\"" \
+        /dev/null >tty.out 2>&1 </dev/null && ok || bad "prewarm on a terminal failed: $(head -c 400 tty.out)"
+    contains tty.out "[##############################] 5/5 "
+    contains tty.out "$(printf '\r\033[K')prewarm: 5 specializations: 0 compiled, 5 already cached"
+else
+    bad "no 'script' (bsdutils) to give prewarm a terminal"
+fi
 # What a prewarm stores is what a run needs: the same settings in strict mode compile
 # nothing (the interpreter's objects: --backend sim).
 expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 4 --k0-policy 2 --backend sim --cache-dir "$T/pc" -q
