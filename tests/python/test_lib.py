@@ -62,6 +62,8 @@ def test_library_beside_the_package_is_found(tmp_path):
 
 
 def test_checkout_build_is_found():
+    if not os.path.exists(os.path.join(REPO, "build", "libmoejit.so")):
+        pytest.skip("no build/libmoejit.so in this checkout")
     r = _run(LOAD)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == os.path.join(REPO, "build", "libmoejit.so")
