@@ -50,10 +50,11 @@ def _torch_device(dev):
     return (kind, None if kind == "cpu" else index)
 
 
-def adapt(x, name, *, dtypes, ndim=None, shape=None):
+def adapt(x, name, *, dtypes, ndim=None, shape=None, writable=False):
     """Check x and return an Arr. dtypes: accepted dtype names ("float32", ...). ndim: the
     number of dimensions, or a tuple of accepted ones; shape: the expected shape, None for a
-    free dimension. Raises TypeError / ValueError naming the argument and what would work."""
+    free dimension; writable: C writes into it (a read-only numpy array is refused). Raises
+    TypeError / ValueError naming the argument and what would work."""
     if x is None:
         raise TypeError("%s is None; pass an array" % name)
     if is_torch(x):
@@ -74,6 +75,12 @@ def adapt(x, name, *, dtypes, ndim=None, shape=None):
                 raise TypeError("%s is a %s; pass a numpy array or a torch tensor" % (name, type(x).__name__))
             x = np.asarray(x)
         kind = "numpy"
+        if not x.dtype.isnative:
+            raise TypeError("%s has dtype %s in the other byte order; pass %s.astype(%s.dtype.newbyteorder('='))" %
+                            (name, x.dtype.str, name, name))
+        if writable and not x.flags.writeable:
+            raise ValueError("%s is read-only and moejit writes into it; pass a writable array (or none: one is "
+                             "made)" % name)
         dtype = x.dtype.name
         shp = tuple(x.shape)
         device = ("cpu", None)

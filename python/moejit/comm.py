@@ -40,7 +40,7 @@ class Comm(Handle):
             raise ValueError("an NCCL communicator sums device memory; send is %s" % s.where())
         if recv is None:
             recv = A.empty(s, s.shape, "float32")
-        r = A.adapt(recv, "recv", dtypes=("float32",), shape=s.shape)
+        r = A.adapt(recv, "recv", dtypes=("float32",), shape=s.shape, writable=True)
         A.same_place(s, r, "recv")
         n = 1
         for d in s.shape:

@@ -230,7 +230,7 @@ class Moe(Handle):
             nv_ptr = nv.ptr
         if out is None:
             out = A.empty(a, (B, H), "float32")
-        o = A.adapt(out, "out", dtypes=("float32",), shape=(B, H))
+        o = A.adapt(out, "out", dtypes=("float32",), shape=(B, H), writable=True)
         A.same_place(a, o, "out")
         s = A.cuda_stream(a, stream) if a.is_cuda else None
         lib().mj_moe_forward(self._handle(), a.ptr, B, nv_ptr, o.ptr, s)

@@ -180,3 +180,24 @@ def test_handles_close_once_and_keep_deps(checkpoint_dir):
         moe.forward(np.zeros((1, SMALL["hidden"]), np.float32))
     comms[0].close()
     assert comms[0].closed
+
+
+def test_handles_freed_once_by_close_or_collection(checkpoint_dir, monkeypatch):
+    import gc
+    from moejit import _lib
+    freed = []
+    for name in ("mj_moe_free", "mj_checkpoint_close", "mj_layer_free"):
+        real = getattr(_lib.C, name)
+        monkeypatch.setattr(_lib.C, name, lambda p, _r=real, _n=name: (freed.append((_n, p)), _r(p))[1])
+    moe = moejit.Moe(checkpoint_dir, backend="sim")      # loads (then frees) a layer, opens/closes the checkpoint
+    assert sorted(n for n, _ in freed) == ["mj_checkpoint_close", "mj_layer_free"]
+    ptr = moe._ptr
+    moe.close()
+    del moe
+    gc.collect()
+    assert freed.count(("mj_moe_free", ptr)) == 1        # close(), and not again on collection
+    ck = moejit.Checkpoint(checkpoint_dir)
+    ptr = ck._ptr
+    del ck                                               # never closed: freed when collected
+    gc.collect()
+    assert freed.count(("mj_checkpoint_close", ptr)) == 1

@@ -143,3 +143,28 @@ def test_moe_and_comm_arguments_refused_before_c(checkpoint_dir, no_c, fake_torc
         moejit.loopback_comms(65)
     with pytest.raises(ValueError, match="128 bytes"):
         moejit.NcclComm(b"short", 2, 0)
+
+
+def test_byte_order_and_read_only_outputs_refused_before_c(checkpoint_dir, no_c):
+    """A big-endian float32 array has dtype name float32 but is not what C reads; a read-only
+    array would be written through by C: both are refused first."""
+    H = SMALL["hidden"]
+    moe = moejit.Moe(checkpoint_dir, backend="sim", batches=[2])
+    comms = moejit.loopback_comms(1)
+    no_c()
+    with pytest.raises(TypeError, match="byte order"):
+        moejit.route(_logits().astype(">f4"), topk=4, backend="sim")
+    with pytest.raises(TypeError, match="byte order"):
+        moejit.route(_logits(), np.zeros(16, ">f4"), topk=4, backend="ref")
+    with pytest.raises(TypeError, match="byte order"):
+        moe.forward(np.zeros((2, H), ">u2"))
+    ro = np.zeros((2, H), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        moe.forward(np.zeros((2, H), np.float32), out=ro)
+    ro1 = np.zeros(4, np.float32)
+    ro1.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        comms[0].all_reduce(np.zeros(4, np.float32), ro1)
+    with pytest.raises(pytest.fail.Exception, match="mj_moe_forward was called"):
+        moe.forward(ro)  # a read-only input is fine: it gets as far as C
