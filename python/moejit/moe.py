@@ -235,13 +235,15 @@ class Moe(Handle):
         s = A.cuda_stream(a, stream) if a.is_cuda else None
         lib().mj_moe_forward(self._handle(), a.ptr, B, nv_ptr, o.ptr, s)
         self._last_B = B
-        self._last_like = a
+        # What last_routing needs of the input (its kind and device), not the input itself.
+        self._last_like = A.Arr(None, a.kind, a.device, a.dtype, a.shape, 0)
         del keep, nv_keep
         return out
 
     @property
     def last_routing(self):
-        """The routing of the last forward (a RouteResult of copies, the hidden's kind)."""
+        """The routing of the last forward: a RouteResult of copies, of the hidden's kind (on a
+        GPU copied on torch's current stream: call it on the stream the forward ran on)."""
         if self._last_B is None:
             raise ValueError("no forward has run yet")
         r = S.RouteOutputsC()

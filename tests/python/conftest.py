@@ -18,9 +18,13 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 if not os.environ.get("MOEJIT_CACHE_DIR"):
     if os.environ.get("MJ_TEST_CACHE"):
         os.environ["MOEJIT_CACHE_DIR"] = os.environ["MJ_TEST_CACHE"]
-    else:
+    else:  # a cache of this run's own, removed when it ends
+        import atexit
+        import shutil
         import tempfile
-        os.environ["MOEJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="moejit-pytest-cache-")
+        _own_cache = tempfile.mkdtemp(prefix="moejit-pytest-cache-")
+        atexit.register(shutil.rmtree, _own_cache, True)
+        os.environ["MOEJIT_CACHE_DIR"] = _own_cache
 os.environ.setdefault("MOEJIT_SIM_THREADS", "2")
 
 import moejit  # noqa: E402
