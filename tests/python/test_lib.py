@@ -99,3 +99,14 @@ def test_pip_install(tmp_path):
     r = _run(LOAD, path=str(target))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(target / "moejit" / "libmoejit.so"), "0.1.0"]
+
+
+def test_versions_agree():
+    """The package's version (pyproject.toml, moejit.__version__) is the header's."""
+    import re
+    import moejit
+    header = open(os.path.join(REPO, "include", "moejit.h")).read()
+    pyproject = open(os.path.join(REPO, "python", "pyproject.toml")).read()
+    want = re.search(r'#define MJ_VERSION_STRING "([^"]+)"', header).group(1)
+    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == want
+    assert moejit.__version__ == want == moejit.library_version()
