@@ -1,6 +1,7 @@
 """Moe: one MoE layer on this rank (mj_moe_create / prepare / forward)."""
 import ctypes
 import os
+import sys
 
 import numpy as np
 
@@ -27,9 +28,9 @@ class Moe(Handle):
     k0_policy: OEA's k0 by batch size ("4", "1-3:8,4-:4"; None: plain top-k); mode: "auto"
     (the mode policy: W4A16 at 1-8 tokens, W4A4 above where the target has it), "w4a16" or
     "w4a4"; mode_policy: the policy "auto" uses (None: the target's default).
-    backend / device / context: where it runs ("auto": cuda:0 when there is a GPU, else the
-    interpreter; "sim"; "cuda" with device=N), or an explicit Context. Contexts are shared per
-    (backend, device).
+    backend / device / context: where it runs ("auto": the GPU torch has current when torch
+    is imported and has one, else GPU 0 when there is one, else the interpreter; "sim";
+    "cuda" with device=N), or an explicit Context. Contexts are shared per (backend, device).
     rsf_in_weights / shared_expert: see mj_moe_options (False for an engine that scales the
     routed output and adds the shared expert itself).
     max_batch / batches: when given, prepare() runs now with them.
@@ -62,6 +63,8 @@ class Moe(Handle):
                 raise ValueError("backend %r: use 'auto', 'sim' or 'cuda'" % (backend,))
             if backend == "sim" and device is not None:
                 raise ValueError("the interpreter has no device; leave device None")
+            if device is None and backend in ("auto", "cuda"):
+                device = _torch_current_device()   # the GPU torch has current, as NCCL uses
             if backend == "auto" and device is not None:
                 backend = "cuda"
             if backend == "cuda" and device is None:
@@ -271,6 +274,19 @@ class Moe(Handle):
         return "<moejit.Moe layer %s%s on %r%s>" % (self.layer, split, self.context, " closed" if self.closed else "")
 
 
+def _torch_current_device():
+    """torch's current CUDA device when torch is imported and has a GPU, else None (then
+    "auto" is the context's own choice: GPU 0 when there is one, else the interpreter)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_available():
+            return int(cuda.current_device())
+    except Exception:  # a torch without a working CUDA: leave the choice to the library
+        return None
+    return None
+
+
 def _aligned_copy(a):
     """A copy of a in a 16-byte-aligned buffer (the router GEMM loads 16 bytes at a time)."""
     raw = np.empty(a.nbytes + 16, dtype=np.uint8)
@@ -281,5 +297,4 @@ def _aligned_copy(a):
 
 
 def _torch_from_numpy(v):
-    import sys
     return sys.modules["torch"].from_numpy(v)

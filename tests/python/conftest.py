@@ -146,7 +146,8 @@ def make_fake_torch():
         return x
 
     t.as_tensor = as_tensor
-    t.cuda = types.SimpleNamespace(current_device=lambda: 0, current_stream=lambda device=None: _Stream())
+    t.cuda = types.SimpleNamespace(current_device=lambda: 0, current_stream=lambda device=None: _Stream(),
+                                   is_available=lambda: False)
     return t
 
 

@@ -127,3 +127,30 @@ def test_moe_cpu_tensors(fake_torch, checkpoint_dir, rng):
         assert (y.numpy()[1] == 0).all()
         r = moe.last_routing
         assert isinstance(r.ids, FakeTensor) and r.ids.numpy()[1].tolist() == [-1] * SMALL["topk"]
+
+
+def test_moe_auto_takes_torchs_current_gpu(fake_torch, monkeypatch, checkpoint_dir):
+    """backend "auto" with torch imported and a GPU: the context of torch's current device
+    (one process per GPU sets it before NcclComm and Moe); without a GPU, the library's choice."""
+    moe_mod = sys.modules["moejit.moe"]
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_get_context(backend, device):
+        asked.append((backend, device))
+        raise Stop()
+
+    monkeypatch.setattr(moe_mod, "get_context", fake_get_context)
+    with pytest.raises(Stop):
+        moejit.Moe(checkpoint_dir)
+    monkeypatch.setattr(fake_torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fake_torch.cuda, "current_device", lambda: 3)
+    with pytest.raises(Stop):
+        moejit.Moe(checkpoint_dir)
+    with pytest.raises(Stop):
+        moejit.Moe(checkpoint_dir, device=1)
+    with pytest.raises(Stop):
+        moejit.Moe(checkpoint_dir, backend="sim")
+    assert asked == [("auto", None), ("cuda", 3), ("cuda", 1), ("sim", None)]
