@@ -174,14 +174,16 @@ def route(logits, bias=None, *, topk, k0=None, routed_scaling_factor=1.0, scorin
         r.permutation = A.empty(lg, (T, topk), "int32")
         r.row_index = A.empty(lg, (T, topk), "int32")
 
+    torch_out = lg.kind == "torch"
+
     def ptr(name):
         v = getattr(r, name)
-        return None if v is None else (v.data_ptr() if lg.kind == "torch" else v.ctypes.data)
+        return None if v is None else (v.data_ptr() if torch_out else v.ctypes.data)
 
     c = lib()
     if backend == "ref":
         st = S.RouteStatsC()
-        c.mj_route_ref(ctypes.byref(p), lg.ptr, bs.ptr if bs else None, T, nv_int, ptr("ids"), ptr("weights"),
+        c.mj_route_ref(ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T, nv_int, ptr("ids"), ptr("weights"),
                        ptr("n_sel"), ctypes.byref(st))
         r.stats = {f: getattr(st, f) for f, _ in st._fields_ if f != "struct_size"}
         if dispatch:
@@ -200,9 +202,8 @@ def route(logits, bias=None, *, topk, k0=None, routed_scaling_factor=1.0, scorin
               "permutation", "row_index"):
         setattr(out, f, ptr(f))
     s = A.cuda_stream(lg, stream) if lg.is_cuda else None
-    c.mj_route(ctx._handle(), ctypes.byref(p), lg.ptr, bs.ptr if bs else None, T,
+    c.mj_route(ctx._handle(), ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T,
                nv_arr.ptr if nv_arr is not None else None, ctypes.byref(out), s)
-    # Keep the inputs alive until the call has been made (the GPU reads them on the stream,
-    # as with any torch op: the caller's tensors are the caller's to keep).
-    del lg, bs, nv_arr
+    # On a GPU the kernel reads the inputs on the stream after this returns, as with any
+    # torch op: the caller's tensors are the caller's to keep until then.
     return r

@@ -1,7 +1,6 @@
 """Moe: a checkpoint's layer through mj_moe_* on the interpreter, against the CPU reference
 forward of the same layer (Layer.forward_ref = mj_moe_forward_ref), whole and split over
 loopback ranks driven from Python threads."""
-import os
 import threading
 import time
 
