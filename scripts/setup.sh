@@ -4,8 +4,10 @@
 # Safe to run again: it installs nothing when everything is there.
 set -euo pipefail
 # libclang-rt-14-dev: libFuzzer and the sanitizer runtimes for clang (the fuzz harnesses);
-# clang only recommends it.
-pkgs=(cmake make gcc clang libclang-rt-14-dev pkg-config libjansson-dev libssl-dev libclang-14-dev python3 python3-pip perl)
+# clang only recommends it. python3-numpy, python3-pytest: the Python binding's tests
+# (tests/python), run with the system python3 (/usr/bin/python3).
+pkgs=(cmake make gcc clang libclang-rt-14-dev pkg-config libjansson-dev libssl-dev libclang-14-dev python3 python3-pip
+      python3-numpy python3-pytest perl)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,197 @@
+"""Finding and loading libmoejit.so, and the prototypes of the C functions the binding calls.
+
+Where the library is looked for, in order (the first that exists is loaded; a file that
+exists but does not load is an error, not a reason to try the next):
+  1. $MOEJIT_LIBRARY: that file and nothing else;
+  2. beside this package: moejit/libmoejit.so (copy it there before `pip install`);
+  3. from a checkout: <repository>/build/libmoejit.so (this file is python/moejit/_lib.py);
+  4. the dynamic loader's search path (LD_LIBRARY_PATH, ldconfig): libmoejit.so.0.
+The library is loaded on the first call that needs it, so `import moejit` works without it.
+
+Every function that returns an mj_status raises MoejitError (errors.py) when it is not MJ_OK,
+through ctypes' errcheck, reading mj_last_error() on the calling thread right away. The
+functions are attributes of the object C (the tests replace them to prove that refused
+arguments never reach C). ctypes releases the GIL for the length of every call, so ranks
+driven from Python threads run in C at the same time.
+"""
+import ctypes
+import ctypes.util
+import os
+import threading
+
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_uint64, c_void_p
+
+from . import _structs as S
+from .errors import LibraryNotFoundError, LibraryVersionError, error_for
+
+__version__ = "0.1.0"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_lock = threading.Lock()
+_state = {"lib": None, "path": None, "bound": None}
+
+c_int32_p = POINTER(c_int32)
+
+
+def candidates():
+    """Where the library is looked for, as (how, path or name) pairs, in order."""
+    out = []
+    env = os.environ.get("MOEJIT_LIBRARY")
+    if env:
+        return [("$MOEJIT_LIBRARY", env)]
+    out.append(("beside the package", os.path.join(_HERE, "libmoejit.so")))
+    repo = os.path.dirname(os.path.dirname(_HERE))
+    if os.path.isfile(os.path.join(repo, "include", "moejit.h")):
+        out.append(("the checkout's build directory", os.path.join(repo, "build", "libmoejit.so")))
+    found = ctypes.util.find_library("moejit")
+    out.append(("the loader's search path", found or "libmoejit.so.0"))
+    return out
+
+
+def _load():
+    tried = []
+    for how, where in candidates():
+        by_name = os.sep not in where
+        if not by_name and not os.path.exists(where):
+            tried.append("%s: %s (not there)" % (how, where))
+            continue
+        try:
+            lib = ctypes.CDLL(where)
+        except OSError as e:
+            if by_name:
+                tried.append("%s: %s (%s)" % (how, where, e))
+                continue
+            raise LibraryNotFoundError(
+                "moejit: %s (%s) exists but does not load: %s. Rebuild it (cmake --build build) or point "
+                "MOEJIT_LIBRARY at a working libmoejit.so" % (where, how, e)) from None
+        return lib, where
+    raise LibraryNotFoundError(
+        "moejit: libmoejit.so not found. Looked in:\n  " + "\n  ".join(tried) +
+        "\nBuild it (cmake -S . -B build && cmake --build build) and set MOEJIT_LIBRARY=/path/to/libmoejit.so, "
+        "or copy libmoejit.so into the installed package directory (%s), or add its directory to "
+        "LD_LIBRARY_PATH" % _HERE)
+
+
+def _check(result, func, args):
+    if result != 0:
+        raise error_for(result, func.__name__, last_error())
+    return result
+
+
+_P = c_void_p  # pointers to data and opaque handles are passed as integers
+_PP = POINTER(c_void_p)
+
+# name: (argtypes, returns a status)
+_PROTOS = {
+    "mj_status_string": ([c_int], False),
+    "mj_last_error": ([], False),
+    "mj_version": ([POINTER(c_int), POINTER(c_int), POINTER(c_int), POINTER(c_char_p)], True),
+    # config
+    "mj_moe_config_glm5": ([POINTER(S.MoeConfigC)], True),
+    "mj_moe_config_read": ([c_char_p, c_char_p, POINTER(S.MoeConfigC)], True),
+    "mj_moe_config_validate": ([POINTER(S.MoeConfigC), c_int], True),
+    "mj_route_params_from_config": ([POINTER(S.MoeConfigC), POINTER(S.RouteParamsC)], True),
+    # routing
+    "mj_route_ref": ([POINTER(S.RouteParamsC), _P, _P, c_int32, c_int32, _P, _P, _P, POINTER(S.RouteStatsC)], True),
+    "mj_route_dispatch_ref": ([_P, _P, c_int32, c_int32, c_int32, _P, _P, _P, _P, _P, _P], True),
+    "mj_route": ([_P, POINTER(S.RouteParamsC), _P, _P, c_int32, _P, POINTER(S.RouteOutputsC), _P], True),
+    "mj_k0_policy_parse": ([c_char_p, c_int32, POINTER(S.K0PolicyC)], True),
+    "mj_k0_policy_resolve": ([POINTER(S.K0PolicyC), c_int32, c_int32_p], True),
+    # contexts
+    "mj_context_create": ([POINTER(S.ContextOptionsC), _PP], True),
+    "mj_context_destroy": ([_P], True),
+    "mj_context_stats": ([_P, POINTER(S.JitStatsC)], True),
+    "mj_context_backend": ([_P, POINTER(c_int), POINTER(c_char_p)], True),
+    # layers and checkpoints
+    "mj_layer_create_random": ([POINTER(S.MoeConfigC), c_uint64, _PP], True),
+    "mj_layer_shard": ([_P, c_int, c_int32, c_int32, _PP], True),
+    "mj_layer_free": ([_P], True),
+    "mj_moe_forward_ref": ([_P, c_int, _P, c_int32, c_int32, c_int32, _P, POINTER(S.RouteStatsC)], True),
+    "mj_router_ref": ([_P, _P, c_int32, _P], True),
+    "mj_checkpoint_open": ([c_char_p, _PP], True),
+    "mj_checkpoint_config": ([_P, POINTER(S.MoeConfigC)], True),
+    "mj_checkpoint_moe_layers": ([_P, c_int32_p, c_int32, c_int32_p], True),
+    "mj_layer_load": ([_P, c_int32, c_int, c_int32, c_int32, _PP], True),
+    "mj_checkpoint_close": ([_P], True),
+    "mj_checkpoint_make_plan": ([POINTER(S.CheckpointMakeOptionsC), POINTER(S.CheckpointMakeInfoC)], True),
+    "mj_checkpoint_make": ([POINTER(S.CheckpointMakeOptionsC)], True),
+    # communicators
+    "mj_comm_loopback_create": ([c_int32, _PP], True),
+    "mj_comm_nccl_unique_id": ([POINTER(S.CommIdC)], True),
+    "mj_comm_nccl_init_rank": ([POINTER(S.CommIdC), c_int32, c_int32, _PP], True),
+    "mj_comm_nccl_init_all": ([c_int32, c_int32_p, _PP], True),
+    "mj_comm_nccl_wrap": ([_P, _PP], True),
+    "mj_comm_info": ([_P, c_int32_p, c_int32_p], True),
+    "mj_comm_all_reduce_f32": ([_P, _P, _P, c_int64, _P], True),
+    "mj_comm_free": ([_P], True),
+    # the layer runtime
+    "mj_moe_create": ([_P, _P, POINTER(S.MoeOptionsC), _PP], True),
+    "mj_moe_prepare": ([_P, POINTER(S.MoePrepareOptionsC)], True),
+    "mj_moe_forward": ([_P, _P, c_int32, _P, _P, _P], True),
+    "mj_moe_batch_plan": ([_P, c_int32, c_int32_p, POINTER(c_int)], True),
+    "mj_moe_route_outputs": ([_P, POINTER(S.RouteOutputsC)], True),
+    "mj_moe_free": ([_P], True),
+}
+
+
+class _CFunctions:
+    """The C functions, as attributes (filled on first use)."""
+
+
+C = _CFunctions()
+
+
+def _bind(lib):
+    for name, (argtypes, status) in _PROTOS.items():
+        f = getattr(lib, name)
+        f.argtypes = argtypes
+        if status:
+            f.restype = c_int
+            f.errcheck = _check
+        setattr(C, name, f)
+    lib.mj_status_string.restype = c_char_p
+    lib.mj_last_error.restype = c_char_p
+    _state["bound"] = lib  # what last_error() reads, already during load()'s version check
+
+
+def load():
+    """Load the library (once) and check its version; returns its path."""
+    with _lock:
+        if _state["lib"] is None:
+            lib, path = _load()
+            _bind(lib)
+            major, minor, patch, text = c_int(), c_int(), c_int(), c_char_p()
+            C.mj_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch), ctypes.byref(text))
+            want = tuple(int(x) for x in __version__.split(".")[:2])
+            if (major.value, minor.value) != want:
+                raise LibraryVersionError(
+                    "moejit: %s is version %s; this package (%s) needs %d.%d.x. Point MOEJIT_LIBRARY at the "
+                    "library built from the same checkout as the package" %
+                    (path, (text.value or b"?").decode(), __version__, want[0], want[1]))
+            _state["lib"], _state["path"] = lib, path
+    return _state["path"]
+
+
+def lib():
+    """The C functions, loading the library on first use."""
+    if _state["lib"] is None:
+        load()
+    return C
+
+
+def last_error():
+    """mj_last_error() of the calling thread (read right after the failed call)."""
+    return (_state["bound"].mj_last_error() or b"").decode("utf-8", "replace")
+
+
+def library_path():
+    """The path of the loaded library (loading it if needed)."""
+    return load()
+
+
+def library_version():
+    """The loaded library's version text ("0.1.0")."""
+    c = lib()
+    text = c_char_p()
+    c.mj_version(None, None, None, ctypes.byref(text))
+    return text.value.decode()
