@@ -715,8 +715,9 @@ json_check 'set(j["gpu"]["goals"]) == {"experts_bandwidth", "oea_speedup"} and j
 [ "$(grep -c 'cuStreamEndCapture: [1-9]' bstub.log)" = 24 ] && ok || bad "want 24 captured graphs: $(grep -c cuStreamEndCapture bstub.log)"
 grep -q "refused\|without a current context\|invalidated" bstub.log && bad "bench broke a driver rule: $(grep -m3 'refused\|context\|invalidated' bstub.log)" || ok
 # An H200 (sm_90): the plan and the GPU runs for sm_90a, W4A4 left out and said so.
-MJ_STUB_CC=9.0 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --k0 4 --bench-batch 8
+MJ_STUB_CC=9.0 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --k0 4 --bench-batch 8 --no-sim
 json_check 'j["target"] == "sm_90a" and j["gpu"]["target"] == "sm_90a" and {r["mode"] for r in j["gpu"]["experts"]} == {"W4A16"}'
+json_check 'j["launch_path"] is None and j["bytes"] is None and len(j["gpu"]["layer"]) == 2'
 json_check 'any("W4A4 needs sm_120a" in n for n in j["notes"])'
 # --no-gpu skips the GPU even with one.
 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --no-gpu --k0 4 --bench-batch 1

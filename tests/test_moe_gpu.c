@@ -179,8 +179,16 @@ static int has_w4a4(mj_context_t ctx) {
 
 /* ---- the experts on the reference's routing ---------------------------------------------- */
 /* Shapes to run: on the stub and the interpreter only the small one (the stub runs no
- * kernel; the interpreter would take minutes over GLM-5's). */
-static size_t n_shapes(void) { return g_values && g_dev ? sizeof k_shapes / sizeof k_shapes[0] : 1; }
+ * kernel; the interpreter would take minutes over GLM-5's). MJ_GPU_TEST_SMALL=1: only the
+ * small one anywhere (under compute-sanitizer); MJ_GPU_TEST_ALL_SHAPES=1: all, also on the
+ * stub (scripts/gpu/bundle.sh compiles what the GPU run needs that way). */
+static size_t n_shapes(void) {
+    const size_t all = sizeof k_shapes / sizeof k_shapes[0];
+    const char *small = getenv("MJ_GPU_TEST_SMALL"), *every = getenv("MJ_GPU_TEST_ALL_SHAPES");
+    if (small && !strcmp(small, "1")) return 1;
+    if (every && !strcmp(every, "1")) return all;
+    return g_values && g_dev ? all : 1;
+}
 
 static void test_experts(mj_context_t ctx, uint64_t seed) {
     for (size_t si = 0; si < n_shapes(); si++) {

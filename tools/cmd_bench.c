@@ -76,6 +76,7 @@ static const char k_help[] =
     "  --copy-mb N      the copy-bandwidth buffer, MiB (default 512)\n"
     "  --no-compile     list the plan without compiling it\n"
     "  --no-gpu         skip the GPU measurements even with a GPU\n"
+    "  --no-sim         skip the interpreter's measurements (launch path, bytes)\n"
     "  --cache-dir D    the kernel cache of the interpreter and GPU runs (cold compiles use\n"
     "                   temporary ones)\n"
     "  --json           one JSON object on stdout (progress on stderr)\n"
@@ -93,7 +94,7 @@ typedef struct bench_args {
     int hidden, intermediate, experts, topk;
     mj_parallel par;
     int n_ranks, split_given;
-    int reps, iters, sim_I, copy_mb, json, no_gpu, no_compile, quiet;
+    int reps, iters, sim_I, copy_mb, json, no_gpu, no_compile, no_sim, quiet;
 } bench_args;
 
 /* What every section needs: the model, the rank's shapes, where results go. */
@@ -606,7 +607,7 @@ static int bench_gpu(bench *b) {
         if ((st = (call)) != MJ_OK) goto fail;                                           \
     } while (0)
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = a->cache_dir, o.device = 0, o.backend = MJ_BACKEND_CUDA, o.strict = 0;
+    o.cache_dir = a->cache_dir, o.device = 0, o.backend = MJ_BACKEND_CUDA; /* strict: $MOEJIT_STRICT */
     TRY("binding GPU 0", mj_cuda_bind(0));
     TRY("the GPU's context", mj_context_create(&o, &g->ctx));
     mj_device_info di;
@@ -910,7 +911,7 @@ static int read_config(bench *b) {
 int cmd_bench(int argc, char **argv) {
     enum { OPT_CONFIG = 256, OPT_QUANT, OPT_CK, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_TP, OPT_EP,
            OPT_BATCH, OPT_K0P, OPT_MODE, OPT_ARCH, OPT_BB, OPT_K0, OPT_REPS, OPT_ITERS, OPT_SIMI, OPT_COPY,
-           OPT_NOCOMPILE, OPT_NOGPU, OPT_CACHE, OPT_JSON };
+           OPT_NOCOMPILE, OPT_NOGPU, OPT_NOSIM, OPT_CACHE, OPT_JSON };
     static const struct option opts[] = {
         {"config", required_argument, 0, OPT_CONFIG},  {"quant", required_argument, 0, OPT_QUANT},
         {"checkpoint", required_argument, 0, OPT_CK},  {"hidden", required_argument, 0, OPT_HIDDEN},
@@ -922,7 +923,8 @@ int cmd_bench(int argc, char **argv) {
         {"k0", required_argument, 0, OPT_K0},          {"reps", required_argument, 0, OPT_REPS},
         {"iters", required_argument, 0, OPT_ITERS},    {"sim-intermediate", required_argument, 0, OPT_SIMI},
         {"copy-mb", required_argument, 0, OPT_COPY},   {"no-compile", no_argument, 0, OPT_NOCOMPILE},
-        {"no-gpu", no_argument, 0, OPT_NOGPU},         {"cache-dir", required_argument, 0, OPT_CACHE},
+        {"no-gpu", no_argument, 0, OPT_NOGPU},         {"no-sim", no_argument, 0, OPT_NOSIM},
+        {"cache-dir", required_argument, 0, OPT_CACHE},
         {"json", no_argument, 0, OPT_JSON},            {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -974,6 +976,7 @@ int cmd_bench(int argc, char **argv) {
         case OPT_COPY: if (tool_parse_int("bench", "--copy-mb", optarg, 1, 1 << 16, &a.copy_mb)) return 2; break;
         case OPT_NOCOMPILE: a.no_compile = 1; break;
         case OPT_NOGPU: a.no_gpu = 1; break;
+        case OPT_NOSIM: a.no_sim = 1; break;
         case OPT_CACHE: a.cache_dir = optarg; break;
         case OPT_JSON: a.json = 1; break;
         case 'q': a.quiet = 1; break;
@@ -1057,8 +1060,14 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!have_gpu) note(&b, "no GPU%s: only what the interpreter and the compiler can tell", a.no_gpu ? " (--no-gpu)" : "");
     if ((rc = bench_plan(&b, arch))) goto out;
-    if (a.par == MJ_PAR_EP) note(&b, "the interpreter's measurements model a TP rank or a whole layer: skipped with --ep");
-    else if ((rc = bench_sim(&b, arch))) goto out;
+    if (a.no_sim) {
+        json_object_set_new(b.root, "launch_path", json_null());
+        json_object_set_new(b.root, "bytes", json_null());
+    } else if (a.par == MJ_PAR_EP) {
+        note(&b, "the interpreter's measurements model a TP rank or a whole layer: skipped with --ep");
+    } else if ((rc = bench_sim(&b, arch))) {
+        goto out;
+    }
     if (have_gpu && (rc = bench_gpu(&b))) goto out;
 out:
     if (a.json && !rc) {
