@@ -50,8 +50,12 @@ def main():
         json.dump(res, f, indent=1)
 
     lines = []
-    lines.append("moejit on %s: %s" % (res.get("device", "no GPU" if not a.gpu else "a GPU"),
-                                        "ALL CHECKS PASSED" if not failed else "FAILED: " + ", ".join(failed)))
+    if not a.gpu:
+        lines.append("no GPU: nothing was measured on a GPU; the parts that need none %s"
+                     % ("passed" if not failed else "FAILED: " + ", ".join(failed)))
+    else:
+        lines.append("moejit on %s: %s" % (res.get("device", "a GPU"),
+                                            "ALL CHECKS PASSED" if not failed else "FAILED: " + ", ".join(failed)))
     lines.append("steps: " + "  ".join("%s %s %ss" % (s["step"], s["status"], s["seconds"]) for s in steps))
     if bench and bench.get("gpu"):
         g = bench["gpu"]
