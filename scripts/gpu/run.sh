@@ -65,6 +65,17 @@ if [ -z "${MOEJIT_NCCL:-}" ]; then
     done
 fi
 
+# NVRTC: the toolkit's (/usr/local/cuda, $CUDA_HOME: moejit looks there), else the pip
+# package's (nvidia-cuda-nvrtc), unless MOEJIT_NVRTC says.
+if [ -z "${MOEJIT_NVRTC:-}" ] && ! ls /usr/local/cuda/lib64/libnvrtc.so* "${CUDA_HOME:-/nonexistent}"/lib64/libnvrtc.so* \
+    >/dev/null 2>&1; then
+    for d in $(python3 -c 'import nvidia, os; [print(os.path.join(p, s, "lib")) for p in nvidia.__path__ for s in ("cu13", "cuda_nvrtc")]' 2>/dev/null); do
+        f=$(ls "$d"/libnvrtc.so.1[0-9] 2>/dev/null | head -n 1)
+        if [ -n "$f" ]; then export MOEJIT_NVRTC=$f; break; fi
+    done
+fi
+echo "run.sh: GPU $GPU; MOEJIT_NCCL=${MOEJIT_NCCL:-(search)}; MOEJIT_NVRTC=${MOEJIT_NVRTC:-(search)}; budget ${BUDGET}s"
+
 # step NAME LIMIT CMD...: run CMD with its output in logs/NAME.log, under min(LIMIT, what is
 # left of the budget); record status pass / fail / skip (exit 77) / timeout / unsupported.
 step() {
