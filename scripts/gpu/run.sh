@@ -6,7 +6,7 @@
 #
 # Steps, each under its own time limit (timeout) and a budget for the whole run
 # ($MJ_RUN_BUDGET seconds, default 450), so that one hang cannot eat the lease; a failed step
-# is recorded and the others still run:
+# is recorded and the others still run ($MJ_RUN_SKIP="name ..." omits steps):
 #   device        nvidia-smi
 #   test_route    the routing table on the GPU (test_route_gpu)
 #   test_experts  the expert GEMMs against the CPU reference (W4A16; W4A4 on sm_120a/121a)
@@ -88,6 +88,13 @@ step() {
         printf '%-13s %4ss  %s\n' "$name" "$limit" "$*"
         return 0
     fi
+    case " ${MJ_RUN_SKIP:-} " in
+    *" $name "*)
+        printf '%s\tomitted\t-\t0\t%s\n' "$name" "$limit" >>"$STEPS"
+        echo "== $name: omitted (MJ_RUN_SKIP)"
+        return 0
+        ;;
+    esac
     if [ "$left" -lt 15 ]; then
         printf '%s\tno-time\t-\t0\t%s\n' "$name" "$limit" >>"$STEPS"
         echo "== $name: skipped, the run's budget of ${BUDGET}s is spent"
