@@ -74,6 +74,7 @@ if [ -z "${MOEJIT_NVRTC:-}" ] && ! ls /usr/local/cuda/lib64/libnvrtc.so* "${CUDA
         if [ -n "$f" ]; then export MOEJIT_NVRTC=$f; break; fi
     done
 fi
+[ "$GPU" = 1 ] && nvidia-smi -L
 echo "run.sh: GPU $GPU; MOEJIT_NCCL=${MOEJIT_NCCL:-(search)}; MOEJIT_NVRTC=${MOEJIT_NVRTC:-(search)}; budget ${BUDGET}s"
 
 # step NAME LIMIT CMD...: run CMD with its output in logs/NAME.log, under min(LIMIT, what is
