@@ -57,7 +57,7 @@ mknpy() {
 
 # ---- top level --------------------------------------------------------------------------
 expect_rc 0 "$MJ" --help;       contains out "usage: moejit"; contains out "route"; contains out "demo"
-expect_rc 0 "$MJ" -h;           contains out "nvfp4"
+expect_rc 0 "$MJ" -h;           contains out "nvfp4"; contains out "bench"
 expect_rc 0 "$MJ" --version;    contains out "moejit 0."
 expect_rc 0 "$MJ" -V;           contains out "moejit 0."
 expect_rc 2 "$MJ";              contains err "usage"
@@ -705,6 +705,56 @@ expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --layers 3x;
 expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 --shard-mb 0; contains err "--shard-mb"
 expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 extra; contains err "unexpected argument"
 [ ! -e x ] && ok || bad "a usage error wrote x"
+
+# ---- bench -------------------------------------------------------------------------------
+# A small model (H 256, E 16, top-4, TP 2: experts of 128 rows a rank), few reps and calls.
+BQ="--quant $SRC/tests/data/model/hf_quant_config.example.json"
+BENCH="bench --config $GLM5 $BQ --hidden 256 --intermediate 256 --experts 16 --topk 4 --tp 2 --batch 1-8
+       --k0-policy 1-3:4,4-:2 --bench-batch 1,2,8 --k0 8,4,2 --iters 5 --copy-mb 8 --cache-dir $T/benchcache -q"
+expect_rc 0 "$MJ" bench --help; contains out "--bench-batch"; contains out "--k0-policy"
+expect_rc 2 "$MJ" bench --k0 0;                 contains err "--k0"
+expect_rc 2 "$MJ" bench --tp 2 --ep 2;          contains err "one of --tp and --ep"
+expect_rc 2 "$MJ" bench --sim-intermediate 65;  contains err "multiple of 64"
+expect_rc 2 "$MJ" bench --bench-batch 300;      contains err "out of 1..256"
+expect_rc 2 "$MJ" bench --config "$GLM5" --checkpoint ck1; contains err "not both"
+expect_rc 2 "$MJ" bench --frobnicate;           contains err "unknown option"
+expect_fail "$MJ" bench --config "$GLM5" $BQ --hidden 256 --intermediate 256 --experts 16 --topk 4 --tp 8
+contains err "multiples of 64"
+# Without a GPU: the plan compiled (cold, disk, memory), the launch path's host time, the
+# bytes counted equal to the floor, and the floor on named GPUs.
+MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --reps 1 --json
+json_check 'j["gpu"] is None and j["target"] == "sm_120a" and j["config"]["i_local"] == 128'
+json_check 'any("no GPU" in n for n in j["notes"]) and any("above top-k" in n for n in j["notes"])'
+json_check 'len(j["plan"]["specializations"]) >= 3 and all(r["cold_ms"] > 0 and r["disk_ms"] > 0 and r["mem_us"] > 0 for r in j["plan"]["specializations"])'
+json_check '{r["what"] for r in j["plan"]["specializations"]} == {"router GEMM", "routing", "experts"}'
+json_check '[(r["B"], r["k0"]) for r in j["launch_path"]] == [(1, 4), (2, 4), (8, 2)] and all(r["launches"] >= 4 and r["host_us"] > 0 for r in j["launch_path"])'
+json_check '[(r["B"], r["k0"]) for r in j["bytes"]] == [(b, k) for k in (4, 2) for b in (1, 2, 8)]'
+json_check 'all(r["read"] == r["floor"] and r["ratio"] == 1.0 and 1 <= r["active"] <= 16 for r in j["bytes"])'
+json_check 'all(r["model_bytes"] == 2*16*256 + (r["active"] + 1) * j["config"]["expert_bytes"] for r in j["bytes"])'
+json_check 'all(abs(r["floor_us"]["h200"] - r["model_bytes"] / 4.8e6) < 1e-3 for r in j["bytes"])'
+json_check 'all(a["active"] >= b["active"] for a in j["bytes"] for b in j["bytes"] if a["B"] == b["B"] and a["k0"] > b["k0"])'
+MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --no-compile
+contains out "host time of one forward's launch path"; contains out "no GPU"; contains out "router GEMM"
+# The GPU paths' host logic through the stub driver: kernels do not run, a kernel takes 10 us
+# and a copy moves 1000 GB/s on the stub's clock; every forward captured in a CUDA graph
+# without a call the capture forbids.
+MJ_STUB_LOG=$T/bstub.log MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json
+json_check 'j["gpu"]["device"] == "moejit stub GPU" and j["gpu"]["target"] == "sm_120a" and abs(j["gpu"]["copy"]["gbps"] - 1000) < 1e-3'
+json_check 'len(j["gpu"]["routing"]) == 6 and all(abs(r["us"] - 20) < 1e-3 for r in j["gpu"]["routing"])'
+json_check 'sorted({r["mode"] for r in j["gpu"]["experts"]}) == ["W4A16", "W4A4"] and len(j["gpu"]["experts"]) == 12'
+json_check '[r["what"] for r in j["gpu"]["layer"]] == ["layer", "layer_graph"] * 6 and all(r["us"] > 0 and r["bytes"] > 0 for r in j["gpu"]["layer"])'
+json_check 'all(a["us"] == b["us"] for a, b in zip(j["gpu"]["layer"][::2], j["gpu"]["layer"][1::2]))'
+json_check 'set(j["gpu"]["goals"]) == {"experts_bandwidth", "oea_speedup"} and j["gpu"]["goals"]["oea_speedup"]["speedup"] is None'
+[ "$(grep -c 'cuStreamEndCapture: [1-9]' bstub.log)" = 24 ] && ok || bad "want 24 captured graphs: $(grep -c cuStreamEndCapture bstub.log)"
+grep -q "refused\|without a current context\|invalidated" bstub.log && bad "bench broke a driver rule: $(grep -m3 'refused\|context\|invalidated' bstub.log)" || ok
+# An H200 (sm_90): the plan and the GPU runs for sm_90a, W4A4 left out and said so.
+MJ_STUB_CC=9.0 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --k0 4 --bench-batch 8 --no-sim
+json_check 'j["target"] == "sm_90a" and j["gpu"]["target"] == "sm_90a" and {r["mode"] for r in j["gpu"]["experts"]} == {"W4A16"}'
+json_check 'j["launch_path"] is None and j["bytes"] is None and len(j["gpu"]["layer"]) == 2'
+json_check 'any("W4A4 needs sm_120a" in n for n in j["notes"])'
+# --no-gpu skips the GPU even with one.
+MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --no-gpu --k0 4 --bench-batch 1
+json_check 'j["gpu"] is None and any("--no-gpu" in n for n in j["notes"])'
 
 # ---- standard output that cannot be written -------------------------------------------
 # A command whose output is lost did not do its job: exit 1, one line on stderr.

@@ -2,7 +2,10 @@
  * is tests/stub/cuda_stub.c (loaded through MOEJIT_LIBCUDA), which checks what the real
  * driver would refuse and logs every launch. Covered: the device's target, module loads,
  * the dynamic shared memory opt-in above 48 KiB (once per size), the target's shared
- * memory limit, memory calls needing a current context. */
+ * memory limit, memory calls needing a current context; streams, events (the stub's clock:
+ * 10 us a kernel, a device-to-device copy at 1000 GB/s counting bytes read and written) and
+ * CUDA graphs (captured launches replayed; calls a capture forbids refused and the capture
+ * invalidated). */
 #include "mj_test_registry.h"
 #include "test.h"
 
@@ -19,6 +22,86 @@ static char *take_log(void) {
     }
     unlink(g_log);
     return text;
+}
+
+/* Streams, events, copies and graphs through runtime/cuda/driver.c, against the stub. */
+static void test_streams_events_graphs(const mj_function *f) {
+    int ver = 0;
+    CHECK_OK(mj_cuda_driver_version(&ver));
+    CHECK(ver > 0, "driver version %d", ver);
+    void *s = NULL, *e0 = NULL, *e1 = NULL;
+    CHECK_OK(mj_cuda_stream_create(&s));
+    CHECK_OK(mj_cuda_event_create(&e0));
+    CHECK_OK(mj_cuda_event_create(&e1));
+    if (!s || !e0 || !e1) return;
+    /* A copy of 1 MB: 2 MB moved at 1000 GB/s = 2 us. */
+    uint64_t a = 0, b = 0;
+    CHECK_OK(mj_cuda_malloc(1000000, &a));
+    CHECK_OK(mj_cuda_malloc(1000000, &b));
+    uint8_t host[64], back[64];
+    for (int i = 0; i < 64; i++) host[i] = (uint8_t)(i * 7 + 1);
+    CHECK_OK(mj_cuda_memcpy_htod(a, host, 64));
+    CHECK_OK(mj_cuda_event_record(e0, s));
+    CHECK_OK(mj_cuda_memcpy_dtod_async(b, a, 1000000, s));
+    CHECK_OK(mj_cuda_event_record(e1, s));
+    CHECK_OK(mj_cuda_event_synchronize(e1));
+    float ms = -1;
+    CHECK_OK(mj_cuda_event_elapsed(e0, e1, &ms));
+    CHECK(fabsf(ms - 0.002f) < 1e-6f, "1 MB copy: %g ms, want 0.002", ms);
+    CHECK_OK(mj_cuda_memcpy_dtoh(back, b, 64));
+    CHECK(!memcmp(host, back, 64), "the device-to-device copy moved the bytes");
+    CHECK_OK(mj_cuda_memcpy_dtod(a, b, 64));
+    /* Two launches timed: 20 us. */
+    mj_launch_dims d = {{4, 1, 1}, {128, 1, 1}, 0, s};
+    CHECK_OK(mj_cuda_event_record(e0, s));
+    CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
+    CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
+    CHECK_OK(mj_cuda_event_record(e1, s));
+    CHECK_OK(mj_cuda_stream_synchronize(s));
+    CHECK_OK(mj_cuda_event_elapsed(e0, e1, &ms));
+    CHECK(fabsf(ms - 0.020f) < 1e-6f, "two kernels: %g ms, want 0.020", ms);
+    free(take_log());
+    /* A graph of three launches: nothing runs while capturing; each replay runs all three. */
+    void *g = NULL, *x = NULL;
+    CHECK_OK(mj_cuda_graph_capture_begin(s));
+    for (int i = 0; i < 3; i++) CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
+    CHECK_OK(mj_cuda_graph_capture_end(s, &g));
+    CHECK_OK(mj_cuda_graph_instantiate(g, &x));
+    char *log = take_log();
+    CHECK(strstr(log, "cuStreamEndCapture: 3 nodes") && !strstr(log, "\ncuLaunchKernel"), "capture: %s", log);
+    free(log);
+    CHECK_OK(mj_cuda_event_record(e0, s));
+    CHECK_OK(mj_cuda_graph_launch(x, s));
+    CHECK_OK(mj_cuda_graph_launch(x, s));
+    CHECK_OK(mj_cuda_event_record(e1, s));
+    CHECK_OK(mj_cuda_event_elapsed(e0, e1, &ms));
+    CHECK(fabsf(ms - 0.060f) < 1e-6f, "two replays of 3 kernels: %g ms, want 0.060", ms);
+    log = take_log();
+    int n = 0;
+    for (char *q = log; (q = strstr(q, "cuLaunchKernel fixture_saxpy")); q++) n++;
+    CHECK(n == 6, "two replays ran %d launches, want 6: %s", n, log);
+    free(log);
+    CHECK_OK(mj_cuda_graph_exec_destroy(x));
+    CHECK_OK(mj_cuda_graph_destroy(g));
+    /* An allocation during the capture is refused and breaks it; the stream is usable after. */
+    CHECK_OK(mj_cuda_graph_capture_begin(s));
+    uint64_t p = 0;
+    CHECK_STATUS(mj_cuda_malloc(64, &p), MJ_ERR_CUDA);
+    CHECK(strstr(mj_last_error(), "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED") != NULL, "%s", mj_last_error());
+    g = (void *)1;
+    CHECK_STATUS(mj_cuda_graph_capture_end(s, &g), MJ_ERR_CUDA);
+    CHECK(g == NULL && strstr(mj_last_error(), "INVALIDATED"), "invalidated capture: %p %s", g, mj_last_error());
+    CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
+    /* Bad arguments are named. */
+    CHECK_STATUS(mj_cuda_graph_capture_begin(NULL), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "mj_cuda_stream_create") != NULL, "%s", mj_last_error());
+    CHECK_STATUS(mj_cuda_event_elapsed(e0, NULL, &ms), MJ_ERR_INVALID_ARG);
+    CHECK_OK(mj_cuda_free(a));
+    CHECK_OK(mj_cuda_free(b));
+    CHECK_OK(mj_cuda_event_destroy(e0));
+    CHECK_OK(mj_cuda_event_destroy(e1));
+    CHECK_OK(mj_cuda_stream_destroy(s));
+    free(take_log());
 }
 
 int main(void) {
@@ -85,6 +168,7 @@ int main(void) {
     CHECK_OK(mj_cuda_malloc(256, &p));
     CHECK_OK(mj_cuda_free(p));
 
+    test_streams_events_graphs(f);
     mj_context_destroy(ctx);
     test_rm_rf(dir);
     free(dir);

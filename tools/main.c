@@ -23,6 +23,8 @@ static const char k_usage[] =
     "             GPU needed)\n"
     "  inspect    the kernel cache: list, show (source, PTX, SASS, log), templates, gc,\n"
     "             verify, --stats\n"
+    "  bench      what a model's MoE layer costs: compile times, the launch path, bytes read\n"
+    "             against the floor; with a GPU, timed routing, experts and layer (graphs too)\n"
     "  make-checkpoint\n"
     "             write a Hugging Face checkpoint (ModelOpt NVFP4 layout) of random MoE layers\n"
     "\n"
@@ -100,6 +102,7 @@ static int run(int argc, char **argv) {
     if (!strcmp(cmd, "prewarm")) return cmd_prewarm(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "make-checkpoint")) return cmd_make_checkpoint(argc - 1, argv + 1);
     fprintf(stderr, "moejit: unknown command '%s' (see 'moejit --help')\n", cmd);
     return 2;

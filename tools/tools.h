@@ -14,6 +14,7 @@ int cmd_demo(int argc, char **argv);
 int cmd_prewarm(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* One layer forward on n_ranks ranks (threads), for run and demo (tools/moe_run.c). */
 typedef struct tool_moe_job {

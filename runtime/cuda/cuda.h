@@ -101,5 +101,35 @@ mj_status mj_cuda_free(uint64_t dptr);
 mj_status mj_cuda_memcpy_htod(uint64_t dst, const void *src, size_t bytes);
 mj_status mj_cuda_memcpy_dtoh(void *dst, uint64_t src, size_t bytes);
 mj_status mj_cuda_synchronize(void);
+mj_status mj_cuda_memcpy_dtod(uint64_t dst, uint64_t src, size_t bytes);
+/* The driver's version (cuDriverGetVersion: 13000 for CUDA 13.0). */
+mj_status mj_cuda_driver_version(int *version);
+
+/* ---- streams, events and CUDA graphs: what timing and graph capture need -----------------
+ * Resolved when the driver loads, apart from the table above: a driver too old for them
+ * (or a stand-in without them) still runs kernels, and these calls then fail with
+ * MJ_ERR_LIBRARY naming the missing symbol. Streams, events and graphs are opaque pointers
+ * (CUstream, CUevent, CUgraph, CUgraphExec); every call acts in the calling thread's current
+ * context (mj_cuda_bind). */
+/* A stream that does not synchronize with the legacy default stream (CU_STREAM_NON_BLOCKING). */
+mj_status mj_cuda_stream_create(void **stream);
+mj_status mj_cuda_stream_destroy(void *stream);
+mj_status mj_cuda_stream_synchronize(void *stream);
+mj_status mj_cuda_memcpy_htod_async(uint64_t dst, const void *src, size_t bytes, void *stream);
+mj_status mj_cuda_memcpy_dtod_async(uint64_t dst, uint64_t src, size_t bytes, void *stream);
+mj_status mj_cuda_event_create(void **event);
+mj_status mj_cuda_event_destroy(void *event);
+mj_status mj_cuda_event_record(void *event, void *stream);
+mj_status mj_cuda_event_synchronize(void *event);
+/* Milliseconds between two recorded (and completed) events. */
+mj_status mj_cuda_event_elapsed(void *start, void *end, float *ms);
+/* Capture the work enqueued on stream (thread-local mode: this thread may not make unsafe
+ * calls meanwhile, other threads may) into a graph, instantiate it, replay it. */
+mj_status mj_cuda_graph_capture_begin(void *stream);
+mj_status mj_cuda_graph_capture_end(void *stream, void **graph);
+mj_status mj_cuda_graph_instantiate(void *graph, void **exec);
+mj_status mj_cuda_graph_launch(void *exec, void *stream);
+mj_status mj_cuda_graph_destroy(void *graph);
+mj_status mj_cuda_graph_exec_destroy(void *exec);
 
 #endif /* MJ_CUDA_H */

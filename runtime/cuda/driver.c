@@ -1,6 +1,7 @@
 /* driver.c — the CUDA driver API, dlopen'd from libcuda.so.1 at run time (never linked, and
- * never the toolkit's stub in lib64/stubs): devices, modules, launches, and the few memory
- * calls tests and tools need.
+ * never the toolkit's stub in lib64/stubs): devices, modules, launches, the few memory
+ * calls tests and tools need, and streams, events and CUDA graphs (for timing and graph
+ * capture: `moejit bench`, the GPU tests).
  *
  * Contexts: each device's primary context is retained once, on first use, and kept for the
  * life of the process (as the CUDA runtime does), so device memory never disappears under
@@ -21,6 +22,9 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_CONTEXT = 201,
@@ -31,6 +35,9 @@ enum {
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    CU_STREAM_NON_BLOCKING = 1,
+    CU_EVENT_DEFAULT = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
 };
 
 static struct {
@@ -87,6 +94,56 @@ static const mj_dl_sym k_syms[] = {
 #undef SYM
 };
 
+/* Streams, events and graphs: resolved apart, so that a driver without them (or a stand-in)
+ * still runs kernels. Each entry lists its exported names, newest first: CUDA 12.8 made
+ * cuEventElapsedTime a macro for cuEventElapsedTime_v2, older drivers have only the first. */
+static struct {
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    CUresult (*StreamBeginCapture)(CUstream, int);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*GraphDestroy)(CUgraph);
+    CUresult (*GraphExecDestroy)(CUgraphExec);
+} cx;
+
+static const struct {
+    const char *names[2];
+    size_t offset;
+} k_ext_syms[] = {
+#define SYM(f, a, b) {{a, b}, offsetof(__typeof__(cx), f)}
+    SYM(StreamCreate, "cuStreamCreate", NULL),
+    SYM(StreamDestroy, "cuStreamDestroy_v2", "cuStreamDestroy"),
+    SYM(StreamSynchronize, "cuStreamSynchronize", NULL),
+    SYM(MemcpyDtoD, "cuMemcpyDtoD_v2", NULL),
+    SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", NULL),
+    SYM(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", NULL),
+    SYM(EventCreate, "cuEventCreate", NULL),
+    SYM(EventDestroy, "cuEventDestroy_v2", "cuEventDestroy"),
+    SYM(EventRecord, "cuEventRecord", NULL),
+    SYM(EventSynchronize, "cuEventSynchronize", NULL),
+    SYM(EventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime"),
+    SYM(StreamBeginCapture, "cuStreamBeginCapture_v2", NULL),
+    SYM(StreamEndCapture, "cuStreamEndCapture", NULL),
+    SYM(GraphInstantiate, "cuGraphInstantiateWithFlags", NULL),
+    SYM(GraphLaunch, "cuGraphLaunch", NULL),
+    SYM(GraphDestroy, "cuGraphDestroy", NULL),
+    SYM(GraphExecDestroy, "cuGraphExecDestroy", NULL),
+#undef SYM
+};
+static const char *g_ext_missing; /* the first of them the driver lacks, or NULL          */
+static int g_driver_version;
+
 #define MJ_NO_DRIVER_HINT "moejit can still compile with --arch"
 #define MJ_MAX_DEVICES 64
 
@@ -127,11 +184,15 @@ static const struct {
     {304, "CUDA_ERROR_OPERATING_SYSTEM", "OS call failed or operation not supported on this OS"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", "system has unsupported display driver / cuda driver combination"},
     {804, "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", "forward compatibility was attempted on non supported HW"},
+    {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {906, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -189,6 +250,21 @@ static void load_once(void) {
         mj_dl_close(h);
         return;
     }
+    for (size_t i = 0; i < sizeof k_ext_syms / sizeof k_ext_syms[0] && !g_ext_missing; i++) {
+        const char *miss = k_ext_syms[i].names[0];
+        for (int a = 0; a < 2 && miss; a++) {
+            /* One name into one slot: a failed mj_dl_resolve zeroes the table it is given,
+             * so it must not be given cx (the entries found so far would go). */
+            void *slot = NULL;
+            const mj_dl_sym one = {k_ext_syms[i].names[a], 0};
+            if (one.name && !mj_dl_resolve(h, &one, 1, &slot, sizeof slot)) {
+                memcpy((char *)&cx + k_ext_syms[i].offset, &slot, sizeof slot);
+                miss = NULL;
+            }
+        }
+        if (miss) g_ext_missing = miss;
+    }
+    if (g_ext_missing) memset(&cx, 0, sizeof cx); /* all or none                          */
     CUresult r = cu.Init(0);
     if (r != CUDA_SUCCESS) {
         char d[256];
@@ -208,6 +284,7 @@ static void load_once(void) {
         return;
     }
     g_n_devices = n;
+    if (cu.DriverGetVersion(&g_driver_version) != CUDA_SUCCESS) g_driver_version = 0;
     g_load_status = MJ_OK;
 }
 
@@ -442,5 +519,153 @@ mj_status mj_cuda_synchronize(void) {
     MJ_CHECK(mj_cuda_load());
     CUresult r = cu.CtxSynchronize();
     if (r != CUDA_SUCCESS) return cuda_fail(r, "cuCtxSynchronize");
+    return MJ_OK;
+}
+
+mj_status mj_cuda_driver_version(int *version) {
+    if (!version) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_driver_version: version is NULL");
+    *version = 0;
+    MJ_CHECK(mj_cuda_load());
+    *version = g_driver_version;
+    return MJ_OK;
+}
+
+/* ---- streams, events, graphs -------------------------------------------------------------- */
+
+/* The driver loaded, with the timing and graph entry points. */
+static mj_status ext_ready(const char *call) {
+    MJ_CHECK(mj_cuda_load());
+    if (g_ext_missing)
+        return mj_set_error(MJ_ERR_LIBRARY,
+                            "%s: the CUDA driver has no %s: it is too old for moejit's timing and graph "
+                            "calls (update the NVIDIA driver)",
+                            call, g_ext_missing);
+    return MJ_OK;
+}
+
+#define EXT_CALL(name, call)                                                              \
+    do {                                                                                  \
+        MJ_CHECK(ext_ready(name));                                                        \
+        CUresult r_ = (call);                                                             \
+        if (r_ != CUDA_SUCCESS) return cuda_fail(r_, name);                               \
+    } while (0)
+
+mj_status mj_cuda_stream_create(void **stream) {
+    if (!stream) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_stream_create: stream is NULL");
+    *stream = NULL;
+    CUstream s = NULL;
+    EXT_CALL("cuStreamCreate", cx.StreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    *stream = s;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_stream_destroy(void *stream) {
+    if (!stream) return MJ_OK;
+    EXT_CALL("cuStreamDestroy", cx.StreamDestroy((CUstream)stream));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_stream_synchronize(void *stream) {
+    EXT_CALL("cuStreamSynchronize", cx.StreamSynchronize((CUstream)stream));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_memcpy_dtod(uint64_t dst, uint64_t src, size_t bytes) {
+    if (bytes == 0) return MJ_OK;
+    if (!dst || !src) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_memcpy_dtod: NULL pointer");
+    EXT_CALL("cuMemcpyDtoD", cx.MemcpyDtoD((CUdeviceptr)dst, (CUdeviceptr)src, bytes));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_memcpy_htod_async(uint64_t dst, const void *src, size_t bytes, void *stream) {
+    if (bytes == 0) return MJ_OK;
+    if (!dst || !src) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_memcpy_htod_async: NULL pointer");
+    EXT_CALL("cuMemcpyHtoDAsync", cx.MemcpyHtoDAsync((CUdeviceptr)dst, src, bytes, (CUstream)stream));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_memcpy_dtod_async(uint64_t dst, uint64_t src, size_t bytes, void *stream) {
+    if (bytes == 0) return MJ_OK;
+    if (!dst || !src) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_memcpy_dtod_async: NULL pointer");
+    EXT_CALL("cuMemcpyDtoDAsync", cx.MemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, bytes, (CUstream)stream));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_event_create(void **event) {
+    if (!event) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_event_create: event is NULL");
+    *event = NULL;
+    CUevent e = NULL;
+    EXT_CALL("cuEventCreate", cx.EventCreate(&e, CU_EVENT_DEFAULT));
+    *event = e;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_event_destroy(void *event) {
+    if (!event) return MJ_OK;
+    EXT_CALL("cuEventDestroy", cx.EventDestroy((CUevent)event));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_event_record(void *event, void *stream) {
+    if (!event) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_event_record: event is NULL");
+    EXT_CALL("cuEventRecord", cx.EventRecord((CUevent)event, (CUstream)stream));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_event_synchronize(void *event) {
+    if (!event) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_event_synchronize: event is NULL");
+    EXT_CALL("cuEventSynchronize", cx.EventSynchronize((CUevent)event));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_event_elapsed(void *start, void *end, float *ms) {
+    if (!start || !end || !ms) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_event_elapsed: NULL argument");
+    *ms = 0.0f;
+    EXT_CALL("cuEventElapsedTime", cx.EventElapsedTime(ms, (CUevent)start, (CUevent)end));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_graph_capture_begin(void *stream) {
+    if (!stream)
+        return mj_set_error(MJ_ERR_INVALID_ARG,
+                            "mj_cuda_graph_capture_begin: the legacy default stream cannot be captured: create "
+                            "a stream (mj_cuda_stream_create)");
+    EXT_CALL("cuStreamBeginCapture", cx.StreamBeginCapture((CUstream)stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_graph_capture_end(void *stream, void **graph) {
+    if (!stream || !graph) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_graph_capture_end: NULL argument");
+    *graph = NULL;
+    CUgraph g = NULL;
+    EXT_CALL("cuStreamEndCapture", cx.StreamEndCapture((CUstream)stream, &g));
+    *graph = g;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_graph_instantiate(void *graph, void **exec) {
+    if (!graph || !exec) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_graph_instantiate: NULL argument");
+    *exec = NULL;
+    CUgraphExec e = NULL;
+    EXT_CALL("cuGraphInstantiateWithFlags", cx.GraphInstantiate(&e, (CUgraph)graph, 0));
+    *exec = e;
+    return MJ_OK;
+}
+
+mj_status mj_cuda_graph_launch(void *exec, void *stream) {
+    if (!exec) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_graph_launch: exec is NULL");
+    EXT_CALL("cuGraphLaunch", cx.GraphLaunch((CUgraphExec)exec, (CUstream)stream));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_graph_destroy(void *graph) {
+    if (!graph) return MJ_OK;
+    EXT_CALL("cuGraphDestroy", cx.GraphDestroy((CUgraph)graph));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_graph_exec_destroy(void *exec) {
+    if (!exec) return MJ_OK;
+    EXT_CALL("cuGraphExecDestroy", cx.GraphExecDestroy((CUgraphExec)exec));
     return MJ_OK;
 }

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""summarize.py — run.sh's last step: results.json and summary.txt under OUT, and a short
+table printed last. Exit 0 when every check passed, 1 otherwise (a goal missed is reported,
+not a failure: goals are targets, checks are correctness)."""
+import argparse
+import json
+import os
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return {"error": "%s: %s" % (path, e)} if os.path.exists(path) else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", required=True)
+    ap.add_argument("--gpu", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--budget", type=int, default=0)
+    ap.add_argument("--elapsed", type=int, default=0)
+    a = ap.parse_args()
+    steps = []
+    with open(a.steps) as f:
+        for line in f:
+            name, status, rc, secs, limit = line.rstrip("\n").split("\t")
+            steps.append({"step": name, "status": status, "exit": rc, "seconds": int(secs), "limit": limit})
+    bench = load(os.path.join(a.out, "bench.json"))
+    torch = load(os.path.join(a.out, "torch.json"))
+    failed = []
+    for s in steps:
+        st, name = s["status"], s["step"]
+        if st in ("fail", "timeout", "no-time"):
+            failed.append(name)
+        elif st == "skip" and a.gpu and name != "test_nccl":
+            failed.append(name)  # a GPU test that saw no GPU on a GPU machine
+    res = {"gpu": bool(a.gpu), "elapsed_s": a.elapsed, "budget_s": a.budget, "steps": steps,
+           "failed": failed, "passed": not failed}
+    if bench and bench.get("gpu"):
+        res["goals"] = bench["gpu"].get("goals")
+        res["copy_gbps"] = bench["gpu"].get("copy", {}).get("gbps")
+        res["device"] = bench["gpu"].get("device")
+    if torch:
+        res["torch_check"] = torch.get("check")
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+    lines = []
+    if not a.gpu:
+        lines.append("no GPU: nothing was measured on a GPU; the parts that need none %s"
+                     % ("passed" if not failed else "FAILED: " + ", ".join(failed)))
+    else:
+        lines.append("moejit on %s: %s" % (res.get("device", "a GPU"),
+                                            "ALL CHECKS PASSED" if not failed else "FAILED: " + ", ".join(failed)))
+    lines.append("steps: " + "  ".join("%s %s %ss" % (s["step"], s["status"], s["seconds"]) for s in steps))
+    if bench and bench.get("gpu"):
+        g = bench["gpu"]
+        copy = g.get("copy", {}).get("gbps", 0) or 0
+        ex = {(r["B"], r["k0"]): r for r in g.get("experts", []) if r.get("mode") == "W4A16"}
+        lay = {(r["B"], r["k0"]): r for r in g.get("layer", []) if r["what"] == "layer"}
+        gra = {(r["B"], r["k0"]): r for r in g.get("layer", []) if r["what"] == "layer_graph"}
+        tor = {(r["B"], r["k0"]): r for r in (torch or {}).get("rows", [])}
+        lines.append("copy %.0f GB/s. us (weight GB/s as a fraction of copy); torch = PyTorch eager on the same weights"
+                     % copy)
+        lines.append("%4s %3s %16s %16s %16s %10s %8s" % ("B", "k0", "experts W4A16", "layer", "layer+graph",
+                                                          "torch", "mj/torch"))
+        for key in sorted(gra, key=lambda k: (k[1] * -1, k[0])):
+            def cell(r):
+                return "%7.1f (%5.2f)" % (r["us"], r["of_copy"]) if r else "%16s" % "-"
+            t = tor.get(key)
+            ratio = "%8.2f" % (gra[key]["us"] / t["us"]) if t and t.get("us") else "%8s" % "-"
+            lines.append("%4d %3d %16s %16s %16s %10s %s" % (key[0], key[1], cell(ex.get(key)), cell(lay.get(key)),
+                                                            cell(gra[key]), "%10.1f" % t["us"] if t else "-", ratio))
+        goals = g.get("goals", {})
+        for k, v in goals.items():
+            lines.append("goal %s: %s (%s)" % (k, "met" if v.get("met") else "NOT met", v.get("goal")))
+    if torch and torch.get("check"):
+        c = torch["check"]
+        lines.append("torch vs moejit output: %s" % json.dumps(c)[:300])
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "summary.txt"), "w") as f:
+        f.write(text)
+    sys.stdout.write(text)
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

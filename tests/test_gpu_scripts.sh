@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# test_gpu_scripts.sh — scripts/gpu/ without a GPU: the scripts parse; a bundle laid out
+# from this build (what bundle.sh packs, without its Release build and cache fill) passes
+# run.sh --dry-run and, run without a GPU, says so, runs the parts that need none (the GPU
+# tests skip with 77, their checks on the interpreter, a small bench, the torch probe),
+# writes results under $OUT and exits 77; torch_baseline.py --numpy computes the same layer
+# as `moejit run --backend sim`.
+# usage: test_gpu_scripts.sh PATH/TO/moejit SOURCE_DIR BUILD_DIR [KERNEL_CACHE]
+# (KERNEL_CACHE: the tests' shared cache, copied into the bundle as bundle.sh's would be)
+set -u
+MJ=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+SRC=$(cd "$2" && pwd)
+BUILD=$(cd "$3" && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+cd "$T" || exit 1
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+G=$SRC/scripts/gpu
+
+for f in bundle.sh run.sh; do bash -n "$G/$f" && ok || bad "$f does not parse"; done
+for f in torch_baseline.py summarize.py; do
+    python3 -c "import ast,sys; ast.parse(open(sys.argv[1]).read())" "$G/$f" && ok || bad "$f does not parse"
+done
+
+# A bundle as bundle.sh lays it out.
+B=$T/gpu-bundle
+mkdir -p "$B/bin" "$B/lib" "$B/data"
+if [ -n "${4:-}" ] && [ -d "$4" ]; then cp -r "$4" "$B/cache"; else mkdir "$B/cache"; fi
+cp "$MJ" "$B/bin/moejit"
+for t in test_route_gpu test_moe_gpu test_nccl_gpu; do cp "$BUILD/$t" "$B/bin/"; done
+for lib in libjansson.so.4 libcrypto.so.3; do
+    p=$(ldd "$MJ" | awk -v l="$lib" '$1 == l {print $3}')
+    cp -L "$p" "$B/lib/$lib"
+done
+cp "$SRC/tests/data/model/glm5_moe_config.json" "$B/data/glm5_config.json"
+cp "$SRC/tests/data/model/hf_quant_config.example.json" "$B/data/hf_quant_config.json"
+cp "$G/run.sh" "$G/torch_baseline.py" "$G/summarize.py" "$B/"
+
+# --dry-run: every step with its time limit.
+(cd / && env -i PATH=/usr/bin:/bin bash "$B/run.sh" --dry-run) >dry 2>&1 && ok || bad "run.sh --dry-run: $(cat dry)"
+for s in device test_route test_experts test_layer test_graph test_nccl memcheck checkpoint bench torch; do
+    grep -q "^$s " dry && ok || bad "run.sh --dry-run does not list $s: $(cat dry)"
+done
+bash "$B/run.sh" --frobnicate >/dev/null 2>&1
+[ $? = 2 ] && ok || bad "run.sh with a bad argument does not exit 2"
+rm "$B/bin/test_nccl_gpu"
+bash "$B/run.sh" --dry-run >out 2>&1
+[ $? = 2 ] && grep -q "test_nccl_gpu is missing" out && ok || bad "a bundle without test_nccl_gpu: $(cat out)"
+cp "$BUILD/test_nccl_gpu" "$B/bin/"
+
+# Without a GPU: says so, runs what needs none, exits 77 with the results written.
+# (test_moe_sim is omitted: ctest runs it as test_moe_gpu_sim.)
+env MJ_RUN_NO_GPU=1 MJ_RUN_SKIP="test_moe_sim" OUT="$T/results" bash "$B/run.sh" >run.log 2>&1
+rc=$?
+[ "$rc" = 77 ] && ok || bad "run.sh without a GPU: exit $rc (want 77): $(tail -20 run.log)"
+grep -q "no GPU here" run.log && ok || bad "run.sh does not say there is no GPU: $(head -5 run.log)"
+python3 - "$T/results" <<'EOF' && ok || bad "run.sh's results without a GPU: $(cat "$T/results/results.json" 2>&1 | head -40)"
+import json, os, sys
+d = sys.argv[1]
+r = json.load(open(os.path.join(d, "results.json")))
+st = {s["step"]: s["status"] for s in r["steps"]}
+assert r["gpu"] is False and r["passed"] is True, r
+assert st["test_route"] == st["test_moe"] == st["test_nccl"] == "skip", st
+assert st["test_moe_sim"] == "omitted" and st["bench"] == "pass" and st["torch"] in ("skip", "pass"), st
+b = json.load(open(os.path.join(d, "bench.json")))
+assert b["gpu"] is None and all(x["ratio"] == 1.0 for x in b["bytes"]), b["bytes"]
+assert len(os.listdir(d)) <= 8 and all(os.path.isfile(os.path.join(d, f)) for f in os.listdir(d))
+EOF
+tail -n 2 run.log | grep -q "^no GPU: nothing was measured on a GPU; the parts that need none passed" && ok ||
+    bad "the summary is not printed last: $(tail -5 run.log)"
+
+# The baseline's function against moejit's, on the CPU.
+"$MJ" make-checkpoint --config "$SRC/tests/data/model/glm5_moe_config.json" --out "$T/ck" --seed 3 --hidden 256 \
+    --intermediate 128 --experts 16 --topk 4 >/dev/null && ok || bad "make-checkpoint"
+for b in 2 16; do
+    python3 "$G/torch_baseline.py" --numpy --checkpoint "$T/ck" --moejit "$MJ" --work "$T" --check-batch $b \
+        --out "$T/tb.json" >tb.log 2>&1 && ok || bad "torch_baseline --numpy (B $b): $(cat tb.log)"
+    python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['check']; sys.exit(0 if c['passed'] and max(c['rel_l2'].values()) < 1e-5 else 1)" \
+        "$T/tb.json" && ok || bad "torch_baseline --numpy (B $b) differs from moejit: $(cat tb.log)"
+done
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

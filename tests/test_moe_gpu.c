@@ -1,0 +1,386 @@
+/* test_moe_gpu.c — the expert GEMMs and the whole layer on a real GPU against the CPU
+ * reference, and a CUDA graph of mj_moe_forward replayed for several token counts. Exit 77
+ * (ctest: skipped) without a GPU.
+ *
+ *   test_moe_gpu [experts|layer|graph|all] [--stub]
+ *
+ * experts  mj_experts_forward on the reference's routing (W4A16 everywhere, W4A4 where the
+ *          target has it: sm_120a/sm_121a; elsewhere its refusal is checked), against
+ *          mj_experts_ref: relative L2 within 2e-3 (W4A16) / 5e-2 (W4A4), the interpreter
+ *          tests' tolerances; padding rows exactly 0; two runs the same bits.
+ * layer    mj_moe_forward (router GEMM, routing, experts) against mj_moe_forward_ref. The
+ *          GPU's expf may differ from the host's by an ulp, so a token whose selection scores
+ *          tie to within that may route differently (test_route_gpu's rule): where the ids
+ *          differ, a near-tie (gap < 1e-5) must be there, and the output is checked against
+ *          the experts' reference on the GPU's own routing instead.
+ * graph    one forward captured per batch size, replayed with new hidden states and token
+ *          counts written into the same buffers, each replay checked as above.
+ * --sim    the same checks on the interpreter (what is checked here, without a GPU).
+ * --stub   the host path only, on tests/stub/cuda_stub.c (kernels do not run): every call
+ *          succeeds, captures are legal, nothing is written out of bounds; values unchecked.
+ * Shapes: a small layer (H 256, I 128, E 16, top-4) at many batch sizes, and GLM-5's TP-8
+ * expert shapes (H 6144, I 256 a rank, top-8, a shared expert) with 32 experts. */
+#include "experts.h"
+#include "sim/sim.h"
+#include "test.h"
+
+static int g_values = 1; /* 0 with --stub: kernels do not run, results are not checked */
+static int g_dev = 1;    /* 0 with --sim: the same checks on the interpreter (host memory)  */
+
+static void get(void *dst, const void *src, size_t n) {
+    if (g_dev) CHECK_OK(mj_cuda_memcpy_dtoh(dst, (uint64_t)(uintptr_t)src, n));
+    else memcpy(dst, src, n);
+}
+static void sync_dev(void) {
+    if (g_dev) CHECK_OK(mj_cuda_synchronize());
+}
+
+typedef struct shape {
+    int H, I, E, k;
+    int Bs[8], nB;
+} shape;
+
+static const shape k_shapes[] = {
+    {256, 128, 16, 4, {1, 5, 16, 64, 200}, 5},
+    {6144, 256, 32, 8, {1, 4, 16}, 3},
+};
+
+static mj_moe_config make_cfg(const shape *s) {
+    mj_moe_config c;
+    mj_moe_config_glm5(&c);
+    c.hidden = s->H, c.intermediate = s->I, c.n_experts = s->E, c.topk = s->k, c.n_shared = 1;
+    c.n_group = 1, c.topk_group = 1;
+    return c;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void random_hidden(uint16_t *x, size_t n, uint64_t seed) {
+    uint64_t rng = seed;
+    for (size_t i = 0; i < n; i++) x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
+}
+
+static double tol_of(mj_weight_mode m) { return m == MJ_MODE_W4A4 ? 5e-2 : 2e-3; }
+
+/* Padding rows exactly 0, every value finite. */
+static void check_rows(const float *got, int B, int nv, int H, const char *what) {
+    if (!g_values) return;
+    int64_t bad_pad = 0, nonfinite = 0;
+    for (int64_t i = 0; i < (int64_t)B * H; i++) {
+        if (!isfinite(got[i])) nonfinite++;
+        if (i >= (int64_t)nv * H && got[i] != 0.0f) bad_pad++;
+    }
+    CHECK(nonfinite == 0, "%s: %lld values not finite (or never written)", what, (long long)nonfinite);
+    CHECK(bad_pad == 0, "%s: %lld values of padding rows not 0", what, (long long)bad_pad);
+}
+
+/* The reference routing of B tokens (nv valid) at k0: ids, weights, n_sel, and the dispatch. */
+typedef struct rt {
+    int32_t *ids, *nsel, *cnt, *off, *act, na, *perm, *rix;
+    float *w, *logits;
+} rt;
+
+static void rt_ref(mj_layer_t L, const uint16_t *hidden, int B, int nv, int k0, rt *r) {
+    const int E = L->cfg.n_experts, k = L->cfg.topk;
+    const size_t bk = (size_t)B * (size_t)k;
+    r->ids = malloc(4 * bk), r->w = malloc(4 * bk), r->nsel = malloc(4 * (size_t)B), r->cnt = malloc(4 * (size_t)E);
+    r->off = malloc(4 * (size_t)(E + 1)), r->act = malloc(4 * (size_t)E), r->perm = malloc(4 * bk);
+    r->rix = malloc(4 * bk), r->logits = malloc(4 * (size_t)B * (size_t)E);
+    CHECK_OK(mj_router_ref(L, hidden, B, r->logits));
+    mj_route_params p;
+    CHECK_OK(mj_route_params_from_config(&L->cfg, &p));
+    p.k0 = k0;
+    CHECK_OK(mj_route_ref(&p, r->logits, L->bias, B, nv, r->ids, r->w, r->nsel, NULL));
+    CHECK_OK(mj_route_dispatch_ref(r->ids, r->nsel, B, k, E, r->cnt, r->off, r->act, &r->na, r->perm, r->rix));
+}
+
+static void rt_free(rt *r) {
+    free(r->ids), free(r->w), free(r->nsel), free(r->cnt), free(r->off), free(r->act), free(r->perm), free(r->rix);
+    free(r->logits);
+}
+
+/* Does some valid token have two selection scores within 1e-5 of each other at the border
+ * of its first k0 or its top-k? Then an ulp of expf may route it differently. */
+static int near_tie(mj_layer_t L, const rt *r, int B, int nv, int k0) {
+    const int E = L->cfg.n_experts, k = L->cfg.topk;
+    double *c = malloc(sizeof(double) * (size_t)E);
+    int found = 0;
+    for (int t = 0; t < nv && t < B && !found; t++) {
+        for (int e = 0; e < E; e++)
+            c[e] = 1.0 / (1.0 + exp(-(double)r->logits[(size_t)t * E + e])) + (L->bias ? L->bias[e] : 0.0);
+        for (int i = 1; i < E; i++) /* descending */
+            for (int j = i; j > 0 && c[j] > c[j - 1]; j--) {
+                double x = c[j];
+                c[j] = c[j - 1], c[j - 1] = x;
+            }
+        if (fabs(c[k0 - 1] - c[k0]) < 1e-5 || (k < E && fabs(c[k - 1] - c[k]) < 1e-5)) found = 1;
+    }
+    free(c);
+    return found;
+}
+
+/* Check a layer output `got` [B, H] of moe (whose last forward it was) against the reference. */
+static void check_layer(mj_layer_t L, mj_moe_t moe, const uint16_t *hidden, int B, int nv, int k0,
+                        mj_weight_mode mode, const float *got, const char *what) {
+    const int H = L->cfg.hidden, k = L->cfg.topk;
+    check_rows(got, B, nv, H, what);
+    if (!g_values) return;
+    rt r;
+    rt_ref(L, hidden, B, nv, k0, &r);
+    mj_route_outputs ro = MJ_ROUTE_OUTPUTS_INIT;
+    CHECK_OK(mj_moe_route_outputs(moe, &ro));
+    const size_t bk = (size_t)B * (size_t)k;
+    int32_t *ids = malloc(4 * bk), *nsel = malloc(4 * (size_t)B);
+    float *w = malloc(4 * bk), *want = malloc(sizeof(float) * (size_t)B * H);
+    get(ids, ro.ids, 4 * bk);
+    get(w, ro.weights, 4 * bk);
+    get(nsel, ro.n_sel, 4 * (size_t)B);
+    if (!memcmp(ids, r.ids, 4 * bk) && !memcmp(nsel, r.nsel, 4 * (size_t)B)) {
+        double wmax = 0;
+        for (size_t i = 0; i < bk; i++) {
+            double d = fabs((double)w[i] - r.w[i]) / fmax(1e-30, fabs((double)r.w[i]));
+            if (r.w[i] != 0 && d > wmax) wmax = d;
+        }
+        CHECK(wmax <= 1e-6, "%s: routing weights differ by %.3g relative", what, wmax);
+        CHECK_OK(mj_moe_forward_ref(L, mode, hidden, B, nv, k0, want, NULL));
+        double e = rel_l2(got, want, (size_t)B * H);
+        CHECK(e <= tol_of(mode), "%s: relative L2 %.3g against mj_moe_forward_ref (tolerance %g)", what, e,
+              tol_of(mode));
+    } else {
+        int tie = near_tie(L, &r, B, nv, k0);
+        CHECK(tie, "%s: the GPU routed differently from the reference without a near-tie", what);
+        printf("%s: routing differs from the reference at a near-tie (an ulp of expf): checked on the GPU's own "
+               "routing\n", what);
+        CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, ids, w, nsel, want));
+        double e = rel_l2(got, want, (size_t)B * H);
+        CHECK(e <= tol_of(mode), "%s: relative L2 %.3g against mj_experts_ref on the GPU's routing", what, e);
+    }
+    free(ids), free(nsel), free(w), free(want);
+    rt_free(&r);
+}
+
+static mj_context_t gpu_context(void) {
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = test_shared_cache(), o.device = 0, o.backend = MJ_BACKEND_CUDA;
+    if (!g_dev) o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
+    mj_context_t ctx = NULL;
+    CHECK_OK(mj_context_create(&o, &ctx));
+    return ctx;
+}
+
+static int has_w4a4(mj_context_t ctx) {
+    mj_target t = mj_context_target(ctx);
+    return t == MJ_TARGET_SM120A || t == MJ_TARGET_SM121A;
+}
+
+/* ---- the experts on the reference's routing ---------------------------------------------- */
+/* Shapes to run: on the stub and the interpreter only the small one (the stub runs no
+ * kernel; the interpreter would take minutes over GLM-5's). MJ_GPU_TEST_SMALL=1: only the
+ * small one anywhere (under compute-sanitizer); MJ_GPU_TEST_ALL_SHAPES=1: all, also on the
+ * stub (scripts/gpu/bundle.sh compiles what the GPU run needs that way). */
+static size_t n_shapes(void) {
+    const size_t all = sizeof k_shapes / sizeof k_shapes[0];
+    const char *small = getenv("MJ_GPU_TEST_SMALL"), *every = getenv("MJ_GPU_TEST_ALL_SHAPES");
+    if (small && !strcmp(small, "1")) return 1;
+    if (every && !strcmp(every, "1")) return all;
+    return g_values && g_dev ? all : 1;
+}
+
+static void test_experts(mj_context_t ctx, uint64_t seed) {
+    for (size_t si = 0; si < n_shapes(); si++) {
+        const shape *s = &k_shapes[si];
+        mj_moe_config c = make_cfg(s);
+        mj_layer_t L = NULL;
+        double t0 = test_now_ms();
+        CHECK_OK(mj_layer_create_random(&c, seed + si, &L));
+        if (!L) continue;
+        const int maxB = s->Bs[s->nB - 1], H = s->H, k = s->k, E = s->E;
+        mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
+        eo.max_batch = maxB;
+        mj_experts_t ex = NULL;
+        CHECK_OK(mj_experts_create(ctx, L, &eo, &ex));
+        if (!ex) {
+            mj_layer_free(L);
+            continue;
+        }
+        if (!has_w4a4(ctx)) {
+            CHECK_STATUS(mj_experts_prepare(ctx, ex, MJ_MODE_W4A4, maxB), MJ_ERR_UNSUPPORTED);
+            CHECK(strstr(mj_last_error(), "sm_120a") != NULL, "the W4A4 refusal names what has it: %s", mj_last_error());
+        }
+        const size_t bk = (size_t)maxB * (size_t)k;
+        tbuf dh = tbuf_new(2 * (size_t)maxB * H, g_dev), dout = tbuf_new(4 * (size_t)maxB * H, g_dev), dnv = tbuf_new(4, g_dev);
+        tbuf dids = tbuf_new(4 * bk, g_dev), dw = tbuf_new(4 * bk, g_dev), dnsel = tbuf_new(4 * (size_t)maxB, g_dev);
+        tbuf dcnt = tbuf_new(4 * (size_t)E, g_dev), doff = tbuf_new(4 * (size_t)(E + 1), g_dev), dact = tbuf_new(4 * (size_t)E, g_dev);
+        tbuf dna = tbuf_new(4, g_dev), dperm = tbuf_new(4 * bk, g_dev), drix = tbuf_new(4 * bk, g_dev);
+        uint16_t *hidden = malloc(2 * (size_t)maxB * H);
+        float *got = malloc(4 * (size_t)maxB * H), *got2 = malloc(4 * (size_t)maxB * H), *want = malloc(4 * (size_t)maxB * H);
+        for (int m = 0; m < (has_w4a4(ctx) ? 2 : 1); m++) {
+            const mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+            CHECK_OK(mj_experts_prepare(ctx, ex, mode, maxB));
+            for (int bi = 0; bi < s->nB; bi++)
+                for (int k0 = k; k0 >= k / 2; k0 -= k / 2) {
+                    const int B = s->Bs[bi], nv = B > 4 ? B - 3 : B;
+                    if (!g_dev && B > 64) continue; /* test_experts covers it on the interpreter */
+                    char what[160];
+                    snprintf(what, sizeof what, "experts H %d I %d E %d %s B %d (%d valid) k0 %d", H, s->I, E,
+                             m ? "W4A4" : "W4A16", B, nv, k0);
+                    random_hidden(hidden, (size_t)B * H, seed + 1000 * si + 10 * (uint64_t)B + (uint64_t)k0);
+                    rt r;
+                    rt_ref(L, hidden, B, nv, k0, &r);
+                    tbuf_put(&dh, hidden, 2 * (size_t)B * H);
+                    tbuf_put(&dids, r.ids, 4 * (size_t)B * k), tbuf_put(&dw, r.w, 4 * (size_t)B * k);
+                    tbuf_put(&dnsel, r.nsel, 4 * (size_t)B), tbuf_put(&dcnt, r.cnt, 4 * (size_t)E);
+                    tbuf_put(&doff, r.off, 4 * (size_t)(E + 1)), tbuf_put(&dact, r.act, 4 * (size_t)E);
+                    tbuf_put(&dna, &r.na, 4), tbuf_put(&dperm, r.perm, 4 * (size_t)B * k);
+                    tbuf_put(&drix, r.rix, 4 * (size_t)B * k), tbuf_put(&dnv, &nv, 4);
+                    mj_route_outputs ro = MJ_ROUTE_OUTPUTS_INIT;
+                    ro.ids = dids.p, ro.weights = dw.p, ro.n_sel = dnsel.p, ro.expert_counts = dcnt.p;
+                    ro.expert_offsets = doff.p, ro.active_experts = dact.p, ro.n_active = dna.p;
+                    ro.permutation = dperm.p, ro.row_index = drix.p;
+                    tbuf_poison(&dout, 0xFF); /* NaN: an unwritten element shows */
+                    CHECK_OK(mj_experts_forward(ctx, ex, mode, dh.p, &ro, B, dnv.p, dout.p, NULL));
+                    sync_dev();
+                    tbuf_get(&dout, NULL, what);
+                    get(got, dout.p, 4 * (size_t)B * H);
+                    tbuf_poison(&dout, 0xFF);
+                    CHECK_OK(mj_experts_forward(ctx, ex, mode, dh.p, &ro, B, dnv.p, dout.p, NULL));
+                    sync_dev();
+                    get(got2, dout.p, 4 * (size_t)B * H);
+                    check_rows(got, B, nv, H, what);
+                    if (g_values) {
+                        CHECK(!memcmp(got, got2, 4 * (size_t)B * H), "%s: two runs differ in some bit", what);
+                        CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, r.ids, r.w, r.nsel, want));
+                        double e = rel_l2(got, want, (size_t)B * H);
+                        CHECK(e <= tol_of(mode), "%s: relative L2 %.3g (tolerance %g)", what, e, tol_of(mode));
+                    }
+                    rt_free(&r);
+                }
+        }
+        printf("experts H %d I %d E %d top-%d: %d batch sizes x 2 k0 x %d mode(s) in %.0f ms\n", H, s->I, E, k, s->nB,
+               has_w4a4(ctx) ? 2 : 1, test_now_ms() - t0);
+        tbuf *all[] = {&dh, &dout, &dnv, &dids, &dw, &dnsel, &dcnt, &doff, &dact, &dna, &dperm, &drix};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) tbuf_free(all[i]);
+        free(hidden), free(got), free(got2), free(want);
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
+}
+
+/* ---- the whole layer, eager or replayed from a CUDA graph ---------------------------- */
+static void test_layer(mj_context_t ctx, uint64_t seed, int graph) {
+    for (size_t si = 0; si < n_shapes(); si++) {
+        const shape *s = &k_shapes[si];
+        mj_moe_config c = make_cfg(s);
+        mj_layer_t L = NULL;
+        double t0 = test_now_ms();
+        CHECK_OK(mj_layer_create_random(&c, seed + 100 + si, &L));
+        if (!L) continue;
+        const int maxB = s->Bs[s->nB - 1], H = s->H, k = s->k;
+        char policy[64];
+        snprintf(policy, sizeof policy, "1-4:%d,5-:%d", k, k / 2);
+        mj_moe_options o = MJ_MOE_OPTIONS_INIT;
+        mj_moe_t moe = NULL;
+        CHECK_OK(mj_moe_create(ctx, L, &o, &moe));
+        mj_moe_prepare_options po = MJ_MOE_PREPARE_OPTIONS_INIT;
+        po.batches = s->Bs, po.n_batches = s->nB, po.k0_policy = policy;
+        CHECK_OK(mj_moe_prepare(moe, &po));
+        void *stream = NULL;
+        if (graph && g_dev) CHECK_OK(mj_cuda_stream_create(&stream));
+        tbuf dh = tbuf_new(2 * (size_t)maxB * H, g_dev), dout = tbuf_new(4 * (size_t)maxB * H, g_dev), dnv = tbuf_new(4, g_dev);
+        uint16_t *hidden = malloc(2 * (size_t)maxB * H);
+        float *got = malloc(4 * (size_t)maxB * H);
+        for (int bi = 0; bi < s->nB && moe; bi++) {
+            const int B = s->Bs[bi];
+            int32_t k0 = 0;
+            mj_weight_mode mode = MJ_MODE_W4A16;
+            CHECK_OK(mj_moe_batch_plan(moe, B, &k0, &mode));
+            void *exec = NULL;
+            mj_sim_graph *sg = NULL;
+            if (graph && g_dev) { /* one capture for the bucket, replayed below */
+                void *g = NULL;
+                CHECK_OK(mj_cuda_graph_capture_begin(stream));
+                CHECK_OK(mj_moe_forward(moe, dh.p, B, dnv.p, dout.p, stream));
+                CHECK_OK(mj_cuda_graph_capture_end(stream, &g));
+                if (g) CHECK_OK(mj_cuda_graph_instantiate(g, &exec));
+                CHECK_OK(mj_cuda_graph_destroy(g));
+            } else if (graph) { /* the interpreter's recording */
+                CHECK_OK(mj_sim_capture_begin(ctx));
+                CHECK_OK(mj_moe_forward(moe, dh.p, B, dnv.p, dout.p, NULL));
+                CHECK_OK(mj_sim_capture_end(ctx, &sg));
+            }
+            const int counts[] = {B, B > 3 ? B - 3 : B, 1, 0};
+            for (int ci = 0; ci < (graph ? 4 : 2); ci++) {
+                const int nv = counts[ci];
+                char what[160];
+                snprintf(what, sizeof what, "%s H %d E %d B %d (%d valid) k0 %d %s", graph ? "graph replay" : "layer",
+                         H, s->E, B, nv, (int)k0, mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16");
+                random_hidden(hidden, (size_t)B * H, seed + 7000 * si + 31 * (uint64_t)B + (uint64_t)ci);
+                tbuf_put(&dh, hidden, 2 * (size_t)B * H);
+                tbuf_put(&dnv, &nv, 4);
+                tbuf_poison(&dout, 0xFF);
+                if (graph && g_dev) {
+                    if (exec) CHECK_OK(mj_cuda_graph_launch(exec, stream));
+                    CHECK_OK(mj_cuda_stream_synchronize(stream));
+                } else if (graph) {
+                    if (sg) CHECK_OK(mj_sim_graph_replay(sg));
+                } else {
+                    CHECK_OK(mj_moe_forward(moe, dh.p, B, dnv.p, dout.p, NULL));
+                    sync_dev();
+                }
+                tbuf_get(&dout, NULL, what);
+                get(got, dout.p, 4 * (size_t)B * H);
+                check_layer(L, moe, hidden, B, nv, k0, mode, got, what);
+            }
+            if (exec) CHECK_OK(mj_cuda_graph_exec_destroy(exec));
+            mj_sim_graph_free(sg);
+        }
+        printf("%s H %d I %d E %d top-%d: %d batch sizes in %.0f ms\n", graph ? "graph replays" : "layer", H, s->I,
+               s->E, k, s->nB, test_now_ms() - t0);
+        tbuf_free(&dh), tbuf_free(&dout), tbuf_free(&dnv);
+        free(hidden), free(got);
+        if (stream) CHECK_OK(mj_cuda_stream_destroy(stream));
+        mj_moe_free(moe);
+        mj_layer_free(L);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *which = "all";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--stub")) g_values = 0;
+        else if (!strcmp(argv[i], "--sim")) g_dev = 0;
+        else which = argv[i];
+    }
+    if (strcmp(which, "all") && strcmp(which, "experts") && strcmp(which, "layer") && strcmp(which, "graph")) {
+        fprintf(stderr, "usage: test_moe_gpu [experts|layer|graph|all] [--stub | --sim]\n");
+        return 2;
+    }
+    if (!g_values) { /* the host path on the stand-in driver */
+        setenv("MOEJIT_LIBCUDA", MJ_STUB_LIBCUDA, 1);
+        setenv("MOEJIT_QUIET", "1", 1);
+    }
+    uint64_t seed = test_seed(20261203);
+    int n = 0;
+    if (g_dev && (mj_cuda_load() != MJ_OK || mj_cuda_device_count(&n) != MJ_OK || n < 1)) {
+        printf("SKIP: no CUDA device (%s); this test runs the experts and the layer on a GPU\n", mj_last_error());
+        return 77;
+    }
+    if (g_dev) CHECK_OK(mj_cuda_bind(0));
+    mj_context_t ctx = gpu_context();
+    if (!ctx) return test_finish();
+    mj_device_info di;
+    memset(&di, 0, sizeof di);
+    snprintf(di.name, sizeof di.name, "the interpreter");
+    mj_context_device(ctx, &di);
+    printf("%s (%s)%s\n", di.name, mj_target_name(mj_context_target(ctx)),
+           g_values ? "" : ": host path only (stub driver)");
+    if (!strcmp(which, "all") || !strcmp(which, "experts")) test_experts(ctx, seed);
+    if (!strcmp(which, "all") || !strcmp(which, "layer")) test_layer(ctx, seed, 0);
+    if (!strcmp(which, "all") || !strcmp(which, "graph")) test_layer(ctx, seed, 1);
+    mj_context_destroy(ctx);
+    return test_finish();
+}
