@@ -16,6 +16,13 @@
  *                  combine is fused and every output element is summed in one fixed order,
  *                  so the same inputs give the same bits (no atomics anywhere).
  *
+ * Compile time. NVRTC's time grows with the code it optimizes at once, and a first request
+ * waits for it, so on a GPU each kernel is a specialization of its own (PART 1, 2, 3: the
+ * other kernels are there with empty bodies, so a module always has all three), compiled
+ * apart and only when launched (W4A16 never compiles experts_quant); knobs a kernel does not read are
+ * pinned (constraints below), so one compiled kernel serves every spec that differs only in
+ * them. The interpreter builds all three at once (PART 0): one host compile.
+ *
  * The MMA is swapped at decode: weight rows are its 16-row side (M), the few tokens of an
  * expert its 8-column side (N). W4A4 runs the block-scaled FP4 MMA m16n8k64 (sm_120a);
  * W4A16 dequantizes FP4 to bf16 in registers for the bf16 MMA m16n8k16 (every target). Both
@@ -49,11 +56,15 @@ MJ_KNOB_SET(TPE, int, "8 16 32 64", "tokens an expert takes at once, and the tok
 MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
 MJ_KNOB_SET(NW2, int, "1 2 4 8", "warps of a down block: 16 hidden dims each")
 MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
+MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all three (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
 MJ_CONSTRAINT("(NW1 - 1) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials fit shared memory")
 MJ_CONSTRAINT("NW2 * TPE * 64 <= 64 * 1024", "down's accumulators fit shared memory")
+MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
+MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
+MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
 #define KS1 (H / 64)                  /* k-steps of up                                       */
@@ -185,6 +196,7 @@ MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
 MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
+#if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
     const int b = (int)blockIdx.x;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
@@ -209,6 +221,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             store_q16(xq + (long long)row * (H / 2), grp, q);
         }
     }
+#endif
 }
 
 /* ---- experts_up --------------------------------------------------------------------------- */
@@ -326,6 +339,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
                           int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf) {
+#if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
     const int g = lane >> 2, p = lane & 3;
@@ -413,6 +427,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         }
         if (NW1 > 1) __syncthreads(); /* the partials' memory is reused by the next chunk */
     }
+#endif
 }
 
 /* ---- experts_down ------------------------------------------------------------------------- */
@@ -545,6 +560,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                             const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                             const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,
                             int mb, int n_local, int expert_begin, int n_slots, float *out) {
+#if PART == 0 || PART == 3 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g = lane >> 2;
     const int d = (int)blockIdx.x * NW2 + w; /* this warp's 16 dims: 16d .. */
@@ -593,4 +609,5 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
         it = nit, run = nrun, cur = nxt;
     }
     for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
+#endif
 }

@@ -841,9 +841,12 @@ static void test_refusals(mj_context_t ctx, const char *cache) {
 
 /* Every specialization of the GLM-5 decode plan (H 6144, I_local 256 and 2048, one shared
  * expert, B 1..64) compiles with 0 spills: W4A4 and W4A16 for sm_120a, W4A16 for sm_90a
- * and sm_80. The SASS has the MMAs and 128-bit weight loads. */
+ * and sm_80, each kernel a specialization of its own as a forward fetches them
+ * (mj_experts_specs: experts_quant in W4A4, experts_up, experts_down). The SASS of up and
+ * down has the MMAs and 128-bit weight loads. */
 static void test_compile(const char *cache) {
     static const char *targets[] = {"sm_120a", "sm_90a", "sm_80"};
+    static const char *kernel[] = {"all", "quant", "up", "down"};
     for (int t = 0; t < 3; t++) {
         mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
         o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = targets[t];
@@ -855,36 +858,44 @@ static void test_compile(const char *cache) {
                 for (int tpe = 8; tpe <= 64; tpe *= 2) {
                     mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = ii ? 2048 : 256, .K = 8, .TPE = tpe,
                                               .NW1 = tpe == 64 ? 4 : 8, .NW2 = 2, .NSUB = 1};
-                    mj_spec s;
-                    const mj_function *f = NULL;
-                    mj_spec_moe_experts(c, &k, &s);
-                    CHECK_OK(mj_jit_get(c, &s, &f));
-                    if (!f) continue;
-                    const mj_ptxas_report *rep = mj_function_report(f);
-                    CHECK(rep->spill_stores == 0 && rep->spill_loads == 0 && rep->stack_frame == 0,
-                          "%s %s I %d TPE %d: %d/%d spill bytes, %d B of stack (local memory)", targets[t],
-                          mode ? "W4A4" : "W4A16", k.I, tpe, rep->spill_stores, rep->spill_loads, rep->stack_frame);
-                    CHECK(rep->smem_static == 0, "%s: %d B of static shared memory", targets[t], rep->smem_static);
-                    if (ii == 0)
-                        printf("plan %-7s %-5s TPE %2d: %3d registers, %d spill bytes, %d B static smem\n", targets[t],
-                               mode ? "W4A4" : "W4A16", tpe, rep->registers, rep->spill_stores, rep->smem_static);
-                    if (ii == 0 && tpe == 8) {
-                        /* The SASS: the tensor-core MMA of the mode, and every weight load (the
-                         * no-allocate stream) 128 bits wide. */
-                        size_t len;
-                        const void *bin = mj_function_binary(f, &len);
-                        char *sass = test_sass(bin, len);
-                        CHECK(sass != NULL, "nvdisasm did not run (scripts/setup.sh installs it)");
-                        if (!sass) continue;
-                        const char *mma = mode ? "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" : "HMMA.16816.F32.BF16";
-                        int n_mma = test_count(sass, mma), n_na = test_count(sass, "LDG.E.NA");
-                        int n_na128 = test_count(sass, "LDG.E.NA.128");
-                        CHECK(n_mma > 0, "%s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16", mma);
-                        CHECK(n_na128 > 0 && n_na128 == n_na, "%s %s: %d of %d weight-stream loads are 128-bit",
-                              targets[t], mode ? "W4A4" : "W4A16", n_na128, n_na);
-                        printf("sass %-7s %-5s: %d x %s, %d weight loads, all LDG.E.NA.128\n", targets[t],
-                               mode ? "W4A4" : "W4A16", n_mma, mma, n_na128);
-                        free(sass);
+                    mj_spec s[3];
+                    const int32_t n = mj_experts_specs(c, &k, s);
+                    CHECK(n == (mode ? 3 : 2), "%s %s: %d specializations, want one per kernel launched",
+                          targets[t], mode ? "W4A4" : "W4A16", n);
+                    for (int32_t q = 0; q < n; q++) {
+                        const int32_t part = s[q].knobs[8] /* PART, the template's last knob */;
+                        const mj_function *f = NULL;
+                        CHECK(part == (mode ? 1 : 2) + q, "%s: part %d of the specs is PART %d", targets[t], q, part);
+                        CHECK_OK(mj_jit_get(c, &s[q], &f));
+                        if (!f) continue;
+                        const mj_ptxas_report *rep = mj_function_report(f);
+                        CHECK(rep->spill_stores == 0 && rep->spill_loads == 0 && rep->stack_frame == 0,
+                              "%s %s %s I %d TPE %d: %d/%d spill bytes, %d B of stack (local memory)", targets[t],
+                              mode ? "W4A4" : "W4A16", kernel[part], k.I, tpe, rep->spill_stores, rep->spill_loads,
+                              rep->stack_frame);
+                        CHECK(rep->smem_static == 0, "%s: %d B of static shared memory", targets[t], rep->smem_static);
+                        if (ii == 0)
+                            printf("plan %-7s %-5s TPE %2d %-5s: %3d registers, %d spill bytes\n", targets[t],
+                                   mode ? "W4A4" : "W4A16", tpe, kernel[part], rep->registers, rep->spill_stores);
+                        if (ii == 0 && tpe == 8 && part >= 2) {
+                            /* The SASS: the tensor-core MMA of the mode, and every weight load (the
+                             * no-allocate stream) 128 bits wide. */
+                            size_t len;
+                            const void *bin = mj_function_binary(f, &len);
+                            char *sass = test_sass(bin, len);
+                            CHECK(sass != NULL, "nvdisasm did not run (scripts/setup.sh installs it)");
+                            if (!sass) continue;
+                            const char *mma = mode ? "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" : "HMMA.16816.F32.BF16";
+                            int n_mma = test_count(sass, mma), n_na = test_count(sass, "LDG.E.NA");
+                            int n_na128 = test_count(sass, "LDG.E.NA.128");
+                            CHECK(n_mma > 0, "%s %s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16",
+                                  kernel[part], mma);
+                            CHECK(n_na128 > 0 && n_na128 == n_na, "%s %s %s: %d of %d weight-stream loads are 128-bit",
+                                  targets[t], mode ? "W4A4" : "W4A16", kernel[part], n_na128, n_na);
+                            printf("sass %-7s %-5s %-5s: %d x %s, %d weight loads, all LDG.E.NA.128\n", targets[t],
+                                   mode ? "W4A4" : "W4A16", kernel[part], n_mma, mma, n_na128);
+                            free(sass);
+                        }
                     }
                 }
         mj_context_destroy(c);
