@@ -264,7 +264,9 @@ static int32_t pow2_at_least(int32_t v) {
 }
 
 /* Shared memory of the two kernels for these knobs (bytes). */
-static uint32_t up_smem(const mj_knobs_moe_experts *k) { return (uint32_t)((k->NW1 - 1) * k->TPE * 128 + k->TPE * 64); }
+static uint32_t up_smem(const mj_knobs_moe_experts *k) {
+    return (uint32_t)((k->NW1 > 1 ? k->NW1 - 1 : 1) * k->TPE * 128 + k->TPE * 64);
+}
 static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * k->TPE * 64); }
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up

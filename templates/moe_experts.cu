@@ -60,7 +60,7 @@ MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all three (the interpr
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
-MJ_CONSTRAINT("(NW1 - 1) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials fit shared memory")
+MJ_CONSTRAINT("((NW1 - 1) + (NW1 == 1)) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials (or, with one warp, its sums) fit shared memory")
 MJ_CONSTRAINT("NW2 * TPE * 64 <= 64 * 1024", "down's accumulators fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
@@ -165,20 +165,26 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
  * .. +3 of word (kt>>1)*2 (row g) and +1 (row g+8), groups p/2 (kt < 2) or 2 + p/2. */
 MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t a[4][4]) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    /* The scales as bf16 pairs (an E4M3 value is exact in bf16), once per k-group: steps
+     * 0 and 1 share group p/2, steps 2 and 3 group 2 + p/2. */
+    uint32_t sc[2], sc8[2];
+    MJ_UNROLL
+    for (int half = 0; half < 2; half++) {
+        const uint32_t q = (uint32_t)(half * 2 + (p >> 1));
+        const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
+        sc[half] = s | s << 16, sc8[half] = s8 | s8 << 16;
+    }
     MJ_UNROLL
     for (int kt = 0; kt < 4; kt++) {
-        const uint32_t q = (uint32_t)((kt >> 1) * 2 + (p >> 1));
-        /* the scales as bf16 pairs: an E4M3 value is exact in bf16 */
-        const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
         const uint32_t r = words[(kt >> 1) * 2] >> (16 * (kt & 1)), r8 = words[(kt >> 1) * 2 + 1] >> (16 * (kt & 1));
         uint32_t u01, u23, v01, v23;
         e2m1x4_bf16(r, &u01, &u23);
         e2m1x4_bf16(r8, &v01, &v23);
         /* unit codes times their block scale: at most 6 significant bits, exact in bf16 */
-        a[kt][0] = mj_mul_bf16x2(u01, s | s << 16);
-        a[kt][1] = mj_mul_bf16x2(v01, s8 | s8 << 16);
-        a[kt][2] = mj_mul_bf16x2(u23, s | s << 16);
-        a[kt][3] = mj_mul_bf16x2(v23, s8 | s8 << 16);
+        a[kt][0] = mj_mul_bf16x2(u01, sc[kt >> 1]);
+        a[kt][1] = mj_mul_bf16x2(v01, sc8[kt >> 1]);
+        a[kt][2] = mj_mul_bf16x2(u23, sc[kt >> 1]);
+        a[kt][3] = mj_mul_bf16x2(v23, sc8[kt >> 1]);
     }
 }
 
@@ -200,6 +206,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
     const int b = (int)blockIdx.x;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
+    MJ_NO_UNROLL /* one copy of the quantization, not K + 1 */
     for (int j = 0; j <= K; j++) {
         int row, xi;
         if (j < K) {
@@ -333,7 +340,7 @@ MJ_DEVICE void up_compute(const up_run_t *r, int run, const long long *src, int 
 }
 
 /* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory
- * (NW1 - 1) * TPE * 128 + TPE * 64 bytes. */
+ * max(NW1 - 1, 1) * TPE * 128 + TPE * 64 bytes. */
 MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
@@ -352,7 +359,8 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     const float alpha = MODE == 1 ? is13 * ws2 : ws2;
     const float gs2 = 1.0f / scal[rs.xi * 4 + 3];
     float *red = smem;                                 /* [NW1 - 1][2][NT][32][4]          */
-    float *htile = smem + (NW1 - 1) * TPE * 32;        /* [TPE][16] (W4A4 requant)          */
+    float *fin = smem;                                 /* [2][NT][32][4]: warp 0's sums     */
+    float *htile = smem + (NW1 > 1 ? NW1 - 1 : 1) * TPE * 32; /* [TPE][16] (W4A4 requant)   */
 
     for (int c0 = 0; c0 < rs.n; c0 += TPE) {
         const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
@@ -401,13 +409,23 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
             }
         }
         if (w == 0) {
-            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+            /* The sums go through shared memory (each lane reads back its own) so that the
+             * SwiGLU below is a rolled loop over the token groups: one copy of its code
+             * instead of NT (the loop indexes no register array; it runs once a chunk). The
+             * partials of warp 1 were the only ones in fin's place, and are read already. */
             MJ_UNROLL
+            for (int h = 0; h < 2; h++)
+                for (int n = 0; n < NT; n++)
+                    for (int i = 0; i < 4; i++) fin[((h * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
+            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+            MJ_NO_UNROLL
             for (int n = 0; n < NT; n++)
+                MJ_UNROLL
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
                     if (ti >= nc) continue;
-                    float hv = silu(acc[0][n][i] * alpha) * (acc[1][n][i] * alpha);
+                    const float gate = fin[(n * 32 + lane) * 4 + i], up = fin[((NT + n) * 32 + lane) * 4 + i];
+                    float hv = silu(gate * alpha) * (up * alpha);
                     int ci = c0 + ti;
                     long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
                     if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
