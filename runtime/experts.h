@@ -25,9 +25,9 @@ void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
  * reserve succeeds. Not during a captured graph's life: the buffers move. */
 mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch);
 
-/* The specialization a forward of B tokens in (resolved) mode launches; mj_experts_knobs
- * is the same choice from the shapes alone (H, I_local, top-k, shared sub-experts), for
- * the planner. */
+/* The knobs of a forward of B tokens in (resolved) mode (PART 0; mj_experts_specs turns
+ * them into the specializations fetched); mj_experts_knobs is the same choice from the
+ * shapes alone (H, I_local, top-k, shared sub-experts), for the planner. */
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
                       mj_knobs_moe_experts *out);
 /* The specializations a forward with knobs k (from mj_experts_knobs) fetches, into out[],

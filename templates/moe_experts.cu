@@ -589,41 +589,45 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     __syncwarp(0xFFFFFFFFu);
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
     const int ts = nv < t1 ? nv : t1; /* shared experts: the valid tokens of the tile */
-    int cursor = 0, run = 0;
-    down_item_t it = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0,
-                                 t1, ts);
+    int cursor = 0, run = -1; /* run -1: before the first item */
+    down_item_t it = {-1, 0, 0, -1, 0.0f};
     down_run_t cur, nxt;
     long long src[NT];
     int tok[NT];
     float acc[NT][4];
-    if (it.xi >= 0) down_load(w2, s2, &it, d, 0, lane, &cur);
     MJ_NO_UNROLL
-    while (it.xi >= 0) {
-        /* The item after this one: the expert's next run, or the next expert's first. */
+    for (;;) {
+        /* The item after this one (on the first pass, the first): the expert's next run, or
+         * the next expert's first. Its loads are in flight while this one computes. One
+         * place that fetches an item (a second one before the loop would be a second copy
+         * of next_expert's searches and of the loads, for NVRTC to compile). */
         down_item_t nit = it;
         int nrun = run + 1;
-        if (nrun == RUNS2) {
+        if (run < 0 || nrun == RUNS2) {
             nrun = 0;
             nit = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0, t1, ts);
         }
         if (nit.xi >= 0) down_load(w2, s2, &nit, d, nrun, lane, &nxt);
-        if (run == 0) { /* a new expert: its rows, fresh accumulators */
-            MJ_UNROLL
-            for (int c = 0; c < NT; c++) {
-                int i = c * 8 + g;
-                src[c] = -1, tok[c] = -1;
-                if (i < it.n) {
-                    src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
-                    tok[c] = it.shared_row0 >= 0 ? t0 + i : row_index[it.r0 + i] / K;
+        if (run >= 0) {
+            if (run == 0) { /* a new expert: its rows, fresh accumulators */
+                MJ_UNROLL
+                for (int c = 0; c < NT; c++) {
+                    int i = c * 8 + g;
+                    src[c] = -1, tok[c] = -1;
+                    if (i < it.n) {
+                        src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
+                        tok[c] = it.shared_row0 >= 0 ? t0 + i : row_index[it.r0 + i] / K;
+                    }
+                    for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
                 }
-                for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
+            }
+            down_compute(&cur, run, src, it.n, act, actq, act_sf, lane, acc);
+            if (run == RUNS2 - 1) {
+                down_epilogue(&it, tok, row_index, weights, t0, lane, acc, acc_tile);
+                __syncwarp(0xFFFFFFFFu);
             }
         }
-        down_compute(&cur, run, src, it.n, act, actq, act_sf, lane, acc);
-        if (run == RUNS2 - 1) {
-            down_epilogue(&it, tok, row_index, weights, t0, lane, acc, acc_tile);
-            __syncwarp(0xFFFFFFFFu);
-        }
+        if (nit.xi < 0) break;
         it = nit, run = nrun, cur = nxt;
     }
     for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];

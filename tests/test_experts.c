@@ -839,6 +839,66 @@ static void test_refusals(mj_context_t ctx, const char *cache) {
     mj_layer_free(L);
 }
 
+/* What a forward fetches (mj_experts_specs): on a GPU one specialization per kernel it
+ * launches, knobs the kernel does not read pinned (so W4A4's experts_quant is one spec for
+ * every TPE), each valid; on the interpreter one spec with all three. A manifest line
+ * that pins a knob otherwise, or asks W4A16 for experts_quant, is refused by name. */
+static void test_specs(const char *cache) {
+    static const char *const backends[] = {"cuda", "sim"};
+    for (int b = 0; b < 2; b++) {
+        mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+        o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.target = "sm_120a";
+        o.backend = b ? MJ_BACKEND_SIM : MJ_BACKEND_CUDA;
+        mj_context_t c = NULL;
+        CHECK_OK(mj_context_create(&o, &c));
+        if (!c) continue;
+        int32_t quant_tpe = -1;
+        for (int mode = 0; mode < 2; mode++)
+            for (int tpe = 8; tpe <= 64; tpe *= 2) {
+                mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = 256, .K = 8, .TPE = tpe, .NW1 = 4, .NW2 = 2,
+                                          .NSUB = 1};
+                mj_spec s[3];
+                const int32_t n = mj_experts_specs(c, &k, s);
+                CHECK(n == (b ? 1 : mode ? 3 : 2), "%s %s TPE %d: %d specializations", backends[b],
+                      mode ? "W4A4" : "W4A16", tpe, n);
+                for (int32_t q = 0; q < n && q < 3; q++) {
+                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART */
+                    CHECK_OK(mj_spec_validate(&s[q]));
+                    CHECK(kn[0] == mode && kn[1] == 6144 && kn[2] == 256 && kn[3] == 8 && kn[7] == 1,
+                          "%s: the shape knobs are the forward's", backends[b]);
+                    const int32_t part = kn[8];
+                    if (b) {
+                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2, "sim: PART 0 with every knob");
+                    } else if (part == 1) {
+                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1, "quant: TPE 8, NW1 1, NW2 1");
+                        CHECK(quant_tpe < 0 || quant_tpe == kn[4], "one experts_quant for every TPE");
+                        quant_tpe = kn[4];
+                    } else {
+                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 : kn[4] == tpe && kn[5] == 1 && kn[6] == 2,
+                              "%s PART %d TPE %d: NW1 %d NW2 %d", mode ? "W4A4" : "W4A16", part, tpe, kn[5], kn[6]);
+                    }
+                }
+            }
+        mj_context_destroy(c);
+    }
+    static const char *const bad[] = {
+        "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
+        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1}, \"arch\": \"sm_120a\"}",
+        "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2}, \"arch\": \"sm_120a\"}",
+        "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3}, \"arch\": \"sm_120a\"}",
+    };
+    static const char *const why[] = {"experts_quant", "NW2 1", "NW1 1"};
+    for (int i = 0; i < 3; i++) {
+        mj_spec s;
+        mj_status st = mj_spec_from_json(bad[i], "test", &s);
+        if (st == MJ_OK) st = mj_spec_validate(&s);
+        CHECK(st == MJ_ERR_INVALID_ARG && strstr(mj_last_error(), why[i]), "bad PART line %d: %s: %s", i,
+              mj_status_string(st), mj_last_error());
+    }
+}
+
 /* Every specialization of the GLM-5 decode plan (H 6144, I_local 256 and 2048, one shared
  * expert, B 1..64) compiles with 0 spills: W4A4 and W4A16 for sm_120a, W4A16 for sm_90a
  * and sm_80, each kernel a specialization of its own as a forward fetches them
@@ -931,6 +991,7 @@ int main(void) {
     CHECK(g_seen_nw2[1] && g_seen_nw2[2], "both down block widths reached");
     CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");
     mj_context_destroy(ctx);
+    TIMED(test_specs(cache));
     TIMED(test_compile(cache));
     printf("experts tests: %.0f ms\n", test_now_ms() - t0);
     return test_finish();
