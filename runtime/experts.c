@@ -326,7 +326,7 @@ static mj_status get_functions(mj_context_t ctx, const mj_knobs_moe_experts *k, 
     mj_spec s[3];
     const mj_function *f[3] = {NULL, NULL, NULL};
     const int32_t n = mj_experts_specs(ctx, k, s);
-    for (int32_t i = 0; i < n; i++) MJ_CHECK(mj_jit_get(ctx, &s[i], &f[i]));
+    MJ_CHECK(mj_jit_get_many(ctx, s, n, f)); /* cold: the kernels compile side by side */
     *quant = n == 1 ? f[0] : n == 3 ? f[0] : NULL;
     *up = n == 1 ? f[0] : f[n - 2];
     *down = f[n - 1];

@@ -889,6 +889,29 @@ static void test_specs(const char *cache) {
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
         "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3}, \"arch\": \"sm_120a\"}",
     };
+    /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
+     * nothing at all for n = 0. */
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
+    mj_context_t c = NULL;
+    CHECK_OK(mj_context_create(&o, &c));
+    if (c) {
+        mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1};
+        mj_spec two[3];
+        CHECK(mj_experts_specs(c, &k, two) == 1, "sim: one spec");
+        two[1] = two[0];
+        two[1].knobs[8] = 1; /* experts_quant in W4A16: refused */
+        const mj_function *f[2] = {NULL, NULL}, *one = NULL;
+        mj_status st = mj_jit_get_many(c, two, 2, f);
+        CHECK(st == MJ_ERR_INVALID_ARG && strstr(mj_last_error(), "experts_quant"), "get_many of a bad spec: %s: %s",
+              mj_status_string(st), mj_last_error());
+        CHECK_OK(mj_jit_get_many(c, two, 1, f));
+        CHECK_OK(mj_jit_get(c, &two[0], &one));
+        CHECK(f[0] && f[0] == one, "get_many and get agree");
+        CHECK_OK(mj_jit_get_many(c, two, 0, f));
+        CHECK(mj_jit_get_many(c, two, MJ_JIT_GET_MANY_MAX + 1, f) == MJ_ERR_INVALID_ARG, "too many specs refused");
+        mj_context_destroy(c);
+    }
     static const char *const why[] = {"experts_quant", "NW2 1", "NW1 1"};
     for (int i = 0; i < 3; i++) {
         mj_spec s;
@@ -922,11 +945,14 @@ static void test_compile(const char *cache) {
                     const int32_t n = mj_experts_specs(c, &k, s);
                     CHECK(n == (mode ? 3 : 2), "%s %s: %d specializations, want one per kernel launched",
                           targets[t], mode ? "W4A4" : "W4A16", n);
+                    const mj_function *many[3] = {NULL, NULL, NULL}; /* compiled side by side */
+                    CHECK_OK(mj_jit_get_many(c, s, n, many));
                     for (int32_t q = 0; q < n; q++) {
                         const int32_t part = s[q].knobs[8] /* PART, the template's last knob */;
                         const mj_function *f = NULL;
                         CHECK(part == (mode ? 1 : 2) + q, "%s: part %d of the specs is PART %d", targets[t], q, part);
                         CHECK_OK(mj_jit_get(c, &s[q], &f));
+                        CHECK(f == many[q], "%s: mj_jit_get_many's function %d is mj_jit_get's", targets[t], q);
                         if (!f) continue;
                         const mj_ptxas_report *rep = mj_function_report(f);
                         CHECK(rep->spill_stores == 0 && rep->spill_loads == 0 && rep->stack_frame == 0,
