@@ -528,6 +528,12 @@ ekey=$("$MJ" inspect --cache-dir "$EC" list | awk '$2=="moe_experts" {print $1; 
 expect_rc 0 "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline rtx-pro-6000
 contains out "moves      2654208 bytes per active expert"; contains out "1.48 us per active expert on rtx-pro-6000"
 contains out "reads 9 experts: 13.3 us"
+# On a GPU each expert kernel is an entry of its own: the entry says which share it reads.
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2},"arch":"sm_120a"}\n' >up.jsonl
+expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/upcache" up.jsonl
+ukey=$("$MJ" inspect --cache-dir "$T/upcache" list | awk '$2=="moe_experts" {print $1; exit}')
+expect_rc 0 "$MJ" inspect --cache-dir "$T/upcache" show "$ukey" --roofline rtx-pro-6000
+contains out "this entry is experts_up: w13 and its scales"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --roofline h200; contains out "only expert GEMM entries"
 expect_fail "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline tpu-v5;  contains err "rtx-pro-6000"
 expect_fail "$MJ" inspect --cache-dir "$C" show zzzz;           contains err "not a key"
