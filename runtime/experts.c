@@ -2,8 +2,9 @@
  * device (or into host memory for the interpreter), the forward's workspace, the mode
  * policy, the choice of specialization, and the launches of one forward.
  *
- * A forward is fixed work for the host: resolve the mode, fill an integer spec, look it up
- * in the context's table, launch two kernels (three in W4A4) on the caller's stream. Every
+ * A forward is fixed work for the host: resolve the mode, fill integer specs (one per kernel
+ * on a GPU), look them up in the context's table, launch two kernels (three in W4A4) on the
+ * caller's stream. Every
  * buffer was allocated by mj_experts_create, every kernel compiled by the first forward of
  * its shape (or by mj_experts_prepare), and nothing waits for the GPU: a forward can be
  * captured in a CUDA graph. How many experts are active, and which, is read by the kernels
@@ -263,7 +264,9 @@ static int32_t pow2_at_least(int32_t v) {
 }
 
 /* Shared memory of the two kernels for these knobs (bytes). */
-static uint32_t up_smem(const mj_knobs_moe_experts *k) { return (uint32_t)((k->NW1 - 1) * k->TPE * 128 + k->TPE * 64); }
+static uint32_t up_smem(const mj_knobs_moe_experts *k) {
+    return (uint32_t)((k->NW1 > 1 ? k->NW1 - 1 : 1) * k->TPE * 128 + k->TPE * 64);
+}
 static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * k->TPE * 64); }
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
@@ -292,6 +295,44 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
     *out = plan(ex, mode, B);
 }
 
+/* On a GPU each kernel is a specialization of its own (templates/moe_experts.cu, PART): a
+ * cold compile is one kernel's, and W4A16 never compiles experts_quant. The knobs a kernel
+ * does not read are pinned, so specs that differ only in them share one compile (W4A4's
+ * experts_quant serves every TPE). The interpreter builds the three at once (PART 0). */
+static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t part) {
+    mj_knobs_moe_experts p = *k;
+    p.PART = part;
+    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1;
+    if (part == 2) p.NW2 = 1;
+    if (part == 3) p.NW1 = 1;
+    return p;
+}
+
+int32_t mj_experts_specs(mj_context_t ctx, const mj_knobs_moe_experts *k, mj_spec out[3]) {
+    mj_knobs_moe_experts all = part_knobs(k, 0);
+    mj_spec_moe_experts(ctx, &all, &out[0]);
+    if (out[0].backend == MJ_BACKEND_SIM) return 1;
+    int32_t n = 0;
+    for (int32_t part = k->MODE ? 1 : 2; part <= 3; part++) {
+        mj_knobs_moe_experts p = part_knobs(k, part);
+        mj_spec_moe_experts(ctx, &p, &out[n++]);
+    }
+    return n;
+}
+
+/* The functions of a forward with knobs k: experts_quant's (NULL in W4A16), up's, down's. */
+static mj_status get_functions(mj_context_t ctx, const mj_knobs_moe_experts *k, const mj_function **quant,
+                               const mj_function **up, const mj_function **down) {
+    mj_spec s[3];
+    const mj_function *f[3] = {NULL, NULL, NULL};
+    const int32_t n = mj_experts_specs(ctx, k, s);
+    MJ_CHECK(mj_jit_get_many(ctx, s, n, f)); /* cold: the kernels compile side by side */
+    *quant = n == 1 ? f[0] : n == 3 ? f[0] : NULL;
+    *up = n == 1 ? f[0] : f[n - 2];
+    *down = f[n - 1];
+    return MJ_OK;
+}
+
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *v) {
     *v = (mj_experts_view){ex->H, ex->I, ex->K, ex->E, ex->n_local, ex->expert_begin, ex->nsub, ex->mb,
                            ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2, ex->w13, ex->s13, ex->w2,
@@ -307,10 +348,8 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
         mj_weight_mode m;
         MJ_CHECK(mj_experts_mode(ex, mode, B, &m));
         mj_knobs_moe_experts k = plan(ex, m, B);
-        mj_spec s;
-        const mj_function *f;
-        mj_spec_moe_experts(ctx, &k, &s);
-        MJ_CHECK(mj_jit_get(ctx, &s, &f));
+        const mj_function *fq, *fu, *fd;
+        MJ_CHECK(get_functions(ctx, &k, &fq, &fu, &fd));
     }
     return MJ_OK;
 }
@@ -340,24 +379,22 @@ mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     mj_weight_mode m;
     MJ_CHECK(mj_experts_mode(ex, mode, B, &m));
     mj_knobs_moe_experts k = plan(ex, m, B);
-    mj_spec s;
-    const mj_function *fn;
-    mj_spec_moe_experts(ctx, &k, &s);
-    MJ_CHECK(mj_jit_get(ctx, &s, &fn));
+    const mj_function *fq, *fu, *fd;
+    MJ_CHECK(get_functions(ctx, &k, &fq, &fu, &fd));
     const int32_t n_slots = (int64_t)B * ex->K < ex->E ? B * ex->K : ex->E;
     if (m == MJ_MODE_W4A4) {
         mj_launch_dims dq = {{(uint32_t)B, 1, 1}, {128, 1, 1}, 0, stream};
-        MJ_CHECK(mj_launch_experts_quant(fn, dq, hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
+        MJ_CHECK(mj_launch_experts_quant(fq, dq, hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
                                          ex->n_local, ex->expert_begin, ex->xq, ex->xsf));
     }
     mj_launch_dims du = {{(uint32_t)(ex->I / 16), (uint32_t)(n_slots + ex->nsub), 1}, {(uint32_t)k.NW1 * 32, 1, 1},
                          up_smem(&k), stream};
-    MJ_CHECK(mj_launch_experts_up(fn, du, hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
+    MJ_CHECK(mj_launch_experts_up(fu, du, hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, B, num_valid, ex->mb,
                                   ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf));
     mj_launch_dims dd = {{(uint32_t)(ex->H / (16 * k.NW2)), (uint32_t)((B + k.TPE - 1) / k.TPE), 1},
                          {(uint32_t)k.NW2 * 32, 1, 1}, down_smem(&k), stream};
-    return mj_launch_experts_down(fn, dd, ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
+    return mj_launch_experts_down(fd, dd, ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, r.weights, B,
                                   num_valid, ex->mb, ex->n_local, ex->expert_begin, n_slots, out);
 }

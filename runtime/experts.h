@@ -25,11 +25,16 @@ void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
  * reserve succeeds. Not during a captured graph's life: the buffers move. */
 mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch);
 
-/* The specialization a forward of B tokens in (resolved) mode launches; mj_experts_knobs
- * is the same choice from the shapes alone (H, I_local, top-k, shared sub-experts), for
- * the planner. */
+/* The knobs of a forward of B tokens in (resolved) mode (PART 0; mj_experts_specs turns
+ * them into the specializations fetched); mj_experts_knobs is the same choice from the
+ * shapes alone (H, I_local, top-k, shared sub-experts), for the planner. */
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
                       mj_knobs_moe_experts *out);
+/* The specializations a forward with knobs k (from mj_experts_knobs) fetches, into out[],
+ * in launch order; returns how many: on a GPU one per kernel (templates/moe_experts.cu,
+ * PART: experts_quant in W4A4 only, experts_up, experts_down), on the interpreter one
+ * holding all three. The forward, mj_experts_prepare and the planner all ask this. */
+int32_t mj_experts_specs(mj_context_t ctx, const mj_knobs_moe_experts *k, mj_spec out[3]);
 /* The mode policy ("w4a16", "1-8:w4a16,9-:w4a4"): parsed for a target (w4a4 needs sm_120+),
  * its default there, and the mode a batch of B takes (MJ_MODE_AUTO by the policy; an
  * explicit mode checked against the target). */

@@ -554,6 +554,61 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
     return MJ_OK;
 }
 
+/* ---- several specializations at once ------------------------------------------------------
+ * A forward that launches several kernels (the experts: one specialization each) would wait
+ * for their compiles one after the other; here the ones not yet in memory are built at the
+ * same time, one thread each but the first (which the caller's thread builds). mj_jit_get
+ * already lets many threads build distinct specs (each NVRTC program its own) and makes a
+ * second asker of the same spec wait for the first. */
+typedef struct get_job {
+    mj_context_t c;
+    const mj_spec *s;
+    const mj_function *f;
+    mj_status st;
+    char err[1024]; /* the thread's mj_last_error, handed back to the caller's thread */
+} get_job;
+
+static void *get_job_run(void *arg) {
+    get_job *j = arg;
+    j->st = mj_jit_get(j->c, j->s, &j->f);
+    if (j->st != MJ_OK) snprintf(j->err, sizeof j->err, "%s", mj_last_error());
+    return NULL;
+}
+
+mj_status mj_jit_get_many(mj_context_t c, const mj_spec *s, int n, const mj_function **out) {
+    if (!c || (n > 0 && (!s || !out)) || n < 0 || n > MJ_JIT_GET_MANY_MAX)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_jit_get_many: NULL argument or %d specs (1..%d)", n,
+                            MJ_JIT_GET_MANY_MAX);
+    int missing = 0;
+    for (int i = 0; i < n; i++) { /* the hot path: all in memory, no thread */
+        mj_function *f = table_find(c, &s[i], spec_hash(&s[i]));
+        out[i] = f && atomic_load_explicit(&f->state, memory_order_acquire) == FN_READY ? f : NULL;
+        missing += !out[i];
+    }
+    if (missing == 0) {
+        atomic_fetch_add_explicit(&c->mem_hits, (unsigned)n, memory_order_relaxed);
+        return MJ_OK;
+    }
+    get_job jobs[MJ_JIT_GET_MANY_MAX];
+    pthread_t th[MJ_JIT_GET_MANY_MAX];
+    int started[MJ_JIT_GET_MANY_MAX] = {0}, first = -1;
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (get_job){c, &s[i], out[i], MJ_OK, ""};
+        if (out[i]) continue;
+        if (first < 0) first = i; /* built on this thread, below */
+        else started[i] = pthread_create(&th[i], NULL, get_job_run, &jobs[i]) == 0;
+        if (i != first && !started[i]) get_job_run(&jobs[i]); /* no thread: build it here */
+    }
+    get_job_run(&jobs[first]);
+    for (int i = 0; i < n; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++) {
+        if (jobs[i].st != MJ_OK) return mj_set_error(jobs[i].st, "%s", jobs[i].err); /* the first in order */
+        out[i] = jobs[i].f;
+    }
+    return MJ_OK;
+}
+
 /* ---- recorded launches on the interpreter (what a CUDA graph is to a GPU) ---------------
  * A launch is kept as its entry point, its dimensions and a copy of its argument values
  * (pointers by value, as a graph keeps them), to be run again as often as wanted. */

@@ -3,9 +3,10 @@
  * A forward of B tokens launches three kernels: the router GEMM (its ROWS grow with B up to
  * 8), the routing (one spec per k0; one block up to 256 tokens, multi-block plain top-k
  * above), and the experts (TPE = B rounded up to a power of two in 8..64, in the mode the
- * policy gives B; the shared sub-experts a rank runs). The planner asks the launchers' own
- * knob functions for each B, so it cannot drift from what a forward launches; the test
- * "prewarm, then prepare in strict mode" (tests/test_moe.c) proves it. */
+ * policy gives B; the shared sub-experts a rank runs; on a GPU a specialization per
+ * kernel, mj_experts_specs). The planner asks the launchers' own knob functions for each
+ * B, so it cannot drift from what a forward launches; the test "prewarm, then prepare in
+ * strict mode" (tests/test_moe.c) proves it. */
 #include "plan.h"
 
 #include <limits.h>
@@ -112,8 +113,9 @@ mj_status mj_plan_build(mj_context_t ctx, const mj_plan_request *r, mj_plan *out
         for (int32_t j = 0; j < n_shapes; j++) {
             mj_knobs_moe_experts ke;
             mj_experts_knobs(cfg->hidden, shapes[j][0], cfg->topk, shapes[j][1], m, B, &ke);
-            mj_spec_moe_experts(ctx, &ke, &s);
-            MJ_CHECK_GOTO(add(out, &cap, &s, "experts", B), st, fail);
+            mj_spec parts[3];
+            const int32_t n_parts = mj_experts_specs(ctx, &ke, parts);
+            for (int32_t q = 0; q < n_parts; q++) MJ_CHECK_GOTO(add(out, &cap, &parts[q], "experts", B), st, fail);
         }
     }
     /* Each spec valid for its template (knob ranges, constraints, target) before anyone

@@ -16,6 +16,13 @@
  *                  combine is fused and every output element is summed in one fixed order,
  *                  so the same inputs give the same bits (no atomics anywhere).
  *
+ * Compile time. NVRTC's time grows with the code it optimizes at once, and a first request
+ * waits for it, so on a GPU each kernel is a specialization of its own (PART 1, 2, 3: the
+ * other kernels are there with empty bodies, so a module always has all three), compiled
+ * apart and only when launched (W4A16 never compiles experts_quant); knobs a kernel does not read are
+ * pinned (constraints below), so one compiled kernel serves every spec that differs only in
+ * them. The interpreter builds all three at once (PART 0): one host compile.
+ *
  * The MMA is swapped at decode: weight rows are its 16-row side (M), the few tokens of an
  * expert its 8-column side (N). W4A4 runs the block-scaled FP4 MMA m16n8k64 (sm_120a);
  * W4A16 dequantizes FP4 to bf16 in registers for the bf16 MMA m16n8k16 (every target). Both
@@ -49,11 +56,15 @@ MJ_KNOB_SET(TPE, int, "8 16 32 64", "tokens an expert takes at once, and the tok
 MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
 MJ_KNOB_SET(NW2, int, "1 2 4 8", "warps of a down block: 16 hidden dims each")
 MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
+MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all three (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
-MJ_CONSTRAINT("(NW1 - 1) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials fit shared memory")
+MJ_CONSTRAINT("((NW1 - 1) + (NW1 == 1)) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials (or, with one warp, its sums) fit shared memory")
 MJ_CONSTRAINT("NW2 * TPE * 64 <= 64 * 1024", "down's accumulators fit shared memory")
+MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
+MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
+MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
 #define KS1 (H / 64)                  /* k-steps of up                                       */
@@ -154,20 +165,26 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
  * .. +3 of word (kt>>1)*2 (row g) and +1 (row g+8), groups p/2 (kt < 2) or 2 + p/2. */
 MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t a[4][4]) {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+    /* The scales as bf16 pairs (an E4M3 value is exact in bf16), once per k-group: steps
+     * 0 and 1 share group p/2, steps 2 and 3 group 2 + p/2. */
+    uint32_t sc[2], sc8[2];
+    MJ_UNROLL
+    for (int half = 0; half < 2; half++) {
+        const uint32_t q = (uint32_t)(half * 2 + (p >> 1));
+        const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
+        sc[half] = s | s << 16, sc8[half] = s8 | s8 << 16;
+    }
     MJ_UNROLL
     for (int kt = 0; kt < 4; kt++) {
-        const uint32_t q = (uint32_t)((kt >> 1) * 2 + (p >> 1));
-        /* the scales as bf16 pairs: an E4M3 value is exact in bf16 */
-        const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
         const uint32_t r = words[(kt >> 1) * 2] >> (16 * (kt & 1)), r8 = words[(kt >> 1) * 2 + 1] >> (16 * (kt & 1));
         uint32_t u01, u23, v01, v23;
         e2m1x4_bf16(r, &u01, &u23);
         e2m1x4_bf16(r8, &v01, &v23);
         /* unit codes times their block scale: at most 6 significant bits, exact in bf16 */
-        a[kt][0] = mj_mul_bf16x2(u01, s | s << 16);
-        a[kt][1] = mj_mul_bf16x2(v01, s8 | s8 << 16);
-        a[kt][2] = mj_mul_bf16x2(u23, s | s << 16);
-        a[kt][3] = mj_mul_bf16x2(v23, s8 | s8 << 16);
+        a[kt][0] = mj_mul_bf16x2(u01, sc[kt >> 1]);
+        a[kt][1] = mj_mul_bf16x2(v01, sc8[kt >> 1]);
+        a[kt][2] = mj_mul_bf16x2(u23, sc[kt >> 1]);
+        a[kt][3] = mj_mul_bf16x2(v23, sc8[kt >> 1]);
     }
 }
 
@@ -185,9 +202,11 @@ MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
 MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
+#if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
     const int b = (int)blockIdx.x;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
+    MJ_NO_UNROLL /* one copy of the quantization, not K + 1 */
     for (int j = 0; j <= K; j++) {
         int row, xi;
         if (j < K) {
@@ -209,6 +228,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             store_q16(xq + (long long)row * (H / 2), grp, q);
         }
     }
+#endif
 }
 
 /* ---- experts_up --------------------------------------------------------------------------- */
@@ -320,12 +340,13 @@ MJ_DEVICE void up_compute(const up_run_t *r, int run, const long long *src, int 
 }
 
 /* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory
- * (NW1 - 1) * TPE * 128 + TPE * 64 bytes. */
+ * max(NW1 - 1, 1) * TPE * 128 + TPE * 64 bytes. */
 MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
                           int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf) {
+#if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
     const int g = lane >> 2, p = lane & 3;
@@ -338,7 +359,8 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     const float alpha = MODE == 1 ? is13 * ws2 : ws2;
     const float gs2 = 1.0f / scal[rs.xi * 4 + 3];
     float *red = smem;                                 /* [NW1 - 1][2][NT][32][4]          */
-    float *htile = smem + (NW1 - 1) * TPE * 32;        /* [TPE][16] (W4A4 requant)          */
+    float *fin = smem;                                 /* [2][NT][32][4]: warp 0's sums     */
+    float *htile = smem + (NW1 > 1 ? NW1 - 1 : 1) * TPE * 32; /* [TPE][16] (W4A4 requant)   */
 
     for (int c0 = 0; c0 < rs.n; c0 += TPE) {
         const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
@@ -387,13 +409,23 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
             }
         }
         if (w == 0) {
-            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+            /* The sums go through shared memory (each lane reads back its own) so that the
+             * SwiGLU below is a rolled loop over the token groups: one copy of its code
+             * instead of NT (the loop indexes no register array; it runs once a chunk). The
+             * partials of warp 1 were the only ones in fin's place, and are read already. */
             MJ_UNROLL
+            for (int h = 0; h < 2; h++)
+                for (int n = 0; n < NT; n++)
+                    for (int i = 0; i < 4; i++) fin[((h * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
+            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+            MJ_NO_UNROLL
             for (int n = 0; n < NT; n++)
+                MJ_UNROLL
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
                     if (ti >= nc) continue;
-                    float hv = silu(acc[0][n][i] * alpha) * (acc[1][n][i] * alpha);
+                    const float gate = fin[(n * 32 + lane) * 4 + i], up = fin[((NT + n) * 32 + lane) * 4 + i];
+                    float hv = silu(gate * alpha) * (up * alpha);
                     int ci = c0 + ti;
                     long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
                     if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
@@ -413,6 +445,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         }
         if (NW1 > 1) __syncthreads(); /* the partials' memory is reused by the next chunk */
     }
+#endif
 }
 
 /* ---- experts_down ------------------------------------------------------------------------- */
@@ -545,6 +578,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                             const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                             const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,
                             int mb, int n_local, int expert_begin, int n_slots, float *out) {
+#if PART == 0 || PART == 3 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g = lane >> 2;
     const int d = (int)blockIdx.x * NW2 + w; /* this warp's 16 dims: 16d .. */
@@ -555,42 +589,47 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     __syncwarp(0xFFFFFFFFu);
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
     const int ts = nv < t1 ? nv : t1; /* shared experts: the valid tokens of the tile */
-    int cursor = 0, run = 0;
-    down_item_t it = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0,
-                                 t1, ts);
+    int cursor = 0, run = -1; /* run -1: before the first item */
+    down_item_t it = {-1, 0, 0, -1, 0.0f};
     down_run_t cur, nxt;
     long long src[NT];
     int tok[NT];
     float acc[NT][4];
-    if (it.xi >= 0) down_load(w2, s2, &it, d, 0, lane, &cur);
     MJ_NO_UNROLL
-    while (it.xi >= 0) {
-        /* The item after this one: the expert's next run, or the next expert's first. */
+    for (;;) {
+        /* The item after this one (on the first pass, the first): the expert's next run, or
+         * the next expert's first. Its loads are in flight while this one computes. One
+         * place that fetches an item (a second one before the loop would be a second copy
+         * of next_expert's searches and of the loads, for NVRTC to compile). */
         down_item_t nit = it;
         int nrun = run + 1;
-        if (nrun == RUNS2) {
+        if (run < 0 || nrun == RUNS2) {
             nrun = 0;
             nit = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0, t1, ts);
         }
         if (nit.xi >= 0) down_load(w2, s2, &nit, d, nrun, lane, &nxt);
-        if (run == 0) { /* a new expert: its rows, fresh accumulators */
-            MJ_UNROLL
-            for (int c = 0; c < NT; c++) {
-                int i = c * 8 + g;
-                src[c] = -1, tok[c] = -1;
-                if (i < it.n) {
-                    src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
-                    tok[c] = it.shared_row0 >= 0 ? t0 + i : row_index[it.r0 + i] / K;
+        if (run >= 0) {
+            if (run == 0) { /* a new expert: its rows, fresh accumulators */
+                MJ_UNROLL
+                for (int c = 0; c < NT; c++) {
+                    int i = c * 8 + g;
+                    src[c] = -1, tok[c] = -1;
+                    if (i < it.n) {
+                        src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
+                        tok[c] = it.shared_row0 >= 0 ? t0 + i : row_index[it.r0 + i] / K;
+                    }
+                    for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
                 }
-                for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
+            }
+            down_compute(&cur, run, src, it.n, act, actq, act_sf, lane, acc);
+            if (run == RUNS2 - 1) {
+                down_epilogue(&it, tok, row_index, weights, t0, lane, acc, acc_tile);
+                __syncwarp(0xFFFFFFFFu);
             }
         }
-        down_compute(&cur, run, src, it.n, act, actq, act_sf, lane, acc);
-        if (run == RUNS2 - 1) {
-            down_epilogue(&it, tok, row_index, weights, t0, lane, acc, acc_tile);
-            __syncwarp(0xFFFFFFFFu);
-        }
+        if (nit.xi < 0) break;
         it = nit, run = nrun, cur = nxt;
     }
     for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
+#endif
 }

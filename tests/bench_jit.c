@@ -1,7 +1,8 @@
 /* bench_jit.c — how long the JIT takes: median cold compile of each template for sm_120a
  * (its first specialization: every knob at its lowest), of the product specializations the
  * launchers pick for GLM-5 (what a server compiles on its first call), a warm (disk hit)
- * load, and the in-memory lookup a hot launch pays. Prints numbers; it is a benchmark
+ * load, the in-memory lookup a hot launch pays, and what a first forward waits for its
+ * expert kernels (compiled side by side). Prints numbers; it is a benchmark
  * target (make bench_jit), not a test. `bench_jit [REPS] [TEMPLATE]`: TEMPLATE limits the
  * cold compiles to one template. */
 #include "cache.h"
@@ -152,6 +153,39 @@ int main(int argc, char **argv) {
         }
         mj_context_destroy(pctx);
         test_rm_rf(pdir);
+    }
+
+    /* A first forward's wait for its expert kernels: what mj_experts_specs lists for the
+     * decode plan's knobs, fetched with mj_jit_get_many into a fresh cache (the kernels
+     * compile side by side, one thread each). */
+    if (!only || !strcmp(only, "moe_experts")) {
+        printf("\nfirst forward's expert kernels, compiled side by side (mj_jit_get_many, cold cache)\n");
+        for (int m = 0; m < 2; m++)
+            for (int tpe = 8; tpe <= 64; tpe *= 2) {
+                if (m == 0 && tpe > 8) continue; /* the plan: W4A16 at 1-8 tokens, W4A4 above (and TPE 8 W4A4) */
+                mj_knobs_moe_experts k;
+                mj_experts_knobs(6144, 256, 8, 1, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, &k);
+                for (int r = 0; r < reps; r++) {
+                    mj_context_options fo = MJ_CONTEXT_OPTIONS_INIT;
+                    fo.device = MJ_DEVICE_NONE, fo.backend = MJ_BACKEND_CUDA, fo.target = "sm_120a";
+                    char fdir[] = "/tmp/mj-bench-fwd-XXXXXX";
+                    if (!mkdtemp(fdir)) return 1;
+                    fo.cache_dir = fdir;
+                    mj_context_t fctx;
+                    if ((st = mj_context_create(&fo, &fctx)) != MJ_OK) die("context", st);
+                    mj_spec sp[3];
+                    const mj_function *fs[3];
+                    const int32_t n = mj_experts_specs(fctx, &k, sp);
+                    double t0 = test_now_ms();
+                    if ((st = mj_jit_get_many(fctx, sp, n, fs)) != MJ_OK) die("get_many", st);
+                    t[r] = test_now_ms() - t0;
+                    mj_context_destroy(fctx);
+                    test_rm_rf(fdir);
+                }
+                double med = median(t, reps);
+                printf("moe_experts %-5s TPE=%-2d (%d kernels)%24s %9.1f %9.1f %9.1f\n", m ? "W4A4" : "W4A16", k.TPE,
+                       m ? 3 : 2, "", med, t[0], t[reps - 1]);
+            }
     }
 
     /* Warm load: a fresh context finds the entry on disk (open, read, verify checksum). */

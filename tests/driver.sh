@@ -364,28 +364,32 @@ expect_fail "$MJ" run --checkpoint nowhere --input x.npy --output y.npy $DC
 # ---- prewarm --config ---------------------------------------------------------------------
 GLM5="$SRC/tests/data/model/glm5_moe_config.json"
 # GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 1/2/4/8, plain top-k routing, experts
-# TPE 8 (W4A16 at 1-8 tokens) and TPE 16/32/64 (W4A4): 9 specializations, listed.
+# TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE 16/32/64 (W4A4: up, down, and one
+# experts_quant for all three): 14 specializations, listed.
 Q="--quant $SRC/tests/data/model/hf_quant_config.example.json"
 expect_rc 1 "$MJ" prewarm --config "$GLM5" --tp 8 --dry-run --cache-dir "$T/pc"; contains err "--quant"
 expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --tp 8 --dry-run --cache-dir "$T/pc"
 contains err "plan for sm_120a: H 6144, E 256, top-8, TP, 256 batch sizes (1-256), k0 = top-k"
-contains err "9 specializations"
-[ "$(wc -l <out)" = 9 ] && [ "$(grep -c '"arch":"sm_120a"' out)" = 9 ] && ok || bad "dry run: $(cat out)"
-[ "$(grep -c '"template":"moe_experts"' out)" = 4 ] && ok || bad "dry run experts: $(cat out)"
+contains err "14 specializations"
+[ "$(wc -l <out)" = 14 ] && [ "$(grep -c '"arch":"sm_120a"' out)" = 14 ] && ok || bad "dry run: $(cat out)"
+[ "$(grep -c '"template":"moe_experts"' out)" = 9 ] && ok || bad "dry run experts: $(cat out)"
+[ "$(grep -c '"PART":1' out)" = 1 ] && [ "$(grep -c '"PART":2' out)" = 4 ] && [ "$(grep -c '"PART":3' out)" = 4 ] &&
+    ok || bad "dry run experts, one specialization per kernel: $(cat out)"
 expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --ep 8 --k0-policy "1-3:8,4-:4" --arch sm_90a --dry-run --cache-dir "$T/pc"
 contains err "mode w4a16"
 [ "$(grep -c '"MODE":1' out)" = 0 ] && ok || bad "sm_90a plan has W4A4: $(cat out)"
-# The kept checkpoint's config, 1-4 tokens, for real: compiled, then all cached.
+# The kept checkpoint's config, 1-4 tokens, for real (router GEMM ROWS 1/2/4, routing, experts up and
+# down): compiled, then all cached.
 expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-policy 2 --cache-dir "$T/pc" -q
-contains out "5 specializations: 5 compiled, 0 already cached, 0 failed"
+contains out "6 specializations: 6 compiled, 0 already cached, 0 failed"
 expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1,2,3,4 --k0-policy 2 --cache-dir "$T/pc" -q
-contains out "5 specializations: 0 compiled, 5 already cached"
+contains out "6 specializations: 0 compiled, 6 already cached"
 # On a terminal, a progress bar ([###...] done/total) that is erased before the summary.
 if command -v script >/dev/null; then
     script -qec "\"$MJ\" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-policy 2 --cache-dir \"$T/pc\"" \
         /dev/null >tty.out 2>&1 </dev/null && ok || bad "prewarm on a terminal failed: $(head -c 400 tty.out)"
-    contains tty.out "[##############################] 5/5 "
-    contains tty.out "$(printf '\r\033[K')prewarm: 5 specializations: 0 compiled, 5 already cached"
+    contains tty.out "[##############################] 6/6 "
+    contains tty.out "$(printf '\r\033[K')prewarm: 6 specializations: 0 compiled, 6 already cached"
 else
     bad "no 'script' (bsdutils) to give prewarm a terminal"
 fi
@@ -550,13 +554,19 @@ expect_fail env PATH=/nonexistent MOEJIT_NVDISASM= "$MJ" inspect --cache-dir "$C
 # An expert GEMM entry says what it reads per active expert, and the floor on a named GPU:
 # GLM-5 at TP 8 (H 6144, I_local 256) is 2654208 bytes an expert, 9 experts for one token on
 # an RTX PRO 6000 at 1792 GB/s: 13.3 us.
-printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1},"arch":"sm_120a"}\n' >ex.jsonl
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1,"PART":0},"arch":"sm_120a"}\n' >ex.jsonl
 EC=$T/ecache
 expect_rc 0 "$MJ" prewarm -q --cache-dir "$EC" ex.jsonl
 ekey=$("$MJ" inspect --cache-dir "$EC" list | awk '$2=="moe_experts" {print $1; exit}')
 expect_rc 0 "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline rtx-pro-6000
 contains out "moves      2654208 bytes per active expert"; contains out "1.48 us per active expert on rtx-pro-6000"
 contains out "reads 9 experts: 13.3 us"
+# On a GPU each expert kernel is an entry of its own: the entry says which share it reads.
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2},"arch":"sm_120a"}\n' >up.jsonl
+expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/upcache" up.jsonl
+ukey=$("$MJ" inspect --cache-dir "$T/upcache" list | awk '$2=="moe_experts" {print $1; exit}')
+expect_rc 0 "$MJ" inspect --cache-dir "$T/upcache" show "$ukey" --roofline rtx-pro-6000
+contains out "this entry is experts_up: w13 and its scales"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" show "$key" --roofline h200; contains out "only expert GEMM entries"
 expect_fail "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline tpu-v5;  contains err "rtx-pro-6000"
 expect_fail "$MJ" inspect --cache-dir "$C" show zzzz;           contains err "not a key"

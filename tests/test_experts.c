@@ -839,11 +839,97 @@ static void test_refusals(mj_context_t ctx, const char *cache) {
     mj_layer_free(L);
 }
 
+/* What a forward fetches (mj_experts_specs): on a GPU one specialization per kernel it
+ * launches, knobs the kernel does not read pinned (so W4A4's experts_quant is one spec for
+ * every TPE), each valid; on the interpreter one spec with all three. A manifest line
+ * that pins a knob otherwise, or asks W4A16 for experts_quant, is refused by name. */
+static void test_specs(const char *cache) {
+    static const char *const backends[] = {"cuda", "sim"};
+    for (int b = 0; b < 2; b++) {
+        mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+        o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.target = "sm_120a";
+        o.backend = b ? MJ_BACKEND_SIM : MJ_BACKEND_CUDA;
+        mj_context_t c = NULL;
+        CHECK_OK(mj_context_create(&o, &c));
+        if (!c) continue;
+        int32_t quant_tpe = -1;
+        for (int mode = 0; mode < 2; mode++)
+            for (int tpe = 8; tpe <= 64; tpe *= 2) {
+                mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = 256, .K = 8, .TPE = tpe, .NW1 = 4, .NW2 = 2,
+                                          .NSUB = 1};
+                mj_spec s[3];
+                const int32_t n = mj_experts_specs(c, &k, s);
+                CHECK(n == (b ? 1 : mode ? 3 : 2), "%s %s TPE %d: %d specializations", backends[b],
+                      mode ? "W4A4" : "W4A16", tpe, n);
+                for (int32_t q = 0; q < n && q < 3; q++) {
+                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART */
+                    CHECK_OK(mj_spec_validate(&s[q]));
+                    CHECK(kn[0] == mode && kn[1] == 6144 && kn[2] == 256 && kn[3] == 8 && kn[7] == 1,
+                          "%s: the shape knobs are the forward's", backends[b]);
+                    const int32_t part = kn[8];
+                    if (b) {
+                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2, "sim: PART 0 with every knob");
+                    } else if (part == 1) {
+                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1, "quant: TPE 8, NW1 1, NW2 1");
+                        CHECK(quant_tpe < 0 || quant_tpe == kn[4], "one experts_quant for every TPE");
+                        quant_tpe = kn[4];
+                    } else {
+                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 : kn[4] == tpe && kn[5] == 1 && kn[6] == 2,
+                              "%s PART %d TPE %d: NW1 %d NW2 %d", mode ? "W4A4" : "W4A16", part, tpe, kn[5], kn[6]);
+                    }
+                }
+            }
+        mj_context_destroy(c);
+    }
+    static const char *const bad[] = {
+        "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
+        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1}, \"arch\": \"sm_120a\"}",
+        "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2}, \"arch\": \"sm_120a\"}",
+        "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3}, \"arch\": \"sm_120a\"}",
+    };
+    /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
+     * nothing at all for n = 0. */
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
+    mj_context_t c = NULL;
+    CHECK_OK(mj_context_create(&o, &c));
+    if (c) {
+        mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1};
+        mj_spec two[3];
+        CHECK(mj_experts_specs(c, &k, two) == 1, "sim: one spec");
+        two[1] = two[0];
+        two[1].knobs[8] = 1; /* experts_quant in W4A16: refused */
+        const mj_function *f[2] = {NULL, NULL}, *one = NULL;
+        mj_status st = mj_jit_get_many(c, two, 2, f);
+        CHECK(st == MJ_ERR_INVALID_ARG && strstr(mj_last_error(), "experts_quant"), "get_many of a bad spec: %s: %s",
+              mj_status_string(st), mj_last_error());
+        CHECK_OK(mj_jit_get_many(c, two, 1, f));
+        CHECK_OK(mj_jit_get(c, &two[0], &one));
+        CHECK(f[0] && f[0] == one, "get_many and get agree");
+        CHECK_OK(mj_jit_get_many(c, two, 0, f));
+        CHECK(mj_jit_get_many(c, two, MJ_JIT_GET_MANY_MAX + 1, f) == MJ_ERR_INVALID_ARG, "too many specs refused");
+        mj_context_destroy(c);
+    }
+    static const char *const why[] = {"experts_quant", "NW2 1", "NW1 1"};
+    for (int i = 0; i < 3; i++) {
+        mj_spec s;
+        mj_status st = mj_spec_from_json(bad[i], "test", &s);
+        if (st == MJ_OK) st = mj_spec_validate(&s);
+        CHECK(st == MJ_ERR_INVALID_ARG && strstr(mj_last_error(), why[i]), "bad PART line %d: %s: %s", i,
+              mj_status_string(st), mj_last_error());
+    }
+}
+
 /* Every specialization of the GLM-5 decode plan (H 6144, I_local 256 and 2048, one shared
  * expert, B 1..64) compiles with 0 spills: W4A4 and W4A16 for sm_120a, W4A16 for sm_90a
- * and sm_80. The SASS has the MMAs and 128-bit weight loads. */
+ * and sm_80, each kernel a specialization of its own as a forward fetches them
+ * (mj_experts_specs: experts_quant in W4A4, experts_up, experts_down). The SASS of up and
+ * down has the MMAs and 128-bit weight loads. */
 static void test_compile(const char *cache) {
     static const char *targets[] = {"sm_120a", "sm_90a", "sm_80"};
+    static const char *kernel[] = {"all", "quant", "up", "down"};
     for (int t = 0; t < 3; t++) {
         mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
         o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = targets[t];
@@ -855,36 +941,47 @@ static void test_compile(const char *cache) {
                 for (int tpe = 8; tpe <= 64; tpe *= 2) {
                     mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = ii ? 2048 : 256, .K = 8, .TPE = tpe,
                                               .NW1 = tpe == 64 ? 4 : 8, .NW2 = 2, .NSUB = 1};
-                    mj_spec s;
-                    const mj_function *f = NULL;
-                    mj_spec_moe_experts(c, &k, &s);
-                    CHECK_OK(mj_jit_get(c, &s, &f));
-                    if (!f) continue;
-                    const mj_ptxas_report *rep = mj_function_report(f);
-                    CHECK(rep->spill_stores == 0 && rep->spill_loads == 0 && rep->stack_frame == 0,
-                          "%s %s I %d TPE %d: %d/%d spill bytes, %d B of stack (local memory)", targets[t],
-                          mode ? "W4A4" : "W4A16", k.I, tpe, rep->spill_stores, rep->spill_loads, rep->stack_frame);
-                    CHECK(rep->smem_static == 0, "%s: %d B of static shared memory", targets[t], rep->smem_static);
-                    if (ii == 0)
-                        printf("plan %-7s %-5s TPE %2d: %3d registers, %d spill bytes, %d B static smem\n", targets[t],
-                               mode ? "W4A4" : "W4A16", tpe, rep->registers, rep->spill_stores, rep->smem_static);
-                    if (ii == 0 && tpe == 8) {
-                        /* The SASS: the tensor-core MMA of the mode, and every weight load (the
-                         * no-allocate stream) 128 bits wide. */
-                        size_t len;
-                        const void *bin = mj_function_binary(f, &len);
-                        char *sass = test_sass(bin, len);
-                        CHECK(sass != NULL, "nvdisasm did not run (scripts/setup.sh installs it)");
-                        if (!sass) continue;
-                        const char *mma = mode ? "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" : "HMMA.16816.F32.BF16";
-                        int n_mma = test_count(sass, mma), n_na = test_count(sass, "LDG.E.NA");
-                        int n_na128 = test_count(sass, "LDG.E.NA.128");
-                        CHECK(n_mma > 0, "%s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16", mma);
-                        CHECK(n_na128 > 0 && n_na128 == n_na, "%s %s: %d of %d weight-stream loads are 128-bit",
-                              targets[t], mode ? "W4A4" : "W4A16", n_na128, n_na);
-                        printf("sass %-7s %-5s: %d x %s, %d weight loads, all LDG.E.NA.128\n", targets[t],
-                               mode ? "W4A4" : "W4A16", n_mma, mma, n_na128);
-                        free(sass);
+                    mj_spec s[3];
+                    const int32_t n = mj_experts_specs(c, &k, s);
+                    CHECK(n == (mode ? 3 : 2), "%s %s: %d specializations, want one per kernel launched",
+                          targets[t], mode ? "W4A4" : "W4A16", n);
+                    const mj_function *many[3] = {NULL, NULL, NULL}; /* compiled side by side */
+                    CHECK_OK(mj_jit_get_many(c, s, n, many));
+                    for (int32_t q = 0; q < n; q++) {
+                        const int32_t part = s[q].knobs[8] /* PART, the template's last knob */;
+                        const mj_function *f = NULL;
+                        CHECK(part == (mode ? 1 : 2) + q, "%s: part %d of the specs is PART %d", targets[t], q, part);
+                        CHECK_OK(mj_jit_get(c, &s[q], &f));
+                        CHECK(f == many[q], "%s: mj_jit_get_many's function %d is mj_jit_get's", targets[t], q);
+                        if (!f) continue;
+                        const mj_ptxas_report *rep = mj_function_report(f);
+                        CHECK(rep->spill_stores == 0 && rep->spill_loads == 0 && rep->stack_frame == 0,
+                              "%s %s %s I %d TPE %d: %d/%d spill bytes, %d B of stack (local memory)", targets[t],
+                              mode ? "W4A4" : "W4A16", kernel[part], k.I, tpe, rep->spill_stores, rep->spill_loads,
+                              rep->stack_frame);
+                        CHECK(rep->smem_static == 0, "%s: %d B of static shared memory", targets[t], rep->smem_static);
+                        if (ii == 0)
+                            printf("plan %-7s %-5s TPE %2d %-5s: %3d registers, %d spill bytes\n", targets[t],
+                                   mode ? "W4A4" : "W4A16", tpe, kernel[part], rep->registers, rep->spill_stores);
+                        if (ii == 0 && tpe == 8 && part >= 2) {
+                            /* The SASS: the tensor-core MMA of the mode, and every weight load (the
+                             * no-allocate stream) 128 bits wide. */
+                            size_t len;
+                            const void *bin = mj_function_binary(f, &len);
+                            char *sass = test_sass(bin, len);
+                            CHECK(sass != NULL, "nvdisasm did not run (scripts/setup.sh installs it)");
+                            if (!sass) continue;
+                            const char *mma = mode ? "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" : "HMMA.16816.F32.BF16";
+                            int n_mma = test_count(sass, mma), n_na = test_count(sass, "LDG.E.NA");
+                            int n_na128 = test_count(sass, "LDG.E.NA.128");
+                            CHECK(n_mma > 0, "%s %s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16",
+                                  kernel[part], mma);
+                            CHECK(n_na128 > 0 && n_na128 == n_na, "%s %s %s: %d of %d weight-stream loads are 128-bit",
+                                  targets[t], mode ? "W4A4" : "W4A16", kernel[part], n_na128, n_na);
+                            printf("sass %-7s %-5s %-5s: %d x %s, %d weight loads, all LDG.E.NA.128\n", targets[t],
+                                   mode ? "W4A4" : "W4A16", kernel[part], n_mma, mma, n_na128);
+                            free(sass);
+                        }
                     }
                 }
         mj_context_destroy(c);
@@ -920,6 +1017,7 @@ int main(void) {
     CHECK(g_seen_nw2[1] && g_seen_nw2[2], "both down block widths reached");
     CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");
     mj_context_destroy(ctx);
+    TIMED(test_specs(cache));
     TIMED(test_compile(cache));
     printf("experts tests: %.0f ms\n", test_now_ms() - t0);
     return test_finish();

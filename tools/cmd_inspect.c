@@ -208,6 +208,11 @@ static void show_experts_bytes(json_t *m, const tool_gpu *gpu) {
     printf("moves      %lld bytes per active expert (w13 %lld + scales %lld, w2 %lld + scales %lld), each\n"
            "           byte once for B <= 64; the %d shared sub-expert%s always\n",
            (long long)per, (long long)w13, (long long)s13, (long long)w2, (long long)s2, nsub, nsub == 1 ? "" : "s");
+    /* On a GPU each kernel is an entry of its own (PART): say which share is this one's. */
+    int32_t part = (int32_t)json_integer_value(json_object_get(k, "PART"));
+    if (part == 1) printf("           (this entry is experts_quant: it reads the activations, no weights)\n");
+    if (part == 2) printf("           (this entry is experts_up: w13 and its scales, %lld bytes)\n", (long long)(w13 + s13));
+    if (part == 3) printf("           (this entry is experts_down: w2 and its scales, %lld bytes)\n", (long long)(w2 + s2));
     if (!gpu) return;
     double us = (double)per / (gpu->gbps * 1e3);
     printf("roofline   %.2f us per active expert on %s at %.0f GB/s (%s);\n"
