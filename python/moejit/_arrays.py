@@ -9,6 +9,7 @@ Two kinds of array are taken:
 Outputs are made of the inputs' kind (numpy in, numpy out; torch in, torch out on the same
 device). torch is imported only when a torch tensor is seen.
 """
+import contextlib
 import sys
 
 import numpy as np
@@ -137,7 +138,58 @@ def cuda_stream(arr, stream):
     if not arr.is_cuda:
         return None
     torch = sys.modules["torch"]
-    return int(torch.cuda.current_stream(arr.obj.device).cuda_stream)
+    return int(torch.cuda.current_stream(arr.device[1]).cuda_stream)
+
+
+def _torch_stream(device, s, given=None):
+    """torch's stream object for CUstream s on CUDA device `device` (the one given, the
+    current or default stream when s is one of them, else an ExternalStream wrapping s)."""
+    if given is not None and not isinstance(given, (int, np.integer)):
+        return given
+    torch = sys.modules["torch"]
+    for known in (torch.cuda.current_stream(device), torch.cuda.default_stream(device)):
+        if int(known.cuda_stream) == s:
+            return known
+    return torch.cuda.ExternalStream(s, device=device)
+
+
+@contextlib.contextmanager
+def on_stream(arr, stream):
+    """Run the body with torch's current stream set to the one a call on arr enqueues its work
+    on (`stream`, else the current one), and yield that CUstream (None off the GPU).
+
+    Tensors the body makes (outputs, a num_valid count) are then allocated and filled on the
+    stream the kernel reads and writes them on, as a torch op under `with
+    torch.cuda.stream(stream)` would: their fill is ordered before the kernel, and the caching
+    allocator hands their blocks out again only to work on that stream, after the kernel."""
+    if not arr.is_cuda:
+        yield None
+        return
+    s = cuda_stream(arr, stream)
+    torch = sys.modules["torch"]
+    if s == int(torch.cuda.current_stream(arr.device[1]).cuda_stream):
+        yield s
+        return
+    with torch.cuda.stream(_torch_stream(arr.device[1], s, stream)):
+        yield s
+
+
+@contextlib.contextmanager
+def reading_after(device, s):
+    """Run the body (copies on torch's current stream of what work on CUstream s wrote) ordered
+    after that work, and the work later enqueued on s after the body's copies: the current
+    stream waits on s first, s on the current stream afterwards (events, no host sync)."""
+    torch = sys.modules["torch"]
+    cur = torch.cuda.current_stream(device)
+    if s is None or s == int(cur.cuda_stream):
+        yield
+        return
+    other = _torch_stream(device, s)
+    cur.wait_stream(other)
+    try:
+        yield
+    finally:
+        other.wait_stream(cur)
 
 
 def host_copy_out(ptr, dtype, shape):

@@ -32,21 +32,23 @@ class Comm(Handle):
     def all_reduce(self, send, recv=None, *, stream=None):
         """recv = the sum over ranks of send (float32, any shape; every rank the same count).
         Loopback: host arrays, returns when every rank's recv is written. NCCL: CUDA tensors,
-        enqueued on stream (default: torch's current stream). recv None: a new array."""
+        enqueued on stream (default: torch's current stream). recv None: a new array (on a GPU
+        allocated on that stream)."""
         s = A.adapt(send, "send", dtypes=("float32",))
         if self.kind == "loopback" and s.is_cuda:
             raise ValueError("a loopback communicator sums host memory; send is %s" % s.where())
         if self.kind == "nccl" and not s.is_cuda:
             raise ValueError("an NCCL communicator sums device memory; send is %s" % s.where())
-        if recv is None:
-            recv = A.empty(s, s.shape, "float32")
-        r = A.adapt(recv, "recv", dtypes=("float32",), shape=s.shape, writable=True)
-        A.same_place(s, r, "recv")
         n = 1
         for d in s.shape:
             n *= d
-        lib().mj_comm_all_reduce_f32(self._handle(), s.ptr, r.ptr, n,
-                                     A.cuda_stream(s, stream) if s.is_cuda else None)
+        # A new recv is allocated on the stream the all-reduce writes it on (see A.on_stream).
+        with A.on_stream(s, stream) as st:
+            if recv is None:
+                recv = A.empty(s, s.shape, "float32")
+            r = A.adapt(recv, "recv", dtypes=("float32",), shape=s.shape, writable=True)
+            A.same_place(s, r, "recv")
+            lib().mj_comm_all_reduce_f32(self._handle(), s.ptr, r.ptr, n, st)
         return recv
 
     def __repr__(self):

@@ -72,7 +72,8 @@ class Moe(Handle):
         self.k0_policy, self.mode, self.mode_policy = k0_policy, mode, mode_policy
         self.parallel = {S.MJ_PAR_NONE: None, S.MJ_PAR_TP: "tp", S.MJ_PAR_EP: "ep"}[kind]
         self.rank, self.n_ranks = rank, n
-        self._last_B = None
+        self._last_B = self._last_stream = None
+        self._inflight = None
         self._prepared = ()
 
         # The weights: this rank's slice only (a Layer given is used as it is).
@@ -212,41 +213,48 @@ class Moe(Handle):
         an int, or a one-element int32 array/tensor read when the kernels run (CUDA graphs);
         rows at and past it are padding and come out 0. out: a float32 [B, H] array to write
         (else a new one, of hidden's kind). On a GPU the forward is enqueued on `stream`
-        (default torch's current stream) and the call returns at once; on the interpreter it
+        (default torch's current stream; a new out and an int num_valid's device copy are
+        allocated and written on it) and the call returns at once; on the interpreter it
         has run when the call returns. Every rank of a split must call forward with the same B.
         """
-        a, keep = self._hidden(hidden)
+        a, _ = self._hidden(hidden)   # a.obj holds a host copy for the (synchronous) interpreter
         B, H = a.shape
-        nv_keep = None
-        nv_ptr = None
-        if num_valid is not None:
-            if isinstance(num_valid, (int, np.integer)) and not isinstance(num_valid, bool):
-                if not 0 <= int(num_valid) <= B:
-                    raise ValueError("num_valid %d is not in 0..%d (the batch)" % (int(num_valid), B))
+        nv = None
+        count = isinstance(num_valid, (int, np.integer)) and not isinstance(num_valid, bool)
+        if num_valid is not None and not count:
+            nv = A.adapt(num_valid, "num_valid", dtypes=("int32",), ndim=(0, 1))
+            if nv.shape not in ((), (1,)):
+                raise ValueError("num_valid has shape %s; it must hold one int32" % (list(nv.shape),))
+            A.same_place(a, nv, "num_valid")
+        elif count and not 0 <= int(num_valid) <= B:
+            raise ValueError("num_valid %d is not in 0..%d (the batch)" % (int(num_valid), B))
+        if out is not None:
+            o = A.adapt(out, "out", dtypes=("float32",), shape=(B, H), writable=True)
+            A.same_place(a, o, "out")
+        # On a GPU, with the forward's stream s as torch's current one: what is made here (out,
+        # the num_valid count) is allocated, and filled, on the stream the kernels use it on.
+        with A.on_stream(a, stream) as s:
+            nv_keep = None
+            if count:
                 nv_keep = A.full_int32(a, (1,), int(num_valid))
                 nv = A.adapt(nv_keep, "num_valid", dtypes=("int32",), ndim=1)
-            else:
-                nv = A.adapt(num_valid, "num_valid", dtypes=("int32",), ndim=(0, 1))
-                if nv.shape not in ((), (1,)):
-                    raise ValueError("num_valid has shape %s; it must hold one int32" % (list(nv.shape),))
-                A.same_place(a, nv, "num_valid")
-            nv_ptr = nv.ptr
-        if out is None:
-            out = A.empty(a, (B, H), "float32")
-        o = A.adapt(out, "out", dtypes=("float32",), shape=(B, H), writable=True)
-        A.same_place(a, o, "out")
-        s = A.cuda_stream(a, stream) if a.is_cuda else None
-        lib().mj_moe_forward(self._handle(), a.ptr, B, nv_ptr, o.ptr, s)
-        self._last_B = B
+            if out is None:
+                out = A.empty(a, (B, H), "float32")
+                o = A.adapt(out, "out", dtypes=("float32",), shape=(B, H), writable=True)
+            lib().mj_moe_forward(self._handle(), a.ptr, B, nv.ptr if nv is not None else None, o.ptr, s)
+        # The kernels read the count when they run, after this returns: it stays with the handle
+        # until the next forward (and its block is s's, so it is reused only after this work).
+        self._inflight = nv_keep
+        self._last_B, self._last_stream = B, s
         # What last_routing needs of the input (its kind and device), not the input itself.
         self._last_like = A.Arr(None, a.kind, a.device, a.dtype, a.shape, 0)
-        del keep, nv_keep
         return out
 
     @property
     def last_routing(self):
         """The routing of the last forward: a RouteResult of copies, of the hidden's kind (on a
-        GPU copied on torch's current stream: call it on the stream the forward ran on)."""
+        GPU copied on torch's current stream, ordered after the forward's stream and before
+        the work enqueued on that stream next)."""
         if self._last_B is None:
             raise ValueError("no forward has run yet")
         r = S.RouteOutputsC()
@@ -258,15 +266,15 @@ class Moe(Handle):
                   "active_experts": ((E,), "int32"), "n_active": ((1,), "int32"),
                   "permutation": ((B, k), "int32"), "row_index": ((B, k), "int32")}
         res = RouteResult(k0=self.batch_plan(B)[0])
+        if like.is_cuda:
+            # The forward wrote these on its stream; the next forward there overwrites them.
+            with A.reading_after(like.device[1], self._last_stream):
+                for name, (shape, dt) in shapes.items():
+                    setattr(res, name, A.cuda_copy_out(like, getattr(r, name), dt, shape))
+            return res
         for name, (shape, dt) in shapes.items():
-            ptr = getattr(r, name)
-            if like.is_cuda:
-                v = A.cuda_copy_out(like, ptr, dt, shape)
-            else:
-                v = A.host_copy_out(ptr, dt, shape)
-                if like.kind == "torch":
-                    v = _torch_from_numpy(v)
-            setattr(res, name, v)
+            v = A.host_copy_out(getattr(r, name), dt, shape)
+            setattr(res, name, _torch_from_numpy(v) if like.kind == "torch" else v)
         return res
 
     def __repr__(self):

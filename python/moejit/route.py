@@ -108,7 +108,9 @@ def route(logits, bias=None, *, topk, k0=None, routed_scaling_factor=1.0, scorin
     "sim", "cuda", or "ref" (the CPU reference, mj_route_ref + mj_route_dispatch_ref; host
     arrays only). context: a Context to use instead of the shared one. stream: a CUstream (int)
     or torch stream for CUDA tensors (default: torch's current stream on the tensors' device).
-    On a GPU the call is asynchronous on that stream, like any torch op.
+    On a GPU the call is asynchronous on that stream, like any torch op under `with
+    torch.cuda.stream(stream)`: the outputs (and an int num_valid's device copy) are allocated
+    and written on it.
 
     Returns a RouteResult of the inputs' kind. Arguments of a wrong dtype, shape, device or
     layout raise TypeError/ValueError before anything reaches C.
@@ -161,49 +163,53 @@ def route(logits, bias=None, *, topk, k0=None, routed_scaling_factor=1.0, scorin
             raise ValueError("k0 %d is not in 1..%d (topk)" % (k0v, topk))
     p = _params(E, topk, k0v, float(routed_scaling_factor), sc, int(n_group), int(topk_group), gs, renormalize)
 
-    # Outputs, of the inputs' kind.
-    r = RouteResult(k0=k0v)
-    r.ids = A.empty(lg, (T, topk), "int32")
-    r.weights = A.empty(lg, (T, topk), "float32")
-    r.n_sel = A.empty(lg, (T,), "int32")
-    if dispatch:
-        r.expert_counts = A.empty(lg, (E,), "int32")
-        r.expert_offsets = A.empty(lg, (E + 1,), "int32")
-        r.active_experts = A.empty(lg, (E,), "int32")
-        r.n_active = A.empty(lg, (1,), "int32")
-        r.permutation = A.empty(lg, (T, topk), "int32")
-        r.row_index = A.empty(lg, (T, topk), "int32")
-
-    torch_out = lg.kind == "torch"
-
-    def ptr(name):
-        v = getattr(r, name)
-        return None if v is None else (v.data_ptr() if torch_out else v.ctypes.data)
-
-    c = lib()
-    if backend == "ref":
-        st = S.RouteStatsC()
-        c.mj_route_ref(ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T, nv_int, ptr("ids"), ptr("weights"),
-                       ptr("n_sel"), ctypes.byref(st))
-        r.stats = {f: getattr(st, f) for f, _ in st._fields_ if f != "struct_size"}
+    # Outputs, of the inputs' kind. On a GPU everything below runs with the kernel's stream s
+    # as torch's current one, so the outputs and the num_valid count are allocated (and that
+    # count filled) on the stream the kernel uses them on.
+    with A.on_stream(lg, stream) as s:
+        r = RouteResult(k0=k0v)
+        r.ids = A.empty(lg, (T, topk), "int32")
+        r.weights = A.empty(lg, (T, topk), "float32")
+        r.n_sel = A.empty(lg, (T,), "int32")
         if dispatch:
-            c.mj_route_dispatch_ref(ptr("ids"), ptr("n_sel"), T, topk, E, ptr("expert_counts"),
-                                    ptr("expert_offsets"), ptr("active_experts"), ptr("n_active"),
-                                    ptr("permutation"), ptr("row_index"))
+            r.expert_counts = A.empty(lg, (E,), "int32")
+            r.expert_offsets = A.empty(lg, (E + 1,), "int32")
+            r.active_experts = A.empty(lg, (E,), "int32")
+            r.n_active = A.empty(lg, (1,), "int32")
+            r.permutation = A.empty(lg, (T, topk), "int32")
+            r.row_index = A.empty(lg, (T, topk), "int32")
+
+        torch_out = lg.kind == "torch"
+
+        def ptr(name):
+            v = getattr(r, name)
+            return None if v is None else (v.data_ptr() if torch_out else v.ctypes.data)
+
+        c = lib()
+        if backend == "ref":
+            st = S.RouteStatsC()
+            c.mj_route_ref(ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T, nv_int, ptr("ids"),
+                           ptr("weights"), ptr("n_sel"), ctypes.byref(st))
+            r.stats = {f: getattr(st, f) for f, _ in st._fields_ if f != "struct_size"}
+            if dispatch:
+                c.mj_route_dispatch_ref(ptr("ids"), ptr("n_sel"), T, topk, E, ptr("expert_counts"),
+                                        ptr("expert_offsets"), ptr("active_experts"), ptr("n_active"),
+                                        ptr("permutation"), ptr("row_index"))
+            return r
+        ctx = context if context is not None else get_context(backend, lg.device[1] if lg.is_cuda else None)
+        if nv_arr is None and nv_int < T:
+            # An int count for a kernel, which reads it from memory where it runs: filled on the
+            # kernel's stream (s is current here) and kept with the result, so it outlives the
+            # (possibly asynchronous) launch.
+            r._keep = A.full_int32(lg, (1,), nv_int)
+            nv_arr = A.adapt(r._keep, "num_valid", dtypes=("int32",), ndim=1)
+        out = S.RouteOutputsC()
+        for f in ("ids", "weights", "n_sel", "expert_counts", "expert_offsets", "active_experts", "n_active",
+                  "permutation", "row_index"):
+            setattr(out, f, ptr(f))
+        c.mj_route(ctx._handle(), ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T,
+                   nv_arr.ptr if nv_arr is not None else None, ctypes.byref(out), s)
+        # On a GPU the kernel reads the inputs on the stream after this returns, as with any
+        # torch op: the caller's tensors are the caller's to keep (and to have written, when
+        # `stream` is not the current one) until then.
         return r
-    ctx = context if context is not None else get_context(backend, lg.device[1] if lg.is_cuda else None)
-    if nv_arr is None and nv_int < T:
-        # An int count for a kernel, which reads it from memory where it runs; kept with the
-        # result so it outlives the (possibly asynchronous) launch.
-        r._keep = A.full_int32(lg, (1,), nv_int)
-        nv_arr = A.adapt(r._keep, "num_valid", dtypes=("int32",), ndim=1)
-    out = S.RouteOutputsC()
-    for f in ("ids", "weights", "n_sel", "expert_counts", "expert_offsets", "active_experts", "n_active",
-              "permutation", "row_index"):
-        setattr(out, f, ptr(f))
-    s = A.cuda_stream(lg, stream) if lg.is_cuda else None
-    c.mj_route(ctx._handle(), ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T,
-               nv_arr.ptr if nv_arr is not None else None, ctypes.byref(out), s)
-    # On a GPU the kernel reads the inputs on the stream after this returns, as with any
-    # torch op: the caller's tensors are the caller's to keep until then.
-    return r

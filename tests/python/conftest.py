@@ -5,9 +5,11 @@ $MOEJIT_LIBRARY names (ctest sets it to its build's), else the checkout's build/
 are compiled into $MJ_TEST_CACHE (the suite's shared cache) or a session tmp dir, so the
 interpreter compiles each specialization once across runs.
 """
+import contextlib
 import os
 import sys
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -63,11 +65,23 @@ def sim():
 
 # ---- a stand-in for torch ---------------------------------------------------------------------
 # torch is not installed here (too big for CI). The binding reads a tensor only through
-# data_ptr(), dtype, shape, device and is_contiguous(), and makes tensors with torch.empty /
-# full / from_numpy / as_tensor (__cuda_array_interface__) and finds the stream with
-# torch.cuda.current_stream(device).cuda_stream. FakeTorch provides exactly that over numpy
-# arrays in host memory, so a "cuda" FakeTensor is host memory the binding believes is on a
-# GPU: the tests check what reaches C (pointers, stream) and run it on the interpreter.
+# data_ptr(), dtype, shape, device and is_contiguous(), makes tensors with torch.empty /
+# full / from_numpy / as_tensor (__cuda_array_interface__), and orders its work with
+# torch.cuda streams (current_stream, default_stream, ExternalStream, stream(), wait_stream).
+# FakeTorch provides exactly that over numpy arrays in host memory, so a "cuda" FakeTensor is
+# host memory the binding believes is on a GPU: the tests check what reaches C (pointers,
+# stream) and run it on the interpreter.
+#
+# FakeGpu models what makes asynchronous GPU work go wrong, without running anything out of
+# order: every operation (a torch.full's fill, a clone, a C call the tests wrap) is an op on
+# a stream, and streams carry vector clocks (one op ticks its stream; s.wait_stream(o) makes
+# s's later ops follow o's earlier ones). Each access to device memory is checked against the
+# earlier accesses to the same block: two that conflict (one writes) on different streams
+# with no ordering between them are a race, recorded in gpu.races. "cuda" tensors come from
+# a caching allocator like torch's: a freed block goes back to the pool of the stream it was
+# allocated on and is handed, stale, to the next allocation of that size on that stream
+# (kept out until synchronize() when record_stream named another stream), so using a block
+# after its tensor was dropped shows up as a race with its next owner's work.
 
 FAKE_STREAM = 0x5EED
 
@@ -94,6 +108,7 @@ class FakeDevice:
 class FakeTensor:
     def __init__(self, arr, dtype, device="cpu", contiguous=True):
         self.arr, self.dtype, self.device, self._contiguous = arr, dtype, FakeDevice(device), contiguous
+        self._block = None   # the allocator's block, for tensors the fake allocated
 
     def data_ptr(self):
         return self.arr.ctypes.data
@@ -108,12 +123,87 @@ class FakeTensor:
     def numpy(self):
         return self.arr
 
+    def record_stream(self, stream):
+        if self._block is not None:
+            self._block.recorded.add(int(stream.cuda_stream))
+
     def __getitem__(self, i):
         return self.arr[i]
 
 
-class _Stream:
-    cuda_stream = FAKE_STREAM
+class _Block:
+    __slots__ = ("raw", "buf", "nbytes", "stream", "recorded")
+
+    def __init__(self, nbytes):
+        self.raw = np.full(nbytes + 256, 0xA5, np.uint8)   # stale bytes, as a reused block has
+        off = (-self.raw.ctypes.data) % 256
+        self.buf = self.raw[off:off + nbytes]
+        self.nbytes, self.stream, self.recorded = nbytes, None, set()
+
+
+class FakeGpu:
+    """Streams with vector clocks, a caching allocator and the race check (see above)."""
+
+    def __init__(self):
+        self.current = FAKE_STREAM
+        self.clocks = {}      # stream -> {stream: ops of it ordered before this stream's next op}
+        self.history = {}     # address -> [(stream, tick, "r" / "w", what)]
+        self.pool = {}        # (stream, nbytes) -> free blocks
+        self.held = []        # freed blocks record_stream kept out of the pool until synchronize()
+        self.races = []       # one line per race found
+        self.ops = []         # (what, stream) of every op, in order
+
+    def _clock(self, s):
+        return self.clocks.setdefault(s, {})
+
+    def op(self, stream, what, reads=(), writes=()):
+        """One op on stream reading and writing device memory at these addresses."""
+        c = self._clock(stream)
+        c[stream] = c.get(stream, 0) + 1
+        tick = c[stream]
+        self.ops.append((what, stream))
+        for kind, addrs in (("r", reads), ("w", writes)):
+            for a in addrs:
+                if not a:
+                    continue
+                h = self.history.setdefault(int(a), [])
+                for s0, t0, k0, w0 in h:
+                    if s0 != stream and "w" in (k0, kind) and c.get(s0, 0) < t0:
+                        self.races.append("%s (%s on stream %#x) after %s (%s on stream %#x) at %#x, unordered" %
+                                          (what, kind, stream, w0, k0, s0, int(a)))
+                h.append((stream, tick, kind, what))
+
+    def wait(self, stream, other):
+        """stream's later ops follow other's ops so far (an event recorded on other, waited on)."""
+        c, o = self._clock(stream), dict(self._clock(other))
+        for s, t in o.items():
+            c[s] = max(c.get(s, 0), t)
+
+    def synchronize(self):
+        self.history.clear()
+        for b in self.held:
+            self.pool.setdefault((b.stream, b.nbytes), []).append(b)
+        self.held = []
+
+    def alloc(self, nbytes):
+        free = self.pool.get((self.current, nbytes))
+        b = free.pop() if free else _Block(nbytes)
+        b.stream, b.recorded = self.current, set()
+        return b
+
+    def release(self, b):
+        if b.recorded - {b.stream}:
+            self.held.append(b)
+        else:
+            self.pool.setdefault((b.stream, b.nbytes), []).append(b)
+
+
+class FakeStream:
+    def __init__(self, gpu, handle):
+        self.gpu, self.cuda_stream = gpu, int(handle)
+
+    def wait_stream(self, other):
+        self.gpu.wait(self.cuda_stream, int(other.cuda_stream))
 
 
 def make_fake_torch():
@@ -123,31 +213,69 @@ def make_fake_torch():
     t.uint16 = FakeDtype("uint16", np.uint16)
     t.bfloat16 = FakeDtype("bfloat16", np.uint16)   # bf16 bits in a uint16 array
     t.float16 = FakeDtype("float16", np.float16)
-    t.made = []                                      # every tensor the binding made
+    gpu = t.gpu = FakeGpu()
 
-    def _new(arr, dtype, device):
-        x = FakeTensor(arr, dtype, device)
-        t.made.append(x)
+    def _alloc(shape, dtype, device):
+        """A tensor from the caching allocator ("cuda") or a fresh array ("cpu")."""
+        if not str(device).startswith("cuda"):
+            return FakeTensor(np.empty(shape, dtype.np_dtype), dtype, device)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.np_dtype.itemsize
+        b = gpu.alloc(nbytes)
+        x = FakeTensor(b.buf.view(dtype.np_dtype).reshape(shape), dtype, device)
+        x._block = b
+        weakref.finalize(x, gpu.release, b)
         return x
 
-    t.empty = lambda shape, dtype, device="cpu": _new(np.empty(shape, dtype.np_dtype), dtype, device)
-    t.full = lambda shape, v, dtype, device="cpu": _new(np.full(shape, v, dtype.np_dtype), dtype, device)
-    t.from_numpy = lambda a: _new(a, {np.dtype(np.float32): t.float32, np.dtype(np.int32): t.int32}[a.dtype], "cpu")
+    def empty(shape, dtype, device="cpu"):
+        x = _alloc(shape, dtype, device)
+        return x
+
+    def full(shape, v, dtype, device="cpu"):
+        x = _alloc(shape, dtype, device)
+        x.arr[...] = v
+        if x._block is not None:
+            gpu.op(gpu.current, "torch.full", writes=[x.data_ptr()])
+        return x
+
+    t.empty, t.full = empty, full
+    t.from_numpy = lambda a: FakeTensor(a, {np.dtype(np.float32): t.float32, np.dtype(np.int32): t.int32}[a.dtype],
+                                        "cpu")
 
     def as_tensor(obj, device):
         cai = obj.__cuda_array_interface__
         assert cai["version"] == 3 and cai["strides"] is None
         dt = {"<i4": t.int32, "<f4": t.float32}[cai["typestr"]]
         n = int(np.prod(cai["shape"]))
-        buf = (np.ctypeslib.ctypes.c_char * (n * dt.np_dtype.itemsize)).from_address(cai["data"][0])
+        src = cai["data"][0]
+        buf = (np.ctypeslib.ctypes.c_char * (n * dt.np_dtype.itemsize)).from_address(src)
         view = np.frombuffer(buf, dtype=dt.np_dtype).reshape(cai["shape"])
         x = FakeTensor(view, dt, device)
-        x.clone = lambda: _new(view.copy(), dt, device)
+
+        def clone():
+            y = _alloc(view.shape, dt, device)
+            y.arr[...] = view
+            gpu.op(gpu.current, "clone", reads=[src], writes=[y.data_ptr()])
+            return y
+
+        x.clone = clone
         return x
 
     t.as_tensor = as_tensor
-    t.cuda = types.SimpleNamespace(current_device=lambda: 0, current_stream=lambda device=None: _Stream(),
-                                   is_available=lambda: False)
+
+    @contextlib.contextmanager
+    def stream(s):
+        prev, gpu.current = gpu.current, int(s.cuda_stream)
+        try:
+            yield
+        finally:
+            gpu.current = prev
+
+    t.cuda = types.SimpleNamespace(
+        current_device=lambda: 0, is_available=lambda: False,
+        current_stream=lambda device=None: FakeStream(gpu, gpu.current),
+        default_stream=lambda device=None: FakeStream(gpu, FAKE_STREAM),
+        ExternalStream=lambda ptr, device=None: FakeStream(gpu, ptr),
+        stream=stream, synchronize=lambda device=None: gpu.synchronize())
     return t
 
 
