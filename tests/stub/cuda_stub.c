@@ -13,8 +13,9 @@
  * Time: the stub keeps a device clock that only work advances, so timings are exact and a
  * test can check the arithmetic done on them: a kernel takes $MJ_STUB_KERNEL_US (10) µs, a
  * device-to-device copy of N bytes moves 2N bytes (read + written) at $MJ_STUB_COPY_GBPS
- * (1000) GB/s. An event records the clock when it is recorded (the stub runs everything at
- * once, so every event has completed).
+ * (1000) GB/s, a memset of N bytes writes N bytes at that rate. An event records the clock
+ * when it is recorded (the stub runs everything at once, so every event has completed); both
+ * are logged. L2: 128 MiB (60 MiB as sm_90).
  *
  * Graphs: cuStreamBeginCapture on a stream records what is enqueued on it (launches, async
  * copies, event records) instead of doing it; cuGraphLaunch of the instantiated graph does
@@ -394,6 +395,21 @@ CUresult cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, si
     return copy_async("cuMemcpyDtoDAsync", (void *)(size_t)dst, (const void *)(size_t)src, n, 1, s);
 }
 
+/* A memset on a stream: writes N bytes at $MJ_STUB_COPY_GBPS on the clock; logged with its
+ * size (what a test of an L2 flush looks for). Not recorded into a capture (not modelled).
+ * Above 16 MiB the bytes are not written (an L2 flush's buffer, which nothing reads: writing
+ * hundreds of MiB per timed call would cost the tests seconds). */
+CUresult cuMemsetD8Async(unsigned long long dst, unsigned char v, size_t n, void *s) {
+    CUresult r = need_ctx("cuMemsetD8Async");
+    int record;
+    if (r || (r = enqueue("cuMemsetD8Async", s, &record))) return r;
+    if (record) return INVALID_VALUE;
+    if (n <= ((size_t)16 << 20)) memset((void *)(size_t)dst, v, n);
+    advance((double)n / env_num("MJ_STUB_COPY_GBPS", 1000.0));
+    logf_("cuMemsetD8Async %zu bytes", n);
+    return OK;
+}
+
 /* ---- streams and events ---- */
 CUresult cuStreamCreate(void **s, unsigned flags) {
     (void)flags;
@@ -443,6 +459,7 @@ CUresult cuEventRecord(void *e, void *s) {
     }
     ((event *)e)->recorded = 1;
     ((event *)e)->t_ns = now_ns();
+    logf_("cuEventRecord %p", e);
     return OK;
 }
 CUresult cuEventSynchronize(void *e) {
