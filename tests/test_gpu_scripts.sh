@@ -29,6 +29,24 @@ for f in torch_baseline.py summarize.py; do
     python3 -c "import ast,sys; ast.parse(open(sys.argv[1]).read())" "$G/$f" && ok || bad "$f does not parse"
 done
 
+# test_nccl_gpu's guard for two ranks on one GPU is well inside run.sh's limit for that step,
+# so that a hang is reported as one, not killed as a timeout.
+guard=$(sed -n 's/.*TWO_RANKS_GUARD_S = \([0-9]*\).*/\1/p' "$SRC/tests/test_nccl_gpu.c")
+limits=$(sed -n 's/^ *step test_nccl \([0-9]*\) .*/\1/p' "$G/run.sh")
+[ -n "$guard" ] && [ -n "$limits" ] && for l in $limits; do [ "$l" -ge $((guard + 15)) ] || guard=; done && [ -n "$guard" ] && ok ||
+    bad "test_nccl_gpu's guard ($(sed -n 's/.*TWO_RANKS_GUARD_S = \([0-9]*\).*/\1/p' "$SRC/tests/test_nccl_gpu.c") s) is not 15 s inside run.sh's test_nccl limits ($limits)"
+
+# The GPU tests skip (77) only without a driver or a device; a driver that loads but fails
+# (here libm, which has none of its symbols) is a failure.
+for t in test_route_gpu test_moe_gpu test_nccl_gpu; do
+    MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 "$BUILD/$t" >gt.log 2>&1
+    rc=$?
+    [ "$rc" = 77 ] && ok || bad "$t without a driver: exit $rc (want 77): $(tail -3 gt.log)"
+    MOEJIT_LIBCUDA=libm.so.6 "$BUILD/$t" >gt.log 2>&1
+    rc=$?
+    [ "$rc" = 1 ] && grep -q "no symbol cuGetErrorName" gt.log && ok || bad "$t with a broken driver: exit $rc (want 1): $(tail -3 gt.log)"
+done
+
 # A bundle as bundle.sh lays it out.
 B=$T/gpu-bundle
 mkdir -p "$B/bin" "$B/lib" "$B/data"
