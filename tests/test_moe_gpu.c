@@ -444,6 +444,7 @@ int main(int argc, char **argv) {
     if (!g_values) { /* the host path on the stand-in driver */
         setenv("MOEJIT_LIBCUDA", MJ_STUB_LIBCUDA, 1);
         setenv("MOEJIT_QUIET", "1", 1);
+        test_stub_log_begin();
     }
     uint64_t seed = test_seed(20261203);
     int n = 0;
@@ -471,5 +472,6 @@ int main(int argc, char **argv) {
     if (!strcmp(which, "all") || !strcmp(which, "layer")) test_layer(ctx, seed, 0);
     if (!strcmp(which, "all") || !strcmp(which, "graph")) test_layer(ctx, seed, 1);
     mj_context_destroy(ctx);
+    if (!g_values) test_stub_log_end();
     return test_finish();
 }

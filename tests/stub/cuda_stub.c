@@ -92,6 +92,12 @@ static __thread void *g_current;
 static __thread stream *t_capture; /* the stream this thread is capturing, or NULL */
 static pthread_mutex_t g_clock_mu = PTHREAD_MUTEX_INITIALIZER;
 static double g_clock_ns;
+/* A synchronous cuMemcpyHtoD from pageable memory returns once the bytes are staged; the DMA
+ * may still be in flight, ordered only with the legacy (NULL) stream. Set by such a copy,
+ * cleared by what waits for the NULL stream (cuCtxSynchronize, cuStreamSynchronize(NULL), a
+ * synchronous cuMemcpyDtoH); work enqueued on another stream meanwhile is logged as
+ * "unordered". */
+static int g_htod_in_flight;
 
 static void logf_(const char *fmt, ...) {
     const char *path = getenv("MJ_STUB_LOG");
@@ -155,6 +161,9 @@ static CUresult capture_unsafe(const char *call) {
 static CUresult enqueue(const char *call, void *s, int *record) {
     stream *st = s;
     *record = st && st->capturing;
+    if (st && !*record && g_htod_in_flight && strcmp(call, "cuEventRecord"))
+        logf_("unordered: %s on a non-blocking stream while a pageable cuMemcpyHtoD may still be in flight "
+              "(synchronize first)", call);
     if (!*record && t_capture) {
         t_capture->invalid = 1;
         logf_("%s on another stream during a stream capture: refused (it would run outside the graph)", call);
@@ -270,6 +279,7 @@ CUresult cuCtxGetCurrent(void **ctx) {
 }
 CUresult cuCtxSynchronize(void) {
     CUresult r = need_ctx("cuCtxSynchronize");
+    if (!r && !t_capture) g_htod_in_flight = 0;
     return r ? r : capture_unsafe("cuCtxSynchronize");
 }
 CUresult cuModuleLoadData(void **mod, const void *image) {
@@ -351,12 +361,14 @@ CUresult cuMemcpyHtoD_v2(unsigned long long dst, const void *src, size_t n) {
     CUresult r = need_ctx("cuMemcpyHtoD");
     if (r || (r = capture_unsafe("cuMemcpyHtoD"))) return r;
     do_copy((void *)(size_t)dst, src, n, 0);
+    g_htod_in_flight = 1;
     return OK;
 }
 CUresult cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
     CUresult r = need_ctx("cuMemcpyDtoH");
     if (r || (r = capture_unsafe("cuMemcpyDtoH"))) return r;
     do_copy(dst, (const void *)(size_t)src, n, 0);
+    g_htod_in_flight = 0; /* it waits for the NULL stream */
     return OK;
 }
 CUresult cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t n) {
@@ -433,6 +445,7 @@ CUresult cuStreamSynchronize(void *s) {
         logf_("cuStreamSynchronize of a capturing stream: refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)");
         return CAPTURE_UNSUPPORTED;
     }
+    if (!st) g_htod_in_flight = 0;
     return OK;
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
