@@ -762,6 +762,10 @@ json_check 'j["target"] == "sm_90a" and j["gpu"]["target"] == "sm_90a" and {r["m
 json_check 'j["gpu"]["l2_bytes"] == 60 << 20 and j["gpu"]["flush_bytes"] == 120 << 20'
 json_check 'j["launch_path"] is None and j["bytes"] is None and len(j["gpu"]["layer"]) == 2'
 json_check 'any("W4A4 needs sm_120a" in n for n in j["notes"])'
+# A forward that fails inside a capture whose end succeeds: one error line, and (in the ASan
+# build, where a leak report would add lines) the captured graph freed.
+MJ_STUB_FAIL_CAPTURED_LAUNCH=1 MOEJIT_LIBCUDA=$STUB expect_fail "$MJ" $BENCH --no-compile --no-sim --json --k0 4 --bench-batch 1
+contains err "capturing the layer"
 # --no-gpu skips the GPU even with one.
 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --no-gpu --k0 4 --bench-batch 1
 json_check 'j["gpu"] is None and any("--no-gpu" in n for n in j["notes"])'

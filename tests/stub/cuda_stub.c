@@ -26,7 +26,8 @@
  * fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). The stub is stricter than the driver in
  * one way: a launch or copy on another stream while this thread captures is refused too
  * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), because it would run outside the graph and a replay
- * would miss it. */
+ * would miss it. With MJ_STUB_FAIL_CAPTURED_LAUNCH set, every launch into a capture fails
+ * (CUDA_ERROR_INVALID_VALUE) without breaking the capture: a caller's error path. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -332,6 +333,10 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     char line[400];
     snprintf(line, sizeof line, "cuLaunchKernel %s grid %u,%u,%u block %u,%u,%u smem %u", f->name, gx, gy, gz, bx,
              by, bz, smem);
+    if (record && getenv("MJ_STUB_FAIL_CAPTURED_LAUNCH")) { /* a fault: the caller's error path */
+        logf_("cuLaunchKernel %s during a capture: failed (MJ_STUB_FAIL_CAPTURED_LAUNCH)", f->name);
+        return INVALID_VALUE;
+    }
     if (record) {
         node *n = graph_add(((stream *)s)->g);
         if (!n) return 2;
