@@ -37,7 +37,11 @@ mj_status mj_mem_put(int device, void *dst, const void *src, size_t bytes) {
         if (bytes) memcpy(dst, src, bytes);
         return MJ_OK;
     }
-    return mj_cuda_memcpy_htod((uint64_t)(uintptr_t)dst, src, bytes);
+    /* From pageable memory the copy returns once the bytes are staged: the DMA may still be
+     * in flight, ordered only with the NULL stream. Wait for it, so that work on any stream
+     * (the caller's non-blocking one) sees the bytes. */
+    MJ_CHECK(mj_cuda_memcpy_htod((uint64_t)(uintptr_t)dst, src, bytes));
+    return mj_cuda_synchronize();
 }
 
 mj_status mj_mem_get(int device, void *dst, const void *src, size_t bytes) {

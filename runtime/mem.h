@@ -9,6 +9,7 @@
 
 /* Zeroed on the interpreter; uninitialized on a GPU. `what` labels the error. */
 mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out);
+/* Returns when the bytes are on the device (synchronized), so work on any stream sees them. */
 mj_status mj_mem_put(int device, void *dst, const void *src, size_t bytes);
 mj_status mj_mem_get(int device, void *dst, const void *src, size_t bytes);
 void mj_mem_free(int device, void *p);

@@ -756,15 +756,40 @@ json_check '[r["what"] for r in j["gpu"]["layer"]] == ["layer", "layer_graph"] *
 json_check 'all(a["us"] == b["us"] for a, b in zip(j["gpu"]["layer"][::2], j["gpu"]["layer"][1::2]))'
 json_check 'set(j["gpu"]["goals"]) == {"experts_bandwidth", "oea_speedup"} and j["gpu"]["goals"]["oea_speedup"]["speedup"] is None'
 [ "$(grep -c 'cuStreamEndCapture: [1-9]' bstub.log)" = 24 ] && ok || bad "want 24 captured graphs: $(grep -c cuStreamEndCapture bstub.log)"
-grep -q "refused\|without a current context\|invalidated" bstub.log && bad "bench broke a driver rule: $(grep -m3 'refused\|context\|invalidated' bstub.log)" || ok
+grep -q "refused\|without a current context\|invalidated\|^unordered" bstub.log && bad "bench broke a driver rule: $(grep -m3 'refused\|context\|invalidated\|^unordered' bstub.log)" || ok
+# Cold L2: before each timed call (31 rows x 5 calls) a write of twice the stub's 128 MiB L2,
+# enqueued just before the call's first event (outside the window: routing's 2 kernels time
+# exactly 20 us above, not 20 us + the 268 us the write takes on the stub's clock).
+json_check 'j["gpu"]["cold_l2"] is True and j["gpu"]["l2_bytes"] == 128 << 20 and j["gpu"]["flush_bytes"] == 256 << 20'
+[ "$(grep -c '^cuMemsetD8Async 268435456 bytes$' bstub.log)" = 155 ] && ok || bad "want 155 L2 flushes: $(grep -c cuMemsetD8Async bstub.log)"
+[ "$(grep -A1 '^cuMemsetD8Async' bstub.log | grep -c '^cuEventRecord')" = 155 ] && ok || bad "an L2 flush not followed by the timed call's first event"
+MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --k0 4 --bench-batch 8 --no-sim
+contains out "cold L2: 256 MiB written before each timed call"
+expect_rc 0 "$MJ" bench --help; contains out "cold-L2"
 # An H200 (sm_90): the plan and the GPU runs for sm_90a, W4A4 left out and said so.
 MJ_STUB_CC=9.0 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --k0 4 --bench-batch 8 --no-sim
 json_check 'j["target"] == "sm_90a" and j["gpu"]["target"] == "sm_90a" and {r["mode"] for r in j["gpu"]["experts"]} == {"W4A16"}'
+json_check 'j["gpu"]["l2_bytes"] == 60 << 20 and j["gpu"]["flush_bytes"] == 120 << 20'
 json_check 'j["launch_path"] is None and j["bytes"] is None and len(j["gpu"]["layer"]) == 2'
 json_check 'any("W4A4 needs sm_120a" in n for n in j["notes"])'
+# A forward that fails inside a capture whose end succeeds: one error line, and (in the ASan
+# build, where a leak report would add lines) the captured graph freed.
+MJ_STUB_FAIL_CAPTURED_LAUNCH=1 MOEJIT_LIBCUDA=$STUB expect_fail "$MJ" $BENCH --no-compile --no-sim --json --k0 4 --bench-batch 1
+contains err "capturing the layer"
 # --no-gpu skips the GPU even with one.
 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --no-gpu --k0 4 --bench-batch 1
 json_check 'j["gpu"] is None and any("--no-gpu" in n for n in j["notes"])'
+# A bench that did not do its job fails: no specialization compiled (no NVRTC), or a driver
+# that loads but is not one (only no driver or no device is "no GPU").
+MOEJIT_NVRTC=/nonexistent MOEJIT_LIBCUDA=$STUB expect_rc 1 "$MJ" $BENCH --reps 1 --no-sim --no-gpu
+contains err "did not compile for sm_120a"; contains err "MOEJIT_NVRTC=/nonexistent"
+MOEJIT_LIBCUDA=libm.so.6 expect_rc 1 "$MJ" $BENCH --no-compile --no-sim; contains err "has no symbol cuGetErrorName"
+MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --no-compile --no-sim; contains out "no GPU"
+# The default k0 policy at most top-k; a given one above top-k stays an error.
+expect_rc 0 "$MJ" bench --config "$GLM5" $BQ --topk 4 --no-compile --no-sim --no-gpu --json -q
+json_check 'j["plan"]["k0_policy"] == "1-3:4,4-:4"'
+expect_rc 2 "$MJ" bench --config "$GLM5" $BQ --topk 4 --k0-policy 1-3:8 --no-compile --no-sim --no-gpu -q
+contains err "k0 8 must be in 1..4"
 
 # ---- standard output that cannot be written -------------------------------------------
 # A command whose output is lost did not do its job: exit 1, one line on stderr.

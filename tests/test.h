@@ -255,4 +255,36 @@ static inline void tbuf_free(tbuf *b) {
     b->base = NULL, b->p = NULL;
 }
 
+/* The stub driver's log (tests/stub/cuda_stub.c) in a new temporary directory, for a test run
+ * on the stub: test_stub_log_begin before the first driver call, test_stub_log_end at the end
+ * checks that no line reports a broken ordering rule ("unordered": work on a non-blocking
+ * stream while a pageable host-to-device copy may be in flight) and removes the log. */
+static char *test_stub_log_dir_;
+static inline void test_stub_log_begin(void) {
+    test_stub_log_dir_ = test_tmpdir("stublog");
+    if (!test_stub_log_dir_) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stub.log", test_stub_log_dir_);
+    setenv("MJ_STUB_LOG", path, 1);
+}
+static inline void test_stub_log_end(void) {
+    if (!test_stub_log_dir_) return;
+    char path[4096], line[1024];
+    snprintf(path, sizeof path, "%s/stub.log", test_stub_log_dir_);
+    FILE *f = fopen(path, "r");
+    long lines = 0, unordered = 0;
+    char first[1024] = "";
+    while (f && fgets(line, sizeof line, f)) {
+        lines++;
+        if (strncmp(line, "unordered", 9)) continue;
+        if (!unordered++) snprintf(first, sizeof first, "%s", line);
+    }
+    if (f) fclose(f);
+    CHECK(lines > 0, "the stub driver logged nothing to %s", path);
+    CHECK(unordered == 0, "%ld driver calls broke the stream-ordering rule; the first: %s", unordered, first);
+    test_rm_rf(test_stub_log_dir_);
+    free(test_stub_log_dir_);
+    test_stub_log_dir_ = NULL;
+}
+
 #endif

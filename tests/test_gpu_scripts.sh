@@ -21,8 +21,30 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 G=$SRC/scripts/gpu
 
 for f in bundle.sh run.sh; do bash -n "$G/$f" && ok || bad "$f does not parse"; done
+# No compiled Python committed (a checkout, where git is there).
+if command -v git >/dev/null 2>&1 && git -C "$SRC" rev-parse --git-dir >/dev/null 2>&1; then
+    [ -z "$(git -C "$SRC" ls-files '*.pyc' '*/__pycache__/*')" ] && ok || bad "compiled Python committed: $(git -C "$SRC" ls-files '*.pyc')"
+fi
 for f in torch_baseline.py summarize.py; do
     python3 -c "import ast,sys; ast.parse(open(sys.argv[1]).read())" "$G/$f" && ok || bad "$f does not parse"
+done
+
+# test_nccl_gpu's guard for two ranks on one GPU is well inside run.sh's limit for that step,
+# so that a hang is reported as one, not killed as a timeout.
+guard=$(sed -n 's/.*TWO_RANKS_GUARD_S = \([0-9]*\).*/\1/p' "$SRC/tests/test_nccl_gpu.c")
+limits=$(sed -n 's/^ *step test_nccl \([0-9]*\) .*/\1/p' "$G/run.sh")
+[ -n "$guard" ] && [ -n "$limits" ] && for l in $limits; do [ "$l" -ge $((guard + 15)) ] || guard=; done && [ -n "$guard" ] && ok ||
+    bad "test_nccl_gpu's guard ($(sed -n 's/.*TWO_RANKS_GUARD_S = \([0-9]*\).*/\1/p' "$SRC/tests/test_nccl_gpu.c") s) is not 15 s inside run.sh's test_nccl limits ($limits)"
+
+# The GPU tests skip (77) only without a driver or a device; a driver that loads but fails
+# (here libm, which has none of its symbols) is a failure.
+for t in test_route_gpu test_moe_gpu test_nccl_gpu; do
+    MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 "$BUILD/$t" >gt.log 2>&1
+    rc=$?
+    [ "$rc" = 77 ] && ok || bad "$t without a driver: exit $rc (want 77): $(tail -3 gt.log)"
+    MOEJIT_LIBCUDA=libm.so.6 "$BUILD/$t" >gt.log 2>&1
+    rc=$?
+    [ "$rc" = 1 ] && grep -q "no symbol cuGetErrorName" gt.log && ok || bad "$t with a broken driver: exit $rc (want 1): $(tail -3 gt.log)"
 done
 
 # A bundle as bundle.sh lays it out.
@@ -71,6 +93,42 @@ assert len(os.listdir(d)) <= 8 and all(os.path.isfile(os.path.join(d, f)) for f 
 EOF
 tail -n 2 run.log | grep -q "^no GPU: nothing was measured on a GPU; the parts that need none passed" && ok ||
     bad "the summary is not printed last: $(tail -5 run.log)"
+
+# Without numpy (pip install torch does not bring it): --probe still answers (77: no torch or
+# no GPU here, 0 with both; never 1), and a run is a skip that says why, in its --out too.
+mkdir -p "$T/nonp/numpy"
+echo 'raise ImportError("numpy hidden by test_gpu_scripts.sh")' >"$T/nonp/numpy/__init__.py"
+PYTHONPATH=$T/nonp python3 "$G/torch_baseline.py" --probe >np.log 2>&1
+rc=$?
+[ "$rc" = 77 ] || [ "$rc" = 0 ] && ok || bad "torch_baseline --probe without numpy: exit $rc: $(cat np.log)"
+PYTHONPATH=$T/nonp python3 "$G/torch_baseline.py" --checkpoint "$T/none" --out "$T/np.json" >np.log 2>&1
+rc=$?
+[ "$rc" = 77 ] && grep -q "no numpy" np.log && ok || bad "torch_baseline without numpy: exit $rc (want 77, 'no numpy'): $(cat np.log)"
+python3 -c "import json,sys; sys.exit(0 if 'no numpy' in json.load(open(sys.argv[1]))['skipped'] else 1)" "$T/np.json" &&
+    ok || bad "torch_baseline without numpy wrote no reason to --out: $(cat "$T/np.json" 2>&1)"
+
+# summarize.py on a GPU machine: a test_nccl skip (no NCCL) and a bench that measured no GPU
+# ("gpu": null) are failures; a torch skip with its reason is shown and is not.
+S=$T/sum
+mkdir -p "$S"
+summ() { # summ STEP:STATUS... : run summarize.py --gpu 1 on those steps; its output in sum.log
+    : >"$S/steps.tsv"
+    for x in "$@"; do printf '%s\t%s\t0\t1\t60\n' "${x%%:*}" "${x#*:}" >>"$S/steps.tsv"; done
+    python3 "$G/summarize.py" --steps "$S/steps.tsv" --gpu 1 --out "$S" >sum.log 2>&1
+}
+echo '{"gpu": {"device": "X", "copy": {"gbps": 1}, "experts": [], "layer": [], "goals": {}}}' >"$S/bench.json"
+echo '{"skipped": "no numpy (pip install numpy: torch does not bring it)"}' >"$S/torch.json"
+summ test_route:pass bench:pass torch:skip
+[ $? = 0 ] && grep -q "ALL CHECKS PASSED" sum.log && grep -q "^torch skipped: no numpy" sum.log && ok ||
+    bad "summarize: a torch skip with its reason: $(cat sum.log)"
+summ test_route:pass test_nccl:skip bench:pass
+[ $? = 1 ] && grep -q "FAILED: test_nccl" sum.log && ok || bad "summarize: a test_nccl skip on a GPU machine passed: $(cat sum.log)"
+echo '{"gpu": null, "notes": ["no GPU"]}' >"$S/bench.json"
+summ test_route:pass bench:pass
+[ $? = 1 ] && grep -q "FAILED: bench" sum.log && ok || bad "summarize: a bench without GPU results on a GPU machine passed: $(cat sum.log)"
+rm "$S/torch.json"
+summ test_route:pass torch:skip
+[ $? = 1 ] && grep -q "FAILED: torch" sum.log && ok || bad "summarize: a torch skip without a reason on a GPU machine passed: $(cat sum.log)"
 
 # The baseline's function against moejit's, on the CPU.
 "$MJ" make-checkpoint --config "$SRC/tests/data/model/glm5_moe_config.json" --out "$T/ck" --seed 3 --hidden 256 \

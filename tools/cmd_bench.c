@@ -14,7 +14,8 @@
  *               size give the model's bytes, and those over each named GPU's bandwidth its
  *               floor time.
  * With a GPU (device 0), also, timed with CUDA events after a warm-up, the median of --iters,
- * rotating several input sets so the L2 does not serve repeats:
+ * rotating several input sets, with the L2 flushed before each call (a write of twice its size
+ * enqueued before the first event: the weights are the same every call) so it serves nothing:
  *   copy        device-to-device copy bandwidth (bytes read + written), the yardstick;
  *   routing     the router GEMM + mj_route;
  *   experts     mj_experts_forward at the rank's shapes (W4A16; W4A4 where the target has it);
@@ -51,7 +52,9 @@ static const char k_help[] =
     "times; the host time of one forward's launch path (on the interpreter, launches recorded,\n"
     "not run); the weight bytes one forward reads against the floor, for each batch size and\n"
     "k0, and that floor on named GPUs. With a GPU (device 0), also timed with CUDA events:\n"
-    "copy bandwidth, routing, the experts, and the whole layer eager and from a CUDA graph.\n"
+    "copy bandwidth, routing, the experts, and the whole layer eager and from a CUDA graph;\n"
+    "the GPU timings are cold-L2 (before each timed call, outside its events, a write of\n"
+    "twice the L2 evicts the weights the last call left there, so they come from DRAM).\n"
     "Plain text, or JSON with --json.\n"
     "\n"
     "the model and its split (as `moejit prewarm --config`):\n"
@@ -64,7 +67,8 @@ static const char k_help[] =
     "  --tp N, --ep N   the split (default --tp 8; with --checkpoint, one rank holds the layer);\n"
     "                   the measurements are of rank 0 (interpreter and GPU: TP or one rank)\n"
     "  --batch B        the plan's batch sizes (default 1-256)\n"
-    "  --k0-policy P    the plan's k0 by batch size (default \"1-3:8,4-:4\"; \"none\": plain top-k)\n"
+    "  --k0-policy P    the plan's k0 by batch size (default \"1-3:8,4-:4\", its k0 at most top-k;\n"
+    "                   \"none\": plain top-k)\n"
     "  --mode M         w4a16, w4a4 or a policy (default: the target's)\n"
     "  --arch A         the plan's target (default sm_120a; with a GPU, the GPU's)\n"
     "what to measure:\n"
@@ -230,6 +234,7 @@ static int bench_plan(bench *b, const char *arch) {
         a->k0_policy ? a->k0_policy : "= top-k", a->no_compile ? "" : "; cold compile (median), disk load, memory lookup");
     double total = 0;
     int failed = 0;
+    size_t first_failed = 0;
     for (int32_t i = 0; i < plan.n; i++) {
         char desc[512];
         mj_spec_describe(&plan.e[i].spec, desc, sizeof desc);
@@ -275,7 +280,7 @@ static int bench_plan(bench *b, const char *arch) {
                 json_object_set_new(r, "error", json_string(mj_last_error()));
                 txt(b, "  %-12s B %3d-%-3d %s: failed: %s\n", plan.e[i].what, (int)plan.e[i].b_lo,
                     (int)plan.e[i].b_hi, desc, mj_last_error());
-                failed++;
+                if (!failed++) first_failed = (size_t)i;
             }
             mj_context_destroy(c2);
             mj_context_destroy(c1);
@@ -295,7 +300,11 @@ static int bench_plan(bench *b, const char *arch) {
         json_object_set_new(jp, "cold_total_ms", json_real(total));
         json_object_set_new(jp, "failed", json_integer(failed));
         txt(b, "  total cold compile: %.0f ms (one thread)%s\n", total, failed ? "; some failed (see above)" : "");
-        if (failed) note(b, "%d of %d specializations did not compile for %s (no NVRTC here?)", failed, (int)plan.n, arch);
+        if (failed) { /* a plan that does not compile is no measurement: say why and fail */
+            const char *why = json_string_value(json_object_get(json_array_get(rows, first_failed), "error"));
+            rc = tool_fail("%d of %d specializations did not compile for %s, the first: %s (--no-compile lists "
+                           "the plan without compiling it)", failed, (int)plan.n, arch, why ? why : "?");
+        }
     }
 out:
     mj_plan_free(&plan);
@@ -498,6 +507,9 @@ typedef struct gpu {
     void *exec[NSETS];
     uint64_t ca, cb;
     size_t copy_bytes;
+    uint64_t flush;               /* written before each timed call: the L2 evicted           */
+    size_t flush_bytes;
+    uint8_t flush_value;
     mj_route_params rp;
     double copy_gbps;
 } gpu;
@@ -522,16 +534,21 @@ static mj_status run_op(gpu *g, const op *o, int set) {
     }
 }
 
-/* Median µs of op over iters calls, each between two events, after a warm-up. */
+/* Median µs of op over iters calls, each between two events, after a warm-up; before each
+ * call (outside its events) a write of twice the L2 evicts what the last call left there. */
 static mj_status time_op(gpu *g, const op *o, double *us) {
     const int iters = g->b->a->iters;
     double *v = malloc(sizeof(double) * (size_t)iters);
     if (!v) return mj_set_error(MJ_ERR_NOMEM, "bench: out of memory");
-    mj_status st = MJ_OK;
+    /* What was written with pageable copies (the default stream) lands before the stream reads it. */
+    mj_status st = mj_cuda_synchronize();
     for (int i = 0; i < 3 && st == MJ_OK; i++) st = run_op(g, o, i % NSETS);
     if (st == MJ_OK) st = mj_cuda_stream_synchronize(g->stream);
     for (int i = 0; i < iters && st == MJ_OK; i++) {
         float ms = 0;
+        /* Cold L2: the weights are the same every call, so without this they would come from
+         * the L2 after the first; the write is enqueued before e0, outside the timed window. */
+        if ((st = mj_cuda_memset_async(g->flush, ++g->flush_value, g->flush_bytes, g->stream)) != MJ_OK) break;
         if ((st = mj_cuda_event_record(g->e0, g->stream)) != MJ_OK) break;
         if ((st = run_op(g, o, i % NSETS)) != MJ_OK) break;
         if ((st = mj_cuda_event_record(g->e1, g->stream)) != MJ_OK) break;
@@ -623,9 +640,17 @@ static int bench_gpu(bench *b) {
     json_object_set_new(jg, "routing", jr);
     json_object_set_new(jg, "experts", je);
     json_object_set_new(jg, "layer", jl);
-    txt(b, "\nGPU 0: %s (sm_%d%d, %d SMs), driver %d; CUDA events, median of %d after a warm-up, %d input sets\n",
-        di.name, di.cc_major, di.cc_minor, di.sm_count, drv, a->iters, NSETS);
+    /* Cold L2: twice its size written before each timed call (256 MiB where it is unknown). */
+    g->flush_bytes = di.l2_bytes > 0 ? 2 * (size_t)di.l2_bytes : (size_t)256 << 20;
+    if (di.l2_bytes <= 0) note(b, "the driver does not say the L2's size: the flush before each timed call writes 256 MiB");
+    json_object_set_new(jg, "l2_bytes", json_integer(di.l2_bytes));
+    json_object_set_new(jg, "flush_bytes", json_integer((json_int_t)g->flush_bytes));
+    json_object_set_new(jg, "cold_l2", json_true());
+    txt(b, "\nGPU 0: %s (sm_%d%d, %d SMs, %d MiB L2), driver %d; CUDA events, median of %d after a warm-up, %d input "
+           "sets; cold L2: %zu MiB written before each timed call, outside its events\n",
+        di.name, di.cc_major, di.cc_minor, di.sm_count, di.l2_bytes >> 20, drv, a->iters, NSETS, g->flush_bytes >> 20);
     TRY("a stream", mj_cuda_stream_create(&g->stream));
+    TRY("the L2 flush buffer", mj_cuda_malloc(g->flush_bytes, &g->flush));
     TRY("events", mj_cuda_event_create(&g->e0));
     TRY("events", mj_cuda_event_create(&g->e1));
 
@@ -765,6 +790,7 @@ static int bench_gpu(bench *b) {
                 TRY("capturing the layer", mj_cuda_graph_capture_begin(g->stream));
                 st = run_op(g, &ol, s);
                 mj_status st2 = mj_cuda_graph_capture_end(g->stream, &graph);
+                if (st != MJ_OK && graph) mj_cuda_graph_destroy(graph), graph = NULL; /* a failed forward's graph */
                 TRY("capturing the layer", st != MJ_OK ? st : st2);
                 st = mj_cuda_graph_instantiate(graph, &g->exec[s]);
                 mj_cuda_graph_destroy(graph);
@@ -835,6 +861,7 @@ out:
     mj_mem_free(0, g->gate), mj_mem_free(0, g->bias), mj_mem_free(0, g->logits), mj_mem_free(0, g->out);
     if (g->ca) mj_cuda_free(g->ca);
     if (g->cb) mj_cuda_free(g->cb);
+    if (g->flush) mj_cuda_free(g->flush);
     mj_experts_free(g->ex);
     mj_moe_free(g->moe);
     mj_layer_free(L);
@@ -935,7 +962,8 @@ int cmd_bench(int argc, char **argv) {
     static const int32_t dbb[] = {1, 2, 4, 8, 16, 32, 64}, dk0[] = {8, 6, 4, 3};
     memcpy(a.bb, dbb, sizeof dbb), a.n_bb = 7;
     memcpy(a.k0s, dk0, sizeof dk0), a.n_k0 = 4;
-    int c;
+    int c, k0p_given = 0;
+    char k0p_default[32];
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "qhV", opts, NULL)) != -1) {
@@ -954,7 +982,7 @@ int cmd_bench(int argc, char **argv) {
             a.par = c == OPT_TP ? MJ_PAR_TP : MJ_PAR_EP, a.split_given = 1;
             break;
         case OPT_BATCH: a.batch = optarg; break;
-        case OPT_K0P: a.k0_policy = !strcmp(optarg, "none") ? NULL : optarg; break;
+        case OPT_K0P: a.k0_policy = !strcmp(optarg, "none") ? NULL : optarg, k0p_given = 1; break;
         case OPT_MODE: a.mode = optarg; break;
         case OPT_ARCH: {
             mj_target t;
@@ -1003,6 +1031,10 @@ int cmd_bench(int argc, char **argv) {
     json_object_set_new(b.root, "notes", json_array());
     int rc = read_config(&b);
     if (rc) goto out;
+    if (!k0p_given && b.cfg.topk < 8) { /* the default policy's k0 at most top-k; a given one is checked */
+        snprintf(k0p_default, sizeof k0p_default, "1-3:%d,4-:%d", (int)b.cfg.topk, b.cfg.topk < 4 ? (int)b.cfg.topk : 4);
+        a.k0_policy = k0p_default;
+    }
     mj_status st = mj_plan_rank_shape(&b.cfg, a.par, 0, a.n_ranks, 1, &b.i_local, &b.nsub);
     if (st != MJ_OK) {
         rc = tool_fail("the split: %s", mj_last_error());
@@ -1028,9 +1060,17 @@ int cmd_bench(int argc, char **argv) {
     mj_device_info di;
     memset(&di, 0, sizeof di);
     int ndev = 0;
-    if (!a.no_gpu && mj_cuda_load() == MJ_OK && mj_cuda_device_count(&ndev) == MJ_OK && ndev > 0 &&
-        mj_cuda_device_info(0, &di) == MJ_OK)
-        have_gpu = 1;
+    if (!a.no_gpu) { /* no driver or no device: no GPU; a driver that fails otherwise: an error */
+        st = mj_cuda_load();
+        if (st == MJ_OK) st = mj_cuda_device_count(&ndev);
+        if (st == MJ_OK && ndev > 0) st = mj_cuda_device_info(0, &di);
+        if (st == MJ_OK && ndev > 0) {
+            have_gpu = 1;
+        } else if (st != MJ_OK && st != MJ_ERR_NO_DEVICE) {
+            rc = tool_fail("the CUDA driver: %s", mj_last_error());
+            goto out;
+        }
+    }
     const char *arch = a.arch ? a.arch : have_gpu ? mj_target_name(di.target) : "sm_120a";
     {
         const char *ver;

@@ -117,6 +117,8 @@ mj_status mj_cuda_stream_destroy(void *stream);
 mj_status mj_cuda_stream_synchronize(void *stream);
 mj_status mj_cuda_memcpy_htod_async(uint64_t dst, const void *src, size_t bytes, void *stream);
 mj_status mj_cuda_memcpy_dtod_async(uint64_t dst, uint64_t src, size_t bytes, void *stream);
+/* Set bytes of device memory to value, enqueued on stream (cuMemsetD8Async). */
+mj_status mj_cuda_memset_async(uint64_t dst, uint8_t value, size_t bytes, void *stream);
 mj_status mj_cuda_event_create(void **event);
 mj_status mj_cuda_event_destroy(void *event);
 mj_status mj_cuda_event_record(void *event, void *stream);

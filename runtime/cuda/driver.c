@@ -104,6 +104,7 @@ static struct {
     CUresult (*MemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*EventCreate)(CUevent *, unsigned);
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventRecord)(CUevent, CUstream);
@@ -128,6 +129,7 @@ static const struct {
     SYM(MemcpyDtoD, "cuMemcpyDtoD_v2", NULL),
     SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", NULL),
     SYM(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", NULL),
+    SYM(MemsetD8Async, "cuMemsetD8Async", NULL),
     SYM(EventCreate, "cuEventCreate", NULL),
     SYM(EventDestroy, "cuEventDestroy_v2", "cuEventDestroy"),
     SYM(EventRecord, "cuEventRecord", NULL),
@@ -588,6 +590,13 @@ mj_status mj_cuda_memcpy_dtod_async(uint64_t dst, uint64_t src, size_t bytes, vo
     if (bytes == 0) return MJ_OK;
     if (!dst || !src) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_memcpy_dtod_async: NULL pointer");
     EXT_CALL("cuMemcpyDtoDAsync", cx.MemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, bytes, (CUstream)stream));
+    return MJ_OK;
+}
+
+mj_status mj_cuda_memset_async(uint64_t dst, uint8_t value, size_t bytes, void *stream) {
+    if (bytes == 0) return MJ_OK;
+    if (!dst) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_memset_async: NULL pointer");
+    EXT_CALL("cuMemsetD8Async", cx.MemsetD8Async((CUdeviceptr)dst, value, bytes, (CUstream)stream));
     return MJ_OK;
 }
 

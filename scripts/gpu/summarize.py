@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """summarize.py — run.sh's last step: results.json and summary.txt under OUT, and a short
 table printed last. Exit 0 when every check passed, 1 otherwise (a goal missed is reported,
-not a failure: goals are targets, checks are correctness)."""
+not a failure: goals are targets, checks are correctness). On a GPU machine (--gpu 1) a step
+that skipped is a failure (a GPU test that saw no GPU, test_nccl without NCCL: the machine has
+it from pip), and so is a bench whose bench.json measured no GPU ("gpu": null); the torch
+baseline's skip is not when its torch.json says why ({"skipped": "no numpy ..."}), shown."""
 import argparse
 import json
 import os
@@ -32,14 +35,23 @@ def main():
     bench = load(os.path.join(a.out, "bench.json"))
     torch = load(os.path.join(a.out, "torch.json"))
     failed = []
+    skipped = {}  # step -> why, for a skip that is not a failure
+    torch_skip = (torch or {}).get("skipped")
     for s in steps:
         st, name = s["status"], s["step"]
         if st in ("fail", "timeout", "no-time"):
             failed.append(name)
-        elif st == "skip" and a.gpu and name != "test_nccl":
-            failed.append(name)  # a GPU test that saw no GPU on a GPU machine
+        elif st == "skip" and a.gpu and name == "torch" and torch_skip:
+            skipped[name] = torch_skip  # the baseline could not run here, and said why
+        elif st == "skip" and a.gpu:
+            failed.append(name)  # a GPU test that saw no GPU (or test_nccl no NCCL) on a GPU machine
+        elif st == "skip" and name == "torch" and torch_skip:
+            skipped[name] = torch_skip
+    ran_bench = any(s["step"] == "bench" and s["status"] == "pass" for s in steps)
+    if a.gpu and ran_bench and not (isinstance(bench, dict) and bench.get("gpu")):
+        failed.append("bench")  # a bench on a GPU machine that measured no GPU ("gpu": null) did not do its job
     res = {"gpu": bool(a.gpu), "elapsed_s": a.elapsed, "budget_s": a.budget, "steps": steps,
-           "failed": failed, "passed": not failed}
+           "failed": failed, "skipped": skipped, "passed": not failed}
     if bench and bench.get("gpu"):
         res["goals"] = bench["gpu"].get("goals")
         res["copy_gbps"] = bench["gpu"].get("copy", {}).get("gbps")
@@ -57,6 +69,8 @@ def main():
         lines.append("moejit on %s: %s" % (res.get("device", "a GPU"),
                                             "ALL CHECKS PASSED" if not failed else "FAILED: " + ", ".join(failed)))
     lines.append("steps: " + "  ".join("%s %s %ss" % (s["step"], s["status"], s["seconds"]) for s in steps))
+    for name, why in skipped.items():
+        lines.append("%s skipped: %s" % (name, why))
     if bench and bench.get("gpu"):
         g = bench["gpu"]
         copy = g.get("copy", {}).get("gbps", 0) or 0

@@ -17,7 +17,11 @@ dequantized weights against moejit's exact NVFP4 products).
 
 --numpy runs the same function on the CPU in numpy (float64) instead, for a small checkpoint:
 what the machine without a GPU checks (against `moejit run --backend sim`).
---probe only says whether torch and a CUDA device are there (exit 77 when not).
+--probe only says whether torch and a CUDA device are there (exit 77 when not); it needs no
+numpy. The rest needs numpy, which `pip install torch` does not bring: without it the run is
+skipped (exit 77), and the reason written to --out as {"skipped": ...} for summarize.py.
+The timings are cold-L2, as moejit bench's: before each timed call (before its first event) a
+buffer of twice the L2 is zeroed, so the weights come from DRAM, not from the last call's L2.
 """
 import argparse
 import json
@@ -27,9 +31,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # torch alone does not bring numpy: --probe works without it, the rest says so
+    np = None
 
-E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+NO_NUMPY = "no numpy (pip install numpy: torch does not bring it)"
 
 
 def e4m3_table():
@@ -46,15 +53,16 @@ def e4m3_table():
     return t
 
 
-E4M3 = e4m3_table()
+if np is not None:
+    E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+    E4M3 = e4m3_table()
 
 
 # ---- the checkpoint: our own minimal safetensors reader ------------------------------------
 class Checkpoint:
-    DT = {"BF16": (np.uint16, 2), "F32": (np.float32, 4), "U8": (np.uint8, 1), "F8_E4M3": (np.uint8, 1),
-          "F16": (np.float16, 2), "I32": (np.int32, 4)}
-
     def __init__(self, d):
+        self.DT = {"BF16": (np.uint16, 2), "F32": (np.float32, 4), "U8": (np.uint8, 1), "F8_E4M3": (np.uint8, 1),
+                   "F16": (np.float16, 2), "I32": (np.int32, 4)}
         self.dir = d
         with open(os.path.join(d, "config.json")) as f:
             self.cfg = json.load(f)
@@ -287,6 +295,12 @@ def main():
     ap.add_argument("--numpy", action="store_true", help="the check on the CPU in numpy (small checkpoints)")
     ap.add_argument("--probe", action="store_true")
     a = ap.parse_args()
+    if not a.probe and np is None:
+        print("torch_baseline: %s: skipped" % NO_NUMPY)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"skipped": NO_NUMPY}, f)
+        return 77
     if a.probe or not a.numpy:
         try:
             import torch
@@ -354,6 +368,11 @@ def main():
     sets = [torch.from_numpy(f32_to_bf16_bits(rng.standard_normal((max(Bs), H), dtype=np.float32)).view(np.int16))
             .to(dev).view(torch.bfloat16) for _ in range(4)]
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # Cold L2, as moejit bench: twice the L2 zeroed before each timed call, outside its events.
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (128 << 20)
+    flush = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
+    res["flush_bytes"] = 2 * l2
+    print("torch: cold L2: %d MiB zeroed before each timed call, outside its events" % (2 * l2 >> 20))
     for k0 in k0s:
         for B in Bs:
             for i in range(3):
@@ -361,6 +380,7 @@ def main():
             torch.cuda.synchronize()
             ts = []
             for i in range(a.iters):
+                flush.zero_()
                 e0.record()
                 fn(sets[i % 4][:B], k0, B)
                 e1.record()

@@ -13,8 +13,9 @@
  * Time: the stub keeps a device clock that only work advances, so timings are exact and a
  * test can check the arithmetic done on them: a kernel takes $MJ_STUB_KERNEL_US (10) µs, a
  * device-to-device copy of N bytes moves 2N bytes (read + written) at $MJ_STUB_COPY_GBPS
- * (1000) GB/s. An event records the clock when it is recorded (the stub runs everything at
- * once, so every event has completed).
+ * (1000) GB/s, a memset of N bytes writes N bytes at that rate. An event records the clock
+ * when it is recorded (the stub runs everything at once, so every event has completed); both
+ * are logged. L2: 128 MiB (60 MiB as sm_90).
  *
  * Graphs: cuStreamBeginCapture on a stream records what is enqueued on it (launches, async
  * copies, event records) instead of doing it; cuGraphLaunch of the instantiated graph does
@@ -25,7 +26,8 @@
  * fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). The stub is stricter than the driver in
  * one way: a launch or copy on another stream while this thread captures is refused too
  * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), because it would run outside the graph and a replay
- * would miss it. */
+ * would miss it. With MJ_STUB_FAIL_CAPTURED_LAUNCH set, every launch into a capture fails
+ * (CUDA_ERROR_INVALID_VALUE) without breaking the capture: a caller's error path. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -91,6 +93,12 @@ static __thread void *g_current;
 static __thread stream *t_capture; /* the stream this thread is capturing, or NULL */
 static pthread_mutex_t g_clock_mu = PTHREAD_MUTEX_INITIALIZER;
 static double g_clock_ns;
+/* A synchronous cuMemcpyHtoD from pageable memory returns once the bytes are staged; the DMA
+ * may still be in flight, ordered only with the legacy (NULL) stream. Set by such a copy,
+ * cleared by what waits for the NULL stream (cuCtxSynchronize, cuStreamSynchronize(NULL), a
+ * synchronous cuMemcpyDtoH); work enqueued on another stream meanwhile is logged as
+ * "unordered". */
+static int g_htod_in_flight;
 
 static void logf_(const char *fmt, ...) {
     const char *path = getenv("MJ_STUB_LOG");
@@ -154,6 +162,9 @@ static CUresult capture_unsafe(const char *call) {
 static CUresult enqueue(const char *call, void *s, int *record) {
     stream *st = s;
     *record = st && st->capturing;
+    if (st && !*record && g_htod_in_flight && strcmp(call, "cuEventRecord"))
+        logf_("unordered: %s on a non-blocking stream while a pageable cuMemcpyHtoD may still be in flight "
+              "(synchronize first)", call);
     if (!*record && t_capture) {
         t_capture->invalid = 1;
         logf_("%s on another stream during a stream capture: refused (it would run outside the graph)", call);
@@ -269,6 +280,7 @@ CUresult cuCtxGetCurrent(void **ctx) {
 }
 CUresult cuCtxSynchronize(void) {
     CUresult r = need_ctx("cuCtxSynchronize");
+    if (!r && !t_capture) g_htod_in_flight = 0;
     return r ? r : capture_unsafe("cuCtxSynchronize");
 }
 CUresult cuModuleLoadData(void **mod, const void *image) {
@@ -321,6 +333,10 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     char line[400];
     snprintf(line, sizeof line, "cuLaunchKernel %s grid %u,%u,%u block %u,%u,%u smem %u", f->name, gx, gy, gz, bx,
              by, bz, smem);
+    if (record && getenv("MJ_STUB_FAIL_CAPTURED_LAUNCH")) { /* a fault: the caller's error path */
+        logf_("cuLaunchKernel %s during a capture: failed (MJ_STUB_FAIL_CAPTURED_LAUNCH)", f->name);
+        return INVALID_VALUE;
+    }
     if (record) {
         node *n = graph_add(((stream *)s)->g);
         if (!n) return 2;
@@ -350,12 +366,14 @@ CUresult cuMemcpyHtoD_v2(unsigned long long dst, const void *src, size_t n) {
     CUresult r = need_ctx("cuMemcpyHtoD");
     if (r || (r = capture_unsafe("cuMemcpyHtoD"))) return r;
     do_copy((void *)(size_t)dst, src, n, 0);
+    g_htod_in_flight = 1;
     return OK;
 }
 CUresult cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n) {
     CUresult r = need_ctx("cuMemcpyDtoH");
     if (r || (r = capture_unsafe("cuMemcpyDtoH"))) return r;
     do_copy(dst, (const void *)(size_t)src, n, 0);
+    g_htod_in_flight = 0; /* it waits for the NULL stream */
     return OK;
 }
 CUresult cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t n) {
@@ -394,6 +412,21 @@ CUresult cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, si
     return copy_async("cuMemcpyDtoDAsync", (void *)(size_t)dst, (const void *)(size_t)src, n, 1, s);
 }
 
+/* A memset on a stream: writes N bytes at $MJ_STUB_COPY_GBPS on the clock; logged with its
+ * size (what a test of an L2 flush looks for). Not recorded into a capture (not modelled).
+ * Above 16 MiB the bytes are not written (an L2 flush's buffer, which nothing reads: writing
+ * hundreds of MiB per timed call would cost the tests seconds). */
+CUresult cuMemsetD8Async(unsigned long long dst, unsigned char v, size_t n, void *s) {
+    CUresult r = need_ctx("cuMemsetD8Async");
+    int record;
+    if (r || (r = enqueue("cuMemsetD8Async", s, &record))) return r;
+    if (record) return INVALID_VALUE;
+    if (n <= ((size_t)16 << 20)) memset((void *)(size_t)dst, v, n);
+    advance((double)n / env_num("MJ_STUB_COPY_GBPS", 1000.0));
+    logf_("cuMemsetD8Async %zu bytes", n);
+    return OK;
+}
+
 /* ---- streams and events ---- */
 CUresult cuStreamCreate(void **s, unsigned flags) {
     (void)flags;
@@ -417,6 +450,7 @@ CUresult cuStreamSynchronize(void *s) {
         logf_("cuStreamSynchronize of a capturing stream: refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)");
         return CAPTURE_UNSUPPORTED;
     }
+    if (!st) g_htod_in_flight = 0;
     return OK;
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
@@ -443,6 +477,7 @@ CUresult cuEventRecord(void *e, void *s) {
     }
     ((event *)e)->recorded = 1;
     ((event *)e)->t_ns = now_ns();
+    logf_("cuEventRecord %p", e);
     return OK;
 }
 CUresult cuEventSynchronize(void *e) {
