@@ -11,6 +11,8 @@ jobs=$(nproc 2>/dev/null || echo 2)
 export MJ_TEST_CACHE="$PWD/build/test-cache"
 cmake -S . -B build -DMJ_WERROR=ON >/dev/null
 cmake --build build -j"$jobs"
+# The benchmark programs are not tests, but they must still build.
+cmake --build build -j"$jobs" --target benches
 # (tests/python is the ctest test python_binding, label "python": run once, below.)
 ctest --test-dir build --output-on-failure --timeout 900 -j"$jobs" -LE '^python$'
 cmake -S . -B build-asan -DMJ_WERROR=ON -DMJ_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
