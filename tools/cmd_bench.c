@@ -197,38 +197,16 @@ static int bench_plan(bench *b, const char *arch) {
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = arch, o.strict = 0;
     mj_context_t ctx = NULL;
-    int32_t *bs = NULL, nb = 0;
     int rc = 0;
-    mj_k0_policy k0;
-    mj_mode_policy modes;
-    mj_weight_mode mode = MJ_MODE_AUTO;
     mj_plan plan = {0, NULL};
     mj_status st;
     if ((st = mj_context_create(&o, &ctx)) != MJ_OK) {
         rc = tool_fail_status("creating the JIT context", st);
         goto out;
     }
-    const mj_target t = mj_context_target(ctx);
-    if ((st = mj_batches_parse(a->batch, &bs, &nb)) != MJ_OK) {
-        rc = tool_usage("bench", "--batch: %s", mj_last_error());
+    if ((rc = tool_plan_build("bench", ctx, &b->cfg, a->par, a->n_ranks, 1, a->batch, a->k0_policy, a->mode, arch,
+                              NULL, &plan, NULL)))
         goto out;
-    }
-    if (a->k0_policy && (st = mj_k0_policy_parse(a->k0_policy, b->cfg.topk, &k0)) != MJ_OK) {
-        rc = tool_usage("bench", "--k0-policy: %s", mj_last_error());
-        goto out;
-    }
-    if (a->mode && !strcmp(a->mode, "w4a16")) mode = MJ_MODE_W4A16;
-    else if (a->mode && !strcmp(a->mode, "w4a4")) mode = MJ_MODE_W4A4;
-    if ((st = mj_mode_policy_parse(mode == MJ_MODE_AUTO && a->mode ? a->mode : mj_mode_policy_default(t), t,
-                                   &modes)) != MJ_OK) {
-        rc = tool_fail("--mode for %s: %s", arch, mj_last_error());
-        goto out;
-    }
-    mj_plan_request req = {&b->cfg, a->par, a->n_ranks, -1, bs, nb, a->k0_policy ? &k0 : NULL, mode, &modes, 1};
-    if ((st = mj_plan_build(ctx, &req, &plan)) != MJ_OK) {
-        rc = tool_fail("the plan for %s: %s", arch, mj_last_error());
-        goto out;
-    }
     mj_context_destroy(ctx), ctx = NULL;
     txt(b, "plan for %s: %d specializations (batch %s, k0 %s)%s\n", arch, (int)plan.n, a->batch,
         a->k0_policy ? a->k0_policy : "= top-k", a->no_compile ? "" : "; cold compile (median), disk load, memory lookup");
@@ -308,7 +286,6 @@ static int bench_plan(bench *b, const char *arch) {
     }
 out:
     mj_plan_free(&plan);
-    free(bs);
     mj_context_destroy(ctx);
     rm_rf(dir);
     free(dir);
@@ -338,16 +315,15 @@ static mj_status rank_layer(const bench *b, int32_t rows, int from_ck, mj_layer_
 /* The moe handle on one rank's layer, prepared for the bench batches with k0 policy k0p. */
 static mj_status moe_make(mj_context_t ctx, mj_layer_t L, const bench *b, mj_moe_t *moe) {
     mj_moe_options o = MJ_MOE_OPTIONS_INIT;
-    const char *m = b->a->mode;
-    if (m && strcmp(m, "w4a16") && strcmp(m, "w4a4")) o.mode_policy = m;
+    tool_mode_parse(b->a->mode, &o.mode_policy);
     return mj_moe_create(ctx, L, &o, moe);
 }
 
 static mj_status moe_prepare(mj_moe_t moe, const bench *b, const char *k0p) {
     mj_moe_prepare_options p = MJ_MOE_PREPARE_OPTIONS_INIT;
-    const char *m = b->a->mode;
+    const char *policy;
     p.batches = b->a->bb, p.n_batches = b->a->n_bb, p.k0_policy = k0p;
-    p.mode = m && !strcmp(m, "w4a16") ? MJ_MODE_W4A16 : m && !strcmp(m, "w4a4") ? MJ_MODE_W4A4 : MJ_MODE_AUTO;
+    p.mode = tool_mode_parse(b->a->mode, &policy);
     return mj_moe_prepare(moe, &p);
 }
 
@@ -977,9 +953,8 @@ int cmd_bench(int argc, char **argv) {
         case OPT_TOPK: if (tool_parse_int("bench", "--topk", optarg, 1, 64, &a.topk)) return 2; break;
         case OPT_TP:
         case OPT_EP:
-            if (a.split_given) return tool_usage("bench", "give one of --tp and --ep, once");
-            if (tool_parse_int("bench", c == OPT_TP ? "--tp" : "--ep", optarg, 1, MJ_MAX_RANKS, &a.n_ranks)) return 2;
-            a.par = c == OPT_TP ? MJ_PAR_TP : MJ_PAR_EP, a.split_given = 1;
+            if (tool_parse_split("bench", c == OPT_TP, optarg, a.split_given, &a.par, &a.n_ranks)) return 2;
+            a.split_given = 1;
             break;
         case OPT_BATCH: a.batch = optarg; break;
         case OPT_K0P: a.k0_policy = !strcmp(optarg, "none") ? NULL : optarg, k0p_given = 1; break;

@@ -227,32 +227,12 @@ static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir
     o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = a->backend, o.target = arch, o.strict = 0;
     mj_context_t ctx = NULL;
     if ((st = mj_context_create(&o, &ctx)) != MJ_OK) return tool_fail_status("creating the JIT context", st);
-    int32_t *bs = NULL, nb = 0, rc = 0;
-    mj_k0_policy k0;
-    mj_mode_policy modes;
-    mj_weight_mode mode = MJ_MODE_AUTO;
+    int32_t nb = 0, rc = 0;
     mj_plan plan = {0, NULL};
     const mj_target t = mj_context_target(ctx);
-    if ((st = mj_batches_parse(a->batch, &bs, &nb)) != MJ_OK) {
-        rc = tool_usage("prewarm", "--batch: %s", mj_last_error());
+    if ((rc = tool_plan_build("prewarm", ctx, &cfg, a->par, a->n_ranks, a->shared, a->batch, a->k0, a->mode, arch,
+                              a->config, &plan, &nb)))
         goto out;
-    }
-    if (a->k0 && (st = mj_k0_policy_parse(a->k0, cfg.topk, &k0)) != MJ_OK) {
-        rc = tool_usage("prewarm", "--k0-policy: %s", mj_last_error());
-        goto out;
-    }
-    if (a->mode && !strcmp(a->mode, "w4a16")) mode = MJ_MODE_W4A16;
-    else if (a->mode && !strcmp(a->mode, "w4a4")) mode = MJ_MODE_W4A4;
-    if ((st = mj_mode_policy_parse(mode == MJ_MODE_AUTO && a->mode ? a->mode : mj_mode_policy_default(t), t,
-                                   &modes)) != MJ_OK) {
-        rc = tool_fail("--mode for %s: %s", arch, mj_last_error());
-        goto out;
-    }
-    mj_plan_request req = {&cfg, a->par, a->n_ranks, -1, bs, nb, a->k0 ? &k0 : NULL, mode, &modes, a->shared};
-    if ((st = mj_plan_build(ctx, &req, &plan)) != MJ_OK) {
-        rc = tool_fail("the plan of %s for %s: %s", a->config, arch, mj_last_error());
-        goto out;
-    }
     for (int32_t i = 0; i < plan.n; i++) {
         char *line = NULL, where[300];
         if ((st = mj_spec_to_json(&plan.e[i].spec, &line)) != MJ_OK) {
@@ -274,7 +254,6 @@ static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir
             a->k0 ? a->k0 : "= top-k", a->mode ? a->mode : mj_mode_policy_default(t), (int)plan.n);
 out:
     mj_plan_free(&plan);
-    free(bs);
     mj_context_destroy(ctx);
     return rc;
 }
@@ -316,10 +295,8 @@ int cmd_prewarm(int argc, char **argv) {
         case OPT_QUANT: pa.quant = optarg; break;
         case OPT_TP:
         case OPT_EP:
-            if (pa.par != MJ_PAR_NONE) return tool_usage("prewarm", "give one of --tp and --ep, once");
-            if (tool_parse_int("prewarm", c == OPT_TP ? "--tp" : "--ep", optarg, 1, MJ_MAX_RANKS, &pa.n_ranks))
+            if (tool_parse_split("prewarm", c == OPT_TP, optarg, pa.par != MJ_PAR_NONE, &pa.par, &pa.n_ranks))
                 return 2;
-            pa.par = c == OPT_TP ? MJ_PAR_TP : MJ_PAR_EP;
             break;
         case OPT_BATCH: pa.batch = optarg; break;
         case OPT_K0: pa.k0 = optarg; break;

@@ -86,9 +86,7 @@ int cmd_run(int argc, char **argv) {
             break;
         case OPT_TP:
         case OPT_EP:
-            if (par != MJ_PAR_NONE) return tool_usage("run", "give one of --tp and --ep, once");
-            if (tool_parse_int("run", c == OPT_TP ? "--tp" : "--ep", optarg, 1, MJ_MAX_RANKS, &n_ranks)) return 2;
-            par = c == OPT_TP ? MJ_PAR_TP : MJ_PAR_EP;
+            if (tool_parse_split("run", c == OPT_TP, optarg, par != MJ_PAR_NONE, &par, &n_ranks)) return 2;
             break;
         case OPT_K0: if (tool_parse_int("run", "--k0", optarg, 1, 64, &k0)) return 2; break;
         case OPT_K0P: k0_policy = optarg; break;
@@ -107,11 +105,8 @@ int cmd_run(int argc, char **argv) {
     if (k0) snprintf(k0_text, sizeof k0_text, "%d", k0), k0_policy = k0_text;
     const int ref = !strcmp(backend, "ref");
     if (ref && par != MJ_PAR_NONE) return tool_usage("run", "the reference runs the whole layer: no --tp/--ep");
-    mj_weight_mode mode = MJ_MODE_AUTO;
-    const char *mode_policy = NULL;
-    if (mode_text && !strcmp(mode_text, "w4a16")) mode = MJ_MODE_W4A16;
-    else if (mode_text && !strcmp(mode_text, "w4a4")) mode = MJ_MODE_W4A4;
-    else if (mode_text) mode_policy = mode_text;
+    const char *mode_policy;
+    const mj_weight_mode mode = tool_mode_parse(mode_text, &mode_policy);
     if (ref && mode_policy) return tool_usage("run", "the reference takes --mode w4a16 or w4a4");
     mj_target tgt;
     if (mj_target_parse(arch, &tgt) != MJ_OK) return tool_usage("run", "--arch: %s", mj_last_error());

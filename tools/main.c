@@ -68,6 +68,21 @@ int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, 
     return 0;
 }
 
+int tool_parse_split(const char *cmd, int tp, const char *text, int already, mj_parallel *par, int *n_ranks) {
+    if (already) return tool_usage(cmd, "give one of --tp and --ep, once");
+    if (tool_parse_int(cmd, tp ? "--tp" : "--ep", text, 1, MJ_MAX_RANKS, n_ranks)) return 2;
+    *par = tp ? MJ_PAR_TP : MJ_PAR_EP;
+    return 0;
+}
+
+mj_weight_mode tool_mode_parse(const char *text, const char **policy) {
+    *policy = NULL;
+    if (text && !strcmp(text, "w4a16")) return MJ_MODE_W4A16;
+    if (text && !strcmp(text, "w4a4")) return MJ_MODE_W4A4;
+    *policy = text;
+    return MJ_MODE_AUTO;
+}
+
 int tool_parse_positive_float(const char *cmd, const char *opt, const char *text, float *out) {
     char *end;
     errno = 0;

@@ -60,8 +60,25 @@ const char *tool_gpu_names(void);
 int tool_gpu_count(void);
 const tool_gpu *tool_gpu_at(int i);
 
+/* The plan bench and prewarm list (tools/plan.c): --batch, --k0-policy (NULL: plain top-k)
+ * and --mode (NULL: the target's default policy) parsed for subcommand cmd, then every rank's
+ * specializations on ctx's target. 0 with *plan to mj_plan_free and *n_batches (may be NULL)
+ * the number of batch sizes, or the exit code after the error line, which names config
+ * (NULL: only arch). */
+struct mj_plan;
+int tool_plan_build(const char *cmd, mj_context_t ctx, const mj_moe_config *cfg, mj_parallel par, int n_ranks,
+                    int shared, const char *batch, const char *k0_policy, const char *mode_text,
+                    const char *arch, const char *config, struct mj_plan *plan, int32_t *n_batches);
+
 /* Parse a whole integer / positive finite float argument or fail with a usage line. */
 int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, long hi, int *out);
 int tool_parse_positive_float(const char *cmd, const char *opt, const char *text, float *out);
+
+/* --tp N or --ep N (tp: which) for subcommand cmd: one split only (already: one was given),
+ * N in 1..MJ_MAX_RANKS. 0, or nonzero after the usage line. */
+int tool_parse_split(const char *cmd, int tp, const char *text, int already, mj_parallel *par, int *n_ranks);
+/* --mode's text: "w4a16" and "w4a4" fix the mode; anything else is a mode policy (MJ_MODE_AUTO,
+ * *policy = text). NULL: MJ_MODE_AUTO and *policy NULL. */
+mj_weight_mode tool_mode_parse(const char *text, const char **policy);
 
 #endif
