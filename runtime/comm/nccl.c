@@ -38,36 +38,21 @@ static char g_lib_path[512];      /* what was loaded                            
 static int g_version;             /* ncclGetVersion's code                                     */
 
 static void load_once(void) {
-    char why[1200];
-    void *h;
-    const char *env = getenv("MOEJIT_NCCL");
-    if (env && *env) {
-        /* An explicit choice is authoritative: no silent fallback to another NCCL. */
-        h = mj_dl_open(&env, 1, g_lib_path, sizeof g_lib_path, why, sizeof why);
-        if (!h) {
-            snprintf(g_load_error, sizeof g_load_error,
-                     "NCCL not loaded: MOEJIT_NCCL=%s cannot be opened (%s): " MJ_NCCL_HINT, env, why);
-            g_load_status = MJ_ERR_LIBRARY;
-            return;
-        }
-    } else {
-        char home64[400] = "", home[400] = "";
-        const char *ch = getenv("CUDA_HOME");
-        if (ch && *ch) {
-            snprintf(home64, sizeof home64, "%s/lib64/libnccl.so.2", ch);
-            snprintf(home, sizeof home, "%s/lib/libnccl.so.2", ch);
-        }
-        const char *const cands[] = {
-            "libnccl.so.2", home64, home, "/usr/local/cuda/lib64/libnccl.so.2",
-            "/usr/local/cuda/lib/libnccl.so.2",
-        };
-        h = mj_dl_open(cands, (int)(sizeof cands / sizeof cands[0]), g_lib_path, sizeof g_lib_path,
-                       why, sizeof why);
-        if (!h) {
-            snprintf(g_load_error, sizeof g_load_error, "NCCL not found (%s): " MJ_NCCL_HINT, why);
-            g_load_status = MJ_ERR_LIBRARY;
-            return;
-        }
+    char home64[400] = "", home[400] = "";
+    const char *ch = getenv("CUDA_HOME");
+    if (ch && *ch) {
+        snprintf(home64, sizeof home64, "%s/lib64/libnccl.so.2", ch);
+        snprintf(home, sizeof home, "%s/lib/libnccl.so.2", ch);
+    }
+    const char *const cands[] = {
+        "libnccl.so.2", home64, home, "/usr/local/cuda/lib64/libnccl.so.2",
+        "/usr/local/cuda/lib/libnccl.so.2",
+    };
+    void *h = mj_dl_open_env("MOEJIT_NCCL", "NCCL", MJ_NCCL_HINT, cands, (int)(sizeof cands / sizeof cands[0]),
+                             g_lib_path, sizeof g_lib_path, g_load_error, sizeof g_load_error);
+    if (!h) {
+        g_load_status = MJ_ERR_LIBRARY;
+        return;
     }
     const char *missing = mj_dl_resolve(h, k_syms, sizeof k_syms / sizeof k_syms[0], &nc, sizeof nc);
     if (missing) {

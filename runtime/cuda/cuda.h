@@ -24,6 +24,12 @@ void *mj_dl_open(const char *const *candidates, int n, char *loaded, size_t load
 const char *mj_dl_resolve(void *handle, const mj_dl_sym *syms, size_t n, void *table,
                           size_t table_size);
 void mj_dl_close(void *handle);
+/* The library environment variable env names when it is set (an explicit choice is
+ * authoritative: no silent fallback), else the first of candidates that loads. NULL when
+ * none loads, with "<what> not loaded: ENV=path cannot be opened (why): <hint>" or
+ * "<what> not found (why): <hint>" in err. */
+void *mj_dl_open_env(const char *env, const char *what, const char *hint, const char *const *candidates, int n,
+                     char *loaded, size_t loaded_len, char *err, size_t err_len);
 
 /* ---- NVRTC (runtime/cuda/nvrtc.c): dlopen'd, never linked ---------------------------------- */
 typedef struct mj_ptxas_report {

@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 void *mj_dl_open(const char *const *candidates, int n, char *loaded, size_t loaded_len, char *err,
                  size_t err_len) {
@@ -23,6 +24,20 @@ void *mj_dl_open(const char *const *candidates, int n, char *loaded, size_t load
     }
     if (err) snprintf(err, err_len, "tried %s; last error: %s", tried[0] ? tried : "nothing", last);
     return NULL;
+}
+
+void *mj_dl_open_env(const char *env, const char *what, const char *hint, const char *const *candidates, int n,
+                     char *loaded, size_t loaded_len, char *err, size_t err_len) {
+    char why[1200];
+    const char *path = getenv(env);
+    if (path && *path) {
+        void *h = mj_dl_open(&path, 1, loaded, loaded_len, why, sizeof why);
+        if (!h) snprintf(err, err_len, "%s not loaded: %s=%s cannot be opened (%s): %s", what, env, path, why, hint);
+        return h;
+    }
+    void *h = mj_dl_open(candidates, n, loaded, loaded_len, why, sizeof why);
+    if (!h) snprintf(err, err_len, "%s not found (%s): %s", what, why, hint);
+    return h;
 }
 
 const char *mj_dl_resolve(void *handle, const mj_dl_sym *syms, size_t n, void *table,

@@ -63,33 +63,18 @@ static int g_archs[64];
 static int g_n_archs;
 
 static void load_once(void) {
-    char why[1200];
-    void *h;
-    const char *env = getenv("MOEJIT_NVRTC");
-    if (env && *env) {
-        /* An explicit choice is authoritative: no silent fallback to another NVRTC. */
-        h = mj_dl_open(&env, 1, g_lib_path, sizeof g_lib_path, why, sizeof why);
-        if (!h) {
-            snprintf(g_load_error, sizeof g_load_error,
-                     "NVRTC not loaded: MOEJIT_NVRTC=%s cannot be opened (%s): " MJ_NVRTC_HINT, env, why);
-            g_load_status = MJ_ERR_LIBRARY;
-            return;
-        }
-    } else {
-        char cuda_home[400] = "";
-        const char *ch = getenv("CUDA_HOME");
-        if (ch && *ch) snprintf(cuda_home, sizeof cuda_home, "%s/lib64/libnvrtc.so", ch);
-        const char *const cands[] = {
-            "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", cuda_home,
-            "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so",
-        };
-        h = mj_dl_open(cands, (int)(sizeof cands / sizeof cands[0]), g_lib_path, sizeof g_lib_path, why,
-                       sizeof why);
-        if (!h) {
-            snprintf(g_load_error, sizeof g_load_error, "NVRTC not found (%s): " MJ_NVRTC_HINT, why);
-            g_load_status = MJ_ERR_LIBRARY;
-            return;
-        }
+    char cuda_home[400] = "";
+    const char *ch = getenv("CUDA_HOME");
+    if (ch && *ch) snprintf(cuda_home, sizeof cuda_home, "%s/lib64/libnvrtc.so", ch);
+    const char *const cands[] = {
+        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", cuda_home,
+        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so",
+    };
+    void *h = mj_dl_open_env("MOEJIT_NVRTC", "NVRTC", MJ_NVRTC_HINT, cands, (int)(sizeof cands / sizeof cands[0]),
+                             g_lib_path, sizeof g_lib_path, g_load_error, sizeof g_load_error);
+    if (!h) {
+        g_load_status = MJ_ERR_LIBRARY;
+        return;
     }
     const char *missing = mj_dl_resolve(h, k_syms, sizeof k_syms / sizeof k_syms[0], &nv, sizeof nv);
     if (missing) {
