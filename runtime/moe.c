@@ -30,18 +30,19 @@ struct mj_moe {
     int32_t mb;
     uint8_t *prepared;            /* [mb + 1]                                                */
     int8_t *k0_of, *mode_of;      /* [mb + 1]                                                */
-    /* The forward's workspace (for mb tokens). */
+    /* The forward's workspace (for mb tokens): the logits, and mj_route's outputs as the
+     * forward hands them to mj_route and the experts. */
     float *logits;                /* [mb, E]                                                 */
-    int32_t *ids, *n_sel, *counts, *offsets, *active, *n_active, *perm, *row_index;
-    float *weights;
+    mj_route_outputs r;
 };
 
 static void workspace_free(mj_moe_t m) {
-    void *bufs[] = {m->logits, m->ids, m->weights, m->n_sel, m->counts, m->offsets,
-                    m->active, m->n_active, m->perm, m->row_index};
+    mj_route_outputs *r = &m->r;
+    void *bufs[] = {m->logits,         r->ids,            r->weights,        r->n_sel,       r->expert_counts,
+                    r->expert_offsets, r->active_experts, r->n_active,       r->permutation, r->row_index};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mj_mem_free(m->device, bufs[i]);
-    m->logits = m->weights = NULL;
-    m->ids = m->n_sel = m->counts = m->offsets = m->active = m->n_active = m->perm = m->row_index = NULL;
+    m->logits = NULL;
+    *r = (mj_route_outputs)MJ_ROUTE_OUTPUTS_INIT;
     free(m->prepared), free(m->k0_of), free(m->mode_of);
     m->prepared = NULL, m->k0_of = m->mode_of = NULL, m->mb = 0;
 }
@@ -119,7 +120,7 @@ mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options
         mj_layer_free(slice);
         return mj_set_error(MJ_ERR_NOMEM, "mj_moe_create: out of memory");
     }
-    m->ctx = ctx, m->cfg = layer->cfg, m->opt = o;
+    m->ctx = ctx, m->cfg = layer->cfg, m->opt = o, m->r = (mj_route_outputs)MJ_ROUTE_OUTPUTS_INIT;
     m->target = mj_context_target(ctx);
     mj_backend backend;
     MJ_CHECK_GOTO(mj_context_backend(ctx, &backend, NULL), st, fail);
@@ -206,11 +207,13 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
     /* The workspace, for the largest batch. */
     workspace_free(m);
     const size_t E = (size_t)m->cfg.n_experts, K = (size_t)m->cfg.topk, B = (size_t)mb;
+    mj_route_outputs *r = &m->r;
     struct { void **p; size_t bytes; } bufs[] = {
-        {(void **)&m->logits, B * E * 4},  {(void **)&m->ids, B * K * 4},     {(void **)&m->weights, B * K * 4},
-        {(void **)&m->n_sel, B * 4},       {(void **)&m->counts, E * 4},      {(void **)&m->offsets, (E + 1) * 4},
-        {(void **)&m->active, E * 4},      {(void **)&m->n_active, 4},        {(void **)&m->perm, B * K * 4},
-        {(void **)&m->row_index, B * K * 4}};
+        {(void **)&m->logits, B * E * 4},         {(void **)&r->ids, B * K * 4},
+        {(void **)&r->weights, B * K * 4},        {(void **)&r->n_sel, B * 4},
+        {(void **)&r->expert_counts, E * 4},      {(void **)&r->expert_offsets, (E + 1) * 4},
+        {(void **)&r->active_experts, E * 4},     {(void **)&r->n_active, 4},
+        {(void **)&r->permutation, B * K * 4},    {(void **)&r->row_index, B * K * 4}};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         MJ_CHECK_GOTO(mj_mem_alloc(m->device, bufs[i].bytes, "mj_moe_prepare", bufs[i].p), st, fail_ws);
     MJ_CHECK_GOTO(mj_experts_reserve(m->ex, mb), st, fail_ws);
@@ -237,13 +240,9 @@ mj_status mj_moe_batch_plan(mj_moe_t m, int32_t B, int32_t *k0, mj_weight_mode *
 
 mj_status mj_moe_route_outputs(mj_moe_t m, mj_route_outputs *out) {
     if (!m || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_route_outputs: NULL argument");
-    mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
-    r.ids = m->ids, r.weights = m->weights, r.n_sel = m->n_sel, r.expert_counts = m->counts;
-    r.expert_offsets = m->offsets, r.active_experts = m->active, r.n_active = m->n_active;
-    r.permutation = m->perm, r.row_index = m->row_index;
-    MJ_CHECK(mj_struct_load(out, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof r, &(mj_route_outputs){0}, "mj_route_outputs",
-                            "MJ_ROUTE_OUTPUTS_INIT"));
-    mj_struct_store(out, &r, sizeof r);
+    MJ_CHECK(mj_struct_load(out, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof m->r, &(mj_route_outputs){0},
+                            "mj_route_outputs", "MJ_ROUTE_OUTPUTS_INIT"));
+    mj_struct_store(out, &m->r, sizeof m->r);
     return MJ_OK;
 }
 
@@ -263,12 +262,9 @@ mj_status mj_moe_forward(mj_moe_t m, const uint16_t *hidden, int32_t B, const in
         return fail_in("mj_moe_forward", st);
     mj_route_params p = m->route;
     p.k0 = m->k0_of[B];
-    mj_route_outputs r;
-    r.struct_size = sizeof r;
-    MJ_CHECK(mj_moe_route_outputs(m, &r));
-    if ((st = mj_route(m->ctx, &p, m->logits, m->bias, B, num_valid, &r, stream)) != MJ_OK)
+    if ((st = mj_route(m->ctx, &p, m->logits, m->bias, B, num_valid, &m->r, stream)) != MJ_OK)
         return fail_in("mj_moe_forward", st);
-    if ((st = mj_experts_forward(m->ctx, m->ex, (mj_weight_mode)m->mode_of[B], hidden, &r, B, num_valid, out,
+    if ((st = mj_experts_forward(m->ctx, m->ex, (mj_weight_mode)m->mode_of[B], hidden, &m->r, B, num_valid, out,
                                  stream)) != MJ_OK)
         return fail_in("mj_moe_forward", st);
     if (m->opt.n_ranks > 1 &&
