@@ -43,6 +43,8 @@ typedef struct mj_spec {
 /* Check every knob against its declared range/set, then the template's constraints, and
  * the target against the template's. A violated constraint names itself. */
 mj_status mj_spec_validate(const mj_spec *s);
+/* Whether two specializations select the same kernel (template, target, backend, knobs). */
+int mj_spec_equal(const mj_spec *a, const mj_spec *b);
 /* Render the specialization's source (malloc'd, NUL-terminated): a comment header naming
  * every knob and the target, the knobs as #defines, the backend's prelude, the body.
  * Deterministic: same spec, same bytes. */

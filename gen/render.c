@@ -125,6 +125,11 @@ static mj_status check_constraints(const mj_template_desc *t, const int32_t *kno
     return MJ_OK;
 }
 
+int mj_spec_equal(const mj_spec *a, const mj_spec *b) {
+    return a->tpl == b->tpl && a->target == b->target && a->backend == b->backend &&
+           !memcmp(a->knobs, b->knobs, sizeof a->knobs);
+}
+
 mj_status mj_spec_validate(const mj_spec *s) {
     if (!s) return mj_set_error(MJ_ERR_INVALID_ARG, "NULL specialization");
     const mj_template_desc *t = mj_template_at(s->tpl);

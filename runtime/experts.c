@@ -111,12 +111,17 @@ mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_we
     return mj_mode_resolve(&ex->policy, ex->target, mode, B, resolved);
 }
 
+/* Free the forward's workspace: no workspace at all is mb 0. */
+static void workspace_release(mj_experts *ex) {
+    void *old[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) buf_free(ex, old[i]);
+    ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL, ex->mb = 0;
+}
+
 /* The forward's workspace for up to mb tokens: the activations between the two GEMMs, and
  * (W4A4) the quantized inputs. Replaces what was there. */
 static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
-    void *old[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
-    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) buf_free(ex, old[i]);
-    ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL;
+    workspace_release(ex);
     const int64_t rows = (int64_t)mb * ex->K + (int64_t)ex->nsub * mb, xrows = (int64_t)mb * (ex->K + 1);
     const int64_t H = ex->H, I = ex->I;
     MJ_CHECK(buf_alloc(ex, (size_t)(rows * I * 2), (void **)&ex->act));
@@ -139,9 +144,7 @@ mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch) {
     if (st != MJ_OK) { /* keep the handle usable: no workspace at all is mb 0 */
         char why[512];
         snprintf(why, sizeof why, "%s", mj_last_error());
-        void *bufs[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(ex, bufs[i]);
-        ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL, ex->mb = 0;
+        workspace_release(ex);
         return mj_set_error(st, "%s", why);
     }
     return MJ_OK;
@@ -327,7 +330,7 @@ static mj_status get_functions(mj_context_t ctx, const mj_knobs_moe_experts *k, 
     const mj_function *f[3] = {NULL, NULL, NULL};
     const int32_t n = mj_experts_specs(ctx, k, s);
     MJ_CHECK(mj_jit_get_many(ctx, s, n, f)); /* cold: the kernels compile side by side */
-    *quant = n == 1 ? f[0] : n == 3 ? f[0] : NULL;
+    *quant = n == 2 ? NULL : f[0]; /* W4A16 on a GPU has no experts_quant */
     *up = n == 1 ? f[0] : f[n - 2];
     *down = f[n - 1];
     return MJ_OK;

@@ -97,11 +97,6 @@ static uint64_t spec_hash(const mj_spec *s) {
     return h;
 }
 
-static int spec_eq(const mj_spec *a, const mj_spec *b) {
-    return a->tpl == b->tpl && a->target == b->target && a->backend == b->backend &&
-           !memcmp(a->knobs, b->knobs, sizeof a->knobs);
-}
-
 /* Lock-free: any thread, any time. */
 static mj_function *table_find(const mj_context_t c, const mj_spec *s, uint64_t h) {
     table *t = atomic_load_explicit(&c->table, memory_order_acquire);
@@ -109,8 +104,14 @@ static mj_function *table_find(const mj_context_t c, const mj_spec *s, uint64_t 
     for (size_t i = h & (t->n_slots - 1);; i = (i + 1) & (t->n_slots - 1)) {
         mj_function *f = atomic_load_explicit(&t->slots[i].fn, memory_order_acquire);
         if (!f) return NULL;
-        if (t->slots[i].hash == h && spec_eq(&f->spec, s)) return f;
+        if (t->slots[i].hash == h && mj_spec_equal(&f->spec, s)) return f;
     }
+}
+
+/* The launch path's lookup: the function when it is built and ready, else NULL. */
+static mj_function *find_ready(const mj_context_t c, const mj_spec *s, uint64_t h) {
+    mj_function *f = table_find(c, s, h);
+    return f && atomic_load_explicit(&f->state, memory_order_acquire) == FN_READY ? f : NULL;
 }
 
 static table *table_new(size_t n) {
@@ -493,8 +494,8 @@ exit:
 mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) {
     if (!c || !s || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_jit_get: NULL argument");
     uint64_t h = spec_hash(s);
-    mj_function *f = table_find(c, s, h);
-    if (f && atomic_load_explicit(&f->state, memory_order_acquire) == FN_READY) {
+    mj_function *f = find_ready(c, s, h);
+    if (f) {
         atomic_fetch_add_explicit(&c->mem_hits, 1, memory_order_relaxed);
         *out = f;
         return MJ_OK;
@@ -581,8 +582,7 @@ mj_status mj_jit_get_many(mj_context_t c, const mj_spec *s, int n, const mj_func
                             MJ_JIT_GET_MANY_MAX);
     int missing = 0;
     for (int i = 0; i < n; i++) { /* the hot path: all in memory, no thread */
-        mj_function *f = table_find(c, &s[i], spec_hash(&s[i]));
-        out[i] = f && atomic_load_explicit(&f->state, memory_order_acquire) == FN_READY ? f : NULL;
+        out[i] = find_ready(c, &s[i], spec_hash(&s[i]));
         missing += !out[i];
     }
     if (missing == 0) {

@@ -26,24 +26,24 @@ struct mj_moe {
     uint16_t *gate;               /* [E, H] bf16, where the kernels run                      */
     float *bias;                  /* [E] or NULL                                             */
     mj_route_params route;        /* from the config; k0 set per forward                     */
-    /* What prepare set up: per batch size 1..mb, whether it was prepared, its k0 and mode. */
+    /* What prepare set up: per batch size 1..mb, its k0 and mode; k0 0: not prepared. */
     int32_t mb;
-    uint8_t *prepared;            /* [mb + 1]                                                */
-    int8_t *k0_of, *mode_of;      /* [mb + 1]                                                */
-    /* The forward's workspace (for mb tokens). */
+    struct batch_plan { int8_t k0, mode; } *batch; /* [mb + 1]                              */
+    /* The forward's workspace (for mb tokens): the logits, and mj_route's outputs as the
+     * forward hands them to mj_route and the experts. */
     float *logits;                /* [mb, E]                                                 */
-    int32_t *ids, *n_sel, *counts, *offsets, *active, *n_active, *perm, *row_index;
-    float *weights;
+    mj_route_outputs r;
 };
 
 static void workspace_free(mj_moe_t m) {
-    void *bufs[] = {m->logits, m->ids, m->weights, m->n_sel, m->counts, m->offsets,
-                    m->active, m->n_active, m->perm, m->row_index};
+    mj_route_outputs *r = &m->r;
+    void *bufs[] = {m->logits,         r->ids,            r->weights,        r->n_sel,       r->expert_counts,
+                    r->expert_offsets, r->active_experts, r->n_active,       r->permutation, r->row_index};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mj_mem_free(m->device, bufs[i]);
-    m->logits = m->weights = NULL;
-    m->ids = m->n_sel = m->counts = m->offsets = m->active = m->n_active = m->perm = m->row_index = NULL;
-    free(m->prepared), free(m->k0_of), free(m->mode_of);
-    m->prepared = NULL, m->k0_of = m->mode_of = NULL, m->mb = 0;
+    m->logits = NULL;
+    *r = (mj_route_outputs)MJ_ROUTE_OUTPUTS_INIT;
+    free(m->batch);
+    m->batch = NULL, m->mb = 0;
 }
 
 mj_status mj_moe_free(mj_moe_t m) {
@@ -119,7 +119,7 @@ mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options
         mj_layer_free(slice);
         return mj_set_error(MJ_ERR_NOMEM, "mj_moe_create: out of memory");
     }
-    m->ctx = ctx, m->cfg = layer->cfg, m->opt = o;
+    m->ctx = ctx, m->cfg = layer->cfg, m->opt = o, m->r = (mj_route_outputs)MJ_ROUTE_OUTPUTS_INIT;
     m->target = mj_context_target(ctx);
     mj_backend backend;
     MJ_CHECK_GOTO(mj_context_backend(ctx, &backend, NULL), st, fail);
@@ -177,8 +177,7 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
     mj_mode_policy modes;
     mj_status st = MJ_OK;
     mj_plan plan = {0, NULL};
-    uint8_t *prepared = NULL;
-    int8_t *k0_of = NULL, *mode_of = NULL;
+    struct batch_plan *batch = NULL;
     if (o.k0_policy) MJ_CHECK_GOTO(mj_k0_policy_parse(o.k0_policy, m->cfg.topk, &k0p), st, out);
     MJ_CHECK_GOTO(mj_mode_policy_parse(m->opt.mode_policy ? m->opt.mode_policy : mj_mode_policy_default(m->target),
                                        m->target, &modes),
@@ -190,9 +189,8 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
         const mj_function *f;
         MJ_CHECK_GOTO(mj_jit_get(m->ctx, &plan.e[i].spec, &f), st, out);
     }
-    /* Per batch size: prepared, its k0 and mode (resolved here, so a forward only reads). */
-    prepared = calloc((size_t)mb + 1, 1), k0_of = calloc((size_t)mb + 1, 1), mode_of = calloc((size_t)mb + 1, 1);
-    if (!prepared || !k0_of || !mode_of) {
+    /* Per batch size: its k0 and mode (resolved here, so a forward only reads). */
+    if (!(batch = calloc((size_t)mb + 1, sizeof *batch))) {
         st = mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of memory");
         goto out;
     }
@@ -201,49 +199,47 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
         mj_weight_mode md;
         if (o.k0_policy) MJ_CHECK_GOTO(mj_k0_policy_resolve(&k0p, bs[i], &k0), st, out);
         MJ_CHECK_GOTO(mj_mode_resolve(&modes, m->target, o.mode, bs[i], &md), st, out);
-        prepared[bs[i]] = 1, k0_of[bs[i]] = (int8_t)k0, mode_of[bs[i]] = (int8_t)md;
+        batch[bs[i]] = (struct batch_plan){(int8_t)k0, (int8_t)md};
     }
     /* The workspace, for the largest batch. */
     workspace_free(m);
     const size_t E = (size_t)m->cfg.n_experts, K = (size_t)m->cfg.topk, B = (size_t)mb;
+    mj_route_outputs *r = &m->r;
     struct { void **p; size_t bytes; } bufs[] = {
-        {(void **)&m->logits, B * E * 4},  {(void **)&m->ids, B * K * 4},     {(void **)&m->weights, B * K * 4},
-        {(void **)&m->n_sel, B * 4},       {(void **)&m->counts, E * 4},      {(void **)&m->offsets, (E + 1) * 4},
-        {(void **)&m->active, E * 4},      {(void **)&m->n_active, 4},        {(void **)&m->perm, B * K * 4},
-        {(void **)&m->row_index, B * K * 4}};
+        {(void **)&m->logits, B * E * 4},         {(void **)&r->ids, B * K * 4},
+        {(void **)&r->weights, B * K * 4},        {(void **)&r->n_sel, B * 4},
+        {(void **)&r->expert_counts, E * 4},      {(void **)&r->expert_offsets, (E + 1) * 4},
+        {(void **)&r->active_experts, E * 4},     {(void **)&r->n_active, 4},
+        {(void **)&r->permutation, B * K * 4},    {(void **)&r->row_index, B * K * 4}};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         MJ_CHECK_GOTO(mj_mem_alloc(m->device, bufs[i].bytes, "mj_moe_prepare", bufs[i].p), st, fail_ws);
     MJ_CHECK_GOTO(mj_experts_reserve(m->ex, mb), st, fail_ws);
-    m->mb = mb, m->prepared = prepared, m->k0_of = k0_of, m->mode_of = mode_of;
-    prepared = NULL, k0_of = mode_of = NULL;
+    m->mb = mb, m->batch = batch;
+    batch = NULL;
     goto out;
 fail_ws:
     workspace_free(m);
 out:
     if (st != MJ_OK) st = fail_in("mj_moe_prepare", st);
     mj_plan_free(&plan);
-    free(bs), free(prepared), free(k0_of), free(mode_of);
+    free(bs), free(batch);
     return st;
 }
 
 mj_status mj_moe_batch_plan(mj_moe_t m, int32_t B, int32_t *k0, mj_weight_mode *mode) {
     if (!m) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_batch_plan: NULL handle");
-    if (B < 1 || B > m->mb || !m->prepared[B])
+    if (B < 1 || B > m->mb || !m->batch[B].k0)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_batch_plan: batch size %d was not prepared", B);
-    if (k0) *k0 = m->k0_of[B];
-    if (mode) *mode = (mj_weight_mode)m->mode_of[B];
+    if (k0) *k0 = m->batch[B].k0;
+    if (mode) *mode = (mj_weight_mode)m->batch[B].mode;
     return MJ_OK;
 }
 
 mj_status mj_moe_route_outputs(mj_moe_t m, mj_route_outputs *out) {
     if (!m || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_route_outputs: NULL argument");
-    mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
-    r.ids = m->ids, r.weights = m->weights, r.n_sel = m->n_sel, r.expert_counts = m->counts;
-    r.expert_offsets = m->offsets, r.active_experts = m->active, r.n_active = m->n_active;
-    r.permutation = m->perm, r.row_index = m->row_index;
-    MJ_CHECK(mj_struct_load(out, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof r, &(mj_route_outputs){0}, "mj_route_outputs",
-                            "MJ_ROUTE_OUTPUTS_INIT"));
-    mj_struct_store(out, &r, sizeof r);
+    MJ_CHECK(mj_struct_load(out, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof m->r, &(mj_route_outputs){0},
+                            "mj_route_outputs", "MJ_ROUTE_OUTPUTS_INIT"));
+    mj_struct_store(out, &m->r, sizeof m->r);
     return MJ_OK;
 }
 
@@ -252,7 +248,7 @@ mj_status mj_moe_forward(mj_moe_t m, const uint16_t *hidden, int32_t B, const in
     if (!m || (B > 0 && (!hidden || !out)))
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_forward: NULL handle, hidden or out");
     if (B == 0) return MJ_OK; /* every rank has the same B: no one waits in the all-reduce */
-    if (B < 0 || B > m->mb || !m->prepared[B])
+    if (B < 0 || B > m->mb || !m->batch[B].k0)
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "mj_moe_forward: batch size %d was not prepared (%s): add it to mj_moe_prepare's batch "
                             "sizes, or pad the batch to a prepared size and pass num_valid",
@@ -262,13 +258,10 @@ mj_status mj_moe_forward(mj_moe_t m, const uint16_t *hidden, int32_t B, const in
     if ((st = mj_router_gemm(m->ctx, hidden, m->gate, B, c->hidden, c->n_experts, m->logits, stream)) != MJ_OK)
         return fail_in("mj_moe_forward", st);
     mj_route_params p = m->route;
-    p.k0 = m->k0_of[B];
-    mj_route_outputs r;
-    r.struct_size = sizeof r;
-    MJ_CHECK(mj_moe_route_outputs(m, &r));
-    if ((st = mj_route(m->ctx, &p, m->logits, m->bias, B, num_valid, &r, stream)) != MJ_OK)
+    p.k0 = m->batch[B].k0;
+    if ((st = mj_route(m->ctx, &p, m->logits, m->bias, B, num_valid, &m->r, stream)) != MJ_OK)
         return fail_in("mj_moe_forward", st);
-    if ((st = mj_experts_forward(m->ctx, m->ex, (mj_weight_mode)m->mode_of[B], hidden, &r, B, num_valid, out,
+    if ((st = mj_experts_forward(m->ctx, m->ex, (mj_weight_mode)m->batch[B].mode, hidden, &m->r, B, num_valid, out,
                                  stream)) != MJ_OK)
         return fail_in("mj_moe_forward", st);
     if (m->opt.n_ranks > 1 &&

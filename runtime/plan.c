@@ -37,14 +37,9 @@ mj_status mj_plan_rank_shape(const mj_moe_config *cfg, mj_parallel par, int32_t 
     return MJ_OK;
 }
 
-static int same_spec(const mj_spec *a, const mj_spec *b) {
-    return a->tpl == b->tpl && a->target == b->target && a->backend == b->backend &&
-           !memcmp(a->knobs, b->knobs, sizeof a->knobs);
-}
-
 static mj_status add(mj_plan *p, int32_t *cap, const mj_spec *s, const char *what, int32_t B) {
     for (int32_t i = 0; i < p->n; i++)
-        if (same_spec(&p->e[i].spec, s)) {
+        if (mj_spec_equal(&p->e[i].spec, s)) {
             if (B < p->e[i].b_lo) p->e[i].b_lo = B;
             if (B > p->e[i].b_hi) p->e[i].b_hi = B;
             return MJ_OK;
