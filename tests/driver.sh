@@ -7,14 +7,7 @@ set -u
 MJ=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 SRC=$(cd "$2" && pwd)
 STUB=$(cd "$(dirname "$3")" && pwd)/$(basename "$3")
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-pass=0
-fail=0
-
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # expect_rc WANT CMD...: the command's exit code is WANT; its stdout/stderr land in out/err.
 expect_rc() {
@@ -815,5 +808,4 @@ full "$MJ" make-checkpoint --config "$GLM5" --out fullck --seed 1 $SMALL
 # A command with nothing to print does not fail for it.
 expect_rc 0 "$MJ" nvfp4 quantize m.npy full_q >/dev/full
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

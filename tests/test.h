@@ -1,5 +1,6 @@
 /* test.h — what every test shares: the assertions, the seed, temporary directories, timing,
- * running this program again as a child, and guarded buffers (poisoned, with sentinels).
+ * contexts on no device, small MoE configs and random inputs, running this program again as
+ * a child, guarded buffers (poisoned, with sentinels) and the stub driver's log.
  * A failed CHECK prints where and what, the run goes on, and test_finish() prints
  * "N passed, N failed" and returns the exit code. */
 #ifndef MJ_TEST_H
@@ -107,6 +108,38 @@ static inline const char *test_shared_cache(void) {
     if (env && *env) return env;
     if (!test_private_cache_ && (test_private_cache_ = test_tmpdir("cache"))) atexit(test_private_cache_rm_);
     return test_private_cache_;
+}
+
+/* ---- contexts, layers and numbers ------------------------------------------------------------ */
+/* A context on no device (checked): the kernel cache in cache_dir, the backend, the target
+ * (NULL: the backend's default), strict or not. NULL when it cannot be made. */
+static inline mj_context_t test_new_context(const char *cache_dir, mj_backend backend, const char *target, int strict) {
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = backend, o.target = target, o.strict = strict;
+    mj_context_t c = NULL;
+    CHECK_OK(mj_context_create(&o, &c));
+    return c;
+}
+
+/* The GLM-5 config cut down to the given sizes, with one expert group. */
+static inline mj_moe_config test_moe_cfg(int H, int I, int E, int k, int n_shared) {
+    mj_moe_config c;
+    mj_moe_config_glm5(&c);
+    c.hidden = H, c.intermediate = I, c.n_experts = E, c.topk = k, c.n_shared = n_shared;
+    c.n_group = 1, c.topk_group = 1;
+    return c;
+}
+
+/* ||a - b|| / ||b|| (||a - b|| when b is 0). */
+static inline double test_rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* n bf16 values drawn from N(0, 1) with the generator *rng. */
+static inline void test_random_hidden(uint16_t *h, size_t n, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(rng));
 }
 
 /* ---- children: load-once paths are tested in a fresh process ------------------------------ */
@@ -253,6 +286,20 @@ static inline void tbuf_free(tbuf *b) {
     if (b->device) mj_cuda_free((uint64_t)(uintptr_t)b->base);
     else free(b->base);
     b->base = NULL, b->p = NULL;
+}
+
+/* The text of the log file at path so far (malloc'd, up to 64 KiB), and then remove it: the
+ * stub drivers' log, read by the tests that run on them. */
+static inline char *test_take_log(const char *path) {
+    FILE *f = fopen(path, "r");
+    char *text = calloc(1, 1 << 16);
+    if (f) {
+        size_t n = fread(text, 1, (1 << 16) - 1, f);
+        text[n] = '\0';
+        fclose(f);
+    }
+    unlink(path);
+    return text;
 }
 
 /* The stub driver's log (tests/stub/cuda_stub.c) in a new temporary directory, for a test run

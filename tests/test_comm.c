@@ -330,19 +330,6 @@ static void test_loopback_args(void) {
 /* ---- NCCL through the stub -------------------------------------------------------------------- */
 static char g_log[4096];
 
-/* The stubs' log so far, and then empty it (malloc'd). */
-static char *take_log(void) {
-    FILE *f = fopen(g_log, "r");
-    char *text = calloc(1, 1 << 16);
-    if (f) {
-        size_t n = fread(text, 1, (1 << 16) - 1, f);
-        text[n] = '\0';
-        fclose(f);
-    }
-    unlink(g_log);
-    return text;
-}
-
 /* The comm=%p that a log line starting with `prefix` names, or NULL. */
 static void *logged_comm(const char *log, const char *prefix) {
     const char *l = strstr(log, prefix);
@@ -357,7 +344,7 @@ static void test_nccl_stub(void) {
     const char *path = NULL;
     CHECK_OK(mj_nccl_version(&code, &path));
     CHECK(code == 22703 && path && !strcmp(path, MJ_STUB_LIBNCCL), "version %d from %s", code, path ? path : "?");
-    free(take_log());
+    free(test_take_log(g_log));
 
     /* The id, and a rank of two. */
     mj_comm_id id;
@@ -370,12 +357,12 @@ static void test_nccl_stub(void) {
     CHECK_OK(mj_comm_info(c, &rank, &size));
     CHECK(rank == 1 && size == 2 && mj_comm_kind(c) == MJ_COMM_NCCL, "init_rank: rank %d of %d, kind %d",
           rank, size, (int)mj_comm_kind(c));
-    char *log = take_log();
+    char *log = test_take_log(g_log);
     CHECK(strstr(log, "nranks=2 rank=1 id=stub-id-1") != NULL, "init_rank: %s", log);
     void *raw = logged_comm(log, "ncclCommInitRank");
     free(log);
     CHECK_OK(mj_comm_free(c));
-    log = take_log();
+    log = test_take_log(g_log);
     char want[256];
     snprintf(want, sizeof want, "ncclCommDestroy comm=%p", raw);
     CHECK(raw && strstr(log, want), "init_rank's comm is destroyed with the handle: %s", log);
@@ -383,21 +370,21 @@ static void test_nccl_stub(void) {
 
     /* The all-reduce hands NCCL exactly the buffers, count, float32, sum, comm and stream. */
     CHECK_OK(mj_comm_nccl_init_rank(&id, 1, 0, &c));
-    log = take_log();
+    log = test_take_log(g_log);
     raw = logged_comm(log, "ncclCommInitRank");
     free(log);
     float send[100], recv[100];
     for (int i = 0; i < 100; i++) send[i] = (float)i * 0.5f, recv[i] = -1;
     void *stream = (void *)(uintptr_t)0x5eed;
     CHECK_OK(mj_comm_all_reduce_f32(c, send, recv, 100, stream));
-    log = take_log();
+    log = test_take_log(g_log);
     snprintf(want, sizeof want, "ncclAllReduce send=%p recv=%p count=100 datatype=7 op=0 comm=%p stream=%p",
              (void *)send, (void *)recv, raw, stream);
     CHECK(strstr(log, want) != NULL, "want \"%s\" in the log: %s", want, log);
     CHECK(memcmp(send, recv, sizeof send) == 0, "one rank: recv is send");
     free(log);
     CHECK_OK(mj_comm_all_reduce_f32(c, recv, recv, 100, NULL)); /* in place */
-    log = take_log();
+    log = test_take_log(g_log);
     snprintf(want, sizeof want, "send=%p recv=%p count=100", (void *)recv, (void *)recv);
     CHECK(strstr(log, want) != NULL, "in place: %s", log);
     free(log);
@@ -406,7 +393,7 @@ static void test_nccl_stub(void) {
     CHECK_STATUS(mj_comm_all_reduce_f32(c, send, recv, -1, stream), MJ_ERR_INVALID_ARG);
     CHECK_STATUS(mj_comm_all_reduce_f32(c, NULL, recv, 4, stream), MJ_ERR_INVALID_ARG);
     CHECK(strstr(mj_last_error(), "send buffer is NULL") != NULL, "%s", mj_last_error());
-    log = take_log();
+    log = test_take_log(g_log);
     CHECK(log[0] == '\0', "count 0 or a refused call reached NCCL: %s", log);
     free(log);
     CHECK_STATUS(mj_comm_abort(c, "x"), MJ_ERR_UNSUPPORTED);
@@ -431,7 +418,7 @@ static void test_nccl_stub(void) {
     CHECK_STATUS(mj_comm_nccl_unique_id(&id), MJ_ERR_COMM);
     unsetenv("MJ_STUB_NCCL_FAIL");
     CHECK_OK(mj_comm_free(c));
-    free(take_log());
+    free(test_take_log(g_log));
 
     /* Wrap: the engine's comm is used, and not destroyed with the handle. */
     void *lib = dlopen(MJ_STUB_LIBNCCL, RTLD_NOW | RTLD_LOCAL); /* the instance moejit loaded */
@@ -445,10 +432,10 @@ static void test_nccl_stub(void) {
         CHECK_OK(mj_comm_nccl_wrap(engine, &c));
         CHECK_OK(mj_comm_info(c, &rank, &size));
         CHECK(rank == 3 && size == 4, "wrap: rank %d of %d (want 3 of 4)", rank, size);
-        free(take_log());
+        free(test_take_log(g_log));
         CHECK_OK(mj_comm_all_reduce_f32(c, send, recv, 7, stream));
         CHECK_OK(mj_comm_free(c));
-        log = take_log();
+        log = test_take_log(g_log);
         snprintf(want, sizeof want, "count=7 datatype=7 op=0 comm=%p", engine);
         CHECK(strstr(log, want) && !strstr(log, "ncclCommDestroy"), "wrap: %s", log);
         free(log);
@@ -464,16 +451,16 @@ static void test_nccl_stub(void) {
 
     /* init_all on the CUDA stub's one device. */
     mj_comm_t all[2] = {NULL, NULL};
-    free(take_log());
+    free(test_take_log(g_log));
     CHECK_OK(mj_comm_nccl_init_all(1, NULL, all));
     CHECK_OK(mj_comm_info(all[0], &rank, &size));
     CHECK(rank == 0 && size == 1, "init_all: rank %d of %d", rank, size);
-    log = take_log();
+    log = test_take_log(g_log);
     raw = logged_comm(log, "ncclCommInitAll");
     CHECK(raw && strstr(log, "rank=0 of 1 dev=0"), "init_all: %s", log);
     free(log);
     CHECK_OK(mj_comm_free(all[0]));
-    log = take_log();
+    log = test_take_log(g_log);
     snprintf(want, sizeof want, "ncclCommDestroy comm=%p", raw);
     CHECK(strstr(log, want) != NULL, "init_all's comm is destroyed with the handle: %s", log);
     free(log);
@@ -487,7 +474,7 @@ static void test_nccl_stub(void) {
     setenv("MJ_STUB_NCCL_FAIL", "ncclCommCount:3", 1);
     CHECK_STATUS(mj_comm_nccl_init_all(1, NULL, all), MJ_ERR_COMM);
     unsetenv("MJ_STUB_NCCL_FAIL");
-    log = take_log();
+    log = test_take_log(g_log);
     raw = logged_comm(log, "ncclCommInitAll");
     snprintf(want, sizeof want, "ncclCommDestroy comm=%p", raw);
     CHECK(all[0] == NULL && raw && strstr(log, want), "init_all's cleanup: %s", log);
@@ -503,7 +490,7 @@ static void test_nccl_stub(void) {
     CHECK_STATUS(mj_comm_nccl_init_rank(NULL, 2, 0, &c), MJ_ERR_INVALID_ARG);
     CHECK_STATUS(mj_comm_nccl_init_rank(&id, 2, 0, NULL), MJ_ERR_INVALID_ARG);
     CHECK_STATUS(mj_comm_nccl_unique_id(NULL), MJ_ERR_INVALID_ARG);
-    log = take_log();
+    log = test_take_log(g_log);
     CHECK(log[0] == '\0', "refused calls reached NCCL: %s", log);
     free(log);
 }

@@ -201,21 +201,11 @@ static void test_other_models(void) {
     mj_moe_config c, want;
 
     /* Qwen3-MoE: num_experts, no scoring_func (softmax), no shared experts, no groups. */
-    memset(&want, 0, sizeof want);
-    want.hidden = 2048;
-    want.intermediate = 768;
-    want.n_experts = 128;
-    want.topk = 8;
-    want.n_shared = 0;
-    want.n_group = 1;
-    want.topk_group = 1;
-    want.scoring = MJ_SCORING_SOFTMAX;
-    want.routed_scaling_factor = 1.0f;
-    want.norm_topk_prob = 1;
-    want.has_correction_bias = 0;
-    want.activation = MJ_ACT_SILU;
-    want.quant = MJ_QUANT_NONE;
-    want.quant_group_size = 0;
+    want = (mj_moe_config){.hidden = 2048, .intermediate = 768, .n_experts = 128, .topk = 8,
+                           .n_shared = 0, .n_group = 1, .topk_group = 1,
+                           .scoring = MJ_SCORING_SOFTMAX, .routed_scaling_factor = 1.0f,
+                           .norm_topk_prob = 1, .has_correction_bias = 0, .activation = MJ_ACT_SILU,
+                           .quant = MJ_QUANT_NONE, .quant_group_size = 0};
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FIXTURES "qwen3_moe.json", NULL, &c));
     check_same("qwen3_moe", &c, &want);
@@ -224,43 +214,23 @@ static void test_other_models(void) {
 
     /* Multimodal: the MoE fields under text_config, quantization_config at the top with
      * no group_size (default 16). */
-    memset(&want, 0, sizeof want);
-    want.hidden = 4096;
-    want.intermediate = 1536;
-    want.n_experts = 64;
-    want.topk = 6;
-    want.n_shared = 2;
-    want.n_group = 8;
-    want.topk_group = 3;
-    want.scoring = MJ_SCORING_SIGMOID;
-    want.routed_scaling_factor = 1.5f;
-    want.norm_topk_prob = 0;
-    want.has_correction_bias = 1;
-    want.activation = MJ_ACT_SILU;
-    want.quant = MJ_QUANT_NVFP4;
-    want.quant_group_size = 16;
+    want = (mj_moe_config){.hidden = 4096, .intermediate = 1536, .n_experts = 64, .topk = 6,
+                           .n_shared = 2, .n_group = 8, .topk_group = 3,
+                           .scoring = MJ_SCORING_SIGMOID, .routed_scaling_factor = 1.5f,
+                           .norm_topk_prob = 0, .has_correction_bias = 1, .activation = MJ_ACT_SILU,
+                           .quant = MJ_QUANT_NVFP4, .quant_group_size = 16};
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FIXTURES "text_config_nvfp4.json", NULL, &c));
     check_same("text_config", &c, &want);
 
     /* DeepSeek-V2: group_limited_greedy, softmax, 8 groups keep 3, no bias: a group scores
      * its max. */
-    memset(&want, 0, sizeof want);
-    want.hidden = 5120;
-    want.intermediate = 1536;
-    want.n_experts = 160;
-    want.topk = 6;
-    want.n_shared = 2;
-    want.n_group = 8;
-    want.topk_group = 3;
-    want.scoring = MJ_SCORING_SOFTMAX;
-    want.routed_scaling_factor = 16.0f;
-    want.norm_topk_prob = 0;
-    want.has_correction_bias = 0;
-    want.activation = MJ_ACT_SILU;
-    want.quant = MJ_QUANT_NONE;
-    want.quant_group_size = 0;
-    want.group_score = MJ_GROUP_SCORE_MAX;
+    want = (mj_moe_config){.hidden = 5120, .intermediate = 1536, .n_experts = 160, .topk = 6,
+                           .n_shared = 2, .n_group = 8, .topk_group = 3,
+                           .scoring = MJ_SCORING_SOFTMAX, .routed_scaling_factor = 16.0f,
+                           .norm_topk_prob = 0, .has_correction_bias = 0, .activation = MJ_ACT_SILU,
+                           .quant = MJ_QUANT_NONE, .quant_group_size = 0,
+                           .group_score = MJ_GROUP_SCORE_MAX};
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FIXTURES "deepseek_v2.json", NULL, &c));
     check_same("deepseek_v2", &c, &want);

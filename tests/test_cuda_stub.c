@@ -11,19 +11,6 @@
 
 static char g_log[4096];
 
-/* The stub's log so far, and then empty it. */
-static char *take_log(void) {
-    FILE *f = fopen(g_log, "r");
-    char *text = calloc(1, 1 << 16);
-    if (f) {
-        size_t n = fread(text, 1, (1 << 16) - 1, f);
-        text[n] = '\0';
-        fclose(f);
-    }
-    unlink(g_log);
-    return text;
-}
-
 /* Streams, events, copies and graphs through runtime/cuda/driver.c, against the stub. */
 static void test_streams_events_graphs(const mj_function *f) {
     int ver = 0;
@@ -60,14 +47,14 @@ static void test_streams_events_graphs(const mj_function *f) {
     CHECK_OK(mj_cuda_stream_synchronize(s));
     CHECK_OK(mj_cuda_event_elapsed(e0, e1, &ms));
     CHECK(fabsf(ms - 0.020f) < 1e-6f, "two kernels: %g ms, want 0.020", ms);
-    free(take_log());
+    free(test_take_log(g_log));
     /* A graph of three launches: nothing runs while capturing; each replay runs all three. */
     void *g = NULL, *x = NULL;
     CHECK_OK(mj_cuda_graph_capture_begin(s));
     for (int i = 0; i < 3; i++) CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
     CHECK_OK(mj_cuda_graph_capture_end(s, &g));
     CHECK_OK(mj_cuda_graph_instantiate(g, &x));
-    char *log = take_log();
+    char *log = test_take_log(g_log);
     CHECK(strstr(log, "cuStreamEndCapture: 3 nodes") && !strstr(log, "\ncuLaunchKernel"), "capture: %s", log);
     free(log);
     CHECK_OK(mj_cuda_event_record(e0, s));
@@ -76,7 +63,7 @@ static void test_streams_events_graphs(const mj_function *f) {
     CHECK_OK(mj_cuda_event_record(e1, s));
     CHECK_OK(mj_cuda_event_elapsed(e0, e1, &ms));
     CHECK(fabsf(ms - 0.060f) < 1e-6f, "two replays of 3 kernels: %g ms, want 0.060", ms);
-    log = take_log();
+    log = test_take_log(g_log);
     int n = 0;
     for (char *q = log; (q = strstr(q, "cuLaunchKernel fixture_saxpy")); q++) n++;
     CHECK(n == 6, "two replays ran %d launches, want 6: %s", n, log);
@@ -101,7 +88,7 @@ static void test_streams_events_graphs(const mj_function *f) {
     CHECK_OK(mj_cuda_event_destroy(e0));
     CHECK_OK(mj_cuda_event_destroy(e1));
     CHECK_OK(mj_cuda_stream_destroy(s));
-    free(take_log());
+    free(test_take_log(g_log));
 }
 
 int main(void) {
@@ -127,14 +114,14 @@ int main(void) {
     mj_spec_fixture_saxpy(ctx, &kn, &s);
     CHECK_OK(mj_jit_get(ctx, &s, &f));
     if (!f) return test_finish();
-    char *log = take_log();
+    char *log = test_take_log(g_log);
     CHECK(strstr(log, "cuModuleLoadData") != NULL, "module not loaded: %s", log);
     free(log);
 
     /* Up to 48 KiB: no opt-in needed. */
     mj_launch_dims d = {{4, 1, 1}, {128, 1, 1}, 48 * 1024, NULL};
     CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
-    log = take_log();
+    log = test_take_log(g_log);
     CHECK(!strstr(log, "cuFuncSetAttribute") && strstr(log, "cuLaunchKernel fixture_saxpy grid 4,1,1 block 128,1,1 smem 49152"),
           "48 KiB launch: %s", log);
     free(log);
@@ -142,7 +129,7 @@ int main(void) {
     d.smem = 64 * 1024;
     CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
     CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
-    log = take_log();
+    log = test_take_log(g_log);
     char *set = strstr(log, "cuFuncSetAttribute fixture_saxpy max_dynamic_smem 65536");
     char *launch = strstr(log, "cuLaunchKernel fixture_saxpy grid 4,1,1 block 128,1,1 smem 65536");
     CHECK(set && launch && set < launch, "64 KiB launch must opt in first: %s", log);
@@ -151,14 +138,14 @@ int main(void) {
     /* More: opts in again, up to the target's limit. */
     d.smem = 101376;
     CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
-    log = take_log();
+    log = test_take_log(g_log);
     CHECK(strstr(log, "max_dynamic_smem 101376") != NULL, "99 KiB launch: %s", log);
     free(log);
     /* Past what sm_120a gives a block: refused before the driver is asked. */
     d.smem = 101376 + 1024;
     CHECK_STATUS(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL), MJ_ERR_INVALID_ARG);
     CHECK(strstr(mj_last_error(), "sm_120a allows at most 101376") != NULL, "%s", mj_last_error());
-    log = take_log();
+    log = test_take_log(g_log);
     CHECK(log[0] == '\0', "a refused launch reached the driver: %s", log);
     free(log);
 

@@ -32,14 +32,6 @@
 
 /* ---- a layer and a routing ------------------------------------------------------------------ */
 
-static mj_moe_config make_cfg(int H, int I, int E, int k, int n_shared) {
-    mj_moe_config c;
-    mj_moe_config_glm5(&c);
-    c.hidden = H, c.intermediate = I, c.n_experts = E, c.topk = k, c.n_shared = n_shared;
-    c.n_group = 1, c.topk_group = 1;
-    return c;
-}
-
 typedef struct routing {
     int B, nv, k, E;
     int32_t *ids, *nsel, *cnt, *off, *act, na, *perm, *rix;
@@ -364,12 +356,6 @@ static void check_down(const fwd *f) {
 
 /* ---- running a forward -------------------------------------------------------------------- */
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* The route outputs of r, poisoned-buffer style: copied in (host pointers on the sim). */
 static mj_route_outputs route_outputs(const routing *r) {
     mj_route_outputs o = MJ_ROUTE_OUTPUTS_INIT;
@@ -409,7 +395,7 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
         if (!g_count_only) {
             float *want = malloc(sizeof(float) * (size_t)B * H);
             CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, r->ids, r->w, r->nsel, want));
-            double e = rel_l2(got, want, (size_t)B * H);
+            double e = test_rel_l2(got, want, (size_t)B * H);
             /* W4A16: both round act to bf16 (an element may go the other way: 2^-8 of it);
              * W4A4: a requantized element may land one code away. */
             CHECK(e <= (mode == MJ_MODE_W4A16 ? 2e-3 : 5e-2), "%s: forward vs mj_experts_ref: relative L2 %.3g", what, e);
@@ -427,16 +413,12 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     return g_counted;
 }
 
-static void random_hidden(uint16_t *h, size_t n, uint64_t *rng) {
-    for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(rng));
-}
-
 /* ---- the tests ------------------------------------------------------------------------------ */
 
 /* Pack then unpack gives the tensors back, and the packed bytes sit where the kernel's
  * fragment map says (an independent spot check of the picture in templates/moe_experts.cu). */
 static void test_pack(uint64_t seed) {
-    mj_moe_config c = make_cfg(320, 192, 2, 2, 1);
+    mj_moe_config c = test_moe_cfg(320, 192, 2, 2, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
@@ -464,7 +446,7 @@ static void test_pack(uint64_t seed) {
     CHECK(!memcmp(w2.weight, L->w2[1].weight, (size_t)H * I / 2) && !memcmp(w2.weight_scale, L->w2[1].weight_scale, (size_t)H * I / 16),
           "w2 round trip");
     /* A shared expert of 2 I rows: sub-expert 1 is rows I.. of gate and of up, columns I.. */
-    mj_moe_config c2 = make_cfg(128, 64, 2, 2, 2);
+    mj_moe_config c2 = test_moe_cfg(128, 64, 2, 2, 2);
     mj_layer_t L2 = NULL;
     CHECK_OK(mj_layer_create_random(&c2, seed + 1, &L2));
     if (L2) {
@@ -501,14 +483,14 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
         {4096, 64, 8, 2, 3, 3, 1},    {256, 64, 16, 4, 32, 30, 2},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        mj_moe_config c = make_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
+        mj_moe_config c = test_moe_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
         mj_layer_t L = NULL;
         CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
         if (!L) continue;
         mj_experts_t ex = make_experts(ctx, L, 320);
         uint64_t rng = seed * 31 + ci;
         uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * c.hidden);
-        random_hidden(hidden, (size_t)cases[ci].B * c.hidden, &rng);
+        test_random_hidden(hidden, (size_t)cases[ci].B * c.hidden, &rng);
         routing r;
         route_layer(L, hidden, cases[ci].B, cases[ci].nv, cases[ci].k0, &r);
         char what[96];
@@ -522,14 +504,14 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
         mj_layer_free(L);
     }
     /* Token counts by hand: experts with 0, 1, 8, 9 and 33 tokens. */
-    mj_moe_config c = make_cfg(512, 128, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(512, 128, 16, 4, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed + 100, &L));
     if (!L) return;
     mj_experts_t ex = make_experts(ctx, L, 64);
     uint64_t rng = seed + 101;
     uint16_t *hidden = malloc(sizeof(uint16_t) * 64 * 512);
-    random_hidden(hidden, 64 * 512, &rng);
+    test_random_hidden(hidden, 64 * 512, &rng);
     routing r;
     route_crafted(64, 4, 16, &rng, &r);
     CHECK(r.cnt[0] == 0 && r.cnt[1] == 1 && r.cnt[2] == 8 && r.cnt[3] == 9 && r.cnt[4] == 33,
@@ -543,14 +525,14 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
 
 /* Prefill: 4096 tokens (experts with hundreds of rows, 64 token tiles in down). */
 static void test_prefill(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(128, 64, 32, 8, 1);
+    mj_moe_config c = test_moe_cfg(128, 64, 32, 8, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
     mj_experts_t ex = make_experts(ctx, L, 4096);
     uint64_t rng = seed + 1;
     uint16_t *hidden = malloc(sizeof(uint16_t) * 4096 * 128);
-    random_hidden(hidden, 4096 * 128, &rng);
+    test_random_hidden(hidden, 4096 * 128, &rng);
     routing r;
     route_layer(L, hidden, 4096, 4000, 8, &r);
     int most = 0;
@@ -565,13 +547,13 @@ static void test_prefill(mj_context_t ctx, uint64_t seed) {
 
 /* TP and EP shards: a rank's slice of every expert, or a rank's experts (and no shared). */
 static void test_shards(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(512, 256, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(512, 256, 16, 4, 1);
     mj_layer_t full = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &full));
     if (!full) return;
     uint64_t rng = seed + 7;
     uint16_t *hidden = malloc(sizeof(uint16_t) * 16 * 512);
-    random_hidden(hidden, 16 * 512, &rng);
+    test_random_hidden(hidden, 16 * 512, &rng);
     routing r;
     route_layer(full, hidden, 16, 14, 2, &r);
     const struct { mj_parallel kind; int rank, n; } shards[] = {{MJ_PAR_TP, 1, 2}, {MJ_PAR_EP, 1, 2}, {MJ_PAR_EP, 0, 4}};
@@ -593,14 +575,14 @@ static void test_shards(mj_context_t ctx, uint64_t seed) {
 static void test_glm5_shapes(mj_context_t ctx, uint64_t seed) {
     static const struct { int I, E, k, B; int modes; } cases[] = {{256, 8, 4, 4, 3}, {2048, 4, 2, 2, 1}};
     for (int ci = 0; ci < 2; ci++) {
-        mj_moe_config c = make_cfg(6144, cases[ci].I, cases[ci].E, cases[ci].k, 1);
+        mj_moe_config c = test_moe_cfg(6144, cases[ci].I, cases[ci].E, cases[ci].k, 1);
         mj_layer_t L = NULL;
         CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
         if (!L) continue;
         mj_experts_t ex = make_experts(ctx, L, 8);
         uint64_t rng = seed + 50 + ci;
         uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * 6144);
-        random_hidden(hidden, (size_t)cases[ci].B * 6144, &rng);
+        test_random_hidden(hidden, (size_t)cases[ci].B * 6144, &rng);
         routing r;
         route_layer(L, hidden, cases[ci].B, cases[ci].B, cases[ci].k, &r);
         double t0 = test_now_ms();
@@ -620,7 +602,7 @@ static void test_glm5_shapes(mj_context_t ctx, uint64_t seed) {
  * the scales of rows g and g+8 swapped, a row's scales shifted by one k-group, gate and up
  * swapped for one k-step. */
 static void test_mutations(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(512, 128, 8, 2, 1);
+    mj_moe_config c = test_moe_cfg(512, 128, 8, 2, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
@@ -630,7 +612,7 @@ static void test_mutations(mj_context_t ctx, uint64_t seed) {
     mj_experts_view_get(ex, &v);
     uint64_t rng = seed + 3;
     uint16_t *hidden = malloc(sizeof(uint16_t) * 8 * 512);
-    random_hidden(hidden, 8 * 512, &rng);
+    test_random_hidden(hidden, 8 * 512, &rng);
     routing r;
     route_layer(L, hidden, 8, 8, 2, &r);
     int xi = r.act[0]; /* an active expert */
@@ -675,7 +657,7 @@ static void test_mutations(mj_context_t ctx, uint64_t seed) {
 /* Bytes of weights read: each active expert's (and each shared sub-expert's) exactly once
  * for B <= 64; none of an inactive one. Same bits run after run. */
 static void test_bytes(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(256, 64, 64, 8, 1);
+    mj_moe_config c = test_moe_cfg(256, 64, 64, 8, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
@@ -691,7 +673,7 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
                 int B = Bs[bi];
                 uint64_t rng = seed + (uint64_t)bi;
                 uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)B * 256);
-                random_hidden(hidden, (size_t)B * 256, &rng);
+                test_random_hidden(hidden, (size_t)B * 256, &rng);
                 routing r;
                 route_layer(L, hidden, B, B, k0, &r);
                 mj_route_outputs ro = route_outputs(&r);
@@ -716,7 +698,7 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
 
 /* One recorded launch sequence (what a CUDA graph is), replayed with new token counts. */
 static void test_replay(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(256, 64, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(256, 64, 16, 4, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
@@ -725,7 +707,7 @@ static void test_replay(mj_context_t ctx, uint64_t seed) {
     const int B = 16, H = 256;
     uint64_t rng = seed + 9;
     uint16_t *hidden = malloc(sizeof(uint16_t) * B * H);
-    random_hidden(hidden, (size_t)B * H, &rng);
+    test_random_hidden(hidden, (size_t)B * H, &rng);
     for (int m = 0; m < 2; m++) {
         mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
         routing r;
@@ -751,7 +733,7 @@ static void test_replay(mj_context_t ctx, uint64_t seed) {
             memset(out, 0x55, sizeof(float) * B * H);
             CHECK_OK(mj_sim_graph_replay(g));
             CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, r.ids, r.w, r.nsel, want));
-            double e = rel_l2(out, want, (size_t)B * H);
+            double e = test_rel_l2(out, want, (size_t)B * H);
             CHECK(e <= (m ? 5e-2 : 2e-3), "replay at %d tokens (mode %d): relative L2 %.3g", nv, m, e);
             routing_free(&r2);
         }
@@ -766,15 +748,12 @@ static void test_replay(mj_context_t ctx, uint64_t seed) {
 
 /* What cannot run is refused, naming the value and what would work. */
 static void test_refusals(mj_context_t ctx, const char *cache) {
-    mj_moe_config c = make_cfg(256, 64, 8, 2, 1);
+    mj_moe_config c = test_moe_cfg(256, 64, 8, 2, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, 5, &L));
     if (!L) return;
     /* W4A4 on sm_90a. */
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = cache, o.backend = MJ_BACKEND_SIM, o.device = MJ_DEVICE_NONE, o.target = "sm_90a";
-    mj_context_t c90 = NULL;
-    CHECK_OK(mj_context_create(&o, &c90));
+    mj_context_t c90 = test_new_context(cache, MJ_BACKEND_SIM, "sm_90a", 0);
     mj_experts_t ex90 = NULL;
     if (c90) {
         mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
@@ -846,11 +825,7 @@ static void test_refusals(mj_context_t ctx, const char *cache) {
 static void test_specs(const char *cache) {
     static const char *const backends[] = {"cuda", "sim"};
     for (int b = 0; b < 2; b++) {
-        mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-        o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.target = "sm_120a";
-        o.backend = b ? MJ_BACKEND_SIM : MJ_BACKEND_CUDA;
-        mj_context_t c = NULL;
-        CHECK_OK(mj_context_create(&o, &c));
+        mj_context_t c = test_new_context(cache, b ? MJ_BACKEND_SIM : MJ_BACKEND_CUDA, "sm_120a", 0);
         if (!c) continue;
         int32_t quant_tpe = -1;
         for (int mode = 0; mode < 2; mode++)
@@ -891,10 +866,7 @@ static void test_specs(const char *cache) {
     };
     /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
      * nothing at all for n = 0. */
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
-    mj_context_t c = NULL;
-    CHECK_OK(mj_context_create(&o, &c));
+    mj_context_t c = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     if (c) {
         mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1};
         mj_spec two[3];
@@ -931,10 +903,7 @@ static void test_compile(const char *cache) {
     static const char *targets[] = {"sm_120a", "sm_90a", "sm_80"};
     static const char *kernel[] = {"all", "quant", "up", "down"};
     for (int t = 0; t < 3; t++) {
-        mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-        o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = targets[t];
-        mj_context_t c = NULL;
-        CHECK_OK(mj_context_create(&o, &c));
+        mj_context_t c = test_new_context(cache, MJ_BACKEND_CUDA, targets[t], 0);
         if (!c) continue;
         for (int ii = 0; ii < 2; ii++)
             for (int mode = 0; mode < (t == 0 ? 2 : 1); mode++)
@@ -991,10 +960,7 @@ static void test_compile(const char *cache) {
 int main(void) {
     uint64_t seed = test_seed(2026);
     const char *cache = test_shared_cache();
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
-    mj_context_t ctx = NULL;
-    CHECK_OK(mj_context_create(&o, &ctx));
+    mj_context_t ctx = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     if (!ctx) return test_finish();
     double t0 = test_now_ms(), t = t0;
 #define TIMED(call)                                                                      \

@@ -11,13 +11,7 @@ set -u
 MJ=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 SRC=$(cd "$2" && pwd)
 BUILD=$(cd "$3" && pwd)
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 G=$SRC/scripts/gpu
 
 for f in bundle.sh run.sh; do bash -n "$G/$f" && ok || bad "$f does not parse"; done
@@ -140,5 +134,4 @@ for b in 2 16; do
         "$T/tb.json" && ok || bad "torch_baseline --numpy (B $b) differs from moejit: $(cat tb.log)"
 done
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish

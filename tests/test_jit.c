@@ -13,16 +13,6 @@
 #include <unistd.h>
 
 
-static mj_context_t make_ctx(const char *dir, int strict) {
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = dir;
-    o.device = MJ_DEVICE_NONE;
-    o.strict = strict;
-    mj_context_t c = NULL;
-    CHECK_OK(mj_context_create(&o, &c));
-    return c;
-}
-
 /* The first allowed value of every knob, with BLOCK-dependent knobs kept consistent. */
 static mj_spec default_spec(int32_t tpl, mj_target t) {
     mj_spec s;
@@ -165,7 +155,7 @@ int main(void) {
           "options must name the target");
 
     /* 5. Every template compiles for every target it declares, with 0 spills. */
-    mj_context_t ctx = make_ctx(dir, 0);
+    mj_context_t ctx = test_new_context(dir, MJ_BACKEND_AUTO, NULL, 0);
     if (!ctx) return test_finish();
     int n_compiled = 0;
     for (int32_t t = 0; t < mj_registry_count(); t++)
@@ -211,7 +201,7 @@ int main(void) {
     CHECK_STATUS(mj_launch_fixture_block_sum(f1, d, NULL, 16, NULL), MJ_ERR_INVALID_ARG);
 
     /* 8. A second context on the same directory loads from disk and compiles nothing. */
-    mj_context_t ctx2 = make_ctx(dir, 0);
+    mj_context_t ctx2 = test_new_context(dir, MJ_BACKEND_AUTO, NULL, 0);
     const mj_function *g = NULL;
     CHECK_OK(mj_jit_get(ctx2, &s, &g));
     mj_jit_stats st2;
@@ -224,7 +214,7 @@ int main(void) {
 
     /* 9. Strict mode: a miss is an error naming the key; a hit is fine. */
     char *dir2 = test_tmpdir("jit");
-    mj_context_t strict = make_ctx(dir2, 1);
+    mj_context_t strict = test_new_context(dir2, MJ_BACKEND_AUTO, NULL, 1);
     const mj_function *h = NULL;
     CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS);
     CHECK(strstr(mj_last_error(), "fixture_saxpy BLOCK=256 VEC=4 sm_120a") && strstr(mj_last_error(), "prewarm"),
@@ -235,7 +225,7 @@ int main(void) {
     CHECK(sst.compiles == 0 && sst.strict_misses == 2, "strict: %lld compiles, %lld misses (a miss must not "
           "be remembered)", (long long)sst.compiles, (long long)sst.strict_misses);
     /* The operator prewarms the cache meanwhile: the same strict context now finds it. */
-    mj_context_t warm = make_ctx(dir2, 0);
+    mj_context_t warm = test_new_context(dir2, MJ_BACKEND_AUTO, NULL, 0);
     const mj_function *hw = NULL;
     CHECK_OK(mj_jit_get(warm, &s, &hw));
     mj_context_destroy(warm);
@@ -247,7 +237,7 @@ int main(void) {
           "%lld disk hits, %lld mem hits", (long long)sst.compiles, (long long)sst.disk_hits, (long long)sst.mem_hits);
     mj_context_destroy(strict);
     setenv("MOEJIT_STRICT", "1", 1);
-    strict = make_ctx(dir, -1); /* from the environment */
+    strict = test_new_context(dir, MJ_BACKEND_AUTO, NULL, -1); /* from the environment */
     CHECK_OK(mj_jit_get(strict, &s, &h));
     mj_spec unseen = saxpy_spec(96, 2, MJ_TARGET_SM89);
     CHECK_STATUS(mj_jit_get(strict, &unseen, &h), MJ_ERR_CACHE_MISS);
@@ -255,7 +245,7 @@ int main(void) {
     unsetenv("MOEJIT_STRICT");
 
     /* 10. Concurrent requests for one spec in one process: compiled once. */
-    mj_context_t cc = make_ctx(dir2, 0);
+    mj_context_t cc = test_new_context(dir2, MJ_BACKEND_AUTO, NULL, 0);
     thr_arg args[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {

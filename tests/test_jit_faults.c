@@ -61,17 +61,6 @@ static void v1_path(char out[PATH_BUF], const char *root, const char *sub, const
     else fmt_into(out, PATH_BUF, "%s/v%d", root, MJ_CACHE_FORMAT);
 }
 
-static mj_context_t make_ctx(const char *dir) {
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = dir;
-    o.device = MJ_DEVICE_NONE;
-    o.backend = MJ_BACKEND_CUDA;
-    o.strict = 0;
-    mj_context_t c = NULL;
-    CHECK_OK(mj_context_create(&o, &c));
-    return c;
-}
-
 /* fixture_saxpy BLOCK=block VEC=1 for sm_120a. */
 static mj_spec saxpy(int block) {
     mj_spec s;
@@ -118,7 +107,7 @@ static void in_child(void (*fn)(const char *), const char *arg, const char *what
 /* ---- a FIFO at stats.json ------------------------------------------------------------ */
 
 static void stats_fifo_child(const char *dir) {
-    mj_context_t ctx = make_ctx(dir);
+    mj_context_t ctx = test_new_context(dir, MJ_BACKEND_CUDA, NULL, 0);
     if (!ctx) return;
     mj_spec s = saxpy(64);
     const mj_function *f = NULL;
@@ -157,7 +146,7 @@ static void lock_symlink_child(const char *scratch) {
     fmt_into(outside, sizeof outside, "%s/outside", scratch);
     /* The key (it does not depend on the directory): from a compile in a scratch cache. */
     mj_spec s = saxpy(128);
-    mj_context_t ctx = make_ctx(a);
+    mj_context_t ctx = test_new_context(a, MJ_BACKEND_CUDA, NULL, 0);
     const mj_function *f = NULL;
     CHECK_OK(mj_jit_get(ctx, &s, &f));
     char hex[MJ_KEY_HEX_LEN + 1] = "";
@@ -172,7 +161,7 @@ static void lock_symlink_child(const char *scratch) {
     v1_path(lock, b, "locks", name);
     CHECK(symlink(outside, lock) == 0, "symlink %s: %s", lock, strerror(errno));
 
-    ctx = make_ctx(b);
+    ctx = test_new_context(b, MJ_BACKEND_CUDA, NULL, 0);
     f = NULL;
     CHECK_OK(mj_jit_get(ctx, &s, &f));
     CHECK(f && mj_function_report(f)->registers > 0 && !strcmp(mj_function_key(f), hex),
@@ -202,7 +191,7 @@ static void test_lock_symlink(void) {
 /* A 1 KiB file-size limit (SIGXFSZ ignored): writing the entry fails with EFBIG, as on a
  * full disk. The kernel stays usable; the failure is counted and warned about once. */
 static void store_fails_child(const char *dir) {
-    mj_context_t ctx = make_ctx(dir); /* creates the directories before the limit */
+    mj_context_t ctx = test_new_context(dir, MJ_BACKEND_CUDA, NULL, 0); /* creates the directories before the limit */
     if (!ctx) return;
     signal(SIGXFSZ, SIG_IGN);
     struct rlimit rl;
@@ -269,13 +258,7 @@ static void test_store_fails(void) {
  * temp directory: $TMPDIR does not exist, MJ_ERR_IO) is tried again by the next request in
  * the same context, and then succeeds once the cause is gone. */
 static void transient_child(const char *dir) {
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = dir;
-    o.device = MJ_DEVICE_NONE;
-    o.backend = MJ_BACKEND_SIM;
-    o.strict = 0;
-    mj_context_t ctx = NULL;
-    CHECK_OK(mj_context_create(&o, &ctx));
+    mj_context_t ctx = test_new_context(dir, MJ_BACKEND_SIM, NULL, 0);
     if (!ctx) return;
     mj_spec s = saxpy(128);
     s.backend = MJ_BACKEND_SIM;

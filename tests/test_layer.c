@@ -87,10 +87,6 @@ static double rel_err(const float *a, const float *b, size_t n) {
     return r > 0 ? m / r : m;
 }
 
-static void random_hidden(uint16_t *h, size_t n, uint64_t *rng) {
-    for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(rng));
-}
-
 int main(void) {
     uint64_t seed = test_seed(20261202);
     mj_moe_config cfg = small_config();
@@ -100,7 +96,7 @@ int main(void) {
     const int B = 12, H = cfg.hidden;
     uint64_t rng = seed + 1;
     uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)(B * H));
-    random_hidden(hidden, (size_t)(B * H), &rng);
+    test_random_hidden(hidden, (size_t)(B * H), &rng);
     size_t n = (size_t)(B * H);
     float *y = malloc(sizeof(float) * n), *y2 = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
     float *sum = malloc(sizeof(float) * n);

@@ -27,33 +27,6 @@
 
 #include <pthread.h>
 
-static mj_moe_config make_cfg(int H, int I, int E, int k, int n_shared) {
-    mj_moe_config c;
-    mj_moe_config_glm5(&c);
-    c.hidden = H, c.intermediate = I, c.n_experts = E, c.topk = k, c.n_shared = n_shared;
-    c.n_group = 1, c.topk_group = 1;
-    return c;
-}
-
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static void random_hidden(uint16_t *h, size_t n, uint64_t *rng) {
-    for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(rng));
-}
-
-static mj_context_t sim_ctx(const char *cache, int strict) {
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = cache, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
-    o.strict = strict;
-    mj_context_t ctx = NULL;
-    CHECK_OK(mj_context_create(&o, &ctx));
-    return ctx;
-}
-
 /* ---- one layer on n loopback ranks ---------------------------------------------------------- */
 
 typedef struct rank_job {
@@ -125,7 +98,7 @@ static void run_split(mj_layer_t full, mj_parallel par, int n, mj_weight_mode mo
              n, mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", k0, B, nv);
     uint64_t rng = seed;
     uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)B * H);
-    random_hidden(hidden, (size_t)B * H, &rng);
+    test_random_hidden(hidden, (size_t)B * H, &rng);
     int32_t nv32 = nv;
     mj_comm_t comms[8] = {0};
     if (n > 1) CHECK_OK(mj_comm_loopback_create(n, comms));
@@ -170,7 +143,7 @@ static void run_split(mj_layer_t full, mj_parallel par, int n, mj_weight_mode mo
             CHECK(!memcmp(jobs[r].out2, jobs[r].out, sizeof(float) * nel), "%s: rank %d: a second forward differs",
                   what, r);
         }
-        double e = rel_l2(jobs[0].out, want, nel), tol = mode == MJ_MODE_W4A16 ? 2e-3 : 5e-2;
+        double e = test_rel_l2(jobs[0].out, want, nel), tol = mode == MJ_MODE_W4A16 ? 2e-3 : 5e-2;
         CHECK(e <= tol, "%s: relative L2 %.3g vs mj_moe_forward_ref (bound %.0e)", what, e, tol);
         int pad = 0;
         for (size_t i = (size_t)nv * H; i < nel; i++) pad += jobs[0].out[i] != 0.0f;
@@ -187,7 +160,7 @@ static void run_split(mj_layer_t full, mj_parallel par, int n, mj_weight_mode mo
 
 static void test_splits(uint64_t seed) {
     /* I = 512: TP 8 leaves 64 rows a rank (one MMA K-step); E = 16: EP 8 leaves 2 experts. */
-    mj_moe_config c = make_cfg(256, 512, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(256, 512, 16, 4, 1);
     mj_layer_t full = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &full));
     if (!full) return;
@@ -220,14 +193,14 @@ static mj_moe_t one_rank(mj_context_t ctx, mj_layer_t L, const mj_moe_options *o
 }
 
 static void test_bytes_and_options(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(256, 128, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(256, 128, 16, 4, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
     const int B = 8, H = 256;
     uint64_t rng = seed + 1;
     uint16_t *hidden = malloc(sizeof(uint16_t) * B * H);
-    random_hidden(hidden, (size_t)B * H, &rng);
+    test_random_hidden(hidden, (size_t)B * H, &rng);
     float *full = malloc(sizeof(float) * B * H), *part = malloc(sizeof(float) * B * H);
     float *want = malloc(sizeof(float) * B * H);
     mj_moe_options o = MJ_MOE_OPTIONS_INIT;
@@ -256,7 +229,7 @@ static void test_bytes_and_options(mj_context_t ctx, uint64_t seed) {
         struct mj_layer routed = *L;
         routed.has_shared = 0, routed.is_local = 0, routed.cfg.routed_scaling_factor = 1.0f;
         CHECK_OK(mj_moe_forward_ref(&routed, MJ_MODE_W4A16, hidden, B, B, 2, want, NULL));
-        double e = rel_l2(part, want, (size_t)B * H);
+        double e = test_rel_l2(part, want, (size_t)B * H);
         CHECK(e <= 2e-3, "routed experts alone, rsf left out: relative L2 %.3g", e);
         /* and the pieces make the whole: rsf * routed + shared == full. */
         struct mj_layer shared_only = *L;
@@ -266,7 +239,7 @@ static void test_bytes_and_options(mj_context_t ctx, uint64_t seed) {
         CHECK_OK(mj_moe_forward_ref(&shared_only, MJ_MODE_W4A16, hidden, B, B, 2, want, NULL));
         for (int i = 0; i < B * H; i++) sh[i] = want[i] - sh[i]; /* the shared expert's part */
         for (int i = 0; i < B * H; i++) part[i] = part[i] * rsf + sh[i];
-        e = rel_l2(part, full, (size_t)B * H);
+        e = test_rel_l2(part, full, (size_t)B * H);
         CHECK(e <= 4e-3, "rsf * routed + shared vs the full forward: relative L2 %.3g", e);
         free(sh);
         mj_moe_free(moe);
@@ -277,7 +250,7 @@ static void test_bytes_and_options(mj_context_t ctx, uint64_t seed) {
 
 /* A forward recorded once and replayed with new tokens and a new count. */
 static void test_graph(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(256, 128, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(256, 128, 16, 4, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
@@ -299,7 +272,7 @@ static void test_graph(mj_context_t ctx, uint64_t seed) {
     static const int counts[] = {16, 1, 9, 0, 13};
     for (int t = 0; t < 5 && g; t++) {
         uint64_t rng = seed + 50 + (uint64_t)t;
-        random_hidden(hidden, (size_t)B * H, &rng);
+        test_random_hidden(hidden, (size_t)B * H, &rng);
         nv = counts[t];
         memset(out, 0x7f, sizeof(float) * B * H);
         CHECK_OK(mj_sim_graph_replay(g));
@@ -317,11 +290,11 @@ static void test_graph(mj_context_t ctx, uint64_t seed) {
 
 static void test_plan_strict(uint64_t seed) {
     char *cache = test_tmpdir("moe-plan");
-    mj_moe_config c = make_cfg(256, 256, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(256, 256, 16, 4, 1);
     mj_layer_t L = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L || !cache) return;
-    mj_context_t warm = sim_ctx(cache, 0);
+    mj_context_t warm = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     static const int32_t batches[] = {1, 2, 3, 4, 8, 12, 16};
     mj_k0_policy k0;
     CHECK_OK(mj_k0_policy_parse("1-4:4,5-:2", 4, &k0));
@@ -351,7 +324,7 @@ static void test_plan_strict(uint64_t seed) {
     }
     mj_context_destroy(warm);
     /* Strict: every rank prepares from the cache alone. */
-    mj_context_t strict = sim_ctx(cache, 1);
+    mj_context_t strict = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 1);
     for (int s = 0; s < 2 && strict; s++)
         for (int r = 0; r < 2; r++) {
             mj_moe_options o = MJ_MOE_OPTIONS_INIT;
@@ -382,7 +355,7 @@ static void test_plan_strict(uint64_t seed) {
     /* One rank, end to end: prewarm its plan, then a strict context prepares and runs a
      * forward at every prepared B (and num_valid < B): no compile, no miss of any kind, no
      * allocation — what a CUDA graph capture of the forward needs. */
-    warm = sim_ctx(cache, 0);
+    warm = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     if (warm) {
         mj_plan plan;
         mj_plan_request req = {&c, MJ_PAR_NONE, 1, -1, batches, 7, &k0, MJ_MODE_AUTO, NULL, 1};
@@ -396,7 +369,7 @@ static void test_plan_strict(uint64_t seed) {
         mj_plan_free(&plan);
         mj_context_destroy(warm);
     }
-    strict = sim_ctx(cache, 1);
+    strict = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 1);
     mj_moe_t moe = NULL;
     mj_moe_options o = MJ_MOE_OPTIONS_INIT;
     if (strict) CHECK_OK(mj_moe_create(strict, L, &o, &moe));
@@ -411,7 +384,7 @@ static void test_plan_strict(uint64_t seed) {
         uint16_t *hidden = calloc((size_t)(16 * H), 2);
         float *out = calloc((size_t)(16 * H), 4), *ref = calloc((size_t)(16 * H), 4);
         uint64_t rng = seed ^ 0x5eed;
-        random_hidden(hidden, (size_t)(16 * H), &rng);
+        test_random_hidden(hidden, (size_t)(16 * H), &rng);
         int forwards = 0;
         for (int i = 0; i < 7 && hidden && out && ref; i++) {
             int32_t B = batches[i], nv = B > 2 ? B - 2 : B;
@@ -420,7 +393,7 @@ static void test_plan_strict(uint64_t seed) {
             mj_weight_mode mode = MJ_MODE_AUTO;
             CHECK_OK(mj_moe_batch_plan(moe, B, &k0b, &mode));
             CHECK_OK(mj_moe_forward_ref(L, mode, hidden, B, nv, k0b, ref, NULL));
-            double rel = rel_l2(out, ref, (size_t)B * H);
+            double rel = test_rel_l2(out, ref, (size_t)B * H);
             /* tolerance as test_splits: W4A16 2e-3, W4A4 5e-2 relative L2 */
             CHECK(rel <= (mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3), "strict forward B=%d nv=%d: rel L2 %.3g",
                   B, nv, rel);
@@ -449,7 +422,7 @@ static void test_plan_strict(uint64_t seed) {
 /* ---- refusals -------------------------------------------------------------------------------- */
 
 static void test_refusals(mj_context_t ctx, uint64_t seed) {
-    mj_moe_config c = make_cfg(256, 128, 16, 4, 1);
+    mj_moe_config c = test_moe_cfg(256, 128, 16, 4, 1);
     mj_layer_t L = NULL, half = NULL;
     CHECK_OK(mj_layer_create_random(&c, seed, &L));
     if (!L) return;
@@ -527,7 +500,7 @@ static void test_refusals(mj_context_t ctx, uint64_t seed) {
 
 int main(void) {
     uint64_t seed = test_seed(2027);
-    mj_context_t ctx = sim_ctx(test_shared_cache(), 0);
+    mj_context_t ctx = test_new_context(test_shared_cache(), MJ_BACKEND_SIM, "sm_120a", 0);
     if (!ctx) return test_finish();
     double t0 = test_now_ms(), t = t0;
 #define TIMED(call)                                                                      \

@@ -45,25 +45,6 @@ static const shape k_shapes[] = {
     {6144, 256, 32, 8, {1, 4, 16}, 3},
 };
 
-static mj_moe_config make_cfg(const shape *s) {
-    mj_moe_config c;
-    mj_moe_config_glm5(&c);
-    c.hidden = s->H, c.intermediate = s->I, c.n_experts = s->E, c.topk = s->k, c.n_shared = 1;
-    c.n_group = 1, c.topk_group = 1;
-    return c;
-}
-
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static void random_hidden(uint16_t *x, size_t n, uint64_t seed) {
-    uint64_t rng = seed;
-    for (size_t i = 0; i < n; i++) x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
-}
-
 static double tol_of(mj_weight_mode m) { return m == MJ_MODE_W4A4 ? 5e-2 : 2e-3; }
 
 /* Padding rows exactly 0, every value finite. */
@@ -228,14 +209,14 @@ static void check_layer(mj_layer_t L, mj_moe_t moe, const uint16_t *hidden, int 
     CHECK(v >= 0, "%s: the GPU's routing: %s", what, why);
     if (v == 0) {
         CHECK_OK(mj_moe_forward_ref(L, mode, hidden, B, nv, k0, want, NULL));
-        double e = rel_l2(got, want, (size_t)B * H);
+        double e = test_rel_l2(got, want, (size_t)B * H);
         CHECK(e <= tol_of(mode), "%s: relative L2 %.3g against mj_moe_forward_ref (tolerance %g)", what, e,
               tol_of(mode));
     } else if (v > 0) {
         printf("%s: routing differs from the reference at a near-tie (an ulp of expf): checked on the GPU's own "
                "routing\n", what);
         CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, ids, w, nsel, want));
-        double e = rel_l2(got, want, (size_t)B * H);
+        double e = test_rel_l2(got, want, (size_t)B * H);
         CHECK(e <= tol_of(mode), "%s: relative L2 %.3g against mj_experts_ref on the GPU's routing", what, e);
     }
     free(ids), free(nsel), free(w), free(want);
@@ -272,7 +253,7 @@ static size_t n_shapes(void) {
 static void test_experts(mj_context_t ctx, uint64_t seed) {
     for (size_t si = 0; si < n_shapes(); si++) {
         const shape *s = &k_shapes[si];
-        mj_moe_config c = make_cfg(s);
+        mj_moe_config c = test_moe_cfg(s->H, s->I, s->E, s->k, 1);
         mj_layer_t L = NULL;
         double t0 = test_now_ms();
         CHECK_OK(mj_layer_create_random(&c, seed + si, &L));
@@ -307,7 +288,8 @@ static void test_experts(mj_context_t ctx, uint64_t seed) {
                     char what[160];
                     snprintf(what, sizeof what, "experts H %d I %d E %d %s B %d (%d valid) k0 %d", H, s->I, E,
                              m ? "W4A4" : "W4A16", B, nv, k0);
-                    random_hidden(hidden, (size_t)B * H, seed + 1000 * si + 10 * (uint64_t)B + (uint64_t)k0);
+                    uint64_t rng = seed + 1000 * si + 10 * (uint64_t)B + (uint64_t)k0;
+                    test_random_hidden(hidden, (size_t)B * H, &rng);
                     rt r;
                     rt_ref(L, hidden, B, nv, k0, &r);
                     tbuf_put(&dh, hidden, 2 * (size_t)B * H);
@@ -333,7 +315,7 @@ static void test_experts(mj_context_t ctx, uint64_t seed) {
                     if (g_values) {
                         CHECK(!memcmp(got, got2, 4 * (size_t)B * H), "%s: two runs differ in some bit", what);
                         CHECK_OK(mj_experts_ref(L, mode, hidden, B, nv, r.ids, r.w, r.nsel, want));
-                        double e = rel_l2(got, want, (size_t)B * H);
+                        double e = test_rel_l2(got, want, (size_t)B * H);
                         CHECK(e <= tol_of(mode), "%s: relative L2 %.3g (tolerance %g)", what, e, tol_of(mode));
                     }
                     rt_free(&r);
@@ -353,7 +335,7 @@ static void test_experts(mj_context_t ctx, uint64_t seed) {
 static void test_layer(mj_context_t ctx, uint64_t seed, int graph) {
     for (size_t si = 0; si < n_shapes(); si++) {
         const shape *s = &k_shapes[si];
-        mj_moe_config c = make_cfg(s);
+        mj_moe_config c = test_moe_cfg(s->H, s->I, s->E, s->k, 1);
         mj_layer_t L = NULL;
         double t0 = test_now_ms();
         CHECK_OK(mj_layer_create_random(&c, seed + 100 + si, &L));
@@ -397,7 +379,8 @@ static void test_layer(mj_context_t ctx, uint64_t seed, int graph) {
                 char what[160];
                 snprintf(what, sizeof what, "%s H %d E %d B %d (%d valid) k0 %d %s", graph ? "graph replay" : "layer",
                          H, s->E, B, nv, (int)k0, mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16");
-                random_hidden(hidden, (size_t)B * H, seed + 7000 * si + 31 * (uint64_t)B + (uint64_t)ci);
+                uint64_t rng = seed + 7000 * si + 31 * (uint64_t)B + (uint64_t)ci;
+                test_random_hidden(hidden, (size_t)B * H, &rng);
                 tbuf_put(&dh, hidden, 2 * (size_t)B * H);
                 tbuf_put(&dnv, &nv, 4);
                 tbuf_poison(&dout, 0xFF);

@@ -17,18 +17,6 @@
 #include <unistd.h>
 
 
-static mj_context_t make_ctx(const char *dir, int backend, const char *target) {
-    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = dir;
-    o.device = MJ_DEVICE_NONE;
-    o.strict = 0;
-    o.backend = backend;
-    o.target = target;
-    mj_context_t c = NULL;
-    CHECK_OK(mj_context_create(&o, &c));
-    return c;
-}
-
 /* The function of template `name` with knobs for context c (NULL on failure). */
 static const mj_function *get(mj_context_t c, const char *name, const int32_t *knobs) {
     mj_spec s;
@@ -66,7 +54,7 @@ static int ref_shfl(const int *in, int lane, int op, int arg, int width) {
 static void test_context(const char *dir) {
     mj_backend b = MJ_BACKEND_COUNT;
     const char *tname = NULL;
-    mj_context_t c = make_ctx(dir, MJ_BACKEND_SIM, NULL);
+    mj_context_t c = test_new_context(dir, MJ_BACKEND_SIM, NULL, 0);
     if (!c) return;
     CHECK_OK(mj_context_backend(c, &b, &tname));
     CHECK(b == MJ_BACKEND_SIM && tname && !strcmp(tname, "sm_120a"), "sim ctx: backend %d target %s", b,
@@ -84,7 +72,7 @@ static void test_context(const char *dir) {
     CHECK(strstr(mj_last_error(), "VEC") != NULL, "msg %s", mj_last_error());
     mj_context_destroy(c);
 
-    c = make_ctx(dir, MJ_BACKEND_SIM, "sm_90a");
+    c = test_new_context(dir, MJ_BACKEND_SIM, "sm_90a", 0);
     CHECK_OK(mj_context_backend(c, &b, &tname));
     CHECK(tname && !strcmp(tname, "sm_90a"), "target option: %s", tname ? tname : "");
     CHECK_OK(mj_context_spec(c, "fixture_saxpy", knobs, &s));
@@ -93,11 +81,11 @@ static void test_context(const char *dir) {
     CHECK_STATUS(mj_context_spec(c, "fixture_sim_sync", sk, &s), MJ_ERR_UNSUPPORTED); /* sm_80 sm_120a */
     mj_context_destroy(c);
 
-    c = make_ctx(dir, MJ_BACKEND_AUTO, NULL); /* no device asked for: the sim */
+    c = test_new_context(dir, MJ_BACKEND_AUTO, NULL, 0); /* no device asked for: the sim */
     CHECK_OK(mj_context_backend(c, &b, NULL));
     CHECK(b == MJ_BACKEND_SIM, "auto without a device: %d", b);
     mj_context_destroy(c);
-    c = make_ctx(dir, MJ_BACKEND_CUDA, "120a"); /* compile-only CUDA, as before */
+    c = test_new_context(dir, MJ_BACKEND_CUDA, "120a", 0); /* compile-only CUDA, as before */
     CHECK_OK(mj_context_backend(c, &b, &tname));
     CHECK(b == MJ_BACKEND_CUDA && !strcmp(tname, "sm_120a"), "cuda compile-only: %d %s", b, tname);
     mj_context_destroy(c);
@@ -531,7 +519,7 @@ static void test_deadlocks(mj_context_t c) {
 static void test_cache(const char *dir, mj_context_t first) {
     int32_t kn[2] = {128, 4};
     const mj_function *f1 = get(first, "fixture_saxpy", kn);
-    mj_context_t c2 = make_ctx(dir, MJ_BACKEND_SIM, NULL);
+    mj_context_t c2 = test_new_context(dir, MJ_BACKEND_SIM, NULL, 0);
     if (!c2 || !f1) return;
     const mj_function *f2 = get(c2, "fixture_saxpy", kn);
     mj_jit_stats st;
@@ -757,7 +745,7 @@ int main(void) {
     double t0 = test_now_ms();
     test_context(dir);
     test_render_and_keys();
-    mj_context_t c = make_ctx(dir, MJ_BACKEND_SIM, NULL);
+    mj_context_t c = test_new_context(dir, MJ_BACKEND_SIM, NULL, 0);
     if (c) {
         test_jit_fixtures(c);
         test_sync(c);

@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stub_log.h"
+
 typedef int CUresult;
 enum {
     OK = 0,
@@ -99,19 +101,6 @@ static double g_clock_ns;
  * synchronous cuMemcpyDtoH); work enqueued on another stream meanwhile is logged as
  * "unordered". */
 static int g_htod_in_flight;
-
-static void logf_(const char *fmt, ...) {
-    const char *path = getenv("MJ_STUB_LOG");
-    if (!path || !*path) return;
-    FILE *f = fopen(path, "a");
-    if (!f) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(f, fmt, ap);
-    va_end(ap);
-    fputc('\n', f);
-    fclose(f);
-}
 
 static double env_num(const char *name, double dflt) {
     const char *v = getenv(name);

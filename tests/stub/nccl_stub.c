@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "stub_log.h"
+
 typedef int ncclResult_t;
 typedef struct ncclComm {
     unsigned magic;
@@ -26,19 +28,6 @@ typedef struct {
 
 static char g_last_error[256];
 static int g_ids;
-
-static void logf_(const char *fmt, ...) {
-    const char *path = getenv("MJ_STUB_LOG");
-    if (!path || !*path) return;
-    FILE *f = fopen(path, "a");
-    if (!f) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(f, fmt, ap);
-    va_end(ap);
-    fputc('\n', f);
-    fclose(f);
-}
 
 /* The code MJ_STUB_NCCL_FAIL asks `call` to fail with, else 0. */
 static ncclResult_t injected(const char *call) {
