@@ -270,7 +270,7 @@ static int32_t pow2_at_least(int32_t v) {
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
     return (uint32_t)((k->NW1 > 1 ? k->NW1 - 1 : 1) * k->TPE * 128 + k->TPE * 64);
 }
-static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * k->TPE * 64); }
+static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * k->TPE * 128); }
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
@@ -386,7 +386,7 @@ mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     MJ_CHECK(get_functions(ctx, &k, &fq, &fu, &fd));
     const int32_t n_slots = (int64_t)B * ex->K < ex->E ? B * ex->K : ex->E;
     if (m == MJ_MODE_W4A4) {
-        mj_launch_dims dq = {{(uint32_t)B, 1, 1}, {128, 1, 1}, 0, stream};
+        mj_launch_dims dq = {{(uint32_t)B, 1, 1}, {128, 1, 1}, 16 * 128 * sizeof(float), stream};
         MJ_CHECK(mj_launch_experts_quant(fq, dq, hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
                                          ex->n_local, ex->expert_begin, ex->xq, ex->xsf));
     }

@@ -61,7 +61,7 @@ MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of 
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
 MJ_CONSTRAINT("((NW1 - 1) + (NW1 == 1)) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials (or, with one warp, its sums) fit shared memory")
-MJ_CONSTRAINT("NW2 * TPE * 64 <= 64 * 1024", "down's accumulators fit shared memory")
+MJ_CONSTRAINT("NW2 * TPE * 128 <= 64 * 1024", "down's accumulators and fragments fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
 MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
@@ -100,18 +100,28 @@ MJ_DEVICE float e4m3_val(uint32_t b) {
     return (b & 0x80u) ? -v : v;
 }
 
-/* 16 values -> NVFP4 with global scale gs: the scale byte and 8 bytes of codes, as
- * mj_nvfp4_quantize_act does (SF = e4m3(gs * amax / 6), q = e2m1(x * gs / SF)). */
-MJ_DEVICE uint32_t quant16(const float *v, float gs, uint8_t *q) {
+/* 16 values (v[0], v[stride], ..., in shared memory) -> NVFP4 with global scale gs: the
+ * scale byte, and the 8 bytes of codes as two words (codes 0-7, 8-15; code j in nibble j),
+ * as mj_nvfp4_quantize_act does (SF = e4m3(gs * amax / 6), q = e2m1(x * gs / SF)). Both
+ * loops stay rolled: the divisions are IEEE (as the reference's), each a call-sized
+ * sequence, and one copy of them compiles in a fraction of the time of sixteen. */
+MJ_DEVICE uint32_t quant16(const float *v, int stride, float gs, uint32_t *w0, uint32_t *w1) {
     float amax = 0.0f;
+    MJ_NO_UNROLL
     for (int j = 0; j < 16; j++) {
-        float a = v[j] < 0.0f ? -v[j] : v[j];
+        float a = v[j * stride] < 0.0f ? -v[j * stride] : v[j * stride];
         amax = a > amax ? a : amax;
     }
     uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
     float scale = e4m3_val(sf);
-    for (int j = 0; j < 16; j += 2)
-        q[j / 2] = scale == 0.0f ? 0 : (uint8_t)mj_cvt_e2m1x2((v[j] * gs) / scale, (v[j + 1] * gs) / scale);
+    uint32_t lo = 0, hi = 0;
+    MJ_NO_UNROLL
+    for (int j = 0; j < 16; j += 2) {
+        uint32_t c = scale == 0.0f ? 0u : mj_cvt_e2m1x2((v[j * stride] * gs) / scale, (v[(j + 1) * stride] * gs) / scale);
+        if (j < 8) lo |= c << (4 * j);
+        else hi |= c << (4 * (j - 8));
+    }
+    *w0 = lo, *w1 = hi;
     return sf;
 }
 
@@ -121,10 +131,8 @@ MJ_DEVICE uint32_t quant16(const float *v, float gs, uint8_t *q) {
  * of a step (elements 8wi..8wi+7) lives at word (wi < 4 ? 2wi : 2(wi - 4) + 1). */
 MJ_DEVICE int frag_word(int wi) { return wi < 4 ? 2 * wi : 2 * (wi - 4) + 1; }
 
-/* Store the 8 code bytes of 16-element group grp of a row, in fragment order. */
-MJ_DEVICE void store_q16(uint8_t *row, int grp, const uint8_t *q) {
-    uint32_t w0 = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
-    uint32_t w1 = (uint32_t)q[4] | (uint32_t)q[5] << 8 | (uint32_t)q[6] << 16 | (uint32_t)q[7] << 24;
+/* Store the codes of 16-element group grp of a row (quant16's two words), in fragment order. */
+MJ_DEVICE void store_q16(uint8_t *row, int grp, uint32_t w0, uint32_t w1) {
     uint8_t *step = row + 32 * (grp / 4);
     int wi = 2 * (grp % 4);
     *(uint32_t *)(step + 4 * frag_word(wi)) = w0;
@@ -197,12 +205,13 @@ MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
- * grid (B), block 128: token b's hidden row, once per local expert it goes to (into that
- * route row) and once for the shared experts (row MB K + b). */
+ * grid (B), block 128, dynamic shared memory 8 KiB: token b's hidden row, once per local
+ * expert it goes to (into that route row) and once for the shared experts (row MB K + b). */
 MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
+    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant16 reads: [16][128 threads] */
     const int b = (int)blockIdx.x;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
@@ -221,11 +230,11 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
         }
         float gs = 1.0f / scal[xi * 4 + 1];
         for (int grp = (int)threadIdx.x; grp < H / 16; grp += (int)blockDim.x) {
-            float v[16];
-            for (int i = 0; i < 16; i++) v[i] = bits_f((uint32_t)xr[grp * 16 + i] << 16);
-            uint8_t q[8];
-            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, gs, q);
-            store_q16(xq + (long long)row * (H / 2), grp, q);
+            float *v = vbuf + threadIdx.x; /* this thread's 16 values, 128 floats apart */
+            for (int i = 0; i < 16; i++) v[i * 128] = bits_f((uint32_t)xr[grp * 16 + i] << 16);
+            uint32_t w0, w1;
+            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, 128, gs, &w0, &w1);
+            store_q16(xq + (long long)row * (H / 2), grp, w0, w1);
         }
     }
 #endif
@@ -410,9 +419,10 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         }
         if (w == 0) {
             /* The sums go through shared memory (each lane reads back its own) so that the
-             * SwiGLU below is a rolled loop over the token groups: one copy of its code
-             * instead of NT (the loop indexes no register array; it runs once a chunk). The
-             * partials of warp 1 were the only ones in fin's place, and are read already. */
+             * SwiGLU below is a rolled loop over the token groups and the four values of
+             * each: one copy of its code (expf and an IEEE division) instead of 4 NT (the
+             * loop indexes no register array; it runs once a chunk). The partials of warp 1
+             * were the only ones in fin's place, and are read already. */
             MJ_UNROLL
             for (int h = 0; h < 2; h++)
                 for (int n = 0; n < NT; n++)
@@ -420,7 +430,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
             MJ_NO_UNROLL
             for (int n = 0; n < NT; n++)
-                MJ_UNROLL
+                MJ_NO_UNROLL
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
                     if (ti >= nc) continue;
@@ -436,9 +446,9 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 for (int ti = lane; ti < nc; ti += 32) {
                     int ci = c0 + ti;
                     long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
-                    uint8_t q[8];
-                    act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, gs2, q);
-                    store_q16(actq + orow * (I / 2), t, q);
+                    uint32_t w0, w1;
+                    act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, 1, gs2, &w0, &w1);
+                    store_q16(actq + orow * (I / 2), t, w0, w1);
                 }
                 __syncwarp(0xFFFFFFFFu);
             }
@@ -554,24 +564,32 @@ MJ_DEVICE void down_compute(const down_run_t *r, int run, const long long *src, 
     }
 }
 
-/* An expert's D fragments into the warp's tile: d_i is dim g (+8 for i >= 2) of token 2p (+1)
- * of each group; lane (g', p') knows token c * 8 + g', so the token comes by shuffle.
- * acc_tile[token - t0][dim] += weight * alpha * d: each (token, dim) is one lane's. */
-MJ_DEVICE void down_epilogue(const down_item_t *it, const int *tok, const int32_t *row_index, const float *weights,
-                             int t0, int lane, float acc[NT][4], float *acc_tile) {
+/* An expert's D fragments into the warp's tile: d_i of group c is dim g (+8 for i >= 2) of
+ * the expert's row c * 8 + 2p (+1), acc_tile[token - t0][dim] += weight * alpha * d; each
+ * (token, dim) is one lane's, so every element is summed in expert order. The fragments go
+ * through shared memory (frag [NT * 4][32], this warp's; each lane reads back its own) so
+ * that the loop is rolled: one copy of its code instead of 4 NT. */
+MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, const float *weights, int t0, int lane,
+                             float acc[NT][4], float *frag, float *acc_tile) {
     const int g = lane >> 2, p = lane & 3;
     MJ_UNROLL
     for (int c = 0; c < NT; c++)
-        for (int i = 0; i < 4; i++) {
-            int ti = c * 8 + 2 * p + (i & 1);
-            int tk = __shfl_sync(0xFFFFFFFFu, tok[c], (2 * p + (i & 1)) * 4);
-            if (ti >= it->n) continue;
-            float wgt = it->shared_row0 >= 0 ? 1.0f : weights[row_index[it->r0 + ti]];
-            acc_tile[(tk - t0) * 16 + g + 8 * (i >> 1)] += wgt * (acc[c][i] * it->alpha);
+        for (int i = 0; i < 4; i++) frag[(c * 4 + i) * 32 + lane] = acc[c][i];
+    MJ_NO_UNROLL
+    for (int ci = 0; ci < NT * 4; ci++) {
+        const int ti = (ci >> 2) * 8 + 2 * p + (ci & 1);
+        if (ti >= it->n) continue;
+        int tk = t0 + ti;
+        float wgt = 1.0f;
+        if (it->shared_row0 < 0) {
+            const int ri = row_index[it->r0 + ti];
+            tk = ri / K, wgt = weights[ri];
         }
+        acc_tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += wgt * (frag[ci * 32 + lane] * it->alpha);
+    }
 }
 
-/* grid (H / (16 NW2), ceil(B / TPE)), block NW2 * 32, dynamic shared memory NW2 * TPE * 64
+/* grid (H / (16 NW2), ceil(B / TPE)), block NW2 * 32, dynamic shared memory NW2 * TPE * 128
  * bytes. out [B, H] f32: every element written (0 for padding tokens). */
 MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
                             const uint8_t *s2, const float *scal, const int32_t *counts,
@@ -584,7 +602,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     const int d = (int)blockIdx.x * NW2 + w; /* this warp's 16 dims: 16d .. */
     const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
     const int nv = valid_tokens(num_valid, B);
-    float *acc_tile = smem + w * TPE * 16; /* [TPE][16], this warp's alone */
+    float *acc_tile = smem + w * TPE * 32, *frag = acc_tile + TPE * 16; /* this warp's alone: [TPE][16], [NT * 4][32] */
     for (int i = lane; i < TPE * 16; i += 32) acc_tile[i] = 0.0f;
     __syncwarp(0xFFFFFFFFu);
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
@@ -593,7 +611,6 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     down_item_t it = {-1, 0, 0, -1, 0.0f};
     down_run_t cur, nxt;
     long long src[NT];
-    int tok[NT];
     float acc[NT][4];
     MJ_NO_UNROLL
     for (;;) {
@@ -613,17 +630,14 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                 MJ_UNROLL
                 for (int c = 0; c < NT; c++) {
                     int i = c * 8 + g;
-                    src[c] = -1, tok[c] = -1;
-                    if (i < it.n) {
-                        src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
-                        tok[c] = it.shared_row0 >= 0 ? t0 + i : row_index[it.r0 + i] / K;
-                    }
+                    src[c] = -1;
+                    if (i < it.n) src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
                     for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
                 }
             }
             down_compute(&cur, run, src, it.n, act, actq, act_sf, lane, acc);
             if (run == RUNS2 - 1) {
-                down_epilogue(&it, tok, row_index, weights, t0, lane, acc, acc_tile);
+                down_epilogue(&it, row_index, weights, t0, lane, acc, frag, acc_tile);
                 __syncwarp(0xFFFFFFFFu);
             }
         }

@@ -400,6 +400,13 @@ static void test_options(void) {
             CHECK(strcmp(o, mj_nvrtc_options((mj_target)j)) != 0, "options differ: %s / %s", o,
                   mj_nvrtc_options((mj_target)j));
     }
+    /* -minimal (a smaller built-in header, faster front end) with every NVRTC that has it. */
+    int vmaj = 0, vmin = 0;
+    CHECK_OK(mj_nvrtc_version(&vmaj, &vmin));
+    const int want_minimal = vmaj > 12 || (vmaj == 12 && vmin >= 4);
+    CHECK((strstr(mj_nvrtc_options(MJ_TARGET_SM80), " -minimal") != NULL) == want_minimal,
+          "NVRTC %d.%d: -minimal %s: %s", vmaj, vmin, want_minimal ? "wanted" : "not taken",
+          mj_nvrtc_options(MJ_TARGET_SM80));
     printf("options (sm_120a): %s\n", mj_nvrtc_options(MJ_TARGET_SM120A));
     CHECK(strcmp(mj_nvrtc_options(MJ_TARGET_COUNT), "") == 0, "invalid target: empty options");
 }

@@ -139,19 +139,33 @@ mj_status mj_nvrtc_supports(mj_target t, int *supported) {
  * -default-device    unannotated helper functions are device functions (there is no host
  *                    code in a generated kernel).
  * --ptxas-options=-v ptxas's per-function resource report in the program log.
+ * -minimal          (NVRTC 12.4 and later) leaves out of NVRTC's built-in header what no
+ *                    kernel here uses (textures, the device runtime, the runtime's types):
+ *                    about 9 ms less front end on every compile, the same code.
  * No -lineinfo: compile time is the same but the cubin grows by ~45%; no include paths:
- * kernels include nothing, the source carries its own prelude. The string is stable: it
- * is part of the cache key. */
+ * kernels include nothing, the source carries its own prelude. The string is stable for a
+ * given NVRTC: it is part of the cache key (with the NVRTC version). */
 #define MJ_NVRTC_COMMON_OPTIONS " -std=c++17 -default-device --ptxas-options=-v"
 static const char *const k_options[MJ_TARGET_COUNT] = {
 #define OPTIONS_(e, name, sm, smem) "-arch=" name MJ_NVRTC_COMMON_OPTIONS,
     MJ_TARGET_TABLE(OPTIONS_)
 #undef OPTIONS_
 };
+static const char *const k_options_minimal[MJ_TARGET_COUNT] = {
+#define OPTIONS_(e, name, sm, smem) "-arch=" name MJ_NVRTC_COMMON_OPTIONS " -minimal",
+    MJ_TARGET_TABLE(OPTIONS_)
+#undef OPTIONS_
+};
+
+/* Whether the loaded NVRTC takes -minimal (12.4 and later). */
+static int nvrtc_has_minimal(void) {
+    return g_load_status == MJ_OK && (g_major > 12 || (g_major == 12 && g_minor >= 4));
+}
 
 const char *mj_nvrtc_options(mj_target t) {
     if ((int)t < 0 || t >= MJ_TARGET_COUNT) return "";
-    return k_options[t];
+    pthread_once(&g_once, load_once);
+    return nvrtc_has_minimal() ? k_options_minimal[t] : k_options[t];
 }
 
 /* ---- compile ---------------------------------------------------------------------------- */
@@ -236,7 +250,7 @@ mj_status mj_nvrtc_compile(const char *source, const char *name, mj_target t,
     char optbuf[256];
     const char *opts[16];
     int n_opts = 0;
-    snprintf(optbuf, sizeof optbuf, "%s", k_options[t]);
+    snprintf(optbuf, sizeof optbuf, "%s", mj_nvrtc_options(t));
     for (char *save = NULL, *tok = strtok_r(optbuf, " ", &save); tok && n_opts < 16;
          tok = strtok_r(NULL, " ", &save))
         opts[n_opts++] = tok;
