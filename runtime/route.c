@@ -229,9 +229,11 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
     if (!out.expert_counts && !out.expert_offsets && !out.active_experts && !out.n_active &&
         !out.permutation && !out.row_index)
         return MJ_OK;
+    /* The dispatch: the same kernel in one block with logits NULL reads the ids just written. */
     mj_launch_dims d1 = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
-    return mj_launch_route_dispatch(fn, d1, out.ids, B, out.expert_counts, out.expert_offsets,
-                                    out.active_experts, out.n_active, out.permutation, out.row_index);
+    return mj_launch_oea_route(fn, d1, NULL, NULL, B, NULL, 0.0f, out.ids, NULL, NULL, out.expert_counts,
+                               out.expert_offsets, out.active_experts, out.n_active, out.permutation,
+                               out.row_index);
 }
 
 /* ---- the router GEMM -------------------------------------------------------------------- */

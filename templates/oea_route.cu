@@ -14,13 +14,15 @@
  *                    shared memory, __syncthreads, phase 2 + weights, __syncthreads,
  *                    dispatch. Any B up to 256 (dynamic shared memory holds the B x K ids).
  *                    In many blocks: plain top-k (k0 == k: no batch-wide set), for big
- *                    batches, and then
- *   route_dispatch   this one block computes the dispatch metadata from the ids.
+ *                    batches, and then once more in one block with logits NULL: the
+ *                    dispatch metadata of the ids the many blocks wrote (the same entry,
+ *                    so the dispatch's code is compiled once).
  *
  * Compile time is part of the design (a cold NVRTC compile is paid on a server's first call
  * of a shape): one entry holds the routing code once (ptxas optimizes every entry with its
- * callees inlined, so a second entry calling route_token would double its work), loops
- * whose trips depend on each other stay rolled, and per-expert work is branch-free.
+ * callees inlined, so a second entry calling route_token or the dispatch would double its
+ * work), loops whose trips depend on each other stay rolled, the dispatch's loops (one or
+ * two trips a thread) too, and per-expert work is branch-free.
  */
 MJ_TEMPLATE(oea_route, "noaux_tc / OEA routing of a batch plus per-expert counts, offsets, active list and permutation")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
@@ -314,11 +316,14 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
     const int per = (B + NWARPS - 1) / NWARPS;
     const int b0 = w * per < B ? w * per : B, b1 = b0 + per < B ? b0 + per : B;
     int32_t *mine = seg + w * E;
+#pragma unroll 1
     for (int i = t; i < NWARPS * E; i += NWARPS * 32) seg[i] = 0;
     /* Rows past the routed ones have no source: -1 (the routed rows are written in step 4,
      * after barriers). */
-    if (row_index)
+    if (row_index) {
+#pragma unroll 1
         for (int r = t; r < B * K; r += NWARPS * 32) row_index[r] = -1;
+    }
     __syncthreads();
 #pragma unroll 1
     for (int r = b0 * K + lane; r < b1 * K; r += 32) {
@@ -326,8 +331,10 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
         if (e >= 0) atomicAdd(&mine[e], 1);
     }
     __syncthreads();
+#pragma unroll 1
     for (int e = t; e < E; e += NWARPS * 32) {
         int run = 0;
+#pragma unroll 1
         for (int v = 0; v < NWARPS; v++) {
             int n = seg[v * E + e];
             seg[v * E + e] = run;
@@ -369,15 +376,17 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
         }
     }
     __syncthreads();
-    if (counts)
-        for (int e = t; e < E; e += NWARPS * 32) counts[e] = cnt[e];
-    if (offsets)
-        for (int e = t; e < E; e += NWARPS * 32) offsets[e] = seg[e];
-    if (active)
-        for (int e = t; e < E; e += NWARPS * 32) active[e] = act[e];
+#pragma unroll 1
+    for (int e = t; e < E; e += NWARPS * 32) {
+        if (counts) counts[e] = cnt[e];
+        if (offsets) offsets[e] = seg[e];
+        if (active) active[e] = act[e];
+    }
     if (!perm && !row_index) return;
-    if (w > 0)
+    if (w > 0) {
+#pragma unroll 1
         for (int e = lane; e < E; e += 32) mine[e] += seg[e];
+    }
     __syncthreads();
 #pragma unroll 1
     for (int b = b0; b < b1; b++) {
@@ -402,8 +411,11 @@ MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
  *   grid 1     the whole batch (B <= 256) in one block, with OEA when K0 < K, and the
  *              dispatch; dynamic shared memory: B * K int32 (the ids);
  *   grid > 1   plain top-k (K0 == K) for big batches: a block's warps take tokens
- *              blockIdx.x * NWARPS + w, stepping by the grid; no dispatch (route_dispatch
- *              follows), no dynamic shared memory.
+ *              blockIdx.x * NWARPS + w, stepping by the grid; no dispatch, no dynamic
+ *              shared memory; then
+ *   grid 1, logits NULL: the dispatch alone, of the ids [B, K] in global memory (written by
+ *              the launch before); nothing else is read or written but the dispatch's
+ *              outputs; no dynamic shared memory.
  * Both run one loop over the phases, so route_token is inlined once (every copy of it
  * costs compile time, none of them speed): phase 0 takes each valid token's first K0 (they
  * make S_base), phase 1 each token's K (past K0 from S_base only). Plain top-k skips phase
@@ -419,7 +431,8 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     MJ_DYNAMIC_SHARED(int32_t, sm_ids);
     const int num_valid = valid_rows(num_valid_p, B);
     const int lane = (int)threadIdx.x % 32, w = warp_index();
-    const int one_block = gridDim.x == 1, oea = one_block && K0 < K;
+    const int only_dispatch = logits == 0; /* the same in every thread: a kernel argument */
+    const int one_block = gridDim.x == 1, oea = one_block && K0 < K && !only_dispatch;
     float *s = sm_s[w], *c = sm_c[w];
     int *sel = sm_sel[w];
 
@@ -428,7 +441,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
         __syncthreads();
     }
 #pragma unroll 1
-    for (int phase = oea ? 0 : 1; phase < 2; phase++) {
+    for (int phase = oea ? 0 : 1; phase < 2 && !only_dispatch; phase++) {
         const int rows = phase ? B : num_valid;
         for (int b = (int)blockIdx.x * NWARPS + w; b < rows; b += (int)gridDim.x * NWARPS) {
             int n = b < num_valid ? route_token(logits + (long long)b * E, bias, oea && phase ? sm_base : 0,
@@ -446,16 +459,6 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     }
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
-    dispatch(sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_base, (int32_t *)&sm_s[0][0],
-             (int32_t *)&sm_c[0][0]);
-}
-
-/* The dispatch metadata of ids [B, K], one block. */
-MJ_KERNEL void route_dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
-                              int32_t *active, int32_t *n_active, int32_t *perm,
-                              int32_t *row_index) {
-    MJ_SHARED int32_t sm_cnt[E];
-    MJ_SHARED int32_t sm_seg[NWARPS][E];
-    MJ_SHARED int32_t sm_act[E];
-    dispatch(ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt, &sm_seg[0][0], sm_act);
+    dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_base,
+             (int32_t *)&sm_s[0][0], (int32_t *)&sm_c[0][0]);
 }

@@ -519,7 +519,7 @@ expect_fail "$MJ" prewarm
 
 # The command carries the product templates only (test fixtures live in the tests).
 expect_rc 0 "$MJ" inspect templates
-contains out "router_gemm"; contains out "knob H"; contains out "kernel route_dispatch("
+contains out "router_gemm"; contains out "knob H"; contains out "kernel oea_route("
 grep -q fixture out && bad "inspect templates lists test fixtures" || ok
 # Cross-knob constraints are listed with their reasons (one of each template's).
 contains out "constraint K0 <= K  (phase 1 keeps at most top-k experts)"
