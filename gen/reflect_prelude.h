@@ -101,6 +101,9 @@ void mj_mma_bf16_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], 
 void mj_mma_e2m1_m16n8k64(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
                           uint32_t sfa, uint32_t sfb);
 uint4 mj_ld_stream(const void *p);
+void mj_cp_async16(void *dst, const void *src);
+void mj_cp_async_commit(void);
+void mj_cp_async_wait(int n);
 uint32_t mj_cvt_e2m1x2(float lo, float hi);
 uint32_t mj_cvt_e4m3(float x);
 uint32_t mj_mul_bf16x2(uint32_t a, uint32_t b);

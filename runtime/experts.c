@@ -267,8 +267,12 @@ static int32_t pow2_at_least(int32_t v) {
 }
 
 /* Shared memory of the two kernels for these knobs (bytes). */
+/* Up's dynamic shared memory: its warps' weight rings (5 KiB each) during the k loop, then
+ * the split-K partials and the SwiGLU tile in the same bytes (templates/moe_experts.cu). */
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
-    return (uint32_t)((k->NW1 > 1 ? k->NW1 - 1 : 1) * k->TPE * 128 + k->TPE * 64);
+    const uint32_t rings = (uint32_t)k->NW1 * 5u * 1024u;
+    const uint32_t partials = (uint32_t)((k->NW1 > 1 ? k->NW1 - 1 : 1) * k->TPE * 128 + k->TPE * 64);
+    return rings > partials ? rings : partials;
 }
 static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * k->TPE * 128); }
 

@@ -39,7 +39,8 @@
  *   S13, one expert: for tile t, for run m of 4 k-steps (256 of H): gate rows 0..15 then up
  *     rows 0..15, 16 bytes each = the row's scales of k-groups 16m .. 16m+15 (0 past H/16).
  *   W2 / S2 the same with rows = 16 hidden dims (tile d), k = the intermediate (I).
- * Every warp load of weights is 512 contiguous bytes, 16 per lane, through mj_ld_stream.
+ * Every warp load of weights is 512 contiguous bytes, 16 per lane: up's through cp.async
+ * into a ring in shared memory (mj_cp_async16), down's into registers (mj_ld_stream).
  *
  * Rows. Route rows (token, slot) are grouped by expert (expert_offsets, expert_counts) and
  * row_index[r] = token * K + slot. Activations live in row order: routed rows r in
@@ -61,6 +62,7 @@ MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of 
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
 MJ_CONSTRAINT("((NW1 - 1) + (NW1 == 1)) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials (or, with one warp, its sums) fit shared memory")
+MJ_CONSTRAINT("NW1 * 5 * 1024 <= 64 * 1024", "up's weight rings (5 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("NW2 * TPE * 128 <= 64 * 1024", "down's accumulators and fragments fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
@@ -263,93 +265,82 @@ MJ_DEVICE rows_t slot_rows(int slot, int n_slots, const int32_t *counts, const i
     return r;
 }
 
-/* One run (4 k-steps) of an up block's weights, as one warp's lanes hold them: gate and up
- * fragments of each step, and (lanes p < 2) the scale chunks of rows g + 8p. A warp loads
- * the next run while it computes this one: 4 KiB in flight per warp, 8 while computing. */
-typedef struct up_run_t {
-    uint4 w[4][2];
-    uint4 sc[2];
-} up_run_t;
+/* An up warp streams its k-steps (those of its runs w, w + NW1, ...: 4 steps a run, whose
+ * scale chunk serves the 4) through a ring in shared memory, its own: RING slots of one
+ * step's gate and up fragments (1 KiB; each lane's 16 bytes where it reads them back) and
+ * RUNRING runs' scale chunks (512 bytes). cp.async keeps RING - 1 steps in flight while one
+ * computes, and a slot is refilled only after the step that read it (a run's scales after
+ * its last step: 4 RUNRING > RING + 2). So the step loop is one rolled copy of a step's
+ * code, with no register copies or selects between steps, and the bytes in flight take
+ * shared memory, not registers (up's registers about halve). */
+#define RING 4
+#define RUNRING 2
+#define RING_BYTES (RING * 1024 + RUNRING * 512)
 
-MJ_DEVICE void up_load(const uint8_t *wt, const uint8_t *st, int run, int lane, up_run_t *r) {
+/* Queue the copies of step q of this warp's sequence (nq steps) into the ring, as a group
+ * of its own (an empty one past the end: the wait counts groups). */
+MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int w, int q, int nq, int lane) {
     const int g = lane >> 2, p = lane & 3;
-    const uint4 z = {0, 0, 0, 0};
-    r->sc[0] = z, r->sc[1] = z;
-    if (p < 2) {
-        r->sc[0] = mj_ld_stream(st + run * 512 + (p * 8 + g) * 16);
-        r->sc[1] = mj_ld_stream(st + run * 512 + 256 + (p * 8 + g) * 16);
-    }
-    MJ_UNROLL
-    for (int s4 = 0; s4 < 4; s4++) {
-        const int s = run * 4 + s4;
-        r->w[s4][0] = z, r->w[s4][1] = z;
+    if (q < nq) {
+        const int run = w + (q >> 2) * NW1, s = run * 4 + (q & 3);
         if (s < KS1) {
-            r->w[s4][0] = mj_ld_stream(wt + s * 1024 + lane * 16);
-            r->w[s4][1] = mj_ld_stream(wt + s * 1024 + 512 + lane * 16);
+            uint8_t *slot = ring + (q % RING) * 1024 + lane * 16;
+            mj_cp_async16(slot, wt + s * 1024 + lane * 16);
+            mj_cp_async16(slot + 512, wt + s * 1024 + 512 + lane * 16);
+        }
+        if ((q & 3) == 0 && p < 2) { /* a run's first step brings its scales: rows g + 8p */
+            uint8_t *sr = ring + RING * 1024 + ((q >> 2) % RUNRING) * 512 + (p * 8 + g) * 16;
+            mj_cp_async16(sr, st + run * 512 + (p * 8 + g) * 16);
+            mj_cp_async16(sr + 256, st + run * 512 + 256 + (p * 8 + g) * 16);
         }
     }
+    mj_cp_async_commit();
 }
 
-MJ_DEVICE uint32_t word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-/* The step-s4 fragment of a run by selects, not by indexing: the step loop stays rolled (one
- * copy of its code to compile) and the run's registers stay registers. */
-MJ_DEVICE uint4 pick4(uint4 a, uint4 b, uint4 c, uint4 d, int i) {
-    uint4 r;
-    r.x = i == 0 ? a.x : i == 1 ? b.x : i == 2 ? c.x : d.x;
-    r.y = i == 0 ? a.y : i == 1 ? b.y : i == 2 ? c.y : d.y;
-    r.z = i == 0 ? a.z : i == 1 ? b.z : i == 2 ? c.z : d.z;
-    r.w = i == 0 ? a.w : i == 1 ? b.w : i == 2 ? c.w : d.w;
-    return r;
-}
-
-/* The MMAs of one run against this lane's token rows src[] (the chunk holds nc tokens). */
-MJ_DEVICE void up_compute(const up_run_t *r, int run, const long long *src, int nc, const uint16_t *x,
-                          const uint8_t *xq, const uint8_t *xsf, int lane, float acc[2][NT][4]) {
+/* The MMAs of k-step s (its fragments in slot, its run's scales in sr; step s4 of the run)
+ * against this lane's token rows src[] (the chunk holds nc tokens). */
+MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, const long long *src, int nc,
+                       const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int lane, float acc[2][NT][4]) {
     const int g = lane >> 2, p = lane & 3;
-    MJ_NO_UNROLL
-    for (int s4 = 0; s4 < 4; s4++) {
-        const int s = run * 4 + s4;
-        if (s >= KS1) break;
-        const uint4 wf[2] = {pick4(r->w[0][0], r->w[1][0], r->w[2][0], r->w[3][0], s4),
-                             pick4(r->w[0][1], r->w[1][1], r->w[2][1], r->w[3][1], s4)};
-        if (MODE == 1) {
-            MJ_UNROLL
-            for (int n = 0; n < NT; n++) {
-                if (n * 8 >= nc) continue;
-                uint32_t bq[2] = {0, 0}, sfb = 0;
-                if (src[n] >= 0) { /* fragment order: lane p's 8 bytes of the step */
-                    uint2 v = *(const uint2 *)(xq + src[n] * (H / 2) + 32 * s + 8 * p);
-                    bq[0] = v.x, bq[1] = v.y;
-                    if (p == 0) sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
-                }
-                for (int h = 0; h < 2; h++) {
-                    const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
-                    mj_mma_e2m1_m16n8k64(acc[h][n], a, bq, acc[h][n], word_of(r->sc[h], s4), sfb);
-                }
+    const uint4 wf[2] = {*(const uint4 *)(slot + lane * 16), *(const uint4 *)(slot + 512 + lane * 16)};
+    if (MODE == 1) {
+        /* lanes p < 2 give the scales of rows g + 8p (the A scale operand), the rest 0 */
+        uint32_t sfa[2] = {0, 0};
+        if (p < 2)
+            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4);
+        MJ_UNROLL
+        for (int n = 0; n < NT; n++) {
+            if (n * 8 >= nc) continue;
+            uint32_t bq[2] = {0, 0}, sfb = 0;
+            if (src[n] >= 0) { /* fragment order: lane p's 8 bytes of the step */
+                uint2 v = *(const uint2 *)(xq + src[n] * (H / 2) + 32 * s + 8 * p);
+                bq[0] = v.x, bq[1] = v.y;
+                if (p == 0) sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
             }
-        } else {
-            uint32_t a[2][4][4];
             for (int h = 0; h < 2; h++) {
-                uint32_t sw = word_of(r->sc[h], s4);
-                uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0);
-                uint32_t s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
-                dequant_frag(wf[h], s0, s8, p, a[h]);
+                const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
+                mj_mma_e2m1_m16n8k64(acc[h][n], a, bq, acc[h][n], sfa[h], sfb);
             }
-            MJ_UNROLL
-            for (int n = 0; n < NT; n++) {
-                if (n * 8 >= nc) continue;
-                uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-                if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
-                for (int h = 0; h < 2; h++)
-                    for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[h][n], a[h][kt], b[kt], acc[h][n]);
-            }
+        }
+    } else {
+        uint32_t a[2][4][4];
+        for (int h = 0; h < 2; h++) /* rows g and g + 8: any lane reads any row's scales */
+            dequant_frag(wf[h], *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
+                         *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a[h]);
+        MJ_UNROLL
+        for (int n = 0; n < NT; n++) {
+            if (n * 8 >= nc) continue;
+            uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+            if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
+            for (int h = 0; h < 2; h++)
+                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[h][n], a[h][kt], b[kt], acc[h][n]);
         }
     }
 }
 
-/* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory
- * max(NW1 - 1, 1) * TPE * 128 + TPE * 64 bytes. */
+/* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory the larger of
+ * NW1 * RING_BYTES (the rings, during the k loop) and max(NW1 - 1, 1) * TPE * 128 + TPE * 64
+ * bytes (the partials and the SwiGLU tile, after it). */
 MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
@@ -388,16 +379,23 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         for (int h = 0; h < 2; h++)
             for (int n = 0; n < NT; n++)
                 for (int i = 0; i < 4; i++) acc[h][n][i] = 0.0f;
-        /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn; the next
-         * run's loads are in flight while this one computes. */
-        up_run_t cur, nxt;
-        if (w < RUNS1) up_load(wt, st, w, lane, &cur);
+        /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn, through
+         * the warp's ring: RING - 1 steps in flight while one computes. */
+        uint8_t *ring = (uint8_t *)smem + w * RING_BYTES;
+        const int nq = w < RUNS1 ? (RUNS1 - w + NW1 - 1) / NW1 * 4 : 0;
         MJ_NO_UNROLL
-        for (int run = w; run < RUNS1; run += NW1) {
-            if (run + NW1 < RUNS1) up_load(wt, st, run + NW1, lane, &nxt);
-            up_compute(&cur, run, src, nc, x, xq, xsf, lane, acc);
-            cur = nxt;
+        for (int q = 0; q < RING - 1; q++) up_issue(ring, wt, st, w, q, nq, lane);
+        MJ_NO_UNROLL
+        for (int j = 0; j < nq; j++) {
+            up_issue(ring, wt, st, w, j + RING - 1, nq, lane); /* into the slot step j - 1 read */
+            mj_cp_async_wait(RING - 1);                         /* step j's group has landed... */
+            __syncwarp(0xFFFFFFFFu);                            /* ...every lane's (scales are shared) */
+            const int run = w + (j >> 2) * NW1, s = run * 4 + (j & 3);
+            if (s < KS1)
+                up_step(ring + (j % RING) * 1024, ring + RING * 1024 + ((j >> 2) % RUNRING) * 512, s, j & 3, src, nc,
+                        x, xq, xsf, lane, acc);
         }
+        __syncthreads(); /* the rings' memory is the partials' and the tile's below */
         /* Split-K: warps 1.. hand their sums to warp 0, which adds them in warp order. */
         if (NW1 > 1) {
             if (w > 0) {
@@ -453,7 +451,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 __syncwarp(0xFFFFFFFFu);
             }
         }
-        if (NW1 > 1) __syncthreads(); /* the partials' memory is reused by the next chunk */
+        __syncthreads(); /* the next chunk's rings reuse this memory */
     }
 #endif
 }
@@ -480,6 +478,19 @@ typedef struct down_item_t {
     int shared_row0; /* the shared sub-expert's first act row, -1 for a routed expert     */
     float alpha;
 } down_item_t;
+
+MJ_DEVICE uint32_t word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+/* The step-s4 fragment of a run by selects, not by indexing: the step loop stays rolled (one
+ * copy of its code to compile) and the run's registers stay registers. */
+MJ_DEVICE uint4 pick4(uint4 a, uint4 b, uint4 c, uint4 d, int i) {
+    uint4 r;
+    r.x = i == 0 ? a.x : i == 1 ? b.x : i == 2 ? c.x : d.x;
+    r.y = i == 0 ? a.y : i == 1 ? b.y : i == 2 ? c.y : d.y;
+    r.z = i == 0 ? a.z : i == 1 ? b.z : i == 2 ? c.z : d.z;
+    r.w = i == 0 ? a.w : i == 1 ? b.w : i == 2 ? c.w : d.w;
+    return r;
+}
 
 typedef struct down_run_t {
     uint4 w[4];

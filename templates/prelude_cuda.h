@@ -65,6 +65,18 @@ MJ_DEVICE uint4 mj_ld_stream(const void *p) {
                  : "l"(p));
     return v;
 }
+/* Asynchronous copies of weights into shared memory (sm_80+): a 16-byte copy through L2
+ * only (cp.async.cg: weights read once need no L1), the copies so far made one group, and
+ * a wait until at most n groups are pending (n a constant). The "memory" clobbers keep the
+ * compiler from moving shared-memory reads across them. */
+MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :
+                 : "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+MJ_DEVICE void mj_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+#define mj_cp_async_wait(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 /* Conversions to the FP4 / FP8 formats: round to nearest even, saturating (E2M1 at +-6,
  * E4M3 at +-448), the sign bit for x < 0 (-0.0 gives +0, as ModelOpt writes it). The C
  * definitions below are the reference's (runtime/ref/nvfp4.c) and the interpreter's. */

@@ -28,7 +28,7 @@
 /* ---- the ABI shared with the runtime (runtime/sim/sim.c includes this part alone) ---- */
 #ifndef MJ_SIM_ABI_H
 #define MJ_SIM_ABI_H
-#define MJ_SIM_ABI_VERSION 2
+#define MJ_SIM_ABI_VERSION 3
 
 typedef struct mj_sim_dim3 { unsigned x, y, z; } mj_sim_dim3;
 
@@ -78,7 +78,12 @@ struct mj_sim_api {
     unsigned long long (*warp)(int op, unsigned mask, unsigned long long value, int arg,
                                int width, const char *file, int line);
     void (*trap)(const char *file, int line); /* does not return                      */
+    /* cp.async: op MJ_SIM_CP_COPY poisons the n destination bytes and queues the copy (on a
+     * GPU the data may land any time until the wait), MJ_SIM_CP_COMMIT closes a group,
+     * MJ_SIM_CP_WAIT performs every copy of the groups but the newest n. */
+    void (*cp_async)(int op, void *dst, const void *src, int n, const char *file, int line);
 };
+enum mj_sim_cp_op { MJ_SIM_CP_COPY = 0, MJ_SIM_CP_COMMIT, MJ_SIM_CP_WAIT };
 #endif /* MJ_SIM_ABI_H */
 
 #ifndef MJ_SIM_ABI_ONLY
@@ -352,6 +357,15 @@ static inline void mj_sim_mma_(int kind, float d[4], const unsigned a[4], const 
 #define mj_mma_e2m1_m16n8k64(d, a, b, c, sfa, sfb) \
     mj_sim_mma_(MJ_SIM_MMA_E2M1_M16N8K64, (d), (a), (b), (c), (sfa), (sfb), __FILE__, __LINE__)
 
+/* Asynchronous copies into shared memory: the destination is poisoned (0xFF) at the copy
+ * and the data lands at the wait that covers its group, the two ends of when a GPU may
+ * land it (so early reads and early refills both read poison); counted with the streamed
+ * loads. */
+MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
+    mj_sim_api_->cp_async(MJ_SIM_CP_COPY, dst, src, 16, __FILE__, __LINE__);
+}
+MJ_DEVICE void mj_cp_async_commit(void) { mj_sim_api_->cp_async(MJ_SIM_CP_COMMIT, 0, 0, 0, __FILE__, __LINE__); }
+#define mj_cp_async_wait(n) mj_sim_api_->cp_async(MJ_SIM_CP_WAIT, 0, 0, (n), __FILE__, __LINE__)
 /* A 16-byte load of weights that are read once: counted, so tests can prove which bytes a
  * launch read and how often. */
 MJ_DEVICE uint4 mj_ld_stream(const void *p) {

@@ -479,6 +479,41 @@ static void test_atomics(mj_context_t c) {
     free(seen), free(exch_old);
 }
 
+/* cp.async: a copy's bytes are poison (0xFF) from the copy until the wait that covers its
+ * group; bytes are counted with the streamed loads; a thread that queues more than the sim
+ * holds traps, by name. */
+static void test_cp_async(mj_context_t c) {
+    const mj_function *f = get(c, "fixture_sim_cp_async", (int32_t[MJ_MAX_KNOBS]){0});
+    if (!f) return;
+    uint32_t src[3 * 32 * 4], out[6 * 32 * 4];
+    for (int i = 0; i < 3 * 32 * 4; i++) src[i] = 1000u + (uint32_t)i;
+    memset(out, 0, sizeof out);
+    mj_sim_stream_bytes_take();
+    CHECK_OK(mj_launch_fixture_sim_cp_async(f, dims3(1, 1, 1, 32, 1, 1, 3 * 32 * 16), src, out));
+    CHECK(mj_sim_stream_bytes_take() == 4 * 32 * 16, "cp.async bytes are counted as streamed");
+    int bad[6] = {0, 0, 0, 0, 0, 0};
+    for (int t = 0; t < 32; t++)
+        for (int q = 0; q < 4; q++) {
+            const uint32_t s0 = src[(0 * 32 + t) * 4 + q], s1x = src[(1 * 32 + (t ^ 1)) * 4 + q];
+            const uint32_t s2 = src[(2 * 32 + t) * 4 + q];
+            bad[0] += out[(0 * 32 + t) * 4 + q] != 0xFFFFFFFFu; /* before any wait: poison     */
+            bad[1] += out[(1 * 32 + t) * 4 + q] != s0;          /* wait_group(2): group 0 is in */
+            bad[2] += out[(2 * 32 + t) * 4 + q] != 0xFFFFFFFFu; /* ...group 2 not yet          */
+            bad[3] += out[(3 * 32 + t) * 4 + q] != s2;          /* wait_group(0): all of them   */
+            bad[4] += out[(4 * 32 + t) * 4 + q] != s1x;         /* another lane's, after a sync */
+            bad[5] += out[(5 * 32 + t) * 4 + q] != 0xFFFFFFFFu; /* a slot being refilled        */
+        }
+    CHECK(!bad[0] && !bad[1] && !bad[2] && !bad[3] && !bad[4] && !bad[5],
+          "cp.async reads: before wait %d, group 0 %d, group 2 early %d, all %d, across lanes %d, refilled %d wrong",
+          bad[0], bad[1], bad[2], bad[3], bad[4], bad[5]);
+    const mj_function *fo = get(c, "fixture_sim_cp_async", (int32_t[MJ_MAX_KNOBS]){1});
+    if (!fo) return;
+    CHECK_STATUS(mj_launch_fixture_sim_cp_async(fo, dims3(1, 1, 1, 32, 1, 1, 3 * 32 * 16), src, out), MJ_ERR_KERNEL);
+    CHECK(strstr(mj_last_error(), "queued more than 32 cp.async copies without a wait") &&
+              strstr(mj_last_error(), "thread (0,0,0)"),
+          "cp.async overflow: %s", mj_last_error());
+}
+
 static void test_deadlocks(mj_context_t c) {
     const mj_function *f = get(c, "fixture_sim_deadlock", NULL);
     if (!f) return;
@@ -751,6 +786,7 @@ int main(void) {
         test_sync(c);
         test_warp(c);
         test_atomics(c);
+        test_cp_async(c);
         test_deadlocks(c);
         uint64_t rng = test_seed(77);
         test_mma(c, &rng);

@@ -135,6 +135,10 @@ __attribute__((visibility("hidden"))) void mj_sim_ctx_start(void);
 /* ---- state ---------------------------------------------------------------------------- */
 
 enum { ST_RUN, ST_BARRIER, ST_WARP, ST_DONE, ST_TRAP };
+/* cp.async copies one CUDA thread may have pending (queued, not yet waited for). */
+#define MJ_SIM_CP_MAX 32
+#define MJ_SIM_STR_(x) #x
+#define MJ_SIM_STR(x) MJ_SIM_STR_(x)
 
 typedef struct worker worker;
 
@@ -152,6 +156,11 @@ typedef struct fiber {
     ucontext_t *uc;             /* ucontext switch                                          */
     char *stack;                /* lowest address of the stack                              */
     void *asan_fake;
+    /* cp.async copies not yet performed, in issue order; group: the commit count at issue */
+    struct { void *dst; const void *src; int n; unsigned group; } cp[MJ_SIM_CP_MAX];
+    int cp_n;
+    unsigned cp_groups;          /* groups committed so far                                 */
+    const char *trap_why;        /* what a trap means, when not the kernel's __trap()       */
 } fiber;
 
 typedef struct launch {
@@ -256,6 +265,7 @@ MJ_NO_ASAN static void fiber_main(fiber *f) {
 #if MJ_SIM_ASAN
     __sanitizer_finish_switch_fiber(NULL, &w->sched_bottom, &w->sched_size);
 #endif
+    f->cp_n = 0, f->cp_groups = 0, f->trap_why = NULL; /* a new CUDA thread: nothing pending */
     w->L->entry(w->L->args);
     f->state = ST_DONE;
     w->n_done++;
@@ -334,12 +344,41 @@ static void api_trap(const char *file, int line) {
     abort(); /* never resumed */
 }
 
+/* cp.async: on a GPU the bytes land at some time between the copy and the wait that covers
+ * its group. The sim takes both ends: at the copy the destination is poisoned (0xFF bytes:
+ * NaN scales, -6 codes), at the wait the data lands. So a kernel that reads before waiting,
+ * or refills a buffer another read still needs, reads poison and fails its test. */
+static void api_cp_async(int op, void *dst, const void *src, int n, const char *file, int line) {
+    fiber *f = current();
+    if (op == MJ_SIM_CP_COPY) {
+        if (f->cp_n == MJ_SIM_CP_MAX) {
+            f->trap_why = "queued more than " MJ_SIM_STR(MJ_SIM_CP_MAX) " cp.async copies without a wait";
+            api_trap(file, line);
+        }
+        memset(dst, 0xFF, (size_t)n);
+        f->cp[f->cp_n].dst = dst, f->cp[f->cp_n].src = src, f->cp[f->cp_n].n = n;
+        f->cp[f->cp_n++].group = f->cp_groups;
+        f->w->stream_bytes += (unsigned long long)n;
+    } else if (op == MJ_SIM_CP_COMMIT) {
+        f->cp_groups++;
+    } else { /* wait: groups older than the newest n complete; uncommitted copies stay */
+        const unsigned keep = n < 0 ? 0u : (unsigned)n;
+        int k = 0;
+        for (int i = 0; i < f->cp_n; i++) {
+            if (f->cp[i].group + keep < f->cp_groups) memcpy(f->cp[i].dst, f->cp[i].src, (size_t)f->cp[i].n);
+            else f->cp[k++] = f->cp[i];
+        }
+        f->cp_n = k;
+    }
+}
+
 static const struct mj_sim_api k_api = {
     .abi_version = MJ_SIM_ABI_VERSION,
     .self = api_self,
     .syncthreads = api_syncthreads,
     .warp = api_warp,
     .trap = api_trap,
+    .cp_async = api_cp_async,
 };
 
 const void *mj_sim_api_table(void) { return &k_api; }
@@ -661,7 +700,9 @@ static int run_block(worker *w, uint64_t b) {
                     switch_to_fiber(w, &lanes[l]);
                     ran = 1;
                     if (w->trapped)
-                        return fail(w, &lanes[l], "called __trap() (%s:%d)", lanes[l].file, lanes[l].line);
+                        return fail(w, &lanes[l], "%s (%s:%d)",
+                                    lanes[l].trap_why ? lanes[l].trap_why : "called __trap()", lanes[l].file,
+                                    lanes[l].line);
                 }
                 int rel = resolve_warp(w, lanes, nl, wi);
                 if (rel < 0) return -1;
