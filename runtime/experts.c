@@ -274,7 +274,8 @@ static uint32_t up_smem(const mj_knobs_moe_experts *k) {
     const uint32_t partials = (uint32_t)((k->NW1 > 1 ? k->NW1 - 1 : 1) * k->TPE * 128 + k->TPE * 64);
     return rings > partials ? rings : partials;
 }
-static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * k->TPE * 128); }
+/* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring (4 slots of 2336). */
+static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * (k->TPE * 128 + 4 * 2336)); }
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over

@@ -39,8 +39,8 @@
  *   S13, one expert: for tile t, for run m of 4 k-steps (256 of H): gate rows 0..15 then up
  *     rows 0..15, 16 bytes each = the row's scales of k-groups 16m .. 16m+15 (0 past H/16).
  *   W2 / S2 the same with rows = 16 hidden dims (tile d), k = the intermediate (I).
- * Every warp load of weights is 512 contiguous bytes, 16 per lane: up's through cp.async
- * into a ring in shared memory (mj_cp_async16), down's into registers (mj_ld_stream).
+ * Every warp load of weights is 512 contiguous bytes, 16 per lane, through cp.async into a
+ * ring in shared memory of the warp's own (mj_cp_async16).
  *
  * Rows. Route rows (token, slot) are grouped by expert (expert_offsets, expert_counts) and
  * row_index[r] = token * K + slot. Activations live in row order: routed rows r in
@@ -63,7 +63,7 @@ MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
 MJ_CONSTRAINT("((NW1 - 1) + (NW1 == 1)) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials (or, with one warp, its sums) fit shared memory")
 MJ_CONSTRAINT("NW1 * 5 * 1024 <= 64 * 1024", "up's weight rings (5 KiB a warp) fit shared memory")
-MJ_CONSTRAINT("NW2 * TPE * 128 <= 64 * 1024", "down's accumulators and fragments fit shared memory")
+MJ_CONSTRAINT("NW2 * (TPE * 128 + 4 * (4 * 512 + 256 + 32)) <= 64 * 1024", "down's accumulators, fragments and weight rings fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
 MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
@@ -469,40 +469,21 @@ MJ_DEVICE int first_row(const int32_t *row_index, int lo, int hi, int tok) {
 }
 
 /* A warp of down streams (expert, run) items: every run of every active expert held here
- * with rows in the token tile, in ascending expert id, then the shared sub-experts. The
- * next item's loads are in flight while one computes, across experts too (at decode with
- * I_local 256 an expert is one run: the next expert's weights arrive during this one). */
+ * with rows in the token tile, in ascending expert id, then the shared sub-experts. */
 typedef struct down_item_t {
     int xi;          /* packed expert, -1: none left                                       */
     int r0, n;       /* its rows (tokens t0 .. of the tile)                                */
     int shared_row0; /* the shared sub-expert's first act row, -1 for a routed expert     */
     float alpha;
+    int run;         /* which run of the expert (in the ring)                              */
 } down_item_t;
-
-MJ_DEVICE uint32_t word_of(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-/* The step-s4 fragment of a run by selects, not by indexing: the step loop stays rolled (one
- * copy of its code to compile) and the run's registers stay registers. */
-MJ_DEVICE uint4 pick4(uint4 a, uint4 b, uint4 c, uint4 d, int i) {
-    uint4 r;
-    r.x = i == 0 ? a.x : i == 1 ? b.x : i == 2 ? c.x : d.x;
-    r.y = i == 0 ? a.y : i == 1 ? b.y : i == 2 ? c.y : d.y;
-    r.z = i == 0 ? a.z : i == 1 ? b.z : i == 2 ? c.z : d.z;
-    r.w = i == 0 ? a.w : i == 1 ? b.w : i == 2 ? c.w : d.w;
-    return r;
-}
-
-typedef struct down_run_t {
-    uint4 w[4];
-    uint4 sc;
-} down_run_t;
 
 /* The expert after cursor (a slot of the active list, then NSUB shared ones) that has rows
  * in [t0, t1); the cursor moves past it. */
 MJ_DEVICE down_item_t next_expert(int *cursor, int na, const int32_t *counts, const int32_t *offsets,
                                   const int32_t *active, const int32_t *row_index, const float *scal, int n_local,
                                   int expert_begin, int mb, int t0, int t1, int ts) {
-    down_item_t it = {-1, 0, 0, -1, 0.0f};
+    down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
     while (*cursor < na + NSUB) {
         int c = (*cursor)++;
         if (c < na) {
@@ -524,31 +505,51 @@ MJ_DEVICE down_item_t next_expert(int *cursor, int na, const int32_t *counts, co
     return it;
 }
 
-MJ_DEVICE void down_load(const uint8_t *w2, const uint8_t *s2, const down_item_t *it, int d, int run, int lane,
-                         down_run_t *r) {
+/* A down warp streams its items through a ring in shared memory, its own: DRING slots of an
+ * item's 4 k-steps of w2 fragments (4 x 512 bytes; each lane's 16 bytes where it reads them
+ * back), its scale chunk (256 bytes: rows 0-15) and the item itself (32 bytes, written by
+ * lane 0). cp.async keeps DRING - 2 items in flight while one computes (at decode with
+ * I_local 256 an item is a whole expert: the next experts' weights arrive during this one).
+ * A slot is refilled two items after the one that read it: every lane has passed the
+ * __syncwarp in between, so the scales and the item, which lanes read across, are free. */
+#define DRING 4
+#define DSLOT (4 * 512 + 256 + 32)
+
+/* Queue item it's copies (its run `run`) into the ring slot q % DRING, as a group of its own
+ * (an empty group and a none-left item when it.xi < 0). */
+MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, const down_item_t *it, int run, int d,
+                          int q, int lane) {
     const int g = lane >> 2, p = lane & 3;
-    const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE, *st = s2 + it->xi * S2_EXPERT + d * S2_TILE;
-    const uint4 z = {0, 0, 0, 0};
-    r->sc = z;
-    if (p < 2) r->sc = mj_ld_stream(st + run * 256 + (p * 8 + g) * 16);
-    MJ_UNROLL
-    for (int s4 = 0; s4 < 4; s4++) {
-        r->w[s4] = z;
-        if (run * 4 + s4 < KS2) r->w[s4] = mj_ld_stream(wt + (run * 4 + s4) * 512 + lane * 16);
+    uint8_t *slot = ring + (q % DRING) * DSLOT;
+    if (it->xi >= 0) {
+        const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE, *st = s2 + it->xi * S2_EXPERT + d * S2_TILE;
+        MJ_NO_UNROLL
+        for (int s4 = 0; s4 < 4; s4++)
+            if (run * 4 + s4 < KS2) mj_cp_async16(slot + s4 * 512 + lane * 16, wt + (run * 4 + s4) * 512 + lane * 16);
+        if (p < 2) mj_cp_async16(slot + 2048 + (p * 8 + g) * 16, st + run * 256 + (p * 8 + g) * 16);
+    }
+    mj_cp_async_commit();
+    if (lane == 0) {
+        down_item_t *m = (down_item_t *)(slot + 2048 + 256);
+        *m = *it;
+        m->run = run;
     }
 }
 
-MJ_DEVICE void down_compute(const down_run_t *r, int run, const long long *src, int n, const uint16_t *act,
-                            const uint8_t *actq, const uint8_t *act_sf, int lane, float acc[NT][4]) {
+/* The MMAs of an item (its fragments and scales in slot) against this lane's token rows
+ * src[] (the expert has n rows in the tile). */
+MJ_DEVICE void down_step(const uint8_t *slot, int run, const long long *src, int n, const uint16_t *act,
+                         const uint8_t *actq, const uint8_t *act_sf, int lane, float acc[NT][4]) {
     const int g = lane >> 2, p = lane & 3;
     MJ_NO_UNROLL
     for (int s4 = 0; s4 < 4; s4++) {
         const int s = run * 4 + s4;
         if (s >= KS2) break;
-        const uint32_t sw = word_of(r->sc, s4);
-        const uint4 wf = pick4(r->w[0], r->w[1], r->w[2], r->w[3], s4);
+        const uint4 wf = *(const uint4 *)(slot + s4 * 512 + lane * 16);
+        const uint8_t *sr = slot + 2048;
         if (MODE == 1) {
             const uint32_t a[4] = {wf.x, wf.y, wf.z, wf.w};
+            const uint32_t sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
             MJ_UNROLL
             for (int c = 0; c < NT; c++) {
                 if (c * 8 >= n) continue;
@@ -558,12 +559,12 @@ MJ_DEVICE void down_compute(const down_run_t *r, int run, const long long *src, 
                     bq[0] = v.x, bq[1] = v.y;
                     if (p == 0) sfb = *(const uint32_t *)(act_sf + src[c] * (I / 16) + 4 * s);
                 }
-                mj_mma_e2m1_m16n8k64(acc[c], a, bq, acc[c], sw, sfb);
+                mj_mma_e2m1_m16n8k64(acc[c], a, bq, acc[c], sfa, sfb);
             }
         } else {
             uint32_t a[4][4];
-            uint32_t s0 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 0), s8 = __shfl_sync(0xFFFFFFFFu, sw, g * 4 + 1);
-            dequant_frag(wf, s0, s8, p, a);
+            dequant_frag(wf, *(const uint32_t *)(sr + g * 16 + 4 * s4), *(const uint32_t *)(sr + (g + 8) * 16 + 4 * s4),
+                         p, a);
             MJ_UNROLL
             for (int c = 0; c < NT; c++) {
                 if (c * 8 >= n) continue;
@@ -600,8 +601,9 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, co
     }
 }
 
-/* grid (H / (16 NW2), ceil(B / TPE)), block NW2 * 32, dynamic shared memory NW2 * TPE * 128
- * bytes. out [B, H] f32: every element written (0 for padding tokens). */
+/* grid (H / (16 NW2), ceil(B / TPE)), block NW2 * 32, dynamic shared memory
+ * NW2 * (TPE * 128 + DRING * DSLOT) bytes: each warp's tile and fragments, then each warp's
+ * ring. out [B, H] f32: every element written (0 for padding tokens). */
 MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
                             const uint8_t *s2, const float *scal, const int32_t *counts,
                             const int32_t *offsets, const int32_t *active, const int32_t *n_active,
@@ -618,43 +620,46 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     __syncwarp(0xFFFFFFFFu);
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
     const int ts = nv < t1 ? nv : t1; /* shared experts: the valid tokens of the tile */
-    int cursor = 0, run = -1; /* run -1: before the first item */
-    down_item_t it = {-1, 0, 0, -1, 0.0f};
-    down_run_t cur, nxt;
+    uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 128 + w * DRING * DSLOT;
+    /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
+     * items, so next_expert's searches are compiled once). */
+    int cursor = 0, prun = RUNS2 - 1;
+    down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
     long long src[NT];
     float acc[NT][4];
     MJ_NO_UNROLL
-    for (;;) {
-        /* The item after this one (on the first pass, the first): the expert's next run, or
-         * the next expert's first. Its loads are in flight while this one computes. One
-         * place that fetches an item (a second one before the loop would be a second copy
-         * of next_expert's searches and of the loads, for NVRTC to compile). */
-        down_item_t nit = it;
-        int nrun = run + 1;
-        if (run < 0 || nrun == RUNS2) {
-            nrun = 0;
-            nit = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0, t1, ts);
-        }
-        if (nit.xi >= 0) down_load(w2, s2, &nit, d, nrun, lane, &nxt);
-        if (run >= 0) {
-            if (run == 0) { /* a new expert: its rows, fresh accumulators */
-                MJ_UNROLL
-                for (int c = 0; c < NT; c++) {
-                    int i = c * 8 + g;
-                    src[c] = -1;
-                    if (i < it.n) src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
-                    for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
-                }
-            }
-            down_compute(&cur, run, src, it.n, act, actq, act_sf, lane, acc);
-            if (run == RUNS2 - 1) {
-                down_epilogue(&it, row_index, weights, t0, lane, acc, frag, acc_tile);
-                __syncwarp(0xFFFFFFFFu);
+    for (int j = -(DRING - 2);; j++) {
+        /* item j + DRING - 2: the expert's next run, or the next expert's first */
+        if (pit.xi >= 0) {
+            if (++prun == RUNS2) {
+                prun = 0;
+                pit = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0,
+                                  t1, ts);
             }
         }
-        if (nit.xi < 0) break;
-        it = nit, run = nrun, cur = nxt;
+        down_issue(ring, w2, s2, &pit, prun, d, j + DRING - 2, lane);
+        if (j < 0) continue;
+        mj_cp_async_wait(DRING - 2); /* item j's group has landed... */
+        __syncwarp(0xFFFFFFFFu);     /* ...every lane's, and lane 0's item record */
+        const uint8_t *slot = ring + (j % DRING) * DSLOT;
+        const down_item_t it = *(const down_item_t *)(slot + 2048 + 256);
+        if (it.xi < 0) break;
+        if (it.run == 0) { /* a new expert: its rows, fresh accumulators */
+            MJ_UNROLL
+            for (int c = 0; c < NT; c++) {
+                int i = c * 8 + g;
+                src[c] = -1;
+                if (i < it.n) src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
+                for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
+            }
+        }
+        down_step(slot, it.run, src, it.n, act, actq, act_sf, lane, acc);
+        if (it.run == RUNS2 - 1) {
+            down_epilogue(&it, row_index, weights, t0, lane, acc, frag, acc_tile);
+            __syncwarp(0xFFFFFFFFu);
+        }
     }
+    mj_cp_async_wait(0); /* nothing lands after the warp is done (the empty groups) */
     for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
 #endif
 }

@@ -933,23 +933,22 @@ static void test_compile(const char *cache) {
                             printf("plan %-7s %-5s TPE %2d %-5s: %3d registers, %d spill bytes\n", targets[t],
                                    mode ? "W4A4" : "W4A16", tpe, kernel[part], rep->registers, rep->spill_stores);
                         if (ii == 0 && tpe == 8 && part >= 2) {
-                            /* The SASS: the tensor-core MMA of the mode, and every weight load 128
-                             * bits wide: up's are cp.async copies through L2 into its ring
-                             * (LDGSTS.E.BYPASS), down's the no-allocate stream (LDG.E.NA). */
+                            /* The SASS: the tensor-core MMA of the mode, and every weight load a
+                             * 128-bit cp.async copy through L2 into the warp's ring
+                             * (LDGSTS.E.BYPASS.128), nothing through the old register stream. */
                             size_t len;
                             const void *bin = mj_function_binary(f, &len);
                             char *sass = test_sass(bin, len);
                             CHECK(sass != NULL, "nvdisasm did not run (scripts/setup.sh installs it)");
                             if (!sass) continue;
                             const char *mma = mode ? "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" : "HMMA.16816.F32.BF16";
-                            const char *ld = part == 2 ? "LDGSTS.E.BYPASS" : "LDG.E.NA";
-                            const char *ld128 = part == 2 ? "LDGSTS.E.BYPASS.128" : "LDG.E.NA.128";
+                            const char *ld = "LDGSTS.E.BYPASS", *ld128 = "LDGSTS.E.BYPASS.128";
                             int n_mma = test_count(sass, mma), n_na = test_count(sass, ld);
                             int n_na128 = test_count(sass, ld128);
-                            if (part == 2)
-                                CHECK(test_count(sass, "LDG.E.NA") == 0 && test_count(sass, "LDGSTS") == n_na,
-                                      "%s %s up: weights only through the ring (%d LDGSTS, %d LDG.E.NA)", targets[t],
-                                      mode ? "W4A4" : "W4A16", test_count(sass, "LDGSTS"), test_count(sass, "LDG.E.NA"));
+                            CHECK(test_count(sass, "LDG.E.NA") == 0 && test_count(sass, "LDGSTS") == n_na,
+                                  "%s %s %s: weights only through the ring (%d LDGSTS, %d LDG.E.NA)", targets[t],
+                                  mode ? "W4A4" : "W4A16", kernel[part], test_count(sass, "LDGSTS"),
+                                  test_count(sass, "LDG.E.NA"));
                             CHECK(n_mma > 0, "%s %s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16",
                                   kernel[part], mma);
                             CHECK(n_na128 > 0 && n_na128 == n_na, "%s %s %s: %d of %d weight-stream loads are 128-bit",

@@ -207,7 +207,7 @@ struct worker {
     void *sched_fake;
     pthread_t th;
     int started;
-    unsigned long long stream_bytes; /* mj_ld_stream bytes of this worker's blocks         */
+    unsigned long long stream_bytes; /* mj_ld_stream and cp.async bytes of this worker's blocks */
 };
 
 /* The fiber running on this thread (NULL in the scheduler). */
@@ -865,7 +865,7 @@ static unsigned cpu_count(void) {
 
 /* ---- a launch -------------------------------------------------------------------------- */
 
-/* Bytes the launches of this thread loaded through mj_ld_stream, since the last take. */
+/* Bytes the launches of this thread loaded through mj_ld_stream or cp.async, since the last take. */
 static _Thread_local unsigned long long tls_stream_bytes;
 
 unsigned long long mj_sim_stream_bytes_take(void) {
