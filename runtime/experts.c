@@ -271,7 +271,7 @@ static int32_t pow2_at_least(int32_t v) {
  * the split-K partials and the SwiGLU tile in the same bytes (templates/moe_experts.cu). */
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
     const uint32_t rings = (uint32_t)k->NW1 * 5u * 1024u;
-    const uint32_t partials = (uint32_t)((k->NW1 > 1 ? k->NW1 - 1 : 1) * k->TPE * 128 + k->TPE * 64);
+    const uint32_t partials = (uint32_t)(k->NW1 * k->TPE * 128 + k->TPE * 64);
     return rings > partials ? rings : partials;
 }
 /* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring (4 slots of 2336). */

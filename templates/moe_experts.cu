@@ -61,7 +61,7 @@ MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all three (the interpr
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
-MJ_CONSTRAINT("((NW1 - 1) + (NW1 == 1)) * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials (or, with one warp, its sums) fit shared memory")
+MJ_CONSTRAINT("NW1 * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials and SwiGLU tile fit shared memory")
 MJ_CONSTRAINT("NW1 * 5 * 1024 <= 64 * 1024", "up's weight rings (5 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("NW2 * (TPE * 128 + 4 * (4 * 512 + 256 + 32)) <= 64 * 1024", "down's accumulators, fragments and weight rings fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
@@ -339,8 +339,8 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
 }
 
 /* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory the larger of
- * NW1 * RING_BYTES (the rings, during the k loop) and max(NW1 - 1, 1) * TPE * 128 + TPE * 64
- * bytes (the partials and the SwiGLU tile, after it). */
+ * NW1 * RING_BYTES (the rings, during the k loop) and NW1 * TPE * 128 + TPE * 64 bytes (the
+ * partials and the SwiGLU tile, after it). */
 MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
@@ -358,9 +358,8 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     const float ws2 = scal[rs.xi * 4 + 0], is13 = scal[rs.xi * 4 + 1];
     const float alpha = MODE == 1 ? is13 * ws2 : ws2;
     const float gs2 = 1.0f / scal[rs.xi * 4 + 3];
-    float *red = smem;                                 /* [NW1 - 1][2][NT][32][4]          */
-    float *fin = smem;                                 /* [2][NT][32][4]: warp 0's sums     */
-    float *htile = smem + (NW1 > 1 ? NW1 - 1 : 1) * TPE * 32; /* [TPE][16] (W4A4 requant)   */
+    float *red = smem;                    /* [NW1][2][NT][32][4]: each warp's sums (after the k loop) */
+    float *htile = smem + NW1 * TPE * 32; /* [TPE][16] (W4A4 requant)                              */
 
     for (int c0 = 0; c0 < rs.n; c0 += TPE) {
         const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
@@ -396,35 +395,16 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                         x, xq, xsf, lane, acc);
         }
         __syncthreads(); /* the rings' memory is the partials' and the tile's below */
-        /* Split-K: warps 1.. hand their sums to warp 0, which adds them in warp order. */
-        if (NW1 > 1) {
-            if (w > 0) {
-                MJ_UNROLL
-                for (int h = 0; h < 2; h++)
-                    for (int n = 0; n < NT; n++)
-                        for (int i = 0; i < 4; i++) red[((((w - 1) * 2 + h) * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
-            }
-            __syncthreads();
-            if (w == 0) {
-                MJ_NO_UNROLL
-                for (int v = 1; v < NW1; v++) {
-                    MJ_UNROLL
-                    for (int h = 0; h < 2; h++)
-                        for (int n = 0; n < NT; n++)
-                            for (int i = 0; i < 4; i++) acc[h][n][i] += red[((((v - 1) * 2 + h) * NT + n) * 32 + lane) * 4 + i];
-                }
-            }
-        }
+        /* Split-K: every warp's sums go to shared memory, and warp 0 adds them in warp order
+         * as the SwiGLU below reads them: a rolled loop over the token groups, the four
+         * values of each and the warps, one copy of its code (expf and an IEEE division)
+         * instead of 4 NT, and no register array indexed (it runs once a chunk). */
+        MJ_UNROLL
+        for (int h = 0; h < 2; h++)
+            for (int n = 0; n < NT; n++)
+                for (int i = 0; i < 4; i++) red[(((w * 2 + h) * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
+        __syncthreads();
         if (w == 0) {
-            /* The sums go through shared memory (each lane reads back its own) so that the
-             * SwiGLU below is a rolled loop over the token groups and the four values of
-             * each: one copy of its code (expf and an IEEE division) instead of 4 NT (the
-             * loop indexes no register array; it runs once a chunk). The partials of warp 1
-             * were the only ones in fin's place, and are read already. */
-            MJ_UNROLL
-            for (int h = 0; h < 2; h++)
-                for (int n = 0; n < NT; n++)
-                    for (int i = 0; i < 4; i++) fin[((h * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
             MJ_NO_UNROLL
             for (int n = 0; n < NT; n++)
@@ -432,7 +412,12 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
                     if (ti >= nc) continue;
-                    const float gate = fin[(n * 32 + lane) * 4 + i], up = fin[((NT + n) * 32 + lane) * 4 + i];
+                    float gate = red[(n * 32 + lane) * 4 + i], up = red[((NT + n) * 32 + lane) * 4 + i];
+                    MJ_NO_UNROLL
+                    for (int v = 1; v < NW1; v++) {
+                        gate += red[(((v * 2) * NT + n) * 32 + lane) * 4 + i];
+                        up += red[(((v * 2 + 1) * NT + n) * 32 + lane) * 4 + i];
+                    }
                     float hv = silu(gate * alpha) * (up * alpha);
                     int ci = c0 + ti;
                     long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
