@@ -22,7 +22,9 @@
  * of a shape): one entry holds the routing code once (ptxas optimizes every entry with its
  * callees inlined, so a second entry calling route_token or the dispatch would double its
  * work), loops whose trips depend on each other stay rolled, the dispatch's loops (one or
- * two trips a thread) too, and per-expert work is branch-free.
+ * two trips a thread) too, per-expert math (expf, divisions) runs in rolled loops over
+ * values its global loads left in shared memory (the loads themselves stay unrolled, all
+ * in flight at once), and per-expert work is branch-free.
  */
 MJ_TEMPLATE(oea_route, "noaux_tc / OEA routing of a batch plus per-expert counts, offsets, active list and permutation")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
@@ -117,10 +119,16 @@ MJ_DEVICE int warp_sum_i(int v) {
 MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *c, int lane) {
     const float *bp = bias ? bias : x; /* a load that is always valid: no branch on bias */
     if (SCORING == 0) {
+        for (int i = 0; i < LOCAL; i++) { /* the loads, all in flight at once (each lane its own e) */
+            int e = lane + 32 * i;
+            if (e >= E) break;
+            s[e] = x[e], c[e] = bp[e];
+        }
+#pragma unroll 1 /* the math from shared memory: one copy of expf and the division */
         for (int i = 0; i < LOCAL; i++) {
             int e = lane + 32 * i;
             if (e >= E) break;
-            float v = x[e], b = bp[e], sg = 1.0f / (1.0f + expf(-v));
+            float v = s[e], b = c[e], sg = 1.0f / (1.0f + expf(-v));
             float se = (v != v) ? 0.0f : sg;
             s[e] = se;
             c[e] = (v != v) ? (0.0f / 0.0f) : se + (bias ? b : 0.0f);
@@ -156,6 +164,7 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *
                 s[e] = x[e] == m ? 1.0f / (float)n_max : 0.0f;
             }
         } else if (have) {
+#pragma unroll 1 /* x is in L1 since the max: one copy of expf */
             for (int i = 0; i < LOCAL; i++) {
                 int e = lane + 32 * i;
                 if (e >= E) break;
@@ -167,6 +176,7 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *
             if (lane == 0)
                 for (int e = 0; e < E; e++) sum += s[e];
             sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
+#pragma unroll 1 /* one copy of the division */
             for (int i = 0; i < LOCAL; i++) {
                 int e = lane + 32 * i;
                 if (e >= E) break;
