@@ -267,10 +267,10 @@ static int32_t pow2_at_least(int32_t v) {
 }
 
 /* Shared memory of the two kernels for these knobs (bytes). */
-/* Up's dynamic shared memory: its warps' weight rings (5 KiB each) during the k loop, then
+/* Up's dynamic shared memory: its warps' weight rings (6 KiB each) during the k loop, then
  * the split-K partials and the SwiGLU tile in the same bytes (templates/moe_experts.cu). */
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
-    const uint32_t rings = (uint32_t)k->NW1 * 5u * 1024u;
+    const uint32_t rings = (uint32_t)k->NW1 * 6u * 1024u;
     const uint32_t partials = (uint32_t)(k->NW1 * k->TPE * 128 + k->TPE * 64);
     return rings > partials ? rings : partials;
 }

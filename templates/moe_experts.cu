@@ -62,7 +62,7 @@ MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of 
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
 MJ_CONSTRAINT("NW1 * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials and SwiGLU tile fit shared memory")
-MJ_CONSTRAINT("NW1 * 5 * 1024 <= 64 * 1024", "up's weight rings (5 KiB a warp) fit shared memory")
+MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("NW2 * (TPE * 128 + 4 * (4 * 512 + 256 + 32)) <= 64 * 1024", "down's accumulators, fragments and weight rings fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
@@ -268,12 +268,12 @@ MJ_DEVICE rows_t slot_rows(int slot, int n_slots, const int32_t *counts, const i
 /* An up warp streams its k-steps (those of its runs w, w + NW1, ...: 4 steps a run, whose
  * scale chunk serves the 4) through a ring in shared memory, its own: RING slots of one
  * step's gate and up fragments (1 KiB; each lane's 16 bytes where it reads them back) and
- * RUNRING runs' scale chunks (512 bytes). cp.async keeps RING - 1 steps in flight while one
- * computes, and a slot is refilled only after the step that read it (a run's scales after
+ * RUNRING runs' scale chunks (512 bytes). cp.async keeps RING - 1 = 4 steps in flight while
+ * one computes (4 KiB a warp, what the register prefetch of a run used to hold), and a slot is refilled only after the step that read it (a run's scales after
  * its last step: 4 RUNRING > RING + 2). So the step loop is one rolled copy of a step's
  * code, with no register copies or selects between steps, and the bytes in flight take
  * shared memory, not registers (up's registers about halve). */
-#define RING 4
+#define RING 5
 #define RUNRING 2
 #define RING_BYTES (RING * 1024 + RUNRING * 512)
 

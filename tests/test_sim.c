@@ -485,13 +485,13 @@ static void test_atomics(mj_context_t c) {
 static void test_cp_async(mj_context_t c) {
     const mj_function *f = get(c, "fixture_sim_cp_async", (int32_t[MJ_MAX_KNOBS]){0});
     if (!f) return;
-    uint32_t src[3 * 32 * 4], out[6 * 32 * 4];
+    uint32_t src[3 * 32 * 4], out[8 * 32 * 4];
     for (int i = 0; i < 3 * 32 * 4; i++) src[i] = 1000u + (uint32_t)i;
     memset(out, 0, sizeof out);
     mj_sim_stream_bytes_take();
     CHECK_OK(mj_launch_fixture_sim_cp_async(f, dims3(1, 1, 1, 32, 1, 1, 3 * 32 * 16), src, out));
-    CHECK(mj_sim_stream_bytes_take() == 4 * 32 * 16, "cp.async bytes are counted as streamed");
-    int bad[6] = {0, 0, 0, 0, 0, 0};
+    CHECK(mj_sim_stream_bytes_take() == 6 * 32 * 16, "cp.async bytes are counted as streamed");
+    int bad[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int t = 0; t < 32; t++)
         for (int q = 0; q < 4; q++) {
             const uint32_t s0 = src[(0 * 32 + t) * 4 + q], s1x = src[(1 * 32 + (t ^ 1)) * 4 + q];
@@ -502,10 +502,13 @@ static void test_cp_async(mj_context_t c) {
             bad[3] += out[(3 * 32 + t) * 4 + q] != s2;          /* wait_group(0): all of them   */
             bad[4] += out[(4 * 32 + t) * 4 + q] != s1x;         /* another lane's, after a sync */
             bad[5] += out[(5 * 32 + t) * 4 + q] != 0xFFFFFFFFu; /* a slot being refilled        */
+            bad[6] += out[(6 * 32 + t) * 4 + q] != 0xFFFFFFFFu; /* older copy in, newer pending */
+            bad[7] += out[(7 * 32 + t) * 4 + q] != s0;          /* the newer one landed         */
         }
-    CHECK(!bad[0] && !bad[1] && !bad[2] && !bad[3] && !bad[4] && !bad[5],
-          "cp.async reads: before wait %d, group 0 %d, group 2 early %d, all %d, across lanes %d, refilled %d wrong",
-          bad[0], bad[1], bad[2], bad[3], bad[4], bad[5]);
+    CHECK(!bad[0] && !bad[1] && !bad[2] && !bad[3] && !bad[4] && !bad[5] && !bad[6] && !bad[7],
+          "cp.async reads: before wait %d, group 0 %d, group 2 early %d, all %d, across lanes %d, refilled %d, "
+          "two copies %d/%d wrong",
+          bad[0], bad[1], bad[2], bad[3], bad[4], bad[5], bad[6], bad[7]);
     const mj_function *fo = get(c, "fixture_sim_cp_async", (int32_t[MJ_MAX_KNOBS]){1});
     if (!fo) return;
     CHECK_STATUS(mj_launch_fixture_sim_cp_async(fo, dims3(1, 1, 1, 32, 1, 1, 3 * 32 * 16), src, out), MJ_ERR_KERNEL);

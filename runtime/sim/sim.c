@@ -345,9 +345,10 @@ static void api_trap(const char *file, int line) {
 }
 
 /* cp.async: on a GPU the bytes land at some time between the copy and the wait that covers
- * its group. The sim takes both ends: at the copy the destination is poisoned (0xFF bytes:
- * NaN scales, -6 codes), at the wait the data lands. So a kernel that reads before waiting,
- * or refills a buffer another read still needs, reads poison and fails its test. */
+ * its group. The sim takes both ends: from the copy until that wait the destination reads
+ * as poison (0xFF bytes: NaN scales, -6 codes), at the wait the data lands. So a kernel
+ * that reads before waiting, or refills a buffer a read still needs, reads poison and
+ * fails its test. */
 static void api_cp_async(int op, void *dst, const void *src, int n, const char *file, int line) {
     fiber *f = current();
     if (op == MJ_SIM_CP_COPY) {
@@ -369,6 +370,9 @@ static void api_cp_async(int op, void *dst, const void *src, int n, const char *
             else f->cp[k++] = f->cp[i];
         }
         f->cp_n = k;
+        /* A copy still pending may have landed already: its bytes stay poison even where an
+         * older copy to them just landed (a slot refilled too early reads poison). */
+        for (int i = 0; i < k; i++) memset(f->cp[i].dst, 0xFF, (size_t)f->cp[i].n);
     }
 }
 
