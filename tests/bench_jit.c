@@ -61,8 +61,9 @@ static double cold(const mj_spec *s, int reps, double *t) {
 }
 
 /* What the launchers (runtime/route.c) compile for GLM-5 (E = 256, top-8, H = 6144): the
- * OEA route (k0 = 4) and plain top-k, a grouped softmax route, and the router GEMM at one
- * row and at 8 rows a group, with 4 and with 8 warps. */
+ * OEA route (k0 = 4) and plain top-k, and the router GEMM at 1, 2, 4 and 8 rows a group
+ * (8 warps: mj_router_knobs' choice for H = 6144); and a grouped softmax route (E = 384,
+ * 8 groups: not GLM-5's, the other scoring path). */
 static const char *const k_product[] = {
     "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 4, \"NG\": 1, \"TG\": 1, \"GSCORE\": 0, "
     "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
@@ -70,11 +71,11 @@ static const char *const k_product[] = {
     "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
     "{\"template\": \"oea_route\", \"knobs\": {\"E\": 384, \"K\": 8, \"K0\": 3, \"NG\": 8, \"TG\": 4, \"GSCORE\": 0, "
     "\"SCORING\": 1, \"RENORM\": 1, \"NWARPS\": 4}, \"arch\": \"sm_120a\"}",
-    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 1, \"NWARPS\": 4}, "
-    "\"arch\": \"sm_120a\"}",
-    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 4}, "
-    "\"arch\": \"sm_120a\"}",
     "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 1, \"NWARPS\": 8}, "
+    "\"arch\": \"sm_120a\"}",
+    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 2, \"NWARPS\": 8}, "
+    "\"arch\": \"sm_120a\"}",
+    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 4, \"NWARPS\": 8}, "
     "\"arch\": \"sm_120a\"}",
     "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 8}, "
     "\"arch\": \"sm_120a\"}",
