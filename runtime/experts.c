@@ -317,9 +317,13 @@ static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t pa
 }
 
 int32_t mj_experts_specs(mj_context_t ctx, const mj_knobs_moe_experts *k, mj_spec out[3]) {
-    mj_knobs_moe_experts all = part_knobs(k, 0);
-    mj_spec_moe_experts(ctx, &all, &out[0]);
-    if (out[0].backend == MJ_BACKEND_SIM) return 1;
+    mj_backend backend = MJ_BACKEND_CUDA;
+    mj_context_backend(ctx, &backend, NULL);
+    if (backend == MJ_BACKEND_SIM) {
+        const mj_knobs_moe_experts all = part_knobs(k, 0);
+        mj_spec_moe_experts(ctx, &all, &out[0]);
+        return 1;
+    }
     int32_t n = 0;
     for (int32_t part = k->MODE ? 1 : 2; part <= 3; part++) {
         mj_knobs_moe_experts p = part_knobs(k, part);
