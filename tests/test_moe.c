@@ -212,8 +212,7 @@ static void test_bytes_and_options(mj_context_t ctx, uint64_t seed) {
         unsigned long long got = mj_sim_stream_bytes_take();
         mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
         CHECK_OK(mj_moe_route_outputs(moe, &r));
-        const long long per = (long long)(mj_pack_w13_bytes(H, 128) + mj_pack_s13_bytes(H, 128) + mj_pack_w2_bytes(H, 128) +
-                                          mj_pack_s2_bytes(H, 128));
+        const long long per = (long long)mj_pack_expert_bytes(H, 128);
         const unsigned long long floor = 16ull * H * 2 + (unsigned long long)(*r.n_active + 1) * (unsigned long long)per;
         CHECK(got == floor, "a forward read %llu weight bytes; the floor is %llu (gate + %d active + 1 shared expert)",
               got, floor, *r.n_active);

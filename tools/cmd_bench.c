@@ -204,8 +204,8 @@ static int bench_plan(bench *b, const char *arch) {
         rc = tool_fail_status("creating the JIT context", st);
         goto out;
     }
-    if ((rc = tool_plan_build("bench", ctx, &b->cfg, a->par, a->n_ranks, 1, a->batch, a->k0_policy, a->mode, arch,
-                              NULL, &plan, NULL)))
+    if ((rc = tool_plan_build("bench", ctx, &b->cfg, a->par, a->n_ranks, 1, a->batch, a->k0_policy, a->mode, NULL,
+                              &plan, NULL)))
         goto out;
     mj_context_destroy(ctx), ctx = NULL;
     txt(b, "plan for %s: %d specializations (batch %s, k0 %s)%s\n", arch, (int)plan.n, a->batch,
@@ -312,7 +312,7 @@ static mj_status rank_layer(const bench *b, int32_t rows, int from_ck, mj_layer_
     return mj_layer_create_random(&c, 1, out);
 }
 
-/* The moe handle on one rank's layer, prepared for the bench batches with k0 policy k0p. */
+/* The moe handle on one rank's layer, with --mode's policy (moe_prepare prepares it). */
 static mj_status moe_make(mj_context_t ctx, mj_layer_t L, const bench *b, mj_moe_t *moe) {
     mj_moe_options o = MJ_MOE_OPTIONS_INIT;
     tool_mode_parse(b->a->mode, &o.mode_policy);
@@ -372,8 +372,7 @@ static int bench_sim(bench *b, const char *arch) {
     progress(b, "layer made in %.0f ms", now_ms() - t0);
     TRY("the interpreter's context", mj_context_create(&o, &ctx));
     TRY("the interpreter's layer", moe_make(ctx, L, b, &moe));
-    const int64_t per_sim = mj_pack_w13_bytes(H, a->sim_I) + mj_pack_s13_bytes(H, a->sim_I) +
-                            mj_pack_w2_bytes(H, a->sim_I) + mj_pack_s2_bytes(H, a->sim_I);
+    const int64_t per_sim = mj_pack_expert_bytes(H, a->sim_I);
 
     /* The launch path: the host work of one forward, its launches recorded, not run. */
     progress(b, "preparing the interpreter's kernels (k0 %s)", a->k0_policy ? a->k0_policy : "= top-k");
@@ -582,6 +581,17 @@ static json_t *row(const char *what, int32_t B, int32_t k0, const char *mode, do
     return r;
 }
 
+/* A result row appended to arr and printed as a text line (label: its name there), from the
+ * row's own values; returned for more fields. */
+static json_t *emit(bench *b, json_t *arr, const char *label, const char *what, int32_t B, int32_t k0,
+                    const char *mode, double us, double bytes, double copy) {
+    json_t *r = row(what, B, k0, mode, us, bytes, copy);
+    json_array_append_new(arr, r);
+    txt(b, "  %-11s %4d %3d %-6s %10.2f %12.3f %9.1f %7.3f\n", label, (int)B, (int)k0, mode ? mode : "", us,
+        bytes / 1e6, json_real_value(json_object_get(r, "gbps")), json_real_value(json_object_get(r, "of_copy")));
+    return r;
+}
+
 static int bench_gpu(bench *b) {
     const bench_args *a = b->a;
     gpu G;
@@ -692,17 +702,14 @@ static int bench_gpu(bench *b) {
             op r = {OP_ROUTE, a->bb[i], MJ_MODE_W4A16};
             g->rp.k0 = a->k0s[ki];
             TRY("timing the routing", time_op(g, &r, &us));
-            json_array_append_new(jr, row("routing", r.B, g->rp.k0, NULL, us, (double)b->gate_bytes, g->copy_gbps));
-            txt(b, "  %-11s %4d %3d %-6s %10.2f %12.3f %9.1f %7.3f\n", "routing", (int)r.B, (int)g->rp.k0, "",
-                us, b->gate_bytes / 1e6, us > 0 ? b->gate_bytes / (us * 1e3) : 0,
-                us > 0 && g->copy_gbps > 0 ? b->gate_bytes / (us * 1e3) / g->copy_gbps : 0);
+            emit(b, jr, "routing", "routing", r.B, g->rp.k0, NULL, us, (double)b->gate_bytes, g->copy_gbps);
         }
 
     /* The experts, on each set's routing. */
     mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
     eo.max_batch = g->maxB;
     TRY("packing the experts", mj_experts_create(g->ctx, L, &eo, &g->ex));
-    int w4a4_ok = (tgt == MJ_TARGET_SM120A || tgt == MJ_TARGET_SM121A);
+    int w4a4_ok = mj_target_sm(tgt) >= 120; /* as the mode policy decides (runtime/experts.c) */
     if (!w4a4_ok) note(b, "W4A4 needs sm_120a/sm_121a: the experts are timed in W4A16 only on %s", mj_target_name(tgt));
     for (int m = 0; m < (w4a4_ok ? 2 : 1); m++) {
         const mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
@@ -724,12 +731,8 @@ static int bench_gpu(bench *b) {
                 act /= NSETS;
                 const double bytes = (act + b->nsub) * (double)b->per_expert;
                 TRY("timing the experts", time_op(g, &oe, &us));
-                json_t *r = row("experts", B, g->rp.k0, mode_name(mode), us, bytes, g->copy_gbps);
+                json_t *r = emit(b, je, "experts", "experts", B, g->rp.k0, mode_name(mode), us, bytes, g->copy_gbps);
                 json_object_set_new(r, "active", json_real(act));
-                json_array_append_new(je, r);
-                const double gb = us > 0 ? bytes / (us * 1e3) : 0;
-                txt(b, "  %-11s %4d %3d %-6s %10.2f %12.3f %9.1f %7.3f\n", "experts", (int)B, (int)g->rp.k0,
-                    mode_name(mode), us, bytes / 1e6, gb, g->copy_gbps > 0 ? gb / g->copy_gbps : 0);
             }
     }
     mj_experts_free(g->ex), g->ex = NULL;
@@ -776,12 +779,9 @@ static int bench_gpu(bench *b) {
             for (int s = 0; s < NSETS; s++) mj_cuda_graph_exec_destroy(g->exec[s]), g->exec[s] = NULL;
             for (int gr = 0; gr < 2; gr++) {
                 const double t = gr ? us_g : us;
-                json_t *r = row(gr ? "layer_graph" : "layer", B, k0, mode_name(mode), t, bytes, g->copy_gbps);
+                json_t *r = emit(b, jl, gr ? "layer+graph" : "layer", gr ? "layer_graph" : "layer", B, k0,
+                                 mode_name(mode), t, bytes, g->copy_gbps);
                 json_object_set_new(r, "active", json_real(act));
-                json_array_append_new(jl, r);
-                const double gb = t > 0 ? bytes / (t * 1e3) : 0;
-                txt(b, "  %-11s %4d %3d %-6s %10.2f %12.3f %9.1f %7.3f\n", gr ? "layer+graph" : "layer", (int)B,
-                    (int)k0, mode_name(mode), t, bytes / 1e6, gb, g->copy_gbps > 0 ? gb / g->copy_gbps : 0);
             }
         }
     }
@@ -813,15 +813,16 @@ static int bench_gpu(bench *b) {
             if (k0 == 8) t8 = json_real_value(json_object_get(r, "us"));
             if (k0 == 4) t4 = json_real_value(json_object_get(r, "us"));
         }
+        const int both = t8 > 0 && t4 > 0, oea_met = both && t8 / t4 >= 1.4;
         json_t *g2 = json_object();
         json_object_set_new(g2, "goal", json_string("layer (graph) at B = 32: k0 4 >= 1.4x faster than k0 8"));
-        json_object_set_new(g2, "speedup", t8 > 0 && t4 > 0 ? json_real(t8 / t4) : json_null());
-        json_object_set_new(g2, "met", json_boolean(t8 > 0 && t4 > 0 && t8 / t4 >= 1.4));
+        json_object_set_new(g2, "speedup", both ? json_real(t8 / t4) : json_null());
+        json_object_set_new(g2, "met", json_boolean(oea_met));
         json_object_set_new(goals, "oea_speedup", g2);
         json_object_set_new(jg, "goals", goals);
         txt(b, "\ngoals: experts W4A16 at B <= 16 >= 0.80 of copy: %s (worst %.3f); layer k0 4 vs 8 at B 32 >= 1.4x: %s",
-            worst >= 0.8 ? "met" : "NOT met", worst, t8 > 0 && t4 > 0 && t8 / t4 >= 1.4 ? "met" : "NOT met");
-        if (t8 > 0 && t4 > 0) txt(b, " (%.2fx)\n", t8 / t4);
+            worst >= 0.8 ? "met" : "NOT met", worst, oea_met ? "met" : "NOT met");
+        if (both) txt(b, " (%.2fx)\n", t8 / t4);
         else txt(b, " (B 32 with k0 8 and 4 not both measured)\n");
     }
     goto out;
@@ -884,19 +885,8 @@ static int read_config(bench *b) {
         return 0;
     }
     if (a->config) {
-        const char *quant = a->quant;
-        char beside[4096];
-        if (!quant) {
-            const char *slash = strrchr(a->config, '/');
-            int dl = slash ? (int)(slash - a->config) + 1 : 0;
-            snprintf(beside, sizeof beside, "%.*shf_quant_config.json", dl, a->config);
-            struct stat sb;
-            if (stat(beside, &sb) == 0 && S_ISREG(sb.st_mode)) quant = beside;
-        }
-        if ((st = mj_moe_config_read(a->config, quant, &b->cfg)) != MJ_OK) return tool_fail_status(a->config, st);
-        if (b->cfg.quant != MJ_QUANT_NVFP4)
-            return tool_fail("%s: no NVFP4 quantization: give the checkpoint's hf_quant_config.json with --quant",
-                             a->config);
+        int rc = tool_config_read(a->config, a->quant, &b->cfg);
+        if (rc) return rc;
     } else {
         mj_moe_config_glm5(&b->cfg);
     }
@@ -1026,8 +1016,7 @@ int cmd_bench(int argc, char **argv) {
         goto out;
     }
     const int32_t H = b.cfg.hidden;
-    b.per_expert = mj_pack_w13_bytes(H, b.i_local) + mj_pack_s13_bytes(H, b.i_local) + mj_pack_w2_bytes(H, b.i_local) +
-                   mj_pack_s2_bytes(H, b.i_local);
+    b.per_expert = mj_pack_expert_bytes(H, b.i_local);
     b.gate_bytes = 2 * (int64_t)b.cfg.n_experts * H;
 
     /* A GPU? */

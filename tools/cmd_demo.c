@@ -179,8 +179,7 @@ int cmd_demo(int argc, char **argv) {
     uint64_t rng = (uint64_t)seed ^ 0xD1B54A32D192ED03ull;
     for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
     const tool_gpu *gpu = tool_gpu_find("rtx-pro-6000");
-    const double glm5_expert = (double)(mj_pack_w13_bytes(6144, 2048) + mj_pack_s13_bytes(6144, 2048) +
-                                        mj_pack_w2_bytes(6144, 2048) + mj_pack_s2_bytes(6144, 2048));
+    const double glm5_expert = (double)mj_pack_expert_bytes(6144, 2048);
     int gpus = 0;
     if (mj_cuda_load() == MJ_OK) mj_cuda_device_count(&gpus);
     printf("batch: %d tokens, %s; kernels on the interpreter (8 loopback ranks)%s\n\n", batch,

@@ -206,23 +206,9 @@ static void add_job(job **jobs, int *n, int *cap, char *line, const char *where)
 /* The plan of a model config for one target, as jobs (manifest lines). */
 static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir, job **jobs, int *n, int *cap) {
     mj_moe_config cfg;
-    /* Without --quant, hf_quant_config.json beside config.json (as a checkpoint has it) when
-     * config.json has no quantization_config of its own. */
-    const char *quant = a->quant;
-    char beside[4096];
-    if (!quant) {
-        const char *slash = strrchr(a->config, '/');
-        int dl = slash ? (int)(slash - a->config) + 1 : 0;
-        snprintf(beside, sizeof beside, "%.*shf_quant_config.json", dl, a->config);
-        struct stat sb;
-        if (stat(beside, &sb) == 0 && S_ISREG(sb.st_mode)) quant = beside;
-    }
-    mj_status st = mj_moe_config_read(a->config, quant, &cfg);
-    if (st == MJ_OK && cfg.quant != MJ_QUANT_NVFP4)
-        return tool_fail("%s: no NVFP4 quantization: moejit runs ModelOpt NVFP4 checkpoints; give the checkpoint's "
-                         "hf_quant_config.json with --quant (or put it beside config.json)",
-                         a->config);
-    if (st != MJ_OK) return tool_fail_status(a->config, st);
+    mj_status st;
+    int rc0 = tool_config_read(a->config, a->quant, &cfg);
+    if (rc0) return rc0;
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = a->backend, o.target = arch, o.strict = 0;
     mj_context_t ctx = NULL;
@@ -230,8 +216,8 @@ static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir
     int32_t nb = 0, rc = 0;
     mj_plan plan = {0, NULL};
     const mj_target t = mj_context_target(ctx);
-    if ((rc = tool_plan_build("prewarm", ctx, &cfg, a->par, a->n_ranks, a->shared, a->batch, a->k0, a->mode, arch,
-                              a->config, &plan, &nb)))
+    if ((rc = tool_plan_build("prewarm", ctx, &cfg, a->par, a->n_ranks, a->shared, a->batch, a->k0, a->mode, a->config,
+                              &plan, &nb)))
         goto out;
     for (int32_t i = 0; i < plan.n; i++) {
         char *line = NULL, where[300];

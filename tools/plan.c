@@ -5,10 +5,31 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+int tool_config_read(const char *config, const char *quant, mj_moe_config *cfg) {
+    /* Without --quant, hf_quant_config.json beside config.json (as a checkpoint has it) when
+     * config.json has no quantization_config of its own. */
+    char beside[4096];
+    if (!quant) {
+        const char *slash = strrchr(config, '/');
+        int dl = slash ? (int)(slash - config) + 1 : 0;
+        snprintf(beside, sizeof beside, "%.*shf_quant_config.json", dl, config);
+        struct stat sb;
+        if (stat(beside, &sb) == 0 && S_ISREG(sb.st_mode)) quant = beside;
+    }
+    mj_status st = mj_moe_config_read(config, quant, cfg);
+    if (st == MJ_OK && cfg->quant != MJ_QUANT_NVFP4)
+        return tool_fail("%s: no NVFP4 quantization: moejit runs ModelOpt NVFP4 checkpoints; give the checkpoint's "
+                         "hf_quant_config.json with --quant (or put it beside config.json)",
+                         config);
+    if (st != MJ_OK) return tool_fail_status(config, st);
+    return 0;
+}
 
 int tool_plan_build(const char *cmd, mj_context_t ctx, const mj_moe_config *cfg, mj_parallel par, int n_ranks,
                     int shared, const char *batch, const char *k0_policy, const char *mode_text,
-                    const char *arch, const char *config, mj_plan *plan, int32_t *n_batches) {
+                    const char *config, mj_plan *plan, int32_t *n_batches) {
     int32_t *bs = NULL, nb = 0;
     int rc = 0;
     mj_k0_policy k0;
@@ -16,6 +37,7 @@ int tool_plan_build(const char *cmd, mj_context_t ctx, const mj_moe_config *cfg,
     const char *policy;
     const mj_weight_mode mode = tool_mode_parse(mode_text, &policy);
     const mj_target t = mj_context_target(ctx);
+    const char *arch = mj_target_name(t);
     plan->n = 0, plan->e = NULL;
     if (mj_batches_parse(batch, &bs, &nb) != MJ_OK) {
         rc = tool_usage(cmd, "--batch: %s", mj_last_error());

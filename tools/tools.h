@@ -64,11 +64,15 @@ const tool_gpu *tool_gpu_at(int i);
  * and --mode (NULL: the target's default policy) parsed for subcommand cmd, then every rank's
  * specializations on ctx's target. 0 with *plan to mj_plan_free and *n_batches (may be NULL)
  * the number of batch sizes, or the exit code after the error line, which names config
- * (NULL: only arch). */
+ * (NULL: only ctx's target). */
 struct mj_plan;
 int tool_plan_build(const char *cmd, mj_context_t ctx, const mj_moe_config *cfg, mj_parallel par, int n_ranks,
                     int shared, const char *batch, const char *k0_policy, const char *mode_text,
-                    const char *arch, const char *config, struct mj_plan *plan, int32_t *n_batches);
+                    const char *config, struct mj_plan *plan, int32_t *n_batches);
+/* A model's config.json (its MoE part) with its NVFP4 quantization: quant, else the
+ * hf_quant_config.json beside config (when there is one). 0, or the exit code after the
+ * error line (no NVFP4 quantization, or what mj_moe_config_read refused). */
+int tool_config_read(const char *config, const char *quant, mj_moe_config *cfg);
 
 /* Parse a whole integer / positive finite float argument or fail with a usage line. */
 int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, long hi, int *out);

@@ -26,6 +26,9 @@ int64_t mj_pack_w13_bytes(int32_t H, int32_t I) { return (int64_t)I * H; }
 int64_t mj_pack_s13_bytes(int32_t H, int32_t I) { return (int64_t)(I / 16) * runs_of(H) * 512; }
 int64_t mj_pack_w2_bytes(int32_t H, int32_t I) { return (int64_t)H * I / 2; }
 int64_t mj_pack_s2_bytes(int32_t H, int32_t I) { return (int64_t)(H / 16) * runs_of(I) * 256; }
+int64_t mj_pack_expert_bytes(int32_t H, int32_t I) {
+    return mj_pack_w13_bytes(H, I) + mj_pack_s13_bytes(H, I) + mj_pack_w2_bytes(H, I) + mj_pack_s2_bytes(H, I);
+}
 
 /* The natural byte of (row, byte b) <-> its place in the packed fragment of step s. Both
  * directions walk the same loops, so they cannot disagree. */

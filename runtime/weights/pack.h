@@ -11,6 +11,8 @@ int64_t mj_pack_w13_bytes(int32_t H, int32_t I);
 int64_t mj_pack_s13_bytes(int32_t H, int32_t I);
 int64_t mj_pack_w2_bytes(int32_t H, int32_t I);
 int64_t mj_pack_s2_bytes(int32_t H, int32_t I);
+/* The four together: what a forward reads of one active expert. */
+int64_t mj_pack_expert_bytes(int32_t H, int32_t I);
 
 /* Pack one expert: gate rows [gate0, gate0 + I) and up rows [up0, up0 + I) of w13 (a
  * [rows, H] linear), columns [col0, col0 + I) of w2 ([H, cols]). A routed expert is
