@@ -711,8 +711,7 @@ expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x --seed 1 extra; conta
 
 # ---- bench -------------------------------------------------------------------------------
 # A small model (H 256, E 16, top-4, TP 2: experts of 128 rows a rank), few reps and calls.
-BQ="--quant $SRC/tests/data/model/hf_quant_config.example.json"
-BENCH="bench --config $GLM5 $BQ --hidden 256 --intermediate 256 --experts 16 --topk 4 --tp 2 --batch 1-8
+BENCH="bench --config $GLM5 $Q --hidden 256 --intermediate 256 --experts 16 --topk 4 --tp 2 --batch 1-8
        --k0-policy 1-3:4,4-:2 --bench-batch 1,2,8 --k0 8,4,2 --iters 5 --copy-mb 8 --cache-dir $T/benchcache -q"
 expect_rc 0 "$MJ" bench --help; contains out "--bench-batch"; contains out "--k0-policy"
 expect_rc 2 "$MJ" bench --k0 0;                 contains err "--k0"
@@ -721,7 +720,7 @@ expect_rc 2 "$MJ" bench --sim-intermediate 65;  contains err "multiple of 64"
 expect_rc 2 "$MJ" bench --bench-batch 300;      contains err "out of 1..256"
 expect_rc 2 "$MJ" bench --config "$GLM5" --checkpoint ck1; contains err "not both"
 expect_rc 2 "$MJ" bench --frobnicate;           contains err "unknown option"
-expect_fail "$MJ" bench --config "$GLM5" $BQ --hidden 256 --intermediate 256 --experts 16 --topk 4 --tp 8
+expect_fail "$MJ" bench --config "$GLM5" $Q --hidden 256 --intermediate 256 --experts 16 --topk 4 --tp 8
 contains err "multiples of 64"
 # Without a GPU: the plan compiled (cold, disk, memory), the launch path's host time, the
 # bytes counted equal to the floor, and the floor on named GPUs.
@@ -779,9 +778,9 @@ contains err "did not compile for sm_120a"; contains err "MOEJIT_NVRTC=/nonexist
 MOEJIT_LIBCUDA=libm.so.6 expect_rc 1 "$MJ" $BENCH --no-compile --no-sim; contains err "has no symbol cuGetErrorName"
 MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --no-compile --no-sim; contains out "no GPU"
 # The default k0 policy at most top-k; a given one above top-k stays an error.
-expect_rc 0 "$MJ" bench --config "$GLM5" $BQ --topk 4 --no-compile --no-sim --no-gpu --json -q
+expect_rc 0 "$MJ" bench --config "$GLM5" $Q --topk 4 --no-compile --no-sim --no-gpu --json -q
 json_check 'j["plan"]["k0_policy"] == "1-3:4,4-:4"'
-expect_rc 2 "$MJ" bench --config "$GLM5" $BQ --topk 4 --k0-policy 1-3:8 --no-compile --no-sim --no-gpu -q
+expect_rc 2 "$MJ" bench --config "$GLM5" $Q --topk 4 --k0-policy 1-3:8 --no-compile --no-sim --no-gpu -q
 contains err "k0 8 must be in 1..4"
 
 # ---- standard output that cannot be written -------------------------------------------

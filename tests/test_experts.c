@@ -943,18 +943,18 @@ static void test_compile(const char *cache) {
                             if (!sass) continue;
                             const char *mma = mode ? "OMMA.SF.16864.F32.E2M1.E2M1.UE4M3.4X" : "HMMA.16816.F32.BF16";
                             const char *ld = "LDGSTS.E.BYPASS", *ld128 = "LDGSTS.E.BYPASS.128";
-                            int n_mma = test_count(sass, mma), n_na = test_count(sass, ld);
-                            int n_na128 = test_count(sass, ld128);
-                            CHECK(test_count(sass, "LDG.E.NA") == 0 && test_count(sass, "LDGSTS") == n_na,
+                            int n_mma = test_count(sass, mma), n_ld = test_count(sass, ld);
+                            int n_ld128 = test_count(sass, ld128);
+                            CHECK(test_count(sass, "LDG.E.NA") == 0 && test_count(sass, "LDGSTS") == n_ld,
                                   "%s %s %s: weights only through the ring (%d LDGSTS, %d LDG.E.NA)", targets[t],
                                   mode ? "W4A4" : "W4A16", kernel[part], test_count(sass, "LDGSTS"),
                                   test_count(sass, "LDG.E.NA"));
                             CHECK(n_mma > 0, "%s %s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16",
                                   kernel[part], mma);
-                            CHECK(n_na128 > 0 && n_na128 == n_na, "%s %s %s: %d of %d weight-stream loads are 128-bit",
-                                  targets[t], mode ? "W4A4" : "W4A16", kernel[part], n_na128, n_na);
+                            CHECK(n_ld128 > 0 && n_ld128 == n_ld, "%s %s %s: %d of %d weight-stream loads are 128-bit",
+                                  targets[t], mode ? "W4A4" : "W4A16", kernel[part], n_ld128, n_ld);
                             printf("sass %-7s %-5s %-5s: %d x %s, %d weight loads, all %s\n", targets[t],
-                                   mode ? "W4A4" : "W4A16", kernel[part], n_mma, mma, n_na128, ld128);
+                                   mode ? "W4A4" : "W4A16", kernel[part], n_mma, mma, n_ld128, ld128);
                             free(sass);
                         }
                     }

@@ -287,6 +287,16 @@ static void test_graph(mj_context_t ctx, uint64_t seed) {
 
 /* ---- the plan: prewarm, then strict prepare ---------------------------------------------------- */
 
+/* What `moejit prewarm --config` does with a plan: every specialization into ctx's cache. */
+static void prewarm_plan(mj_context_t ctx, const mj_plan *plan) {
+    for (int i = 0; i < plan->n; i++) {
+        char *line = NULL;
+        CHECK_OK(mj_spec_to_json(&plan->e[i].spec, &line));
+        if (line) CHECK_OK(mj_prewarm_json(ctx, line, NULL));
+        free(line);
+    }
+}
+
 static void test_plan_strict(uint64_t seed) {
     char *cache = test_tmpdir("moe-plan");
     mj_moe_config c = test_moe_cfg(256, 256, 16, 4, 1);
@@ -304,12 +314,7 @@ static void test_plan_strict(uint64_t seed) {
         mj_plan plan;
         mj_plan_request req = {&c, splits[s].par, splits[s].n, -1, batches, 7, &k0, MJ_MODE_AUTO, NULL, 1};
         CHECK_OK(mj_plan_build(warm, &req, &plan));
-        for (int i = 0; i < plan.n; i++) {
-            char *line = NULL;
-            CHECK_OK(mj_spec_to_json(&plan.e[i].spec, &line));
-            if (line) CHECK_OK(mj_prewarm_json(warm, line, NULL));
-            free(line);
-        }
+        prewarm_plan(warm, &plan);
         planned += plan.n;
         /* TP: router GEMM ROWS 1/2/4/8, two routings (k0 4 and 2), experts TPE 8 in W4A16
          * (1-8) and TPE 16 in W4A4 (9-16) -> 4 + 2 + 2. EP: rank 0's experts with the shared
@@ -359,12 +364,7 @@ static void test_plan_strict(uint64_t seed) {
         mj_plan plan;
         mj_plan_request req = {&c, MJ_PAR_NONE, 1, -1, batches, 7, &k0, MJ_MODE_AUTO, NULL, 1};
         CHECK_OK(mj_plan_build(warm, &req, &plan));
-        for (int i = 0; i < plan.n; i++) {
-            char *line = NULL;
-            CHECK_OK(mj_spec_to_json(&plan.e[i].spec, &line));
-            if (line) CHECK_OK(mj_prewarm_json(warm, line, NULL));
-            free(line);
-        }
+        prewarm_plan(warm, &plan);
         mj_plan_free(&plan);
         mj_context_destroy(warm);
     }

@@ -224,9 +224,9 @@ static void check_layer(mj_layer_t L, mj_moe_t moe, const uint16_t *hidden, int 
 }
 
 static mj_context_t gpu_context(void) {
+    if (!g_dev) return test_new_context(test_shared_cache(), MJ_BACKEND_SIM, "sm_120a", 0);
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = test_shared_cache(), o.device = 0, o.backend = MJ_BACKEND_CUDA;
-    if (!g_dev) o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM, o.target = "sm_120a";
     mj_context_t ctx = NULL;
     CHECK_OK(mj_context_create(&o, &ctx));
     return ctx;

@@ -164,14 +164,14 @@ int main(int argc, char **argv) {
                   TWO_RANKS_GUARD_S);
             printf("two ranks on one GPU: NCCL hung\n");
             fflush(stdout);
-            _exit(test_finish() ? 1 : 1);
+            test_finish();
+            _exit(1);
         }
     }
     if (t[0].st == MJ_OK && t[1].st == MJ_OK) {
         printf("two ranks on one GPU: this NCCL allows them; their all-reduce %s\n",
                g_values ? "summed and checked" : "run (stub: values unchecked)");
     } else {
-        CHECK(t[0].st != MJ_OK || t[1].st != MJ_OK, "unreachable");
         printf("two ranks on one GPU: refused by NCCL, as expected (rank 0: %s; rank 1: %s)\n",
                t[0].st == MJ_OK ? "ok" : t[0].err, t[1].st == MJ_OK ? "ok" : t[1].err);
         CHECK(t[0].st == MJ_ERR_COMM || t[1].st == MJ_ERR_COMM, "the refusal is MJ_ERR_COMM with NCCL's text");

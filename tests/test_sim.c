@@ -613,8 +613,8 @@ static void test_compile_error(void) {
 
 /* ---- the MMA hooks against CuTe's layouts -----------------------------------------------
  * The sim computes mma.sync from the PTX ISA's fragment figures (runtime/sim/sim.c). Here
- * the fragments are placed by an independent description, CuTe's TV layouts (
- * cute/atom/mma_traits_sm80.hpp and mma_traits_sm120.hpp): a (thread, value) pair maps to
+ * the fragments are placed by an independent description, CuTe's TV layouts
+ * (cute/atom/mma_traits_sm80.hpp and mma_traits_sm120.hpp): a (thread, value) pair maps to
  * an offset m + M k in the M x K operand (n + N k for B, m + M n for C). The answer must be
  * the scalar D = A B + C, exactly (the sim sums in double and rounds once; so does this). */
 typedef struct cute_layout {

@@ -168,7 +168,7 @@ class Moe(Handle):
         return k0.value, MODE_NAMES[md.value]
 
     def _hidden(self, hidden):
-        """hidden as bf16 bits where the kernels run: (Arr, what to keep alive)."""
+        """hidden as bf16 bits where the kernels run, as an Arr (its .obj keeps them alive)."""
         H = self.config.hidden
         a = A.adapt(hidden, "hidden", dtypes=("bfloat16", "uint16", "float32"), ndim=2)
         if a.shape[1] != H:
@@ -192,7 +192,7 @@ class Moe(Handle):
             if bits is not a.obj:
                 a = A.adapt(bits, "hidden", dtypes=("uint16",), ndim=2)
         self._check_place(a, "hidden")
-        return a, a.obj
+        return a
 
     def _check_place(self, a, name):
         if self.backend == "cuda":
@@ -217,7 +217,7 @@ class Moe(Handle):
         allocated and written on it) and the call returns at once; on the interpreter it
         has run when the call returns. Every rank of a split must call forward with the same B.
         """
-        a, _ = self._hidden(hidden)   # a.obj holds a host copy for the (synchronous) interpreter
+        a = self._hidden(hidden)   # a.obj holds a host copy for the (synchronous) interpreter
         B, H = a.shape
         nv = None
         count = isinstance(num_valid, (int, np.integer)) and not isinstance(num_valid, bool)

@@ -29,7 +29,6 @@
  * would miss it. With MJ_STUB_FAIL_CAPTURED_LAUNCH set, every launch into a capture fails
  * (CUDA_ERROR_INVALID_VALUE) without breaking the capture: a caller's error path. */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +119,9 @@ static double now_ns(void) {
     pthread_mutex_unlock(&g_clock_mu);
     return t;
 }
+
+/* An event reached on its stream (directly or in a graph's replay): recorded now. */
+static void event_fire(event *e) { e->recorded = 1, e->t_ns = now_ns(); }
 
 /* 9.0 with MJ_STUB_CC=9.0 (or "90"), else 12.0. */
 static int stub_sm(void) {
@@ -464,8 +466,7 @@ CUresult cuEventRecord(void *e, void *s) {
         n->kind = NODE_EVENT, n->event = e;
         return OK;
     }
-    ((event *)e)->recorded = 1;
-    ((event *)e)->t_ns = now_ns();
+    event_fire(e);
     logf_("cuEventRecord %p", e);
     return OK;
 }
@@ -540,7 +541,7 @@ CUresult cuGraphLaunch(void *exec, void *s) {
         node *n = &e->nodes[i];
         if (n->kind == NODE_KERNEL) run_kernel(n->line);
         else if (n->kind == NODE_COPY) do_copy(n->dst, n->src, n->bytes, n->src_is_device);
-        else n->event->recorded = 1, n->event->t_ns = now_ns();
+        else event_fire(n->event);
     }
     return OK;
 }

@@ -8,7 +8,6 @@
  *   MJ_STUB_NCCL_FAIL=ncclAllReduce:5   that call returns code 5 (ncclInvalidUsage), and
  *                                       ncclGetLastError says so;
  *   MJ_STUB_NCCL_VERSION=N              ncclGetVersion's code (default 22703: 2.27.3). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
