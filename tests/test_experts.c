@@ -26,45 +26,12 @@
 #include "experts.h"
 #include "sim/sim.h"
 #include "test.h"
+#include "test_routing.h"
 #include "weights/pack.h"
 
 #define U24 (1.0 / 16777216.0)
 
 /* ---- a layer and a routing ------------------------------------------------------------------ */
-
-typedef struct routing {
-    int B, nv, k, E;
-    int32_t *ids, *nsel, *cnt, *off, *act, na, *perm, *rix;
-    float *w;
-} routing;
-
-static void routing_alloc(routing *r, int B, int k, int E) {
-    size_t BK = (size_t)(B ? B : 1) * k;
-    r->B = B, r->k = k, r->E = E;
-    r->ids = malloc(4 * BK), r->w = malloc(4 * BK), r->nsel = malloc(4 * (size_t)(B ? B : 1));
-    r->cnt = malloc(4 * (size_t)E), r->off = malloc(4 * (size_t)(E + 1)), r->act = malloc(4 * (size_t)E);
-    r->perm = malloc(4 * BK), r->rix = malloc(4 * BK);
-}
-static void routing_free(routing *r) {
-    free(r->ids), free(r->w), free(r->nsel), free(r->cnt), free(r->off), free(r->act), free(r->perm), free(r->rix);
-}
-static void routing_dispatch(routing *r) {
-    CHECK_OK(mj_route_dispatch_ref(r->ids, r->nsel, r->B, r->k, r->E, r->cnt, r->off, r->act, &r->na, r->perm, r->rix));
-}
-
-/* The layer's own router and routing (k0), as mj_moe_forward_ref routes. */
-static void route_layer(mj_layer_t L, const uint16_t *hidden, int B, int nv, int k0, routing *r) {
-    routing_alloc(r, B, L->cfg.topk, L->cfg.n_experts);
-    r->nv = nv;
-    float *logits = malloc(sizeof(float) * (size_t)(B ? B : 1) * L->cfg.n_experts);
-    CHECK_OK(mj_router_ref(L, hidden, B, logits));
-    mj_route_params p;
-    CHECK_OK(mj_route_params_from_config(&L->cfg, &p));
-    p.k0 = k0;
-    CHECK_OK(mj_route_ref(&p, logits, L->bias, B, nv, r->ids, r->w, r->nsel, NULL));
-    routing_dispatch(r);
-    free(logits);
-}
 
 /* A routing made by hand (B = 64, k = 4, E >= 16): experts 0..4 get 0, 1, 8, 9 and 33
  * tokens; the rest spread over experts 5..; tokens keep 2..4 of their slots (as OEA leaves

@@ -23,6 +23,7 @@
 #include "experts.h"
 #include "sim/sim.h"
 #include "test.h"
+#include "test_routing.h"
 
 static int g_values = 1; /* 0 with --stub: kernels do not run, results are not checked */
 static int g_dev = 1;    /* 0 with --sim: the same checks on the interpreter (host memory)  */
@@ -59,34 +60,9 @@ static void check_rows(const float *got, int B, int nv, int H, const char *what)
     CHECK(bad_pad == 0, "%s: %lld values of padding rows not 0", what, (long long)bad_pad);
 }
 
-/* The reference routing of B tokens (nv valid) at k0: ids, weights, n_sel, and the dispatch. */
-typedef struct rt {
-    int32_t *ids, *nsel, *cnt, *off, *act, na, *perm, *rix;
-    float *w, *logits;
-} rt;
-
-static void rt_ref(mj_layer_t L, const uint16_t *hidden, int B, int nv, int k0, rt *r) {
-    const int E = L->cfg.n_experts, k = L->cfg.topk;
-    const size_t bk = (size_t)B * (size_t)k;
-    r->ids = malloc(4 * bk), r->w = malloc(4 * bk), r->nsel = malloc(4 * (size_t)B), r->cnt = malloc(4 * (size_t)E);
-    r->off = malloc(4 * (size_t)(E + 1)), r->act = malloc(4 * (size_t)E), r->perm = malloc(4 * bk);
-    r->rix = malloc(4 * bk), r->logits = malloc(4 * (size_t)B * (size_t)E);
-    CHECK_OK(mj_router_ref(L, hidden, B, r->logits));
-    mj_route_params p;
-    CHECK_OK(mj_route_params_from_config(&L->cfg, &p));
-    p.k0 = k0;
-    CHECK_OK(mj_route_ref(&p, r->logits, L->bias, B, nv, r->ids, r->w, r->nsel, NULL));
-    CHECK_OK(mj_route_dispatch_ref(r->ids, r->nsel, B, k, E, r->cnt, r->off, r->act, &r->na, r->perm, r->rix));
-}
-
-static void rt_free(rt *r) {
-    free(r->ids), free(r->w), free(r->nsel), free(r->cnt), free(r->off), free(r->act), free(r->perm), free(r->rix);
-    free(r->logits);
-}
-
 /* Which valid tokens have two selection scores within 1e-5 of each other at the border of
  * their first k0 or their top-k? An ulp of expf may route such a token differently. */
-static void near_ties(mj_layer_t L, const rt *r, int B, int nv, int k0, char *tie) {
+static void near_ties(mj_layer_t L, const routing *r, int B, int nv, int k0, char *tie) {
     const int E = L->cfg.n_experts, k = L->cfg.topk;
     double *c = malloc(sizeof(double) * (size_t)E);
     for (int t = 0; t < B; t++) {
@@ -117,7 +93,7 @@ static void base_set(const int32_t *ids, const int32_t *nsel, int nv, int k, int
  * 1 when the tokens that differ are each explained: a near-tie token itself, or, with OEA
  * (k0 < top-k), a valid token whose own first k0 match but whose extra experts come from a
  * batch S_base that a near-tie token changed; -1 otherwise, with why. */
-static int routing_verdict(mj_layer_t L, const rt *r, const int32_t *ids, const float *w, const int32_t *nsel, int B,
+static int routing_verdict(mj_layer_t L, const routing *r, const int32_t *ids, const float *w, const int32_t *nsel, int B,
                            int nv, int k0, char *why, size_t wl) {
     const int E = L->cfg.n_experts, k = L->cfg.topk;
     char *tie = malloc((size_t)B), *b_got = malloc((size_t)E), *b_ref = malloc((size_t)E);
@@ -156,7 +132,7 @@ static int routing_verdict(mj_layer_t L, const rt *r, const int32_t *ids, const 
 
 /* The verdict must catch a routing that differs where no tie explains it: the reference's own
  * routing with one non-tie token's expert changed, or one weight 1e-4 off, is refused. */
-static void check_verdict_catches(mj_layer_t L, const rt *r, int B, int nv, int k0, const char *what) {
+static void check_verdict_catches(mj_layer_t L, const routing *r, int B, int nv, int k0, const char *what) {
     const int E = L->cfg.n_experts, k = L->cfg.topk;
     char why[256] = "", *tie = malloc((size_t)B);
     near_ties(L, r, B, nv, k0, tie);
@@ -193,8 +169,8 @@ static void check_layer(mj_layer_t L, mj_moe_t moe, const uint16_t *hidden, int 
     const int H = L->cfg.hidden, k = L->cfg.topk;
     check_rows(got, B, nv, H, what);
     if (!g_values) return;
-    rt r;
-    rt_ref(L, hidden, B, nv, k0, &r);
+    routing r;
+    route_layer(L, hidden, B, nv, k0, &r);
     mj_route_outputs ro = MJ_ROUTE_OUTPUTS_INIT;
     CHECK_OK(mj_moe_route_outputs(moe, &ro));
     const size_t bk = (size_t)B * (size_t)k;
@@ -220,7 +196,7 @@ static void check_layer(mj_layer_t L, mj_moe_t moe, const uint16_t *hidden, int 
         CHECK(e <= tol_of(mode), "%s: relative L2 %.3g against mj_experts_ref on the GPU's routing", what, e);
     }
     free(ids), free(nsel), free(w), free(want);
-    rt_free(&r);
+    routing_free(&r);
 }
 
 static mj_context_t gpu_context(void) {
@@ -290,8 +266,8 @@ static void test_experts(mj_context_t ctx, uint64_t seed) {
                              m ? "W4A4" : "W4A16", B, nv, k0);
                     uint64_t rng = seed + 1000 * si + 10 * (uint64_t)B + (uint64_t)k0;
                     test_random_hidden(hidden, (size_t)B * H, &rng);
-                    rt r;
-                    rt_ref(L, hidden, B, nv, k0, &r);
+                    routing r;
+                    route_layer(L, hidden, B, nv, k0, &r);
                     tbuf_put(&dh, hidden, 2 * (size_t)B * H);
                     tbuf_put(&dids, r.ids, 4 * (size_t)B * k), tbuf_put(&dw, r.w, 4 * (size_t)B * k);
                     tbuf_put(&dnsel, r.nsel, 4 * (size_t)B), tbuf_put(&dcnt, r.cnt, 4 * (size_t)E);
@@ -318,7 +294,7 @@ static void test_experts(mj_context_t ctx, uint64_t seed) {
                         double e = test_rel_l2(got, want, (size_t)B * H);
                         CHECK(e <= tol_of(mode), "%s: relative L2 %.3g (tolerance %g)", what, e, tol_of(mode));
                     }
-                    rt_free(&r);
+                    routing_free(&r);
                 }
         }
         printf("experts H %d I %d E %d top-%d: %d batch sizes x 2 k0 x %d mode(s) in %.0f ms\n", H, s->I, E, k, s->nB,
