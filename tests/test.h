@@ -70,6 +70,22 @@ static inline int test_finish(void) {
     return g_fail ? 1 : 0;
 }
 
+/* A GPU test's start: 0 with device 0 bound; with no driver or no device, a SKIP line (what:
+ * what the test runs on a GPU) and 77, which ctest reports as skipped; a driver that loads
+ * but fails is a failed check, and test_finish()'s code. */
+static inline int test_gpu_or_skip(const char *what) {
+    int n = 0;
+    mj_status st = mj_cuda_load();
+    if (st == MJ_OK) st = mj_cuda_device_count(&n);
+    if (st == MJ_ERR_NO_DEVICE || (st == MJ_OK && n < 1)) {
+        printf("SKIP: no CUDA device (%s); this test %s\n", st == MJ_OK ? "0 devices" : mj_last_error(), what);
+        return 77;
+    }
+    CHECK_OK(st);
+    if (st == MJ_OK) CHECK_OK(st = mj_cuda_bind(0));
+    return st == MJ_OK ? 0 : test_finish();
+}
+
 /* ---- files and time ---------------------------------------------------------------------- */
 static inline double test_now_ms(void) {
     struct timespec t;

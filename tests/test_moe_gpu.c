@@ -406,19 +406,10 @@ int main(int argc, char **argv) {
         test_stub_log_begin();
     }
     uint64_t seed = test_seed(20261203);
-    int n = 0;
-    if (g_dev) { /* no driver or no device: skipped; a driver that loads but fails: a failure */
-        mj_status st = mj_cuda_load();
-        if (st == MJ_OK) st = mj_cuda_device_count(&n);
-        if (st == MJ_ERR_NO_DEVICE || (st == MJ_OK && n < 1)) {
-            printf("SKIP: no CUDA device (%s); this test runs the experts and the layer on a GPU\n",
-                   st == MJ_OK ? "0 devices" : mj_last_error());
-            return 77;
-        }
-        CHECK_OK(st);
-        if (st != MJ_OK) return test_finish();
+    if (g_dev) {
+        const int rc = test_gpu_or_skip("runs the experts and the layer on a GPU");
+        if (rc) return rc;
     }
-    if (g_dev) CHECK_OK(mj_cuda_bind(0));
     mj_context_t ctx = gpu_context();
     if (!ctx) return test_finish();
     mj_device_info di;

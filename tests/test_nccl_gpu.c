@@ -105,16 +105,8 @@ int main(int argc, char **argv) {
         setenv("MOEJIT_NCCL", MJ_STUB_LIBNCCL, 1);
         test_stub_log_begin();
     }
-    int n = 0;
-    mj_status ld = mj_cuda_load(); /* no driver or no device: skipped; a driver that fails: a failure */
-    if (ld == MJ_OK) ld = mj_cuda_device_count(&n);
-    if (ld == MJ_ERR_NO_DEVICE || (ld == MJ_OK && n < 1)) {
-        printf("SKIP: no CUDA device (%s); this test runs NCCL on a GPU\n", ld == MJ_OK ? "0 devices" : mj_last_error());
-        return 77;
-    }
-    CHECK_OK(ld);
-    if (ld != MJ_OK) return test_finish();
-    CHECK_OK(mj_cuda_bind(0));
+    const int rc = test_gpu_or_skip("runs NCCL on a GPU");
+    if (rc) return rc;
     mj_comm_t all[1] = {NULL};
     mj_status st = mj_comm_nccl_init_all(1, NULL, all);
     if (st == MJ_ERR_LIBRARY) {

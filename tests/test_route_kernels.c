@@ -718,15 +718,9 @@ int main(void) {
     o.cache_dir = dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM;
     if (ROUTE_TEST_GPU) {
         /* The same table on a real GPU, when there is one. */
-        mj_status ld = mj_cuda_load(); /* no driver or no device: skipped; a driver that fails: a failure */
-        if (ld == MJ_ERR_NO_DEVICE) {
-            printf("SKIP: no CUDA device (%s); this test runs the routing table on a GPU\n", mj_last_error());
-            return 77;
-        }
-        CHECK_OK(ld);
-        if (ld != MJ_OK) return test_finish();
+        const int rc = test_gpu_or_skip("runs the routing table on a GPU");
+        if (rc) return rc;
         o.device = 0, o.backend = MJ_BACKEND_CUDA;
-        CHECK_OK(mj_cuda_bind(0));
     }
     mj_context_t ctx = NULL;
     CHECK_OK(mj_context_create(&o, &ctx));
