@@ -2204,6 +2204,16 @@ static void test_default_dir(void) {
     rm_rf(scratch);
 }
 
+/* The 64 temp names the old scheme gave prefix (pid.tid.counter), each a planted file in tmp/. */
+static void plant_temps(const char *dir, const char *prefix) {
+    for (int n = 0; n < 64; n++) {
+        char name[PATH_BUF], path[PATH_BUF];
+        fmt_into(name, sizeof name, "%s.%ld.%ld.%d.tmp", prefix, (long)getpid(), (long)gettid(), n);
+        sub_path(path, dir, "tmp", name);
+        write_file(path, "planted", 7);
+    }
+}
+
 /* Temp names nobody can predict: files planted at every name the store and the totals would
  * have used under a pid.tid.counter scheme (the first 64 counter values of this process) do
  * not make a store fail. Run first in main, so the counter is still below 64. */
@@ -2217,20 +2227,9 @@ static void test_planted_temps(void) {
     static const char *const keys[4] = {"planted-a", "planted-b", "planted-c", "planted-d"};
     for (int i = 0; i < 4; i++) {
         make_entry(&t[i], keys[i], 40 + (size_t)i, 0);
-        for (int n = 0; n < 64; n++) {
-            char name[PATH_BUF];
-            fmt_into(name, sizeof name, "%s.%ld.%ld.%d.tmp", t[i].hex, (long)getpid(),
-                     (long)gettid(), n);
-            sub_path(path, dir, "tmp", name);
-            write_file(path, "planted", 7);
-        }
+        plant_temps(dir, t[i].hex);
     }
-    for (int n = 0; n < 64; n++) {
-        char name[PATH_BUF];
-        fmt_into(name, sizeof name, "stats.%ld.%ld.%d.tmp", (long)getpid(), (long)gettid(), n);
-        sub_path(path, dir, "tmp", name);
-        write_file(path, "planted", 7);
-    }
+    plant_temps(dir, "stats");
     for (int i = 0; i < 4; i++) CHECK_OK(mj_cache_store(c, t[i].hex, &t[i].e));
     mj_cache_add_totals(c, k_one_process);
     mj_cache_stats st;
