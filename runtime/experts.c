@@ -267,19 +267,17 @@ static int32_t pow2_at_least(int32_t v) {
 }
 
 /* Shared memory of the two kernels for these knobs (bytes). */
-/* Up's dynamic shared memory: its warps' weight rings (6 KiB each) during the k loop, then
- * the split-K partials and the SwiGLU tile in the same bytes (templates/moe_experts.cu). */
+/* Up's dynamic shared memory: each warp's weight ring (6 KiB), and past two token groups
+ * each warp's sums (TPE * 128 bytes) and the chunk's source rows (templates/moe_experts.cu). */
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
-    const uint32_t rings = (uint32_t)k->NW1 * 6u * 1024u;
-    const uint32_t partials = (uint32_t)(k->NW1 * k->TPE * 128 + k->TPE * 64);
-    return rings > partials ? rings : partials;
+    return (uint32_t)(k->NW1 * 6 * 1024 + (k->TPE > 16 ? k->NW1 * k->TPE * 128 + k->TPE * 4 : 0));
 }
 /* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring (4 slots of 2336). */
 static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * (k->TPE * 128 + 4 * 2336)); }
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
- * up to 8 warps (their partials within 48 KiB of shared memory, no opt-in), and a down block
+ * up to 8 warps (their rings and sums within 48 KiB of shared memory, no opt-in), and a down block
  * is 2 warps (32 hidden dims) once H has 256 tiles of 16 to spread over the SMs. */
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
                       mj_knobs_moe_experts *out) {

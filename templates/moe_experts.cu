@@ -61,8 +61,8 @@ MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all three (the interpr
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
-MJ_CONSTRAINT("NW1 * TPE * 128 + TPE * 64 <= 64 * 1024", "up's split-K partials and SwiGLU tile fit shared memory")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
+MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
 MJ_CONSTRAINT("NW2 * (TPE * 128 + 4 * (4 * 512 + 256 + 32)) <= 64 * 1024", "down's accumulators, fragments and weight rings fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
@@ -297,50 +297,82 @@ MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int
     mj_cp_async_commit();
 }
 
-/* The MMAs of k-step s (its fragments in slot, its run's scales in sr; step s4 of the run)
- * against this lane's token rows src[] (the chunk holds nc tokens). */
-MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, const long long *src, int nc,
-                       const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int lane, float acc[2][NT][4]) {
-    const int g = lane >> 2, p = lane & 3;
-    const uint4 wf[2] = {*(const uint4 *)(slot + lane * 16), *(const uint4 *)(slot + 512 + lane * 16)};
+/* A warp's sums. With one or two token groups (TPE 8, 16) they are registers, the groups'
+ * code unrolled. With more (SUMS_SMEM: TPE 32, 64) they live in shared memory, the warp's
+ * own: group n's gate (h 0) and up (h 1) D fragments, each lane's four values side by side
+ * (one 16-byte access), acc[((n * 2 + h) * 32 + lane) * 4 + i], and the groups are one rolled
+ * loop whose MMAs read and write them: one copy of a group's code whatever TPE is, so the
+ * compile and the registers stop growing with it (TPE 64's up compiles in three quarters
+ * of the time and half the registers of its unrolled form), and only groups that hold
+ * tokens run. Past two groups a loop is cheaper to compile than the unrolled copies; below,
+ * the loop and its shared-memory traffic cost more than they save. */
+#define SUMS_SMEM (NT >= 4)
+#define UPACC (SUMS_SMEM ? NT * 1024 : 0) /* bytes a warp */
+
+/* One token group's MMAs of a k-step into c (gate, up): W4A4 from the raw fragments wf and
+ * the A scales sfa, W4A16 from the dequantized a16; src: this lane's token row, -1 none. */
+MJ_DEVICE void up_group(const uint4 wf[2], const uint32_t sfa[2], const uint32_t a16[2][4][4], int s, long long src,
+                        const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int p, float c[2][4]) {
     if (MODE == 1) {
-        /* lanes p < 2 give the scales of rows g + 8p (the A scale operand), the rest 0 */
-        uint32_t sfa[2] = {0, 0};
-        if (p < 2)
-            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4);
-        MJ_UNROLL
-        for (int n = 0; n < NT; n++) {
-            if (n * 8 >= nc) continue;
-            uint32_t bq[2] = {0, 0}, sfb = 0;
-            if (src[n] >= 0) { /* fragment order: lane p's 8 bytes of the step */
-                uint2 v = *(const uint2 *)(xq + src[n] * (H / 2) + 32 * s + 8 * p);
-                bq[0] = v.x, bq[1] = v.y;
-                if (p == 0) sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
-            }
-            for (int h = 0; h < 2; h++) {
-                const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
-                mj_mma_e2m1_m16n8k64(acc[h][n], a, bq, acc[h][n], sfa[h], sfb);
-            }
+        uint32_t bq[2] = {0, 0}, sfb = 0;
+        if (src >= 0) { /* fragment order: lane p's 8 bytes of the step */
+            uint2 v = *(const uint2 *)(xq + src * (H / 2) + 32 * s + 8 * p);
+            bq[0] = v.x, bq[1] = v.y;
+            if (p == 0) sfb = *(const uint32_t *)(xsf + src * (H / 16) + 4 * s);
+        }
+        for (int h = 0; h < 2; h++) {
+            const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
+            mj_mma_e2m1_m16n8k64(c[h], a, bq, c[h], sfa[h], sfb);
         }
     } else {
-        uint32_t a[2][4][4];
-        for (int h = 0; h < 2; h++) /* rows g and g + 8: any lane reads any row's scales */
-            dequant_frag(wf[h], *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
-                         *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a[h]);
-        MJ_UNROLL
-        for (int n = 0; n < NT; n++) {
-            if (n * 8 >= nc) continue;
-            uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-            if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
-            for (int h = 0; h < 2; h++)
-                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[h][n], a[h][kt], b[kt], acc[h][n]);
-        }
+        uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+        if (src >= 0) bf16_bfrag(x + src * H, s, p, b);
+        for (int h = 0; h < 2; h++)
+            for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(c[h], a16[h][kt], b[kt], c[h]);
     }
 }
 
-/* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory the larger of
- * NW1 * RING_BYTES (the rings, during the k loop) and NW1 * TPE * 128 + TPE * 64 bytes (the
- * partials and the SwiGLU tile, after it). */
+/* The MMAs of k-step s (its fragments in slot, its run's scales in sr; step s4 of the run)
+ * against the chunk's nc tokens: this lane's rows src[] and the sums accr (registers), or
+ * the rows srcs[] and the sums in acc (SUMS_SMEM). */
+MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, const long long *src, const int *srcs,
+                       int nc, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int lane, float accr[][2][4],
+                       float *acc) {
+    const int g = lane >> 2, p = lane & 3;
+    const uint4 wf[2] = {*(const uint4 *)(slot + lane * 16), *(const uint4 *)(slot + 512 + lane * 16)};
+    uint32_t sfa[2] = {0, 0}, a16[2][4][4];
+    if (MODE == 1) {
+        /* lanes p < 2 give the scales of rows g + 8p (the A scale operand), the rest 0 */
+        if (p < 2)
+            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4);
+    } else {
+        for (int h = 0; h < 2; h++) /* rows g and g + 8: any lane reads any row's scales */
+            dequant_frag(wf[h], *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
+                         *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a16[h]);
+    }
+    if (!SUMS_SMEM) {
+        MJ_UNROLL
+        for (int n = 0; n < NT; n++)
+            if (n * 8 < nc) up_group(wf, sfa, a16, s, src[n], x, xq, xsf, p, accr[n]);
+        return;
+    }
+    MJ_NO_UNROLL
+    for (int n = 0; n * 8 < nc; n++) {
+        float4 *cp = (float4 *)acc + n * 64 + lane;
+        float c[2][4];
+        for (int h = 0; h < 2; h++) {
+            const float4 v = cp[h * 32];
+            c[h][0] = v.x, c[h][1] = v.y, c[h][2] = v.z, c[h][3] = v.w;
+        }
+        up_group(wf, sfa, a16, s, n * 8 + g < nc ? srcs[n * 8 + g] : -1, x, xq, xsf, p, c);
+        for (int h = 0; h < 2; h++) cp[h * 32] = make_float4(c[h][0], c[h][1], c[h][2], c[h][3]);
+    }
+}
+
+/* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory NW1 * RING_BYTES
+ * (the warps' rings; after the k loop the warps' sums, then the SwiGLU tile), and with
+ * SUMS_SMEM NW1 * UPACC + TPE * 4 bytes more (the warps' sums and the chunk's source rows;
+ * the tile after the k loop at the start). */
 MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
@@ -358,29 +390,39 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     const float ws2 = scal[rs.xi * 4 + 0], is13 = scal[rs.xi * 4 + 1];
     const float alpha = MODE == 1 ? is13 * ws2 : ws2;
     const float gs2 = 1.0f / scal[rs.xi * 4 + 3];
-    float *red = smem;                    /* [NW1][2][NT][32][4]: each warp's sums (after the k loop) */
-    float *htile = smem + NW1 * TPE * 32; /* [TPE][16] (W4A4 requant)                              */
+    uint8_t *ring = (uint8_t *)smem + w * RING_BYTES;
+    /* every warp's sums, [NW1][NT][2][32][4]; the SwiGLU tile [TPE][16] (W4A4 requant) */
+    float *accs = SUMS_SMEM ? (float *)((uint8_t *)smem + NW1 * RING_BYTES) : smem;
+    float *htile = SUMS_SMEM ? smem : smem + NW1 * NT * 256;
+    float *acc = accs + w * NT * 256;                                  /* this warp's (SUMS_SMEM) */
+    int *srcs = (int *)((uint8_t *)smem + NW1 * (RING_BYTES + UPACC)); /* [TPE] (SUMS_SMEM)       */
 
     for (int c0 = 0; c0 < rs.n; c0 += TPE) {
         const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
-        /* The source rows of this lane's tokens (token n * 8 + g of each group). */
-        long long src[NT];
-        for (int n = 0; n < NT; n++) {
-            int i = c0 + n * 8 + g;
-            src[n] = -1;
-            if (n * 8 + g < nc) {
-                if (MODE == 0) src[n] = rs.shared ? i : row_index[rs.off + i] / K;
-                else src[n] = rs.shared ? (long long)mb * K + i : rs.off + i;
+        /* The source rows of the chunk's tokens (this lane's: token n * 8 + g of each group),
+         * and zero sums. */
+        long long src[SUMS_SMEM ? 1 : NT];
+        float accr[SUMS_SMEM ? 1 : NT][2][4];
+        if (!SUMS_SMEM) {
+            MJ_UNROLL
+            for (int n = 0; n < NT; n++) {
+                const int i = c0 + n * 8 + g;
+                src[n] = -1;
+                if (n * 8 + g < nc) src[n] = MODE == 0 ? (rs.shared ? i : row_index[rs.off + i] / K)
+                                                       : (rs.shared ? (long long)mb * K + i : rs.off + i);
+                for (int h = 0; h < 2; h++)
+                    for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
             }
+        } else {
+            for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) {
+                if (MODE == 0) srcs[i] = rs.shared ? c0 + i : row_index[rs.off + c0 + i] / K;
+                else srcs[i] = rs.shared ? mb * K + c0 + i : rs.off + c0 + i;
+            }
+            for (int i = 0; i < 2 * ((nc + 7) / 8); i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            __syncthreads();
         }
-        float acc[2][NT][4];
-        MJ_UNROLL
-        for (int h = 0; h < 2; h++)
-            for (int n = 0; n < NT; n++)
-                for (int i = 0; i < 4; i++) acc[h][n][i] = 0.0f;
         /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn, through
          * the warp's ring: RING - 1 steps in flight while one computes. */
-        uint8_t *ring = (uint8_t *)smem + w * RING_BYTES;
         const int nq = w < RUNS1 ? (RUNS1 - w + NW1 - 1) / NW1 * 4 : 0;
         MJ_NO_UNROLL
         for (int q = 0; q < RING - 1; q++) up_issue(ring, wt, st, w, q, nq, lane);
@@ -391,33 +433,32 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
             __syncwarp(0xFFFFFFFFu);                            /* ...every lane's (scales are shared) */
             const int run = w + (j >> 2) * NW1, s = run * 4 + (j & 3);
             if (s < KS1)
-                up_step(ring + (j % RING) * 1024, ring + RING * 1024 + ((j >> 2) % RUNRING) * 512, s, j & 3, src, nc,
-                        x, xq, xsf, lane, acc);
+                up_step(ring + (j % RING) * 1024, ring + RING * 1024 + ((j >> 2) % RUNRING) * 512, s, j & 3, src, srcs,
+                        nc, x, xq, xsf, lane, accr, acc);
         }
-        __syncthreads(); /* the rings' memory is the partials' and the tile's below */
-        /* Split-K: every warp's sums go to shared memory, and warp 0 adds them in warp order
-         * as the SwiGLU below reads them: a rolled loop over the token groups, the four
-         * values of each and the warps, one copy of its code (expf and an IEEE division)
-         * instead of 4 NT, and no register array indexed (it runs once a chunk). */
-        MJ_UNROLL
-        for (int h = 0; h < 2; h++)
+        __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
+        if (!SUMS_SMEM) {
+            MJ_UNROLL
             for (int n = 0; n < NT; n++)
-                for (int i = 0; i < 4; i++) red[(((w * 2 + h) * NT + n) * 32 + lane) * 4 + i] = acc[h][n][i];
-        __syncthreads();
+                for (int h = 0; h < 2; h++)
+                    for (int i = 0; i < 4; i++) acc[((n * 2 + h) * 32 + lane) * 4 + i] = accr[n][h][i];
+            __syncthreads();
+        }
+        /* Split-K: warp 0 adds the warps' sums in warp order as the SwiGLU below reads them: a
+         * rolled loop over the token groups, the four values of each and the warps, one
+         * copy of its code (expf and an IEEE division). */
         if (w == 0) {
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
             MJ_NO_UNROLL
-            for (int n = 0; n < NT; n++)
+            for (int n = 0; n * 8 < nc; n++)
                 MJ_NO_UNROLL
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
                     if (ti >= nc) continue;
-                    float gate = red[(n * 32 + lane) * 4 + i], up = red[((NT + n) * 32 + lane) * 4 + i];
+                    const float *av = accs + (n * 2 * 32 + lane) * 4 + i; /* warp 0's gate; up 128 on */
+                    float gate = av[0], up = av[128];
                     MJ_NO_UNROLL
-                    for (int v = 1; v < NW1; v++) {
-                        gate += red[(((v * 2) * NT + n) * 32 + lane) * 4 + i];
-                        up += red[(((v * 2 + 1) * NT + n) * 32 + lane) * 4 + i];
-                    }
+                    for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
                     float hv = silu(gate * alpha) * (up * alpha);
                     int ci = c0 + ti;
                     long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
@@ -436,7 +477,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 __syncwarp(0xFFFFFFFFu);
             }
         }
-        __syncthreads(); /* the next chunk's rings reuse this memory */
+        __syncthreads(); /* the next chunk's rings, sums and rows reuse this memory */
     }
 #endif
 }
@@ -521,10 +562,31 @@ MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, c
     }
 }
 
-/* The MMAs of an item (its fragments and scales in slot) against this lane's token rows
- * src[] (the expert has n rows in the tile). */
-MJ_DEVICE void down_step(const uint8_t *slot, int run, const long long *src, int n, const uint16_t *act,
-                         const uint8_t *actq, const uint8_t *act_sf, int lane, float acc[NT][4]) {
+/* One token group's MMAs of k-step s into c: W4A4 from the raw fragment a4 and the A scale
+ * sfa, W4A16 from the dequantized a16; src: this lane's token row, -1 none. */
+MJ_DEVICE void down_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[4][4], int s, long long src,
+                          const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, int p, float c[4]) {
+    if (MODE == 1) {
+        uint32_t bq[2] = {0, 0}, sfb = 0;
+        if (src >= 0) {
+            uint2 v = *(const uint2 *)(actq + src * (I / 2) + 32 * s + 8 * p);
+            bq[0] = v.x, bq[1] = v.y;
+            if (p == 0) sfb = *(const uint32_t *)(act_sf + src * (I / 16) + 4 * s);
+        }
+        mj_mma_e2m1_m16n8k64(c, a4, bq, c, sfa, sfb);
+    } else {
+        uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+        if (src >= 0) bf16_bfrag(act + src * I, s, p, b);
+        for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(c, a16[kt], b[kt], c);
+    }
+}
+
+/* The MMAs of an item (its fragments and scales in slot) against the expert's n rows in the
+ * tile (row0 + i for token i): this lane's sums accr (registers, the groups unrolled), or
+ * with SUMS_SMEM the sums in frag (the warp's shared memory, [NT][32 lanes][4]: each lane's
+ * four side by side) and the groups one rolled loop, as up's. */
+MJ_DEVICE void down_step(const uint8_t *slot, int run, long long row0, int n, const uint16_t *act,
+                         const uint8_t *actq, const uint8_t *act_sf, int lane, float accr[][4], float *frag) {
     const int g = lane >> 2, p = lane & 3;
     MJ_NO_UNROLL
     for (int s4 = 0; s4 < 4; s4++) {
@@ -532,46 +594,36 @@ MJ_DEVICE void down_step(const uint8_t *slot, int run, const long long *src, int
         if (s >= KS2) break;
         const uint4 wf = *(const uint4 *)(slot + s4 * 512 + lane * 16);
         const uint8_t *sr = slot + 2048;
-        if (MODE == 1) {
-            const uint32_t a[4] = {wf.x, wf.y, wf.z, wf.w};
-            const uint32_t sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
-            MJ_UNROLL
-            for (int c = 0; c < NT; c++) {
-                if (c * 8 >= n) continue;
-                uint32_t bq[2] = {0, 0}, sfb = 0;
-                if (src[c] >= 0) {
-                    uint2 v = *(const uint2 *)(actq + src[c] * (I / 2) + 32 * s + 8 * p);
-                    bq[0] = v.x, bq[1] = v.y;
-                    if (p == 0) sfb = *(const uint32_t *)(act_sf + src[c] * (I / 16) + 4 * s);
-                }
-                mj_mma_e2m1_m16n8k64(acc[c], a, bq, acc[c], sfa, sfb);
-            }
-        } else {
-            uint32_t a[4][4];
+        const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
+        uint32_t sfa = 0, a16[4][4];
+        if (MODE == 1) sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
+        else
             dequant_frag(wf, *(const uint32_t *)(sr + g * 16 + 4 * s4), *(const uint32_t *)(sr + (g + 8) * 16 + 4 * s4),
-                         p, a);
+                         p, a16);
+        if (!SUMS_SMEM) {
             MJ_UNROLL
-            for (int c = 0; c < NT; c++) {
-                if (c * 8 >= n) continue;
-                uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-                if (src[c] >= 0) bf16_bfrag(act + src[c] * I, s, p, b);
-                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc[c], a[kt], b[kt], acc[c]);
-            }
+            for (int c = 0; c < NT; c++)
+                if (c * 8 < n) down_group(a4, sfa, a16, s, c * 8 + g < n ? row0 + c * 8 + g : -1, act, actq, act_sf, p, accr[c]);
+            continue;
+        }
+        MJ_NO_UNROLL
+        for (int c = 0; c * 8 < n; c++) {
+            float4 *cp = (float4 *)frag + c * 32 + lane;
+            const float4 v = *cp;
+            float d[4] = {v.x, v.y, v.z, v.w};
+            down_group(a4, sfa, a16, s, c * 8 + g < n ? row0 + c * 8 + g : -1, act, actq, act_sf, p, d);
+            *cp = make_float4(d[0], d[1], d[2], d[3]);
         }
     }
 }
 
-/* An expert's D fragments into the warp's tile: d_i of group c is dim g (+8 for i >= 2) of
- * the expert's row c * 8 + 2p (+1), acc_tile[token - t0][dim] += weight * alpha * d; each
- * (token, dim) is one lane's, so every element is summed in expert order. The fragments go
- * through shared memory (frag [NT * 4][32], this warp's; each lane reads back its own) so
- * that the loop is rolled: one copy of its code instead of 4 NT. */
+/* An expert's D fragments (in frag, each lane's own) into the warp's tile: d_i of group c is
+ * dim g (+8 for i >= 2) of the expert's row c * 8 + 2p (+1), acc_tile[token - t0][dim] +=
+ * weight * alpha * d; each (token, dim) is one lane's, so every element is summed in expert
+ * order. One rolled loop: one copy of its code instead of 4 NT. */
 MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, const float *weights, int t0, int lane,
-                             float acc[NT][4], float *frag, float *acc_tile) {
+                             const float *frag, float *acc_tile) {
     const int g = lane >> 2, p = lane & 3;
-    MJ_UNROLL
-    for (int c = 0; c < NT; c++)
-        for (int i = 0; i < 4; i++) frag[(c * 4 + i) * 32 + lane] = acc[c][i];
     MJ_NO_UNROLL
     for (int ci = 0; ci < NT * 4; ci++) {
         const int ti = (ci >> 2) * 8 + 2 * p + (ci & 1);
@@ -582,7 +634,7 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, co
             const int ri = row_index[it->r0 + ti];
             tk = ri / K, wgt = weights[ri];
         }
-        acc_tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += wgt * (frag[ci * 32 + lane] * it->alpha);
+        acc_tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += wgt * (frag[((ci >> 2) * 32 + lane) * 4 + (ci & 3)] * it->alpha);
     }
 }
 
@@ -600,7 +652,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     const int d = (int)blockIdx.x * NW2 + w; /* this warp's 16 dims: 16d .. */
     const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
     const int nv = valid_tokens(num_valid, B);
-    float *acc_tile = smem + w * TPE * 32, *frag = acc_tile + TPE * 16; /* this warp's alone: [TPE][16], [NT * 4][32] */
+    float *acc_tile = smem + w * TPE * 32, *frag = acc_tile + TPE * 16; /* this warp's alone: [TPE][16], [NT][32][4] */
     for (int i = lane; i < TPE * 16; i += 32) acc_tile[i] = 0.0f;
     __syncwarp(0xFFFFFFFFu);
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
@@ -610,8 +662,8 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
      * items, so next_expert's searches are compiled once). */
     int cursor = 0, prun = RUNS2 - 1;
     down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
-    long long src[NT];
-    float acc[NT][4];
+    long long row0 = 0; /* the item's first act row (token t0 + i at row0 + i) */
+    float accr[SUMS_SMEM ? 1 : NT][4];
     MJ_NO_UNROLL
     for (int j = -(DRING - 2);; j++) {
         /* item j + DRING - 2: the expert's next run, or the next expert's first */
@@ -629,18 +681,24 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
         const uint8_t *slot = ring + (j % DRING) * DSLOT;
         const down_item_t it = *(const down_item_t *)(slot + 2048 + 256);
         if (it.xi < 0) break;
-        if (it.run == 0) { /* a new expert: its rows, fresh accumulators */
-            MJ_UNROLL
-            for (int c = 0; c < NT; c++) {
-                int i = c * 8 + g;
-                src[c] = -1;
-                if (i < it.n) src[c] = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 + i : it.r0 + i;
-                for (int q = 0; q < 4; q++) acc[c][q] = 0.0f;
+        if (it.run == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
+            row0 = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 : it.r0;
+            if (!SUMS_SMEM) {
+                MJ_UNROLL
+                for (int c = 0; c < NT; c++)
+                    for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
+            } else {
+                for (int c = 0; c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        down_step(slot, it.run, src, it.n, act, actq, act_sf, lane, acc);
+        down_step(slot, it.run, row0, it.n, act, actq, act_sf, lane, accr, frag);
         if (it.run == RUNS2 - 1) {
-            down_epilogue(&it, row_index, weights, t0, lane, acc, frag, acc_tile);
+            if (!SUMS_SMEM) {
+                MJ_UNROLL
+                for (int c = 0; c < NT; c++)
+                    for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
+            }
+            down_epilogue(&it, row_index, weights, t0, lane, frag, acc_tile);
             __syncwarp(0xFFFFFFFFu);
         }
     }

@@ -875,8 +875,8 @@ static void test_compile(const char *cache) {
         for (int ii = 0; ii < 2; ii++)
             for (int mode = 0; mode < (t == 0 ? 2 : 1); mode++)
                 for (int tpe = 8; tpe <= 64; tpe *= 2) {
-                    mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = ii ? 2048 : 256, .K = 8, .TPE = tpe,
-                                              .NW1 = tpe == 64 ? 4 : 8, .NW2 = 2, .NSUB = 1};
+                    mj_knobs_moe_experts k; /* the dispatcher's pick for B = tpe */
+                    mj_experts_knobs(6144, ii ? 2048 : 256, 8, 1, mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, &k);
                     mj_spec s[3];
                     const int32_t n = mj_experts_specs(c, &k, s);
                     CHECK(n == (mode ? 3 : 2), "%s %s: %d specializations, want one per kernel launched",
