@@ -357,7 +357,7 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
         return;
     }
     MJ_NO_UNROLL
-    for (int n = 0; n * 8 < nc; n++) {
+    for (int n = 0; n < NT && n * 8 < nc; n++) {
         float4 *cp = (float4 *)acc + n * 64 + lane;
         float c[2][4];
         for (int h = 0; h < 2; h++) {
@@ -418,7 +418,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 if (MODE == 0) srcs[i] = rs.shared ? c0 + i : row_index[rs.off + c0 + i] / K;
                 else srcs[i] = rs.shared ? mb * K + c0 + i : rs.off + c0 + i;
             }
-            for (int i = 0; i < 2 * ((nc + 7) / 8); i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             __syncthreads();
         }
         /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn, through
@@ -450,7 +450,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         if (w == 0) {
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
             MJ_NO_UNROLL
-            for (int n = 0; n * 8 < nc; n++)
+            for (int n = 0; n < NT && n * 8 < nc; n++)
                 MJ_NO_UNROLL
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
@@ -607,7 +607,7 @@ MJ_DEVICE void down_step(const uint8_t *slot, int run, long long row0, int n, co
             continue;
         }
         MJ_NO_UNROLL
-        for (int c = 0; c * 8 < n; c++) {
+        for (int c = 0; c < NT && c * 8 < n; c++) {
             float4 *cp = (float4 *)frag + c * 32 + lane;
             const float4 v = *cp;
             float d[4] = {v.x, v.y, v.z, v.w};
@@ -688,7 +688,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                 for (int c = 0; c < NT; c++)
                     for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
             } else {
-                for (int c = 0; c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
         down_step(slot, it.run, row0, it.n, act, actq, act_sf, lane, accr, frag);

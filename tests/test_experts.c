@@ -448,6 +448,9 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
         {256, 128, 16, 4, 1, 1, 4},   {256, 128, 16, 4, 2, 2, 2},  {512, 64, 16, 4, 7, 5, 4},
         {1024, 128, 16, 4, 16, 16, 2}, {2048, 64, 16, 4, 64, 61, 4}, {512, 128, 16, 4, 257, 250, 4},
         {4096, 64, 8, 2, 3, 3, 1},    {256, 64, 16, 4, 32, 30, 2},
+        /* sums in shared memory (TPE 32, 64) with several up warps, and down items of two runs
+         * (I 320: the second short): TPE 32 NW1 4; TPE 64 over chunks; TPE 64 NW1 2 NW2 2 */
+        {1024, 320, 16, 4, 32, 29, 4}, {1024, 320, 16, 4, 100, 97, 4}, {4096, 320, 8, 4, 40, 40, 4},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         mj_moe_config c = test_moe_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
