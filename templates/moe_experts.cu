@@ -300,35 +300,33 @@ MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int
 /* A warp's sums. With one or two token groups (TPE 8, 16) they are registers, the groups'
  * code unrolled. With more (SUMS_SMEM: TPE 32, 64) they live in shared memory, the warp's
  * own: group n's gate (h 0) and up (h 1) D fragments, each lane's four values side by side
- * (one 16-byte access), acc[((n * 2 + h) * 32 + lane) * 4 + i], and the groups are one rolled
- * loop whose MMAs read and write them: one copy of a group's code whatever TPE is, so the
- * compile and the registers stop growing with it (TPE 64's up compiles in three quarters
- * of the time and half the registers of its unrolled form), and only groups that hold
- * tokens run. Past two groups a loop is cheaper to compile than the unrolled copies; below,
- * the loop and its shared-memory traffic cost more than they save. */
+ * (one 16-byte access), acc[((n * 2 + h) * 32 + lane) * 4 + i]; then gate and up, and the
+ * groups, are rolled loops whose MMAs read and write them: one copy of a group's code (and
+ * of W4A16's dequantization) whatever TPE is, so the compile and the registers stop growing
+ * with it, and only groups that hold tokens run. Past two groups the loops are cheaper to
+ * compile than the unrolled copies; below, they and their shared-memory traffic cost more
+ * than they save. */
 #define SUMS_SMEM (NT >= 4)
 #define UPACC (SUMS_SMEM ? NT * 1024 : 0) /* bytes a warp */
 
-/* One token group's MMAs of a k-step into c (gate, up): W4A4 from the raw fragments wf and
- * the A scales sfa, W4A16 from the dequantized a16; src: this lane's token row, -1 none. */
-MJ_DEVICE void up_group(const uint4 wf[2], const uint32_t sfa[2], const uint32_t a16[2][4][4], int s, long long src,
-                        const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int p, float c[2][4]) {
+/* One token group's MMAs of k-step s into c, for one 16-row A fragment: W4A4 from the raw
+ * fragment a4 and its scales sfa, W4A16 from the dequantized a16; the B side is row src
+ * (-1: none) of the activations, KD long (H for up, I for down): xb bf16, or xq / xsf
+ * NVFP4 in fragment order. */
+MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[4][4], int s, long long src, int KD,
+                         const uint16_t *xb, const uint8_t *xq, const uint8_t *xsf, int p, float c[4]) {
     if (MODE == 1) {
         uint32_t bq[2] = {0, 0}, sfb = 0;
         if (src >= 0) { /* fragment order: lane p's 8 bytes of the step */
-            uint2 v = *(const uint2 *)(xq + src * (H / 2) + 32 * s + 8 * p);
+            uint2 v = *(const uint2 *)(xq + src * (KD / 2) + 32 * s + 8 * p);
             bq[0] = v.x, bq[1] = v.y;
-            if (p == 0) sfb = *(const uint32_t *)(xsf + src * (H / 16) + 4 * s);
+            if (p == 0) sfb = *(const uint32_t *)(xsf + src * (KD / 16) + 4 * s);
         }
-        for (int h = 0; h < 2; h++) {
-            const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
-            mj_mma_e2m1_m16n8k64(c[h], a, bq, c[h], sfa[h], sfb);
-        }
+        mj_mma_e2m1_m16n8k64(c, a4, bq, c, sfa, sfb);
     } else {
         uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-        if (src >= 0) bf16_bfrag(x + src * H, s, p, b);
-        for (int h = 0; h < 2; h++)
-            for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(c[h], a16[h][kt], b[kt], c[h]);
+        if (src >= 0) bf16_bfrag(xb + src * KD, s, p, b);
+        for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(c, a16[kt], b[kt], c);
     }
 }
 
@@ -339,33 +337,64 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
                        int nc, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int lane, float accr[][2][4],
                        float *acc) {
     const int g = lane >> 2, p = lane & 3;
-    const uint4 wf[2] = {*(const uint4 *)(slot + lane * 16), *(const uint4 *)(slot + 512 + lane * 16)};
-    uint32_t sfa[2] = {0, 0}, a16[2][4][4];
-    if (MODE == 1) {
-        /* lanes p < 2 give the scales of rows g + 8p (the A scale operand), the rest 0 */
-        if (p < 2)
-            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4);
-    } else {
-        for (int h = 0; h < 2; h++) /* rows g and g + 8: any lane reads any row's scales */
-            dequant_frag(wf[h], *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
-                         *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a16[h]);
-    }
-    if (!SUMS_SMEM) {
-        MJ_UNROLL
-        for (int n = 0; n < NT; n++)
-            if (n * 8 < nc) up_group(wf, sfa, a16, s, src[n], x, xq, xsf, p, accr[n]);
+    if (SUMS_SMEM) {
+        /* Gate, then up (h): the fragment and its scales from the ring, then the groups
+         * that hold tokens, their sums in shared memory. One copy of the dequantization
+         * (W4A16), the activations of a group read once for each. */
+        MJ_NO_UNROLL
+        for (int h = 0; h < 2; h++) {
+            const uint4 wf = *(const uint4 *)(slot + h * 512 + lane * 16);
+            const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
+            uint32_t sfa = 0, a16[4][4];
+            if (MODE == 1) sfa = p < 2 ? *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4) : 0u;
+            else
+                dequant_frag(wf, *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
+                             *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a16);
+            MJ_NO_UNROLL
+            for (int n = 0; n < NT && n * 8 < nc; n++) {
+                float4 *cp = (float4 *)acc + (n * 2 + h) * 32 + lane;
+                const float4 v = *cp;
+                float c[4] = {v.x, v.y, v.z, v.w};
+                mma_group(a4, sfa, a16, s, n * 8 + g < nc ? srcs[n * 8 + g] : -1, H, x, xq, xsf, p, c);
+                *cp = make_float4(c[0], c[1], c[2], c[3]);
+            }
+        }
         return;
     }
-    MJ_NO_UNROLL
-    for (int n = 0; n < NT && n * 8 < nc; n++) {
-        float4 *cp = (float4 *)acc + n * 64 + lane;
-        float c[2][4];
-        for (int h = 0; h < 2; h++) {
-            const float4 v = cp[h * 32];
-            c[h][0] = v.x, c[h][1] = v.y, c[h][2] = v.z, c[h][3] = v.w;
+    /* Registers: gate and up side by side, each group's activations read once. */
+    const uint4 wf[2] = {*(const uint4 *)(slot + lane * 16), *(const uint4 *)(slot + 512 + lane * 16)};
+    if (MODE == 1) {
+        /* lanes p < 2 give the scales of rows g + 8p (the A scale operand), the rest 0 */
+        uint32_t sfa[2] = {0, 0};
+        if (p < 2)
+            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4);
+        MJ_UNROLL
+        for (int n = 0; n < NT; n++) {
+            if (n * 8 >= nc) continue;
+            uint32_t bq[2] = {0, 0}, sfb = 0;
+            if (src[n] >= 0) { /* fragment order: lane p's 8 bytes of the step */
+                uint2 v = *(const uint2 *)(xq + src[n] * (H / 2) + 32 * s + 8 * p);
+                bq[0] = v.x, bq[1] = v.y;
+                if (p == 0) sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
+            }
+            for (int h = 0; h < 2; h++) {
+                const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
+                mj_mma_e2m1_m16n8k64(accr[n][h], a, bq, accr[n][h], sfa[h], sfb);
+            }
         }
-        up_group(wf, sfa, a16, s, n * 8 + g < nc ? srcs[n * 8 + g] : -1, x, xq, xsf, p, c);
-        for (int h = 0; h < 2; h++) cp[h * 32] = make_float4(c[h][0], c[h][1], c[h][2], c[h][3]);
+    } else {
+        uint32_t a[2][4][4];
+        for (int h = 0; h < 2; h++) /* rows g and g + 8: any lane reads any row's scales */
+            dequant_frag(wf[h], *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
+                         *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a[h]);
+        MJ_UNROLL
+        for (int n = 0; n < NT; n++) {
+            if (n * 8 >= nc) continue;
+            uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+            if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
+            for (int h = 0; h < 2; h++)
+                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(accr[n][h], a[h][kt], b[kt], accr[n][h]);
+        }
     }
 }
 
@@ -562,25 +591,6 @@ MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, c
     }
 }
 
-/* One token group's MMAs of k-step s into c: W4A4 from the raw fragment a4 and the A scale
- * sfa, W4A16 from the dequantized a16; src: this lane's token row, -1 none. */
-MJ_DEVICE void down_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[4][4], int s, long long src,
-                          const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, int p, float c[4]) {
-    if (MODE == 1) {
-        uint32_t bq[2] = {0, 0}, sfb = 0;
-        if (src >= 0) {
-            uint2 v = *(const uint2 *)(actq + src * (I / 2) + 32 * s + 8 * p);
-            bq[0] = v.x, bq[1] = v.y;
-            if (p == 0) sfb = *(const uint32_t *)(act_sf + src * (I / 16) + 4 * s);
-        }
-        mj_mma_e2m1_m16n8k64(c, a4, bq, c, sfa, sfb);
-    } else {
-        uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-        if (src >= 0) bf16_bfrag(act + src * I, s, p, b);
-        for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(c, a16[kt], b[kt], c);
-    }
-}
-
 /* The MMAs of an item (its fragments and scales in slot) against the expert's n rows in the
  * tile (row0 + i for token i): this lane's sums accr (registers, the groups unrolled), or
  * with SUMS_SMEM the sums in frag (the warp's shared memory, [NT][32 lanes][4]: each lane's
@@ -603,7 +613,7 @@ MJ_DEVICE void down_step(const uint8_t *slot, int run, long long row0, int n, co
         if (!SUMS_SMEM) {
             MJ_UNROLL
             for (int c = 0; c < NT; c++)
-                if (c * 8 < n) down_group(a4, sfa, a16, s, c * 8 + g < n ? row0 + c * 8 + g : -1, act, actq, act_sf, p, accr[c]);
+                if (c * 8 < n) mma_group(a4, sfa, a16, s, c * 8 + g < n ? row0 + c * 8 + g : -1, I, act, actq, act_sf, p, accr[c]);
             continue;
         }
         MJ_NO_UNROLL
@@ -611,7 +621,7 @@ MJ_DEVICE void down_step(const uint8_t *slot, int run, long long row0, int n, co
             float4 *cp = (float4 *)frag + c * 32 + lane;
             const float4 v = *cp;
             float d[4] = {v.x, v.y, v.z, v.w};
-            down_group(a4, sfa, a16, s, c * 8 + g < n ? row0 + c * 8 + g : -1, act, actq, act_sf, p, d);
+            mma_group(a4, sfa, a16, s, c * 8 + g < n ? row0 + c * 8 + g : -1, I, act, actq, act_sf, p, d);
             *cp = make_float4(d[0], d[1], d[2], d[3]);
         }
     }
