@@ -144,13 +144,15 @@ MJ_DEVICE void store_q16(uint8_t *row, int grp, uint32_t w0, uint32_t w1) {
 /* Four E2M1 codes (the low 16 bits of c, code j in nibble j) as bf16 bits, two pairs (low
  * half first): a byte permute picks each magnitude's top and second byte of its float (the
  * float of 0, .5, 1, 1.5, 2, 3, 4, 6 is 0, 3F00, 3F80, 3FC0, 4000, 4040, 4080, 40C0 then
- * zeros: exactly its bf16), a second pair of permutes interleaves them, the sign bits are
- * moved into place. About two instructions an element, no branches. */
+ * zeros: exactly its bf16), a second pair of permutes interleaves them, and one multiply a
+ * pair moves its two sign bits (bits 3, 7 of c; 11, 15) to bits 15 and 31 at once: the
+ * product's other terms land on other bits, their one carry (two terms on bit 27, or 19)
+ * below 31. About two instructions an element, no branches. */
 MJ_DEVICE void e2m1x4_bf16(uint32_t c, uint32_t *p01, uint32_t *p23) {
     const uint32_t mag = c & 0x7777u, sgn = c & 0x8888u;
     const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, mag), lo = __byte_perm(0xC0800000u, 0xC0804000u, mag);
-    *p01 = __byte_perm(lo, hi, 0x5140u) | ((sgn << 12) & 0x8000u) | ((sgn << 24) & 0x80000000u);
-    *p23 = __byte_perm(lo, hi, 0x7362u) | ((sgn << 4) & 0x8000u) | ((sgn << 16) & 0x80000000u);
+    *p01 = __byte_perm(lo, hi, 0x5140u) | ((sgn * 0x01001000u) & 0x80008000u); /* x 2^12 + 2^24 */
+    *p23 = __byte_perm(lo, hi, 0x7362u) | ((sgn * 0x00010010u) & 0x80008000u); /* x 2^4 + 2^16  */
 }
 
 MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
@@ -204,6 +206,35 @@ MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
     uint4 lo = *(const uint4 *)(row + 64 * s + 8 * p), hi = *(const uint4 *)(row + 64 * s + 32 + 8 * p);
     b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = lo.z, b[1][1] = lo.w;
     b[2][0] = hi.x, b[2][1] = hi.y, b[3][0] = hi.z, b[3][1] = hi.w;
+}
+
+/* W4A16, half hf of a k-step (m16n8k16 steps 2hf and 2hf + 1, k 32hf .. of the step): the
+ * A fragments from this lane's words w (row g: w.x, row g + 8: w.y; k 32hf + 8p ..: words
+ * 2hf and 2hf + 1 of the m16n8k64 fragment), dequantized with row g's scale word sg and row
+ * g + 8's sg8 (k-group 2hf + p/2 of the step). */
+MJ_DEVICE void dequant_half(uint2 w, uint32_t sg, uint32_t sg8, int hf, int p, uint32_t a[2][4]) {
+    /* the scales as bf16 pairs (an E4M3 value is exact in bf16) */
+    const uint32_t q = (uint32_t)(hf * 2 + (p >> 1));
+    const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
+    const uint32_t sc = s | s << 16, sc8 = s8 | s8 << 16;
+    MJ_UNROLL
+    for (int kk = 0; kk < 2; kk++) {
+        uint32_t u01, u23, v01, v23;
+        e2m1x4_bf16(w.x >> (16 * kk), &u01, &u23);
+        e2m1x4_bf16(w.y >> (16 * kk), &v01, &v23);
+        /* unit codes times their block scale: at most 6 significant bits, exact in bf16 */
+        a[kk][0] = mj_mul_bf16x2(u01, sc);
+        a[kk][1] = mj_mul_bf16x2(v01, sc8);
+        a[kk][2] = mj_mul_bf16x2(u23, sc);
+        a[kk][3] = mj_mul_bf16x2(v23, sc8);
+    }
+}
+
+/* W4A16 B fragments of half hf of a k-step from a bf16 row (k 64s + 32hf + 8p ..): step kk
+ * takes pairs (2kk, 2kk + 1) of the 16 bytes. */
+MJ_DEVICE void bf16_bhalf(const uint16_t *row, int s, int hf, int p, uint32_t b[2][2]) {
+    const uint4 v = *(const uint4 *)(row + 64 * s + 32 * hf + 8 * p);
+    b[0][0] = v.x, b[0][1] = v.y, b[1][0] = v.z, b[1][1] = v.w;
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
@@ -383,17 +414,23 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
             }
         }
     } else {
-        uint32_t a[2][4][4];
-        for (int h = 0; h < 2; h++) /* rows g and g + 8: any lane reads any row's scales */
-            dequant_frag(wf[h], *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
-                         *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a[h]);
-        MJ_UNROLL
-        for (int n = 0; n < NT; n++) {
-            if (n * 8 >= nc) continue;
-            uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
-            if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b);
-            for (int h = 0; h < 2; h++)
-                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(accr[n][h], a[h][kt], b[kt], accr[n][h]);
+        /* the halves of the step in a rolled loop: one copy of half the dequantization and
+         * of half the MMAs; each accumulator still takes the steps kt 0, 1, 2, 3 in order */
+        uint32_t sg[2], sg8[2]; /* rows g and g + 8: any lane reads any row's scales */
+        for (int h = 0; h < 2; h++)
+            sg[h] = *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4), sg8[h] = *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4);
+        MJ_NO_UNROLL
+        for (int hf = 0; hf < 2; hf++) {
+            uint32_t a[2][2][4];
+            for (int h = 0; h < 2; h++) dequant_half(*(const uint2 *)(slot + h * 512 + lane * 16 + 8 * hf), sg[h], sg8[h], hf, p, a[h]);
+            MJ_UNROLL
+            for (int n = 0; n < NT; n++) {
+                if (n * 8 >= nc) continue;
+                uint32_t b[2][2] = {{0, 0}, {0, 0}};
+                if (src[n] >= 0) bf16_bhalf(x + src[n] * H, s, hf, p, b);
+                for (int h = 0; h < 2; h++)
+                    for (int kk = 0; kk < 2; kk++) mj_mma_bf16_m16n8k16(accr[n][h], a[h][kk], b[kk], accr[n][h]);
+            }
         }
     }
 }
