@@ -171,6 +171,17 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
 
 /* ---- fragments ---------------------------------------------------------------------------- */
 
+/* The UE4M3 scale in byte q of w as a bf16 pair (both halves; an E4M3 value is exact in
+ * bf16), as e4m3_val has it but cheaper: the byte's exponent and mantissa go where a
+ * float's low exponent and top mantissa bits are (an E4M3 is a float of bias 7, not 127),
+ * and the float times 2^120 is the value, for the subnormal codes too (e = 0 makes a float
+ * subnormal, which the product normalizes; no flush to zero here). */
+MJ_DEVICE uint32_t e4m3_bf16x2(uint32_t w, int q) {
+    const uint32_t v = __byte_perm(w, 0u, 0x0444u | (uint32_t)q << 12); /* byte q at bits 24..31 */
+    const uint32_t h = f_bits(bits_f(((v >> 4) & 0x07F00000u) | (v & 0x80000000u)) * 0x1p120f) >> 16;
+    return h | h << 16;
+}
+
 /* W4A16: the four m16n8k16 A fragments hidden in one m16n8k64 fragment w, dequantized with
  * row g's scale word sg and row g+8's sg8 (byte q: k-group 4s + q of the step). Lane (g, p)
  * holds k 8p..8p+7 (words a0/a1) and 32+8p.. (a2/a3): m16n8k16 step kt takes nibbles 4(kt&1)
@@ -181,11 +192,8 @@ MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t 
      * 0 and 1 share group p/2, steps 2 and 3 group 2 + p/2. */
     uint32_t sc[2], sc8[2];
     MJ_UNROLL
-    for (int half = 0; half < 2; half++) {
-        const uint32_t q = (uint32_t)(half * 2 + (p >> 1));
-        const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
-        sc[half] = s | s << 16, sc8[half] = s8 | s8 << 16;
-    }
+    for (int half = 0; half < 2; half++)
+        sc[half] = e4m3_bf16x2(sg, half * 2 + (p >> 1)), sc8[half] = e4m3_bf16x2(sg8, half * 2 + (p >> 1));
     MJ_UNROLL
     for (int kt = 0; kt < 4; kt++) {
         const uint32_t r = words[(kt >> 1) * 2] >> (16 * (kt & 1)), r8 = words[(kt >> 1) * 2 + 1] >> (16 * (kt & 1));
@@ -213,10 +221,7 @@ MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
  * 2hf and 2hf + 1 of the m16n8k64 fragment), dequantized with row g's scale word sg and row
  * g + 8's sg8 (k-group 2hf + p/2 of the step). */
 MJ_DEVICE void dequant_half(uint2 w, uint32_t sg, uint32_t sg8, int hf, int p, uint32_t a[2][4]) {
-    /* the scales as bf16 pairs (an E4M3 value is exact in bf16) */
-    const uint32_t q = (uint32_t)(hf * 2 + (p >> 1));
-    const uint32_t s = f_bits(e4m3_val((sg >> (8 * q)) & 255u)) >> 16, s8 = f_bits(e4m3_val((sg8 >> (8 * q)) & 255u)) >> 16;
-    const uint32_t sc = s | s << 16, sc8 = s8 | s8 << 16;
+    const uint32_t sc = e4m3_bf16x2(sg, hf * 2 + (p >> 1)), sc8 = e4m3_bf16x2(sg8, hf * 2 + (p >> 1));
     MJ_UNROLL
     for (int kk = 0; kk < 2; kk++) {
         uint32_t u01, u23, v01, v23;

@@ -571,6 +571,40 @@ static void test_glm5_shapes(mj_context_t ctx, uint64_t seed) {
 /* Broken packs must fail the stage checks: a lane's fragment swapped with its neighbour's,
  * the scales of rows g and g+8 swapped, a row's scales shifted by one k-group, gate and up
  * swapped for one k-step. */
+/* Every UE4M3 scale byte (0x00 .. 0x7E: zero, the subnormals 0x01 .. 0x07, up to 448) in
+ * every expert's w13 and w2 blocks, through both modes and both up paths (TPE 8: register
+ * sums, the halves of a step; TPE 32: shared-memory sums, gate then up): the kernels turn
+ * scale bytes into bf16 (W4A16) by bit placement and a product, which the subnormal codes
+ * exercise, and the oracle decodes them with mj_e4m3_decode. */
+static void fill_scales(mj_nvfp4_linear *l, int salt) {
+    const int64_t n = (int64_t)l->n_out * (l->k_in / 16);
+    for (int64_t i = 0; i < n; i++) l->weight_scale[i] = (uint8_t)((i * 37 + salt) % 127);
+}
+
+static void test_scale_bytes(mj_context_t ctx, uint64_t seed) {
+    mj_moe_config c = test_moe_cfg(256, 128, 8, 2, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    for (int e = 0; e < L->n_local; e++) fill_scales(&L->w13[e], 2 * e), fill_scales(&L->w2[e], 2 * e + 1);
+    fill_scales(&L->shared_w13, 61), fill_scales(&L->shared_w2, 62);
+    mj_experts_t ex = make_experts(ctx, L, 32);
+    uint64_t rng = seed + 1;
+    uint16_t *hidden = malloc(sizeof(uint16_t) * 32 * 256);
+    test_random_hidden(hidden, 32 * 256, &rng);
+    static const int batches[] = {8, 32};
+    for (int bi = 0; bi < 2 && ex; bi++) {
+        routing r;
+        route_layer(L, hidden, batches[bi], batches[bi], 2, &r);
+        for (int m = 0; m < 2; m++)
+            run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, "every scale byte");
+        routing_free(&r);
+    }
+    free(hidden);
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
 static void test_mutations(mj_context_t ctx, uint64_t seed) {
     mj_moe_config c = test_moe_cfg(512, 128, 8, 2, 1);
     mj_layer_t L = NULL;
@@ -949,6 +983,7 @@ int main(void) {
     TIMED(test_small(ctx, seed));
     TIMED(test_shards(ctx, seed + 200));
     TIMED(test_prefill(ctx, seed + 250));
+    TIMED(test_scale_bytes(ctx, seed + 280));
     TIMED(test_mutations(ctx, seed + 300));
     TIMED(test_bytes(ctx, seed + 400));
     TIMED(test_replay(ctx, seed + 500));
