@@ -210,10 +210,13 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
             if (lane + 32 * i < E) all |= 1u << i;
         return all;
     }
-    float gs = -1.0f / 0.0f;
-    if (lane < NG) {
-        float b1 = -1.0f / 0.0f, b2 = -1.0f / 0.0f;
-        for (int e = lane * GSIZE; e < (lane + 1) * GSIZE; e++) {
+    /* LPG lanes a group (when NG divides 32, else one): lane l scans every LPG-th expert of
+     * group l / LPG, xor shuffles within the LPG lanes merge their top-2 (the top-2
+     * multiset, as a serial scan keeps it), and lane l < NG takes group l's score. */
+    const int LPG = 32 % NG == 0 ? 32 / NG : 1, grp = lane / LPG;
+    float b1 = -1.0f / 0.0f, b2 = -1.0f / 0.0f;
+    if (grp < NG)
+        for (int e = grp * GSIZE + lane % LPG; e < (grp + 1) * GSIZE; e += LPG) {
             float v = (c[e] != c[e]) ? (-1.0f / 0.0f) : c[e];
             if (v > b1) {
                 b2 = b1;
@@ -222,8 +225,13 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
                 b2 = v;
             }
         }
-        gs = (GSIZE == 1 || GSCORE) ? b1 : b1 + b2;
+    for (int off = 1; off < LPG; off *= 2) {
+        const float o1 = __shfl_xor_sync(0xFFFFFFFFu, b1, off), o2 = __shfl_xor_sync(0xFFFFFFFFu, b2, off);
+        const float lo = o1 > b1 ? b1 : o1, hi2 = o2 > b2 ? o2 : b2; /* never NaN: NaN is -inf here */
+        b1 = o1 > b1 ? o1 : b1;
+        b2 = hi2 > lo ? hi2 : lo;
     }
+    const float gs = __shfl_sync(0xFFFFFFFFu, (GSIZE == 1 || GSCORE) ? b1 : b1 + b2, (lane % NG) * LPG);
     uint32_t kept = 0;
 #pragma unroll 1 /* each pick depends on the one before: nothing to gain from copies */
     for (int t = 0; t < TG; t++) {

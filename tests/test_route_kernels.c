@@ -220,6 +220,10 @@ static int build_table(rcase *t) {
     t[n++] = (rcase){12, 12, 8, 3, 2, 8, 4, 0, 1, 1, 0, 0};    /* one expert a group */
     t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0, 0};  /* one expert a group, 32 groups */
     t[n++] = (rcase){12, 10, 32, 4, 4, 32, 8, 1, 1, 1, 0, 1};  /* the same under the max rule */
+    t[n++] = (rcase){32, 30, 96, 4, 2, 6, 2, 0, 1, 1, 0, 0};   /* 6 groups: not a divisor of 32 */
+    t[n++] = (rcase){32, 32, 96, 4, 4, 6, 2, 1, 1, 0, 1, 1};   /* the same, ties, the max rule */
+    t[n++] = (rcase){32, 32, 384, 8, 3, 8, 4, 1, 1, 1, 1, 0};  /* 4 lanes a group of 48, ties */
+    t[n++] = (rcase){32, 32, 384, 8, 3, 8, 4, 0, 1, 1, 2, 0};  /* the same, NaN logits */
     t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0, 0}; /* big E and k: 4 warps */
     t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 0}; /* and B = 256: 2 warps */
     t[n++] = (rcase){256, 250, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 1}; /* max rule, 2 warps */
