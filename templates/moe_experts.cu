@@ -316,18 +316,21 @@ MJ_DEVICE rows_t slot_rows(int slot, int n_slots, const int32_t *counts, const i
 /* Queue the copies of step q of this warp's sequence (nq steps) into the ring, as a group
  * of its own (an empty one past the end: the wait counts groups). */
 MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int w, int q, int nq, int lane) {
-    const int g = lane >> 2, p = lane & 3;
+    /* unsigned: offsets need no sign extension, and q % RING no sign fix-up */
+    const uint32_t uq = (uint32_t)q, g = (uint32_t)lane >> 2, p = (uint32_t)lane & 3u;
     if (q < nq) {
-        const int run = w + (q >> 2) * NW1, s = run * 4 + (q & 3);
+        const uint32_t run = (uint32_t)w + (uq >> 2) * NW1, s = run * 4u + (uq & 3u);
         if (s < KS1) {
-            uint8_t *slot = ring + (q % RING) * 1024 + lane * 16;
-            mj_cp_async16(slot, wt + s * 1024 + lane * 16);
-            mj_cp_async16(slot + 512, wt + s * 1024 + 512 + lane * 16);
+            uint8_t *slot = ring + (uq % RING) * 1024u + (uint32_t)lane * 16u;
+            const uint8_t *src = wt + (s * 1024u + (uint32_t)lane * 16u);
+            mj_cp_async16(slot, src);
+            mj_cp_async16(slot + 512, src + 512);
         }
-        if ((q & 3) == 0 && p < 2) { /* a run's first step brings its scales: rows g + 8p */
-            uint8_t *sr = ring + RING * 1024 + ((q >> 2) % RUNRING) * 512 + (p * 8 + g) * 16;
-            mj_cp_async16(sr, st + run * 512 + (p * 8 + g) * 16);
-            mj_cp_async16(sr + 256, st + run * 512 + 256 + (p * 8 + g) * 16);
+        if ((uq & 3u) == 0 && p < 2) { /* a run's first step brings its scales: rows g + 8p */
+            uint8_t *sr = ring + RING * 1024 + ((uq >> 2) % RUNRING) * 512u + (p * 8u + g) * 16u;
+            const uint8_t *src = st + (run * 512u + (p * 8u + g) * 16u);
+            mj_cp_async16(sr, src);
+            mj_cp_async16(sr + 256, src + 256);
         }
     }
     mj_cp_async_commit();
@@ -502,10 +505,10 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
             up_issue(ring, wt, st, w, j + RING - 1, nq, lane); /* into the slot step j - 1 read */
             mj_cp_async_wait(RING - 1);                         /* step j's group has landed... */
             __syncwarp(0xFFFFFFFFu);                            /* ...every lane's (scales are shared) */
-            const int run = w + (j >> 2) * NW1, s = run * 4 + (j & 3);
+            const uint32_t uj = (uint32_t)j, run = (uint32_t)w + (uj >> 2) * NW1, s = run * 4u + (uj & 3u);
             if (s < KS1)
-                up_step(ring + (j % RING) * 1024, ring + RING * 1024 + ((j >> 2) % RUNRING) * 512, s, j & 3, src, srcs,
-                        nc, x, xq, xsf, lane, accr, acc);
+                up_step(ring + (uj % RING) * 1024u, ring + RING * 1024 + ((uj >> 2) % RUNRING) * 512u, (int)s, (int)(uj & 3u),
+                        src, srcs, nc, x, xq, xsf, lane, accr, acc);
         }
         __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
         if (!SUMS_SMEM) {
