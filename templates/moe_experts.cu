@@ -182,44 +182,11 @@ MJ_DEVICE uint32_t e4m3_bf16x2(uint32_t w, int q) {
     return h | h << 16;
 }
 
-/* W4A16: the four m16n8k16 A fragments hidden in one m16n8k64 fragment w, dequantized with
- * row g's scale word sg and row g+8's sg8 (byte q: k-group 4s + q of the step). Lane (g, p)
- * holds k 8p..8p+7 (words a0/a1) and 32+8p.. (a2/a3): m16n8k16 step kt takes nibbles 4(kt&1)
- * .. +3 of word (kt>>1)*2 (row g) and +1 (row g+8), groups p/2 (kt < 2) or 2 + p/2. */
-MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t a[4][4]) {
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    /* The scales as bf16 pairs (an E4M3 value is exact in bf16), once per k-group: steps
-     * 0 and 1 share group p/2, steps 2 and 3 group 2 + p/2. */
-    uint32_t sc[2], sc8[2];
-    MJ_UNROLL
-    for (int half = 0; half < 2; half++)
-        sc[half] = e4m3_bf16x2(sg, half * 2 + (p >> 1)), sc8[half] = e4m3_bf16x2(sg8, half * 2 + (p >> 1));
-    MJ_UNROLL
-    for (int kt = 0; kt < 4; kt++) {
-        const uint32_t r = words[(kt >> 1) * 2] >> (16 * (kt & 1)), r8 = words[(kt >> 1) * 2 + 1] >> (16 * (kt & 1));
-        uint32_t u01, u23, v01, v23;
-        e2m1x4_bf16(r, &u01, &u23);
-        e2m1x4_bf16(r8, &v01, &v23);
-        /* unit codes times their block scale: at most 6 significant bits, exact in bf16 */
-        a[kt][0] = mj_mul_bf16x2(u01, sc[kt >> 1]);
-        a[kt][1] = mj_mul_bf16x2(v01, sc8[kt >> 1]);
-        a[kt][2] = mj_mul_bf16x2(u23, sc[kt >> 1]);
-        a[kt][3] = mj_mul_bf16x2(v23, sc8[kt >> 1]);
-    }
-}
-
-/* W4A16 B fragments of one k-step from a bf16 row (k 64s + 8p.. and 64s + 32 + 8p..):
- * m16n8k16 step kt takes pairs (2 (kt & 1), +1) of the first or second 16 bytes. */
-MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
-    uint4 lo = *(const uint4 *)(row + 64 * s + 8 * p), hi = *(const uint4 *)(row + 64 * s + 32 + 8 * p);
-    b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = lo.z, b[1][1] = lo.w;
-    b[2][0] = hi.x, b[2][1] = hi.y, b[3][0] = hi.z, b[3][1] = hi.w;
-}
-
 /* W4A16, half hf of a k-step (m16n8k16 steps 2hf and 2hf + 1, k 32hf .. of the step): the
  * A fragments from this lane's words w (row g: w.x, row g + 8: w.y; k 32hf + 8p ..: words
  * 2hf and 2hf + 1 of the m16n8k64 fragment), dequantized with row g's scale word sg and row
- * g + 8's sg8 (k-group 2hf + p/2 of the step). */
+ * g + 8's sg8 (byte q: k-group 4s + q of the step; this half's is 2hf + p/2). Each step kk
+ * takes nibbles 4kk .. 4kk + 3 of the two words. */
 MJ_DEVICE void dequant_half(uint2 w, uint32_t sg, uint32_t sg8, int hf, int p, uint32_t a[2][4]) {
     const uint32_t sc = e4m3_bf16x2(sg, hf * 2 + (p >> 1)), sc8 = e4m3_bf16x2(sg8, hf * 2 + (p >> 1));
     MJ_UNROLL
@@ -235,11 +202,35 @@ MJ_DEVICE void dequant_half(uint2 w, uint32_t sg, uint32_t sg8, int hf, int p, u
     }
 }
 
+/* W4A16: the four m16n8k16 A fragments hidden in one m16n8k64 fragment w (lane (g, p) holds
+ * k 8p .. 8p + 7 in words a0 / a1 and 32 + 8p .. in a2 / a3): its two halves. */
+MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t a[4][4]) {
+    dequant_half(make_uint2(w.x, w.y), sg, sg8, 0, p, a);
+    dequant_half(make_uint2(w.z, w.w), sg, sg8, 1, p, a + 2);
+}
+
 /* W4A16 B fragments of half hf of a k-step from a bf16 row (k 64s + 32hf + 8p ..): step kk
  * takes pairs (2kk, 2kk + 1) of the 16 bytes. */
 MJ_DEVICE void bf16_bhalf(const uint16_t *row, int s, int hf, int p, uint32_t b[2][2]) {
     const uint4 v = *(const uint4 *)(row + 64 * s + 32 * hf + 8 * p);
     b[0][0] = v.x, b[0][1] = v.y, b[1][0] = v.z, b[1][1] = v.w;
+}
+
+/* W4A16 B fragments of a whole k-step: its two halves. */
+MJ_DEVICE void bf16_bfrag(const uint16_t *row, int s, int p, uint32_t b[4][2]) {
+    bf16_bhalf(row, s, 0, p, b);
+    bf16_bhalf(row, s, 1, p, b + 2);
+}
+
+/* W4A4 B fragment of k-step s from an NVFP4 row of KD elements in fragment order (lane p's 8
+ * bytes of the step) and, lane p == 0, its scale word; zeros for src < 0 (no token). */
+MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, int KD, int s, int p, uint32_t bq[2],
+                         uint32_t *sfb) {
+    bq[0] = bq[1] = 0, *sfb = 0;
+    if (src < 0) return;
+    const uint2 v = *(const uint2 *)(xq + src * (KD / 2) + 32 * s + 8 * p);
+    bq[0] = v.x, bq[1] = v.y;
+    if (p == 0) *sfb = *(const uint32_t *)(xsf + src * (KD / 16) + 4 * s);
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
@@ -301,12 +292,26 @@ MJ_DEVICE rows_t slot_rows(int slot, int n_slots, const int32_t *counts, const i
     return r;
 }
 
+/* The activation row token i of a slot's rows reads: W4A16 the hidden row (its token),
+ * W4A4 its quantized input (the route row, or for the shared experts MB K + token). */
+MJ_DEVICE long long src_row(const rows_t *rs, int i, const int32_t *row_index, int mb) {
+    if (MODE == 0) return rs->shared ? i : row_index[rs->off + i] / K;
+    return rs->shared ? (long long)mb * K + i : rs->off + i;
+}
+
+/* The row of act / actq up writes for token i of a slot's rows (down reads it back): the
+ * route row, or shared sub-expert j's rows at MB K + j MB + token. */
+MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
+    return rs->shared ? (long long)mb * K + (long long)(rs->xi - n_local) * mb + i : rs->off + i;
+}
+
 /* An up warp streams its k-steps (those of its runs w, w + NW1, ...: 4 steps a run, whose
  * scale chunk serves the 4) through a ring in shared memory, its own: RING slots of one
  * step's gate and up fragments (1 KiB; each lane's 16 bytes where it reads them back) and
  * RUNRING runs' scale chunks (512 bytes). cp.async keeps RING - 1 = 4 steps in flight while
- * one computes (4 KiB a warp, what the register prefetch of a run used to hold), and a slot is refilled only after the step that read it (a run's scales after
- * its last step: 4 RUNRING > RING + 2). So the step loop is one rolled copy of a step's
+ * one computes (4 KiB a warp, what the register prefetch of a run used to hold), and a slot
+ * is refilled only after the step that read it (a run's scales after its last step:
+ * 4 RUNRING > RING + 2). So the step loop is one rolled copy of a step's
  * code, with no register copies or selects between steps, and the bytes in flight take
  * shared memory, not registers (up's registers about halve). */
 #define RING 5
@@ -355,12 +360,8 @@ MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int
 MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[4][4], int s, long long src, int KD,
                          const uint16_t *xb, const uint8_t *xq, const uint8_t *xsf, int p, float c[4]) {
     if (MODE == 1) {
-        uint32_t bq[2] = {0, 0}, sfb = 0;
-        if (src >= 0) { /* fragment order: lane p's 8 bytes of the step */
-            uint2 v = *(const uint2 *)(xq + src * (KD / 2) + 32 * s + 8 * p);
-            bq[0] = v.x, bq[1] = v.y;
-            if (p == 0) sfb = *(const uint32_t *)(xsf + src * (KD / 16) + 4 * s);
-        }
+        uint32_t bq[2], sfb;
+        fp4_bfrag(xq, xsf, src, KD, s, p, bq, &sfb);
         mj_mma_e2m1_m16n8k64(c, a4, bq, c, sfa, sfb);
     } else {
         uint32_t b[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
@@ -410,12 +411,8 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
         MJ_UNROLL
         for (int n = 0; n < NT; n++) {
             if (n * 8 >= nc) continue;
-            uint32_t bq[2] = {0, 0}, sfb = 0;
-            if (src[n] >= 0) { /* fragment order: lane p's 8 bytes of the step */
-                uint2 v = *(const uint2 *)(xq + src[n] * (H / 2) + 32 * s + 8 * p);
-                bq[0] = v.x, bq[1] = v.y;
-                if (p == 0) sfb = *(const uint32_t *)(xsf + src[n] * (H / 16) + 4 * s);
-            }
+            uint32_t bq[2], sfb;
+            fp4_bfrag(xq, xsf, src[n], H, s, p, bq, &sfb);
             for (int h = 0; h < 2; h++) {
                 const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
                 mj_mma_e2m1_m16n8k64(accr[n][h], a, bq, accr[n][h], sfa[h], sfb);
@@ -480,18 +477,12 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         if (!SUMS_SMEM) {
             MJ_UNROLL
             for (int n = 0; n < NT; n++) {
-                const int i = c0 + n * 8 + g;
-                src[n] = -1;
-                if (n * 8 + g < nc) src[n] = MODE == 0 ? (rs.shared ? i : row_index[rs.off + i] / K)
-                                                       : (rs.shared ? (long long)mb * K + i : rs.off + i);
+                src[n] = n * 8 + g < nc ? src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
                 for (int h = 0; h < 2; h++)
                     for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
             }
         } else {
-            for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) {
-                if (MODE == 0) srcs[i] = rs.shared ? c0 + i : row_index[rs.off + c0 + i] / K;
-                else srcs[i] = rs.shared ? mb * K + c0 + i : rs.off + c0 + i;
-            }
+            for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) srcs[i] = (int)src_row(&rs, c0 + i, row_index, mb);
             for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             __syncthreads();
         }
@@ -535,7 +526,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                     for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
                     float hv = silu(gate * alpha) * (up * alpha);
                     int ci = c0 + ti;
-                    long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
+                    const long long orow = act_row(&rs, ci, mb, n_local);
                     if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
                     else htile[ti * 16 + r] = hv;
                 }
@@ -543,7 +534,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 __syncwarp(0xFFFFFFFFu);
                 for (int ti = lane; ti < nc; ti += 32) {
                     int ci = c0 + ti;
-                    long long orow = rs.shared ? (long long)mb * K + (long long)(rs.xi - n_local) * mb + ci : rs.off + ci;
+                    const long long orow = act_row(&rs, ci, mb, n_local);
                     uint32_t w0, w1;
                     act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, 1, gs2, &w0, &w1);
                     store_q16(actq + orow * (I / 2), t, w0, w1);
