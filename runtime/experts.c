@@ -59,6 +59,9 @@ mj_status mj_experts_free(mj_experts_t ex) {
 
 /* ---- the mode policy --------------------------------------------------------------------- */
 
+/* Whether the target has the block-scaled FP4 MMA that W4A4 runs on (sm_120a, sm_121a). */
+static int has_fp4_mma(mj_target target) { return mj_target_sm(target) >= 120; }
+
 static int mode_value(const char *s, size_t n, int32_t *v, void *arg) {
     (void)arg;
     if (n == 5 && !strncmp(s, "w4a16", 5)) return *v = MJ_MODE_W4A16, 1;
@@ -71,7 +74,7 @@ mj_status mj_mode_policy_parse(const char *text, mj_target target, mj_mode_polic
     MJ_CHECK(mj_rules_parse(text, "mode policy", "1-8:w4a16,9-:w4a4", mode_value, NULL, p.rules, MJ_MODE_POLICY_MAX_RULES,
                             &p.n_rules));
     for (int32_t i = 0; i < p.n_rules; i++)
-        if (p.rules[i].v == MJ_MODE_W4A4 && mj_target_sm(target) < 120) {
+        if (p.rules[i].v == MJ_MODE_W4A4 && !has_fp4_mma(target)) {
             char shown[96];
             return mj_set_error(MJ_ERR_UNSUPPORTED,
                                 "mode policy '%s' asks for w4a4, which needs the FP4 MMA of sm_120a / sm_121a; "
@@ -83,7 +86,7 @@ mj_status mj_mode_policy_parse(const char *text, mj_target target, mj_mode_polic
 }
 
 const char *mj_mode_policy_default(mj_target target) {
-    return mj_target_sm(target) >= 120 ? "1-8:w4a16,9-:w4a4" : "w4a16";
+    return has_fp4_mma(target) ? "1-8:w4a16,9-:w4a4" : "w4a16";
 }
 
 mj_status mj_mode_resolve(const mj_mode_policy *p, mj_target target, mj_weight_mode mode, int32_t B,
@@ -97,7 +100,7 @@ mj_status mj_mode_resolve(const mj_mode_policy *p, mj_target target, mj_weight_m
     if (mode != MJ_MODE_W4A16 && mode != MJ_MODE_W4A4)
         return mj_set_error(MJ_ERR_INVALID_ARG, "unknown weight mode %d: use MJ_MODE_W4A16, MJ_MODE_W4A4 or MJ_MODE_AUTO",
                             (int)mode);
-    if (mode == MJ_MODE_W4A4 && mj_target_sm(target) < 120)
+    if (mode == MJ_MODE_W4A4 && !has_fp4_mma(target))
         return mj_set_error(MJ_ERR_UNSUPPORTED,
                             "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a; this context builds for %s: "
                             "use MJ_MODE_W4A16",
@@ -204,7 +207,7 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
     }
     ex->H = H, ex->I = I, ex->K = cfg->topk, ex->E = cfg->n_experts;
     ex->n_local = L->n_local, ex->expert_begin = L->expert_begin, ex->nsub = nsub, ex->mb = opts.max_batch;
-    ex->w4a4 = mj_target_sm(ex->target) >= 120;
+    ex->w4a4 = has_fp4_mma(ex->target);
     ex->bytes_w13 = mj_pack_w13_bytes(H, I), ex->bytes_s13 = mj_pack_s13_bytes(H, I);
     ex->bytes_w2 = mj_pack_w2_bytes(H, I), ex->bytes_s2 = mj_pack_s2_bytes(H, I);
     const char *policy = opts.mode_policy ? opts.mode_policy : mj_mode_policy_default(ex->target);
@@ -266,14 +269,21 @@ static int32_t pow2_at_least(int32_t v) {
     return p;
 }
 
-/* Shared memory of the two kernels for these knobs (bytes). */
-/* Up's dynamic shared memory: each warp's weight ring (6 KiB), and past two token groups
- * each warp's sums (TPE * 128 bytes) and the chunk's source rows (templates/moe_experts.cu). */
+/* Dynamic shared memory of the kernels (bytes), as templates/moe_experts.cu lays it out:
+ * UP_RING is its RING_BYTES (a warp's ring), DOWN_RING DRING * DSLOT, QUANT_VALUES the
+ * [16][128] floats experts_quant stages; up's sums move to shared memory past two token
+ * groups (SUMS_SMEM: TPE > 16). */
+#define UP_RING (5 * 1024 + 2 * 512)
+#define DOWN_RING (4 * (4 * 512 + 256 + 32))
+#define QUANT_VALUES (16 * 128 * (uint32_t)sizeof(float))
+
+/* Up's: each warp's ring, and with the sums in shared memory each warp's (TPE * 128 bytes)
+ * and the chunk's source rows. */
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
-    return (uint32_t)(k->NW1 * 6 * 1024 + (k->TPE > 16 ? k->NW1 * k->TPE * 128 + k->TPE * 4 : 0));
+    return (uint32_t)(k->NW1 * UP_RING + (k->TPE > 16 ? k->NW1 * k->TPE * 128 + k->TPE * 4 : 0));
 }
-/* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring (4 slots of 2336). */
-static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * (k->TPE * 128 + 4 * 2336)); }
+/* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring. */
+static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * (k->TPE * 128 + DOWN_RING)); }
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
@@ -393,7 +403,7 @@ mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     MJ_CHECK(get_functions(ctx, &k, &fq, &fu, &fd));
     const int32_t n_slots = (int64_t)B * ex->K < ex->E ? B * ex->K : ex->E;
     if (m == MJ_MODE_W4A4) {
-        mj_launch_dims dq = {{(uint32_t)B, 1, 1}, {128, 1, 1}, 16 * 128 * sizeof(float), stream};
+        mj_launch_dims dq = {{(uint32_t)B, 1, 1}, {128, 1, 1}, QUANT_VALUES, stream};
         MJ_CHECK(mj_launch_experts_quant(fq, dq, hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
                                          ex->n_local, ex->expert_begin, ex->xq, ex->xsf));
     }

@@ -60,25 +60,11 @@ static double cold(const mj_spec *s, int reps, double *t) {
     return median(t, reps);
 }
 
-/* What the launchers (runtime/route.c) compile for GLM-5 (E = 256, top-8, H = 6144): the
- * OEA route (k0 = 4) and plain top-k, and the router GEMM at 1, 2, 4 and 8 rows a group
- * (8 warps: mj_router_knobs' choice for H = 6144); and a grouped softmax route (E = 384,
- * 8 groups: not GLM-5's, the other scoring path). */
+/* A grouped softmax route (E = 384, 8 groups: not GLM-5's, the other scoring path); GLM-5's
+ * own routes and router GEMMs come from the plan below, as the launchers pick them. */
 static const char *const k_product[] = {
-    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 4, \"NG\": 1, \"TG\": 1, \"GSCORE\": 0, "
-    "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
-    "{\"template\": \"oea_route\", \"knobs\": {\"E\": 256, \"K\": 8, \"K0\": 8, \"NG\": 1, \"TG\": 1, \"GSCORE\": 0, "
-    "\"SCORING\": 0, \"RENORM\": 1, \"NWARPS\": 8}, \"arch\": \"sm_120a\"}",
     "{\"template\": \"oea_route\", \"knobs\": {\"E\": 384, \"K\": 8, \"K0\": 3, \"NG\": 8, \"TG\": 4, \"GSCORE\": 0, "
     "\"SCORING\": 1, \"RENORM\": 1, \"NWARPS\": 4}, \"arch\": \"sm_120a\"}",
-    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 1, \"NWARPS\": 8}, "
-    "\"arch\": \"sm_120a\"}",
-    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 2, \"NWARPS\": 8}, "
-    "\"arch\": \"sm_120a\"}",
-    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 4, \"NWARPS\": 8}, "
-    "\"arch\": \"sm_120a\"}",
-    "{\"template\": \"router_gemm\", \"knobs\": {\"H\": 6144, \"E\": 256, \"ROWS\": 8, \"NWARPS\": 8}, "
-    "\"arch\": \"sm_120a\"}",
 };
 
 /* "E=256 K=8 ..." for s. */
@@ -109,7 +95,7 @@ int main(int argc, char **argv) {
         double med = cold(&s, reps, t);
         printf("%-24s %12.1f %12.1f %12.1f\n", mj_template_at(i)->name, med, t[0], t[reps - 1]);
     }
-    printf("\nproduct specializations (GLM-5), sm_120a\n%-60s %9s %9s %9s\n", "template and knobs", "median ms",
+    printf("\nproduct specializations, sm_120a\n%-60s %9s %9s %9s\n", "template and knobs", "median ms",
            "min ms", "max ms");
     for (size_t i = 0; i < sizeof k_product / sizeof k_product[0]; i++) {
         mj_spec s;
@@ -122,8 +108,9 @@ int main(int argc, char **argv) {
         printf("%-60s %9.1f %9.1f %9.1f\n", what, med, t[0], t[reps - 1]);
     }
 
-    /* The expert GEMMs of GLM-5's decode plan at TP 8 (what the planner lists for batch
-     * sizes 1-256): on sm_120a W4A16 at 1-8 tokens, W4A4 above; on sm_90a W4A16 everywhere. */
+    /* GLM-5's decode plan at TP 8 with k0 "1-3:8,4-:4" (what the planner lists for batch
+     * sizes 1-256): the routes and router GEMMs (sm_120a), and the expert GEMMs: on sm_120a
+     * W4A16 at 1-8 tokens, W4A4 above; on sm_90a W4A16 everywhere. */
     {
         mj_moe_config glm5;
         mj_moe_config_glm5(&glm5);
@@ -137,12 +124,14 @@ int main(int argc, char **argv) {
             po.cache_dir = pdir;
             mj_context_t pctx;
             if ((st = mj_context_create(&po, &pctx)) != MJ_OK) die("context", st);
+            mj_k0_policy k0s;
+            if ((st = mj_k0_policy_parse("1-3:8,4-:4", glm5.topk, &k0s)) != MJ_OK) die("k0 policy", st);
             mj_plan plan;
-            mj_plan_request req = {&glm5, MJ_PAR_TP, 8, 0, bs, 256, NULL, MJ_MODE_AUTO, NULL, 1};
+            mj_plan_request req = {&glm5, MJ_PAR_TP, 8, 0, bs, 256, &k0s, MJ_MODE_AUTO, NULL, 1};
             if ((st = mj_plan_build(pctx, &req, &plan)) != MJ_OK) die("plan", st);
             for (int32_t i = 0; i < plan.n; i++) {
                 mj_spec s = plan.e[i].spec;
-                if (s.tpl != MJ_TPL_moe_experts) continue;
+                if (m && s.tpl != MJ_TPL_moe_experts) continue; /* sm_90a: the expert GEMMs */
                 if (only && strcmp(only, mj_template_at(s.tpl)->name)) continue;
                 char what[200], kn[160];
                 knobs_text(&s, kn, sizeof kn);

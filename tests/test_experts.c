@@ -568,9 +568,6 @@ static void test_glm5_shapes(mj_context_t ctx, uint64_t seed) {
     }
 }
 
-/* Broken packs must fail the stage checks: a lane's fragment swapped with its neighbour's,
- * the scales of rows g and g+8 swapped, a row's scales shifted by one k-group, gate and up
- * swapped for one k-step. */
 /* Every UE4M3 scale byte (0x00 .. 0x7E: zero, the subnormals 0x01 .. 0x07, up to 448) in
  * every expert's w13 and w2 blocks, through both modes and both up paths (TPE 8: register
  * sums, the halves of a step; TPE 32: shared-memory sums, gate then up): the kernels turn
@@ -605,6 +602,9 @@ static void test_scale_bytes(mj_context_t ctx, uint64_t seed) {
     mj_layer_free(L);
 }
 
+/* Broken packs must fail the stage checks: a lane's fragment swapped with its neighbour's,
+ * the scales of rows g and g+8 swapped, a row's scales shifted by one k-group, gate and up
+ * swapped for one k-step. */
 static void test_mutations(mj_context_t ctx, uint64_t seed) {
     mj_moe_config c = test_moe_cfg(512, 128, 8, 2, 1);
     mj_layer_t L = NULL;

@@ -23,6 +23,7 @@
 #include "plan.h"
 #include "sim/sim.h"
 #include "test.h"
+#include "test_routing.h"
 #include "weights/pack.h"
 
 #include <pthread.h>
@@ -92,7 +93,7 @@ done:
 static void run_split(mj_layer_t full, mj_parallel par, int n, mj_weight_mode mode, const char *k0_policy, int k0,
                       int B, int nv, uint64_t seed) {
     const mj_moe_config *c = &full->cfg;
-    const int H = c->hidden, K = c->topk, E = c->n_experts;
+    const int H = c->hidden, K = c->topk;
     char what[160];
     snprintf(what, sizeof what, "%s=%d %s k0=%d B=%d valid=%d", par == MJ_PAR_TP ? "TP" : par == MJ_PAR_EP ? "EP" : "one",
              n, mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", k0, B, nv);
@@ -120,19 +121,12 @@ static void run_split(mj_layer_t full, mj_parallel par, int n, mj_weight_mode mo
     if (ok) {
         const size_t nel = (size_t)B * H;
         /* The reference: its routing, and its output. */
-        float *logits = malloc(sizeof(float) * (size_t)B * E), *w = malloc(sizeof(float) * (size_t)B * K);
-        int32_t *ids = malloc(sizeof(int32_t) * (size_t)B * K), *nsel = malloc(sizeof(int32_t) * (size_t)B);
-        CHECK_OK(mj_router_ref(full, hidden, B, logits));
-        mj_route_params p;
-        CHECK_OK(mj_route_params_from_config(c, &p));
-        p.k0 = k0;
-        CHECK_OK(mj_route_ref(&p, logits, full->bias, B, nv, ids, w, nsel, NULL));
+        routing rt;
+        route_layer(full, hidden, B, nv, k0, &rt);
+        const int32_t *ids = rt.ids;
+        const int na = rt.na;
         float *want = malloc(sizeof(float) * nel);
         CHECK_OK(mj_moe_forward_ref(full, mode, hidden, B, nv, k0, want, NULL));
-        int na = 0;
-        uint8_t seen[1024] = {0};
-        for (int i = 0; i < B * K; i++)
-            if (ids[i] >= 0 && !seen[ids[i]]) seen[ids[i]] = 1, na++;
         for (int r = 0; r < n; r++) {
             CHECK(!memcmp(jobs[r].ids, ids, sizeof(int32_t) * (size_t)B * K), "%s: rank %d routed differently from "
                   "mj_route_ref on the reference logits", what, r);
@@ -149,7 +143,8 @@ static void run_split(mj_layer_t full, mj_parallel par, int n, mj_weight_mode mo
         for (size_t i = (size_t)nv * H; i < nel; i++) pad += jobs[0].out[i] != 0.0f;
         CHECK(pad == 0, "%s: %d padding outputs are not 0", what, pad);
         printf("  %-40s rel L2 %.2e, %2d active experts\n", what, e, na);
-        free(logits), free(w), free(ids), free(nsel), free(want);
+        routing_free(&rt);
+        free(want);
     }
     for (int r = 0; r < n; r++) {
         free(jobs[r].out), free(jobs[r].out2), free(jobs[r].ids);

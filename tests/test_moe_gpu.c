@@ -62,8 +62,8 @@ static void check_rows(const float *got, int B, int nv, int H, const char *what)
 
 /* Which valid tokens have two selection scores within 1e-5 of each other at the border of
  * their first k0 or their top-k? An ulp of expf may route such a token differently. */
-static void near_ties(mj_layer_t L, const routing *r, int B, int nv, int k0, char *tie) {
-    const int E = L->cfg.n_experts, k = L->cfg.topk;
+static void near_ties(mj_layer_t L, const routing *r, int k0, char *tie) {
+    const int E = L->cfg.n_experts, k = L->cfg.topk, B = r->B, nv = r->nv;
     double *c = malloc(sizeof(double) * (size_t)E);
     for (int t = 0; t < B; t++) {
         tie[t] = 0;
@@ -93,11 +93,11 @@ static void base_set(const int32_t *ids, const int32_t *nsel, int nv, int k, int
  * 1 when the tokens that differ are each explained: a near-tie token itself, or, with OEA
  * (k0 < top-k), a valid token whose own first k0 match but whose extra experts come from a
  * batch S_base that a near-tie token changed; -1 otherwise, with why. */
-static int routing_verdict(mj_layer_t L, const routing *r, const int32_t *ids, const float *w, const int32_t *nsel, int B,
-                           int nv, int k0, char *why, size_t wl) {
-    const int E = L->cfg.n_experts, k = L->cfg.topk;
+static int routing_verdict(mj_layer_t L, const routing *r, const int32_t *ids, const float *w, const int32_t *nsel,
+                           int k0, char *why, size_t wl) {
+    const int E = L->cfg.n_experts, k = L->cfg.topk, B = r->B, nv = r->nv;
     char *tie = malloc((size_t)B), *b_got = malloc((size_t)E), *b_ref = malloc((size_t)E);
-    near_ties(L, r, B, nv, k0, tie);
+    near_ties(L, r, k0, tie);
     base_set(ids, nsel, nv, k, k0, E, b_got);
     base_set(r->ids, r->nsel, nv, k, k0, E, b_ref);
     const int base_differs = memcmp(b_got, b_ref, (size_t)E) != 0;
@@ -132,10 +132,10 @@ static int routing_verdict(mj_layer_t L, const routing *r, const int32_t *ids, c
 
 /* The verdict must catch a routing that differs where no tie explains it: the reference's own
  * routing with one non-tie token's expert changed, or one weight 1e-4 off, is refused. */
-static void check_verdict_catches(mj_layer_t L, const routing *r, int B, int nv, int k0, const char *what) {
-    const int E = L->cfg.n_experts, k = L->cfg.topk;
+static void check_verdict_catches(mj_layer_t L, const routing *r, int k0, const char *what) {
+    const int E = L->cfg.n_experts, k = L->cfg.topk, B = r->B, nv = r->nv;
     char why[256] = "", *tie = malloc((size_t)B);
-    near_ties(L, r, B, nv, k0, tie);
+    near_ties(L, r, k0, tie);
     int t = 0;
     while (t < nv && (tie[t] || r->nsel[t] < 1)) t++;
     if (t < nv) {
@@ -143,7 +143,7 @@ static void check_verdict_catches(mj_layer_t L, const routing *r, int B, int nv,
         int32_t *ids = malloc(4 * bk);
         float *w = malloc(4 * bk);
         memcpy(ids, r->ids, 4 * bk), memcpy(w, r->w, 4 * bk);
-        CHECK(routing_verdict(L, r, ids, w, r->nsel, B, nv, k0, why, sizeof why) == 0,
+        CHECK(routing_verdict(L, r, ids, w, r->nsel, k0, why, sizeof why) == 0,
               "%s: the reference against itself: %s", what, why);
         int e = 0; /* an expert not in the token's row */
         for (int in = 1; in && e < E;) {
@@ -152,11 +152,11 @@ static void check_verdict_catches(mj_layer_t L, const routing *r, int B, int nv,
             if (in) e++;
         }
         ids[(size_t)t * k + r->nsel[t] - 1] = e;
-        CHECK(routing_verdict(L, r, ids, w, r->nsel, B, nv, k0, why, sizeof why) < 0,
+        CHECK(routing_verdict(L, r, ids, w, r->nsel, k0, why, sizeof why) < 0,
               "%s: an expert changed on token %d (no near-tie) was accepted", what, t);
         memcpy(ids, r->ids, 4 * bk);
         w[(size_t)t * k] *= 1.0001f;
-        CHECK(routing_verdict(L, r, ids, w, r->nsel, B, nv, k0, why, sizeof why) < 0 && strstr(why, "weight"),
+        CHECK(routing_verdict(L, r, ids, w, r->nsel, k0, why, sizeof why) < 0 && strstr(why, "weight"),
               "%s: a weight 1e-4 off on token %d was accepted", what, t);
         free(ids), free(w);
     }
@@ -179,9 +179,9 @@ static void check_layer(mj_layer_t L, mj_moe_t moe, const uint16_t *hidden, int 
     get(ids, ro.ids, 4 * bk);
     get(w, ro.weights, 4 * bk);
     get(nsel, ro.n_sel, 4 * (size_t)B);
-    if (!g_dev) check_verdict_catches(L, &r, B, nv, k0, what);
+    if (!g_dev) check_verdict_catches(L, &r, k0, what);
     char why[256] = "";
-    const int v = routing_verdict(L, &r, ids, w, nsel, B, nv, k0, why, sizeof why);
+    const int v = routing_verdict(L, &r, ids, w, nsel, k0, why, sizeof why);
     CHECK(v >= 0, "%s: the GPU's routing: %s", what, why);
     if (v == 0) {
         CHECK_OK(mj_moe_forward_ref(L, mode, hidden, B, nv, k0, want, NULL));

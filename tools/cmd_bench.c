@@ -567,7 +567,11 @@ static mj_status read_active(gpu *g, const int32_t *na_dev, int32_t *na) {
     return MJ_OK;
 }
 
-static json_t *row(const char *what, int32_t B, int32_t k0, const char *mode, double us, double bytes, double copy) {
+/* A result row appended to arr and printed as a text line (label: its name there); returned
+ * for more fields. */
+static json_t *emit(bench *b, json_t *arr, const char *label, const char *what, int32_t B, int32_t k0,
+                    const char *mode, double us, double bytes, double copy) {
+    const double gbps = us > 0 ? bytes / (us * 1e3) : 0, of_copy = copy > 0 ? gbps / copy : 0;
     json_t *r = json_object();
     json_object_set_new(r, "what", json_string(what));
     json_object_set_new(r, "B", json_integer(B));
@@ -575,20 +579,11 @@ static json_t *row(const char *what, int32_t B, int32_t k0, const char *mode, do
     if (mode) json_object_set_new(r, "mode", json_string(mode));
     json_object_set_new(r, "us", json_real(us));
     json_object_set_new(r, "bytes", json_integer((json_int_t)bytes));
-    double gbps = us > 0 ? bytes / (us * 1e3) : 0;
     json_object_set_new(r, "gbps", json_real(gbps));
-    json_object_set_new(r, "of_copy", json_real(copy > 0 ? gbps / copy : 0));
-    return r;
-}
-
-/* A result row appended to arr and printed as a text line (label: its name there), from the
- * row's own values; returned for more fields. */
-static json_t *emit(bench *b, json_t *arr, const char *label, const char *what, int32_t B, int32_t k0,
-                    const char *mode, double us, double bytes, double copy) {
-    json_t *r = row(what, B, k0, mode, us, bytes, copy);
+    json_object_set_new(r, "of_copy", json_real(of_copy));
     json_array_append_new(arr, r);
     txt(b, "  %-11s %4d %3d %-6s %10.2f %12.3f %9.1f %7.3f\n", label, (int)B, (int)k0, mode ? mode : "", us,
-        bytes / 1e6, json_real_value(json_object_get(r, "gbps")), json_real_value(json_object_get(r, "of_copy")));
+        bytes / 1e6, gbps, of_copy);
     return r;
 }
 
@@ -709,7 +704,8 @@ static int bench_gpu(bench *b) {
     mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
     eo.max_batch = g->maxB;
     TRY("packing the experts", mj_experts_create(g->ctx, L, &eo, &g->ex));
-    int w4a4_ok = mj_target_sm(tgt) >= 120; /* as the mode policy decides (runtime/experts.c) */
+    mj_weight_mode resolved;
+    const int w4a4_ok = mj_experts_mode(g->ex, MJ_MODE_W4A4, 1, &resolved) == MJ_OK; /* the policy's own check */
     if (!w4a4_ok) note(b, "W4A4 needs sm_120a/sm_121a: the experts are timed in W4A16 only on %s", mj_target_name(tgt));
     for (int m = 0; m < (w4a4_ok ? 2 : 1); m++) {
         const mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;

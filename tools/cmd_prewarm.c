@@ -207,13 +207,12 @@ static void add_job(job **jobs, int *n, int *cap, char *line, const char *where)
 static int plan_jobs(const plan_args *a, const char *arch, const char *cache_dir, job **jobs, int *n, int *cap) {
     mj_moe_config cfg;
     mj_status st;
-    int rc0 = tool_config_read(a->config, a->quant, &cfg);
-    if (rc0) return rc0;
+    int32_t nb = 0, rc = tool_config_read(a->config, a->quant, &cfg);
+    if (rc) return rc;
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = cache_dir, o.device = MJ_DEVICE_NONE, o.backend = a->backend, o.target = arch, o.strict = 0;
     mj_context_t ctx = NULL;
     if ((st = mj_context_create(&o, &ctx)) != MJ_OK) return tool_fail_status("creating the JIT context", st);
-    int32_t nb = 0, rc = 0;
     mj_plan plan = {0, NULL};
     const mj_target t = mj_context_target(ctx);
     if ((rc = tool_plan_build("prewarm", ctx, &cfg, a->par, a->n_ranks, a->shared, a->batch, a->k0, a->mode, a->config,

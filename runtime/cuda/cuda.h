@@ -58,8 +58,9 @@ mj_status mj_nvrtc_load(void);
 mj_status mj_nvrtc_version(int *major, int *minor);
 /* Whether NVRTC can compile for the target (nvrtcGetSupportedArchs). */
 mj_status mj_nvrtc_supports(mj_target t, int *supported);
-/* The fixed option list moejit compiles with for a target, space-separated (stable: part
- * of the disk key). */
+/* The option list moejit compiles with for a target, space-separated: fixed for a target
+ * and the loaded NVRTC (-minimal from NVRTC 12.4 on; this loads NVRTC to ask its version),
+ * and part of the disk key. */
 const char *mj_nvrtc_options(mj_target t);
 /* Compile source (name labels messages) straight to a cubin for target t, keeping the PTX
  * and the log. A compile error returns MJ_ERR_COMPILE; mj_last_error() has the log and the
