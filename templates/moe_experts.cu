@@ -482,7 +482,9 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                     for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
             }
         } else {
+            MJ_NO_UNROLL
             for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) srcs[i] = (int)src_row(&rs, c0 + i, row_index, mb);
+            MJ_NO_UNROLL
             for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             __syncthreads();
         }
@@ -532,6 +534,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 }
             if (MODE == 1) {
                 __syncwarp(0xFFFFFFFFu);
+                MJ_NO_UNROLL
                 for (int ti = lane; ti < nc; ti += 32) {
                     int ci = c0 + ti;
                     const long long orow = act_row(&rs, ci, mb, n_local);
@@ -699,6 +702,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
     const int nv = valid_tokens(num_valid, B);
     float *acc_tile = smem + w * TPE * 32, *frag = acc_tile + TPE * 16; /* this warp's alone: [TPE][16], [NT][32][4] */
+    MJ_NO_UNROLL
     for (int i = lane; i < TPE * 16; i += 32) acc_tile[i] = 0.0f;
     __syncwarp(0xFFFFFFFFu);
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
@@ -734,6 +738,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                 for (int c = 0; c < NT; c++)
                     for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
             } else {
+                MJ_NO_UNROLL
                 for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
@@ -749,6 +754,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
         }
     }
     mj_cp_async_wait(0); /* nothing lands after the warp is done (the empty groups) */
+    MJ_NO_UNROLL
     for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
 #endif
 }
