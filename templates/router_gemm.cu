@@ -119,6 +119,7 @@ MJ_KERNEL void router_gemm(const uint16_t *hidden, const uint16_t *gate, int B, 
         if (lane % (32 / ROWS) == 0 && tr >= r0 && tr < nrows) red[w][tr] = s;
     }
     __syncthreads();
+    MJ_NO_UNROLL /* one or two trips: unrolled it would only cost compile time */
     for (int r = t; r < nrows; r += NT) {
         float v = red[0][r];
         for (int k = 1; k < NWARPS; k++) v += red[k][r];
