@@ -29,8 +29,9 @@ struct mj_experts {
     int w4a4;                            /* the target has the FP4 MMA                     */
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert                */
     uint8_t *w13, *s13, *w2, *s2;        /* [n_local + nsub] packed experts               */
-    float *scal;                         /* [n_local + nsub][4]: w13's weight_scale_2 and
-                                            input_scale, w2's                              */
+    float *scal;                         /* [n_local + nsub][MJ_EXPERTS_SCAL]: w13's
+                                            weight_scale_2 and input_scale, w2's, then
+                                            1 / each input_scale, 2 unused                */
     uint16_t *act;                       /* [rows][I] bf16 (W4A16)                        */
     uint8_t *actq, *act_sf;              /* [rows][I/2], [rows][I/16] (W4A4)               */
     uint8_t *xq, *xsf;                   /* [xrows][H/2], [xrows][H/16] (W4A4)             */
@@ -220,12 +221,12 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
     MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_s13), (void **)&ex->s13), st, fail);
     MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_w2), (void **)&ex->w2), st, fail);
     MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_s2), (void **)&ex->s2), st, fail);
-    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)X * 4 * sizeof(float), (void **)&ex->scal), st, fail);
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)X * MJ_EXPERTS_SCAL * sizeof(float), (void **)&ex->scal), st, fail);
     MJ_CHECK_GOTO(workspace_alloc(ex, ex->mb), st, fail);
     /* One expert at a time through a host staging buffer, then to where the kernels run. */
     const int64_t per = ex->bytes_w13 + ex->bytes_s13 + ex->bytes_w2 + ex->bytes_s2;
     stage = malloc((size_t)per);
-    scal = malloc((size_t)X * 4 * sizeof(float));
+    scal = calloc((size_t)X * MJ_EXPERTS_SCAL, sizeof(float));
     if (!stage || !scal) {
         st = mj_set_error(MJ_ERR_NOMEM, "mj_experts_create: out of host memory");
         goto fail;
@@ -246,10 +247,11 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
         MJ_CHECK_GOTO(buf_put(ex, ex->s13 + x * ex->bytes_s13, q13, (size_t)ex->bytes_s13), st, fail);
         MJ_CHECK_GOTO(buf_put(ex, ex->w2 + x * ex->bytes_w2, p2, (size_t)ex->bytes_w2), st, fail);
         MJ_CHECK_GOTO(buf_put(ex, ex->s2 + x * ex->bytes_s2, q2, (size_t)ex->bytes_s2), st, fail);
-        scal[x * 4 + 0] = w13->weight_scale_2, scal[x * 4 + 1] = w13->input_scale;
-        scal[x * 4 + 2] = w2->weight_scale_2, scal[x * 4 + 3] = w2->input_scale;
+        float *sc = scal + x * MJ_EXPERTS_SCAL; /* the template's SCAL layout */
+        sc[0] = w13->weight_scale_2, sc[1] = w13->input_scale, sc[2] = w2->weight_scale_2, sc[3] = w2->input_scale;
+        sc[4] = 1.0f / w13->input_scale, sc[5] = 1.0f / w2->input_scale; /* as mj_nvfp4_quantize_act's gs */
     }
-    MJ_CHECK_GOTO(buf_put(ex, ex->scal, scal, (size_t)X * 4 * sizeof(float)), st, fail);
+    MJ_CHECK_GOTO(buf_put(ex, ex->scal, scal, (size_t)X * MJ_EXPERTS_SCAL * sizeof(float)), st, fail);
     free(stage);
     free(scal);
     *out = ex;

@@ -10,11 +10,12 @@
  * workspace (host pointers on the interpreter, device pointers on a GPU). Routed rows of
  * the activations are [0, mb K), shared sub-expert j's are mb K + j mb + token; the W4A4
  * quantized input of the shared experts is at row mb K + token. */
+#define MJ_EXPERTS_SCAL 8 /* floats of scal an expert: templates/moe_experts.cu's SCAL layout */
 typedef struct mj_experts_view {
     int32_t H, I, K, E, n_local, expert_begin, nsub, mb;
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert */
     uint8_t *w13, *s13, *w2, *s2;
-    float *scal;                                      /* [n_local + nsub][4]        */
+    float *scal;                                      /* [n_local + nsub][MJ_EXPERTS_SCAL] */
     uint16_t *act;
     uint8_t *actq, *act_sf, *xq, *xsf;
 } mj_experts_view;

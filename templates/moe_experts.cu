@@ -57,7 +57,7 @@ MJ_KNOB_SET(TPE, int, "8 16 32 64", "tokens an expert takes at once, and the tok
 MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
 MJ_KNOB_SET(NW2, int, "1 2 4 8", "warps of a down block: 16 hidden dims each")
 MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
-MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all three (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
+MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
@@ -81,6 +81,11 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 #define S13_EXPERT ((long long)(I / 16) * S13_TILE)
 #define W2_EXPERT ((long long)(H / 16) * W2_TILE)
 #define S2_EXPERT ((long long)(H / 16) * S2_TILE)
+/* scal: SCAL floats an expert (runtime/experts.c writes them): w13's weight_scale_2 and
+ * input_scale, w2's, then 1 / w13's input_scale and 1 / w2's (the quantizers' global
+ * scales, divided once on the host as the reference divides them: no reciprocal's slow path
+ * in a kernel), 2 unused. */
+#define SCAL 8
 
 /* ---- NVFP4 helpers ------------------------------------------------------------------------ */
 
@@ -160,7 +165,36 @@ MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
     return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
 }
 
-MJ_DEVICE float silu(float x) { return x / (1.0f + expf(-x)); }
+/* silu(x) = x / (1 + e^-x), the division correctly rounded without a division instruction:
+ * ptxas compiles an IEEE division with a slow path of about 100 SASS instructions (of W4A16's
+ * up, the one division), about 6 % of the whole compile. d = 1 + e^-x is 1 (x above about 16.6,
+ * and +inf), 2 (|x| below 2^-25, subnormals too), inf (x at most about -88.7) or in between;
+ * the three ends are exact in one step, the rest takes a reciprocal (a bit trick, then three
+ * Newton steps: within an ulp), a quotient corrected once by its remainder (within an ulp),
+ * and then whichever of it and its neighbour toward the remainder leaves the smaller exact
+ * remainder (fma: exact for a quotient within an ulp), ties to the even one. From d = 2^64
+ * on, both are scaled by 2^-64 (exact), so the reciprocal stays normal. Every float x gives
+ * the bits of x / (1.0f + expf(-x)) (test_experts sweeps it through experts_silu). W4A4 keeps
+ * the division: its requantization divides too, so its up compiles the slow path anyway. */
+MJ_DEVICE float silu(float x) {
+    float d = 1.0f + expf(-x);
+    if (MODE == 1) return x / d; /* W4A4's requantization divides anyway: its slow path is there */
+    if (d == 1.0f || x == 0.0f) return x;
+    if (d == 2.0f) return x * 0.5f;
+    if (!(d <= 0x1.fffffep+127f)) return x * 0.0f; /* d inf: -0 (x -inf: NaN); x NaN: NaN */
+    if (d >= 0x1p64f) x *= 0x1p-64f, d *= 0x1p-64f;
+    float y = bits_f(0x7EF311C3u - f_bits(d));
+    MJ_NO_UNROLL
+    for (int i = 0; i < 3; i++) y = fmaf(fmaf(-d, y, 1.0f), y, y);
+    float q = x * y;
+    q = fmaf(fmaf(-q, d, x), y, q);
+    const float r = fmaf(-q, d, x);
+    if (r == 0.0f) return q;
+    const uint32_t qb = f_bits(q), nb = (r > 0.0f) == (q > 0.0f) ? qb + 1u : qb - 1u;
+    const float rn = fmaf(-bits_f(nb), d, x);
+    const float ar = r < 0.0f ? -r : r, an = rn < 0.0f ? -rn : rn;
+    return an < ar || (an == ar && !(nb & 1u)) ? bits_f(nb) : q;
+}
 
 /* The real token count (read on every launch: a CUDA graph replays with the count of now). */
 MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
@@ -257,7 +291,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             xi = n_local;
             row = mb * K + b;
         }
-        float gs = 1.0f / scal[xi * 4 + 1];
+        const float gs = scal[xi * SCAL + 4];
         for (int grp = (int)threadIdx.x; grp < H / 16; grp += (int)blockDim.x) {
             float *v = vbuf + threadIdx.x; /* this thread's 16 values, 128 floats apart */
             for (int i = 0; i < 16; i++) v[i * 128] = bits_f((uint32_t)xr[grp * 16 + i] << 16);
@@ -458,9 +492,9 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     if (rs.xi < 0 || rs.n == 0) return;
     const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
     const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
-    const float ws2 = scal[rs.xi * 4 + 0], is13 = scal[rs.xi * 4 + 1];
+    const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
     const float alpha = MODE == 1 ? is13 * ws2 : ws2;
-    const float gs2 = 1.0f / scal[rs.xi * 4 + 3];
+    const float gs2 = scal[rs.xi * SCAL + 5];
     uint8_t *ring = (uint8_t *)smem + w * RING_BYTES;
     /* every warp's sums, [NW1][NT][2][32][4]; the SwiGLU tile [TPE][16] (W4A4 requant) */
     float *accs = SUMS_SMEM ? (float *)((uint8_t *)smem + NW1 * RING_BYTES) : smem;
@@ -591,8 +625,8 @@ MJ_DEVICE down_item_t next_expert(int *cursor, int na, const int32_t *counts, co
             if (ts <= t0) break;
             it.xi = n_local + (c - na), it.r0 = 0, it.n = ts - t0, it.shared_row0 = mb * K + (c - na) * mb;
         }
-        const float ws2 = scal[it.xi * 4 + 2];
-        it.alpha = MODE == 1 ? scal[it.xi * 4 + 3] * ws2 : ws2;
+        const float ws2 = scal[it.xi * SCAL + 2];
+        it.alpha = MODE == 1 ? scal[it.xi * SCAL + 3] * ws2 : ws2;
         return it;
     }
     it.xi = -1;
@@ -756,5 +790,14 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     mj_cp_async_wait(0); /* nothing lands after the warp is done (the empty groups) */
     MJ_NO_UNROLL
     for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
+#endif
+}
+
+/* ---- experts_silu (the interpreter's check of silu) ----------------------------------------
+ * y[i] = silu(x[i]), a grid-stride loop; a body only in PART 0 (the interpreter's build):
+ * test_experts compares it with x / (1.0f + expf(-x)) bit for bit. */
+MJ_KERNEL void experts_silu(const float *x, int n, float *y) {
+#if PART == 0
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) y[i] = silu(x[i]);
 #endif
 }

@@ -21,7 +21,8 @@
  * checks must fail. Also: the whole forward against mj_experts_ref (relative L2), bytes of
  * weights read (each active expert's once), same bits run after run, a recorded launch
  * sequence replayed at several token counts, every specialization the dispatcher picks,
- * GLM-5-shaped experts, refusals, and the SASS of the compiled kernels.
+ * GLM-5-shaped experts, refusals, the SASS of the compiled kernels, and silu's division
+ * (done without a division instruction) against IEEE's, bit for bit, on 4.3 million floats.
  */
 #include "experts.h"
 #include "sim/sim.h"
@@ -439,6 +440,71 @@ static mj_experts_t make_experts(mj_context_t ctx, mj_layer_t L, int mb) {
     mj_experts_t ex = NULL;
     CHECK_OK(mj_experts_create(ctx, L, &o, &ex));
     return ex;
+}
+
+/* ---- silu ------------------------------------------------------------------------------------ */
+
+static float f_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t u_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* The kernels' silu divides without a division instruction (see the template): experts_silu
+ * runs it on the interpreter for a sweep of every float at a stride, the neighbourhoods of its
+ * branches' edges and the inputs whose quotient is hardest to round, and each result must be
+ * the bits of x / (1.0f + expf(-x)). The sweep holds inputs where a quotient corrected once
+ * (the kernel's step before the last) is an ulp off, so the last step is exercised. */
+static void test_silu(mj_context_t ctx) {
+    static const float centers[] = {0.0f, 0x1p-25f, 0x1p-23f, 0x1.8f5c02p-19f, 16.6355324f, -44.3614197f,
+                                    -88.7228394f, 1.0f, -1.0f, 0x1p-126f};
+    const int stride = 1021, per = 4096, nc = (int)(sizeof centers / sizeof centers[0]);
+    const int n = (int)(((1ull << 32) + stride - 1) / stride) + nc * 2 * per + 4;
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    int m = 0;
+    for (uint64_t u = 0; u < (1ull << 32); u += stride) x[m++] = f_of((uint32_t)u);
+    for (int c = 0; c < nc; c++)
+        for (int i = -per; i < per; i++) /* around 0: the subnormals of both signs */
+            x[m++] = c == 0 ? (i < 0 ? -f_of((uint32_t)-i) : f_of((uint32_t)i)) : f_of(u_of(centers[c]) + (uint32_t)i);
+    x[m++] = INFINITY, x[m++] = -INFINITY, x[m++] = NAN, x[m++] = -0.0f;
+    CHECK(m == n, "silu sweep: %d inputs, %d expected", m, n);
+    /* PART 0: the interpreter's build of the template, where experts_silu has its body */
+    const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0}; /* MODE H I K TPE NW1 NW2 NSUB PART */
+    mj_spec s;
+    const mj_function *f = NULL;
+    CHECK_OK(mj_context_spec(ctx, "moe_experts", kn, &s));
+    CHECK_OK(mj_jit_get(ctx, &s, &f));
+    if (f) {
+        const mj_launch_dims d = {{64, 1, 1}, {256, 1, 1}, 0, NULL};
+        CHECK_OK(mj_launch_experts_silu(f, d, x, n, y));
+        int bad = 0, once_off = 0;
+        for (int i = 0; i < n; i++) {
+            const float v = x[i], want = v / (1.0f + expf(-v));
+            if (u_of(y[i]) != u_of(want) && !(want != want && y[i] != y[i])) {
+                if (bad++ < 4) fprintf(stderr, "  silu(%a) = %a, want %a\n", (double)v, (double)y[i], (double)want);
+            }
+            /* the quotient before the kernel's last step, for the inputs that reach it */
+            float dd = 1.0f + expf(-v), xx = v;
+            if (dd == 1.0f || dd == 2.0f || xx == 0.0f || !(dd <= 0x1.fffffep+127f)) continue;
+            if (dd >= 0x1p64f) xx *= 0x1p-64f, dd *= 0x1p-64f;
+            float r = f_of(0x7EF311C3u - u_of(dd));
+            for (int k = 0; k < 3; k++) r = fmaf(fmaf(-dd, r, 1.0f), r, r);
+            float q = xx * r;
+            q = fmaf(fmaf(-q, dd, xx), r, q);
+            once_off += u_of(q) != u_of(want);
+        }
+        CHECK(bad == 0, "silu: %d of %d inputs differ from x / (1 + expf(-x))", bad, n);
+        CHECK(once_off > 0, "silu: the sweep never needs the last step (%d inputs)", n);
+        if (bad == 0)
+            printf("silu: %d inputs, the bits of x / (1 + expf(-x)) for every one (%d need the last step)\n", n,
+                   once_off);
+    }
+    free(x), free(y);
 }
 
 /* Small shapes: every bucket, split-K and tile choice, routing from the router (k0 = k and
@@ -980,6 +1046,7 @@ int main(void) {
         t = test_now_ms();                                                               \
     } while (0)
     TIMED(test_pack(seed));
+    TIMED(test_silu(ctx));
     TIMED(test_small(ctx, seed));
     TIMED(test_shards(ctx, seed + 200));
     TIMED(test_prefill(ctx, seed + 250));
