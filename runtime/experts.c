@@ -316,7 +316,7 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
 /* On a GPU each kernel is a specialization of its own (templates/moe_experts.cu, PART): a
  * cold compile is one kernel's, and W4A16 never compiles experts_quant. The knobs a kernel
  * does not read are pinned, so specs that differ only in them share one compile (W4A4's
- * experts_quant serves every TPE). The interpreter builds the three at once (PART 0). */
+ * experts_quant serves every TPE). The interpreter builds them all at once (PART 0). */
 static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t part) {
     mj_knobs_moe_experts p = *k;
     p.PART = part;

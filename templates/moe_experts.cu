@@ -14,14 +14,16 @@
  *                  16 dims and walks the active experts in ascending id, then the shared
  *                  sub-experts, adding weight x (w2 . act) into its own accumulators: the
  *                  combine is fused and every output element is summed in one fixed order,
- *                  so the same inputs give the same bits (no atomics anywhere).
+ *                  so the same inputs give the same bits (no atomics anywhere);
+ *   experts_silu   a check, not a step of the forward: silu against IEEE division, on the
+ *                  interpreter (test_experts) and, compiled with PART 0, on a GPU.
  *
  * Compile time. NVRTC's time grows with the code it optimizes at once, and a first request
  * waits for it, so on a GPU each kernel is a specialization of its own (PART 1, 2, 3: the
- * other kernels are there with empty bodies, so a module always has all three), compiled
+ * other kernels are there with empty bodies, so a module always has all of them), compiled
  * apart and only when launched (W4A16 never compiles experts_quant); knobs a kernel does not read are
  * pinned (constraints below), so one compiled kernel serves every spec that differs only in
- * them. The interpreter builds all three at once (PART 0): one host compile.
+ * them. The interpreter builds them all at once (PART 0): one host compile.
  *
  * The MMA is swapped at decode: weight rows are its 16-row side (M), the few tokens of an
  * expert its 8-column side (N). W4A4 runs the block-scaled FP4 MMA m16n8k64 (sm_120a);
@@ -167,20 +169,25 @@ MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
 
 /* silu(x) = x / (1 + e^-x), the division correctly rounded without a division instruction:
  * ptxas compiles an IEEE division with a slow path of about 100 SASS instructions (of W4A16's
- * up, the one division), about 6 % of the whole compile. d = 1 + e^-x is 1 (x above about 16.6,
- * and +inf), 2 (|x| below 2^-25, subnormals too), inf (x at most about -88.7) or in between;
- * the three ends are exact in one step, the rest takes a reciprocal (a bit trick, then three
- * Newton steps: within an ulp), a quotient corrected once by its remainder (within an ulp),
- * and then whichever of it and its neighbour toward the remainder leaves the smaller exact
- * remainder (fma: exact for a quotient within an ulp), ties to the even one. From d = 2^64
- * on, both are scaled by 2^-64 (exact), so the reciprocal stays normal. Every float x gives
- * the bits of x / (1.0f + expf(-x)) (test_experts sweeps it through experts_silu). W4A4 keeps
- * the division: its requantization divides too, so its up compiles the slow path anyway. */
+ * up, the one division), about 6 % of the whole compile. d = 1 + e^-x is 1 (x above about
+ * 16.6, and +inf), 2 (|x| below 2^-25, subnormals and zeros too), inf (x at most about -88.7)
+ * or in between. The ends are exact in one step (x / 2 for every |x| below 2^-25, so no
+ * quotient here is ever subnormal, whatever a GPU's expf gives for a tiny x); the rest takes
+ * a reciprocal (a bit trick, then three Newton steps: within an ulp), a quotient corrected
+ * once by its remainder (within an ulp), and then whichever of it and its neighbour toward
+ * the remainder leaves the smaller exact remainder (fma: exact for a normal quotient within
+ * an ulp), ties to the even one. From d = 2^64 on, both are scaled by 2^-64 (exact), so the
+ * reciprocal stays normal. With the C library's expf, every float x gives the bits of
+ * x / (1.0f + expf(-x)) (all 2^32: MOEJIT_TEST_SILU_STRIDE=1 test_experts); experts_silu
+ * checks it against the division where it runs. W4A4 keeps the division: its requantization
+ * divides too, so its up compiles the slow path anyway. */
 MJ_DEVICE float silu(float x) {
     float d = 1.0f + expf(-x);
     if (MODE == 1) return x / d; /* W4A4's requantization divides anyway: its slow path is there */
-    if (d == 1.0f || x == 0.0f) return x;
-    if (d == 2.0f) return x * 0.5f;
+    if (d == 1.0f) return x;
+    /* |x| < 2^-25: d is 2 with a correctly rounded expf; where a GPU's is not, x / 2 is
+     * still within an ulp, and no subnormal quotient reaches the steps below */
+    if (d == 2.0f || (x < 0.0f ? -x : x) < 0x1p-25f) return x * 0.5f;
     if (!(d <= 0x1.fffffep+127f)) return x * 0.0f; /* d inf: -0 (x -inf: NaN); x NaN: NaN */
     if (d >= 0x1p64f) x *= 0x1p-64f, d *= 0x1p-64f;
     float y = bits_f(0x7EF311C3u - f_bits(d));
@@ -547,7 +554,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         }
         /* Split-K: warp 0 adds the warps' sums in warp order as the SwiGLU below reads them: a
          * rolled loop over the token groups, the four values of each and the warps, one
-         * copy of its code (expf and an IEEE division). */
+         * copy of its code (expf and silu's division). */
         if (w == 0) {
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
             MJ_NO_UNROLL
@@ -793,11 +800,15 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
 #endif
 }
 
-/* ---- experts_silu (the interpreter's check of silu) ----------------------------------------
- * y[i] = silu(x[i]), a grid-stride loop; a body only in PART 0 (the interpreter's build):
- * test_experts compares it with x / (1.0f + expf(-x)) bit for bit. */
-MJ_KERNEL void experts_silu(const float *x, int n, float *y) {
+/* ---- experts_silu (a check of silu) --------------------------------------------------------
+ * y[i] = silu(x[i]) and want[i] = x[i] / (1.0f + expf(-x[i])), IEEE division where it runs
+ * (the C compiler's on the interpreter, the GPU's division instruction on a GPU), a
+ * grid-stride loop; a body only in PART 0: test_experts compares y with want bit for bit. */
+MJ_KERNEL void experts_silu(const float *x, int n, float *y, float *want) {
 #if PART == 0
-    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) y[i] = silu(x[i]);
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
+        y[i] = silu(x[i]);
+        want[i] = x[i] / (1.0f + expf(-x[i]));
+    }
 #endif
 }

@@ -455,56 +455,79 @@ static uint32_t u_of(float f) {
     return u;
 }
 
+/* silu's counts over the inputs checked so far. */
+typedef struct silu_tally {
+    unsigned long long n;
+    long long bad, host, once_off;
+} silu_tally;
+
+/* experts_silu on x[0..len) (y and want its outputs), tallied. */
+static void silu_chunk(const mj_function *f, const float *x, int len, float *y, float *want, silu_tally *t) {
+    const mj_launch_dims d = {{64, 1, 1}, {256, 1, 1}, 0, NULL};
+    CHECK_OK(mj_launch_experts_silu(f, d, x, len, y, want));
+    for (int i = 0; i < len; i++) {
+        const float v = x[i], w = v / (1.0f + expf(-v));
+        t->n++;
+        if (u_of(want[i]) != u_of(w) && !(w != w && want[i] != want[i])) t->host++;
+        if (u_of(y[i]) != u_of(want[i]) && !(want[i] != want[i] && y[i] != y[i]))
+            if (t->bad++ < 4) fprintf(stderr, "  silu(%a) = %a, want %a\n", (double)v, (double)y[i], (double)want[i]);
+        /* the quotient before the kernel's last step, for the inputs that reach it */
+        float dd = 1.0f + expf(-v), xx = v;
+        if (dd == 1.0f || dd == 2.0f || fabsf(xx) < 0x1p-25f || !(dd <= 0x1.fffffep+127f)) continue;
+        if (dd >= 0x1p64f) xx *= 0x1p-64f, dd *= 0x1p-64f;
+        float r = f_of(0x7EF311C3u - u_of(dd));
+        for (int k = 0; k < 3; k++) r = fmaf(fmaf(-dd, r, 1.0f), r, r);
+        float q = xx * r;
+        q = fmaf(fmaf(-q, dd, xx), r, q);
+        t->once_off += u_of(q) != u_of(want[i]);
+    }
+}
+
 /* The kernels' silu divides without a division instruction (see the template): experts_silu
- * runs it on the interpreter for a sweep of every float at a stride, the neighbourhoods of its
- * branches' edges and the inputs whose quotient is hardest to round, and each result must be
- * the bits of x / (1.0f + expf(-x)). The sweep holds inputs where a quotient corrected once
- * (the kernel's step before the last) is an ulp off, so the last step is exercised. */
+ * runs it on the interpreter for every float at a stride (MOEJIT_TEST_SILU_STRIDE, default
+ * 1021; 1 is all 2^32, about 10 minutes), the neighbourhoods of its branches' edges and the
+ * inputs whose quotient is hardest to round; each result must be the bits of the kernel's own
+ * x / (1.0f + expf(-x)), which must be this program's. The sweep holds inputs where a quotient
+ * corrected once (the kernel's step before the last) is an ulp off, so the last step is
+ * exercised. */
 static void test_silu(mj_context_t ctx) {
     static const float centers[] = {0.0f, 0x1p-25f, 0x1p-23f, 0x1.8f5c02p-19f, 16.6355324f, -44.3614197f,
                                     -88.7228394f, 1.0f, -1.0f, 0x1p-126f};
-    const int stride = 1021, per = 4096, nc = (int)(sizeof centers / sizeof centers[0]);
-    const int n = (int)(((1ull << 32) + stride - 1) / stride) + nc * 2 * per + 4;
-    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
-    int m = 0;
-    for (uint64_t u = 0; u < (1ull << 32); u += stride) x[m++] = f_of((uint32_t)u);
-    for (int c = 0; c < nc; c++)
-        for (int i = -per; i < per; i++) /* around 0: the subnormals of both signs */
-            x[m++] = c == 0 ? (i < 0 ? -f_of((uint32_t)-i) : f_of((uint32_t)i)) : f_of(u_of(centers[c]) + (uint32_t)i);
-    x[m++] = INFINITY, x[m++] = -INFINITY, x[m++] = NAN, x[m++] = -0.0f;
-    CHECK(m == n, "silu sweep: %d inputs, %d expected", m, n);
+    const char *env = getenv("MOEJIT_TEST_SILU_STRIDE");
+    const uint64_t stride = env && atoll(env) > 0 ? (uint64_t)atoll(env) : 1021;
+    enum { CHUNK = 1 << 22, PER = 4096 };
+    const int nc = (int)(sizeof centers / sizeof centers[0]);
+    float *x = malloc(sizeof(float) * CHUNK), *y = malloc(sizeof(float) * CHUNK), *want = malloc(sizeof(float) * CHUNK);
     /* PART 0: the interpreter's build of the template, where experts_silu has its body */
     const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0}; /* MODE H I K TPE NW1 NW2 NSUB PART */
     mj_spec s;
     const mj_function *f = NULL;
     CHECK_OK(mj_context_spec(ctx, "moe_experts", kn, &s));
     CHECK_OK(mj_jit_get(ctx, &s, &f));
-    if (f) {
-        const mj_launch_dims d = {{64, 1, 1}, {256, 1, 1}, 0, NULL};
-        CHECK_OK(mj_launch_experts_silu(f, d, x, n, y));
-        int bad = 0, once_off = 0;
-        for (int i = 0; i < n; i++) {
-            const float v = x[i], want = v / (1.0f + expf(-v));
-            if (u_of(y[i]) != u_of(want) && !(want != want && y[i] != y[i])) {
-                if (bad++ < 4) fprintf(stderr, "  silu(%a) = %a, want %a\n", (double)v, (double)y[i], (double)want);
-            }
-            /* the quotient before the kernel's last step, for the inputs that reach it */
-            float dd = 1.0f + expf(-v), xx = v;
-            if (dd == 1.0f || dd == 2.0f || xx == 0.0f || !(dd <= 0x1.fffffep+127f)) continue;
-            if (dd >= 0x1p64f) xx *= 0x1p-64f, dd *= 0x1p-64f;
-            float r = f_of(0x7EF311C3u - u_of(dd));
-            for (int k = 0; k < 3; k++) r = fmaf(fmaf(-dd, r, 1.0f), r, r);
-            float q = xx * r;
-            q = fmaf(fmaf(-q, dd, xx), r, q);
-            once_off += u_of(q) != u_of(want);
+    CHECK(x && y && want, "silu sweep: no memory");
+    if (f && x && y && want) {
+        silu_tally t = {0, 0, 0, 0};
+        int m = 0;
+        for (uint64_t u = 0; u < (1ull << 32); u += stride) {
+            x[m++] = f_of((uint32_t)u);
+            if (m == CHUNK) silu_chunk(f, x, m, y, want, &t), m = 0;
         }
-        CHECK(bad == 0, "silu: %d of %d inputs differ from x / (1 + expf(-x))", bad, n);
-        CHECK(once_off > 0, "silu: the sweep never needs the last step (%d inputs)", n);
-        if (bad == 0)
-            printf("silu: %d inputs, the bits of x / (1 + expf(-x)) for every one (%d need the last step)\n", n,
-                   once_off);
+        if (m) silu_chunk(f, x, m, y, want, &t), m = 0;
+        for (int c = 0; c < nc; c++)
+            for (int i = -PER; i < PER; i++) /* around 0: the subnormals of both signs */
+                x[m++] = c == 0 ? (i < 0 ? -f_of((uint32_t)-i) : f_of((uint32_t)i)) : f_of(u_of(centers[c]) + (uint32_t)i);
+        x[m++] = INFINITY, x[m++] = -INFINITY, x[m++] = NAN, x[m++] = -0.0f;
+        silu_chunk(f, x, m, y, want, &t);
+        const unsigned long long n = ((1ull << 32) + stride - 1) / stride + (unsigned long long)(nc * 2 * PER) + 4;
+        CHECK(t.n == n, "silu sweep: %llu inputs, %llu expected", t.n, n);
+        CHECK(t.host == 0, "silu: the kernel's IEEE x / (1 + expf(-x)) differs from this program's for %lld inputs", t.host);
+        CHECK(t.bad == 0, "silu: %lld of %llu inputs differ from x / (1 + expf(-x))", t.bad, t.n);
+        CHECK(t.once_off > 0, "silu: the sweep never needs the last step (%llu inputs)", t.n);
+        if (t.bad == 0)
+            printf("silu: %llu inputs (stride %llu), the bits of x / (1 + expf(-x)) for every one (%lld need the last step)\n",
+                   t.n, (unsigned long long)stride, t.once_off);
     }
-    free(x), free(y);
+    free(x), free(y), free(want);
 }
 
 /* Small shapes: every bucket, split-K and tile choice, routing from the router (k0 = k and

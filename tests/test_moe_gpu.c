@@ -2,7 +2,7 @@
  * reference, and a CUDA graph of mj_moe_forward replayed for several token counts. Exit 77
  * (ctest: skipped) without a GPU.
  *
- *   test_moe_gpu [experts|layer|graph|all] [--stub]
+ *   test_moe_gpu [experts|layer|graph|silu|all] [--stub | --sim]
  *
  * experts  mj_experts_forward on the reference's routing (W4A16 everywhere, W4A4 where the
  *          target has it: sm_120a/sm_121a; elsewhere its refusal is checked), against
@@ -15,6 +15,9 @@
  *          the experts' reference on the GPU's own routing instead.
  * graph    one forward captured per batch size, replayed with new hidden states and token
  *          counts written into the same buffers, each replay checked as above.
+ * silu     the SwiGLU's division (done without a division instruction) against the GPU's own
+ *          x / (1.0f + expf(-x)), bit for bit, for every float at a stride and the edges of
+ *          its branches (experts_silu, compiled with PART 0).
  * --sim    the same checks on the interpreter (what is checked here, without a GPU).
  * --stub   the host path only, on tests/stub/cuda_stub.c (kernels do not run): every call
  *          succeeds, captures are legal, nothing is written out of bounds; values unchecked.
@@ -389,6 +392,62 @@ static void test_layer(mj_context_t ctx, uint64_t seed, int graph) {
     }
 }
 
+/* ---- silu's division on the device ------------------------------------------------------- */
+static float f_of_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void test_silu(mj_context_t ctx) {
+    enum { STRIDE = 4099, PER = 2048 };
+    static const float centers[] = {0x1p-25f, 0x1p-23f, 0x1.8f5c02p-19f, 16.6355324f, -44.3614197f, -88.7228394f};
+    const int nc = (int)(sizeof centers / sizeof centers[0]);
+    const int n = (int)((1ull << 32) / STRIDE + 1) + nc * 2 * PER + 4;
+    float *x = malloc(4 * (size_t)n), *y = malloc(4 * (size_t)n), *want = malloc(4 * (size_t)n);
+    int m = 0;
+    for (uint64_t u = 0; u < (1ull << 32); u += STRIDE) x[m++] = f_of_bits((uint32_t)u);
+    for (int c = 0; c < nc; c++)
+        for (int i = -PER; i < PER; i++) {
+            uint32_t b;
+            memcpy(&b, &centers[c], 4);
+            x[m++] = f_of_bits(b + (uint32_t)i);
+        }
+    x[m++] = 0.0f, x[m++] = -0.0f, x[m++] = INFINITY, x[m++] = -INFINITY;
+    CHECK(m == n, "silu: %d inputs, %d expected", m, n);
+    /* PART 0: every kernel's body, experts_silu's among them (a GPU forward never builds it) */
+    const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0}; /* MODE H I K TPE NW1 NW2 NSUB PART */
+    mj_spec sp;
+    const mj_function *f = NULL;
+    CHECK_OK(mj_context_spec(ctx, "moe_experts", kn, &sp));
+    CHECK_OK(mj_jit_get(ctx, &sp, &f));
+    uint64_t dx = 0, dy = 0, dw = 0;
+    float *px = x, *py = y, *pw = want;
+    if (g_dev) {
+        CHECK_OK(mj_cuda_malloc(4 * (size_t)n, &dx));
+        CHECK_OK(mj_cuda_malloc(4 * (size_t)n, &dy));
+        CHECK_OK(mj_cuda_malloc(4 * (size_t)n, &dw));
+        CHECK_OK(mj_cuda_memcpy_htod(dx, x, 4 * (size_t)n));
+        px = (float *)(uintptr_t)dx, py = (float *)(uintptr_t)dy, pw = (float *)(uintptr_t)dw;
+    }
+    if (f) {
+        const mj_launch_dims d = {{256, 1, 1}, {256, 1, 1}, 0, NULL};
+        CHECK_OK(mj_launch_experts_silu(f, d, px, n, py, pw));
+        sync_dev();
+        get(y, py, 4 * (size_t)n), get(want, pw, 4 * (size_t)n);
+    }
+    if (f && g_values) {
+        int bad = 0;
+        for (int i = 0; i < n; i++)
+            if (memcmp(&y[i], &want[i], 4) && !(y[i] != y[i] && want[i] != want[i]))
+                if (bad++ < 4) fprintf(stderr, "  silu(%a) = %a, the device's division %a\n", (double)x[i], (double)y[i], (double)want[i]);
+        CHECK(bad == 0, "silu: %d of %d inputs differ from the device's x / (1 + expf(-x))", bad, n);
+        printf("silu: %d inputs, the device's x / (1 + expf(-x)) bit for bit: %s\n", n, bad ? "no" : "yes");
+    }
+    if (g_dev) mj_cuda_free(dx), mj_cuda_free(dy), mj_cuda_free(dw);
+    free(x), free(y), free(want);
+}
+
 int main(int argc, char **argv) {
     const char *which = "all";
     for (int i = 1; i < argc; i++) {
@@ -396,8 +455,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sim")) g_dev = 0;
         else which = argv[i];
     }
-    if (strcmp(which, "all") && strcmp(which, "experts") && strcmp(which, "layer") && strcmp(which, "graph")) {
-        fprintf(stderr, "usage: test_moe_gpu [experts|layer|graph|all] [--stub | --sim]\n");
+    if (strcmp(which, "all") && strcmp(which, "experts") && strcmp(which, "layer") && strcmp(which, "graph") &&
+        strcmp(which, "silu")) {
+        fprintf(stderr, "usage: test_moe_gpu [experts|layer|graph|silu|all] [--stub | --sim]\n");
         return 2;
     }
     if (!g_values) { /* the host path on the stand-in driver */
@@ -421,6 +481,7 @@ int main(int argc, char **argv) {
     if (!strcmp(which, "all") || !strcmp(which, "experts")) test_experts(ctx, seed);
     if (!strcmp(which, "all") || !strcmp(which, "layer")) test_layer(ctx, seed, 0);
     if (!strcmp(which, "all") || !strcmp(which, "graph")) test_layer(ctx, seed, 1);
+    if (!strcmp(which, "all") || !strcmp(which, "silu")) test_silu(ctx);
     mj_context_destroy(ctx);
     if (!g_values) test_stub_log_end();
     return test_finish();
