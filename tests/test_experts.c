@@ -485,7 +485,7 @@ static void silu_chunk(const mj_function *f, const float *x, int len, float *y, 
 
 /* The kernels' silu divides without a division instruction (see the template): experts_silu
  * runs it on the interpreter for every float at a stride (MOEJIT_TEST_SILU_STRIDE, default
- * 1021; 1 is all 2^32, about 10 minutes), the neighbourhoods of its branches' edges and the
+ * 1021; 1 is all 2^32, about 2 minutes more), the neighbourhoods of its branches' edges and the
  * inputs whose quotient is hardest to round; each result must be the bits of the kernel's own
  * x / (1.0f + expf(-x)), which must be this program's. The sweep holds inputs where a quotient
  * corrected once (the kernel's step before the last) is an ulp off, so the last step is
