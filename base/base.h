@@ -49,6 +49,18 @@ mj_status mj_struct_load(const void *in, size_t v1_size, size_t size, void *out,
                          const char *init);
 void mj_struct_store(void *caller, const void *result, size_t size);
 
+/* ---- a float's bits, and back ---- */
+static inline uint32_t mj_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float mj_f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* ---- bf16 (base/bf16.c) ---- round to nearest even; NaN stays a (quiet) NaN. */
 uint16_t mj_f32_to_bf16(float x);
 float mj_bf16_to_f32(uint16_t x);

@@ -4,20 +4,14 @@
 #include <math.h>
 
 uint16_t mj_f32_to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
+    uint32_t u = mj_f32_bits(x);
     if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) /* NaN: keep it quiet */
         return (uint16_t)((u >> 16) | 0x0040u);
     u += 0x7FFFu + ((u >> 16) & 1u); /* round to nearest, ties to even */
     return (uint16_t)(u >> 16);
 }
 
-float mj_bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+float mj_bf16_to_f32(uint16_t x) { return mj_f32_from_bits((uint32_t)x << 16); }
 
 /* Two standard normals from one polar (Marsaglia) draw: no trigonometry. */
 void mj_rng_normal2(uint64_t *state, double *a, double *b) {

@@ -444,17 +444,6 @@ static mj_experts_t make_experts(mj_context_t ctx, mj_layer_t L, int mb) {
 
 /* ---- silu ------------------------------------------------------------------------------------ */
 
-static float f_of(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t u_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 /* silu's counts over the inputs checked so far. */
 typedef struct silu_tally {
     unsigned long long n;
@@ -468,18 +457,18 @@ static void silu_chunk(const mj_function *f, const float *x, int len, float *y, 
     for (int i = 0; i < len; i++) {
         const float v = x[i], w = v / (1.0f + expf(-v));
         t->n++;
-        if (u_of(want[i]) != u_of(w) && !(w != w && want[i] != want[i])) t->host++;
-        if (u_of(y[i]) != u_of(want[i]) && !(want[i] != want[i] && y[i] != y[i]))
+        if (mj_f32_bits(want[i]) != mj_f32_bits(w) && !(w != w && want[i] != want[i])) t->host++;
+        if (mj_f32_bits(y[i]) != mj_f32_bits(want[i]) && !(want[i] != want[i] && y[i] != y[i]))
             if (t->bad++ < 4) fprintf(stderr, "  silu(%a) = %a, want %a\n", (double)v, (double)y[i], (double)want[i]);
         /* the quotient before the kernel's last step, for the inputs that reach it */
         float dd = 1.0f + expf(-v), xx = v;
         if (dd == 1.0f || dd == 2.0f || fabsf(xx) < 0x1p-25f || !(dd <= 0x1.fffffep+127f)) continue;
         if (dd >= 0x1p64f) xx *= 0x1p-64f, dd *= 0x1p-64f;
-        float r = f_of(0x7EF311C3u - u_of(dd));
+        float r = mj_f32_from_bits(0x7EF311C3u - mj_f32_bits(dd));
         for (int k = 0; k < 3; k++) r = fmaf(fmaf(-dd, r, 1.0f), r, r);
         float q = xx * r;
         q = fmaf(fmaf(-q, dd, xx), r, q);
-        t->once_off += u_of(q) != u_of(want[i]);
+        t->once_off += mj_f32_bits(q) != mj_f32_bits(want[i]);
     }
 }
 
@@ -509,13 +498,13 @@ static void test_silu(mj_context_t ctx) {
         silu_tally t = {0, 0, 0, 0};
         int m = 0;
         for (uint64_t u = 0; u < (1ull << 32); u += stride) {
-            x[m++] = f_of((uint32_t)u);
+            x[m++] = mj_f32_from_bits((uint32_t)u);
             if (m == CHUNK) silu_chunk(f, x, m, y, want, &t), m = 0;
         }
         if (m) silu_chunk(f, x, m, y, want, &t), m = 0;
         for (int c = 0; c < nc; c++)
             for (int i = -PER; i < PER; i++) /* around 0: the subnormals of both signs */
-                x[m++] = c == 0 ? (i < 0 ? -f_of((uint32_t)-i) : f_of((uint32_t)i)) : f_of(u_of(centers[c]) + (uint32_t)i);
+                x[m++] = c == 0 ? (i < 0 ? -mj_f32_from_bits((uint32_t)-i) : mj_f32_from_bits((uint32_t)i)) : mj_f32_from_bits(mj_f32_bits(centers[c]) + (uint32_t)i);
         x[m++] = INFINITY, x[m++] = -INFINITY, x[m++] = NAN, x[m++] = -0.0f;
         silu_chunk(f, x, m, y, want, &t);
         const unsigned long long n = ((1ull << 32) + stride - 1) / stride + (unsigned long long)(nc * 2 * PER) + 4;

@@ -144,12 +144,9 @@ static void test_e2m1_encode(void) {
     /* A sweep against the brute-force reference: every float bit pattern in [0, 8) with a
      * stride, both signs. */
     int bad = 0;
-    uint32_t top;
-    float eight = 8.0f;
-    memcpy(&top, &eight, 4);
+    const uint32_t top = mj_f32_bits(8.0f);
     for (uint32_t u = 0; u < top; u += 4093) {
-        float x;
-        memcpy(&x, &u, 4);
+        const float x = mj_f32_from_bits(u);
         if (mj_e2m1_encode(x) != ref_e2m1_encode(x)) bad++;
         if (mj_e2m1_encode(-x) != ref_e2m1_encode(-x)) bad++;
     }
@@ -241,13 +238,9 @@ static void test_e4m3_saturation_and_subnormals(void) {
 
     /* A sweep of float bit patterns in [2^-20, 512) against the brute-force reference. */
     int bad = 0;
-    float from = 0x1p-20f, to = 512.0f;
-    uint32_t u0, u1;
-    memcpy(&u0, &from, 4);
-    memcpy(&u1, &to, 4);
+    const uint32_t u0 = mj_f32_bits(0x1p-20f), u1 = mj_f32_bits(512.0f);
     for (uint32_t u = u0; u < u1; u += 1021) {
-        float x;
-        memcpy(&x, &u, 4);
+        const float x = mj_f32_from_bits(u);
         if (mj_e4m3_encode(x) != ref_e4m3_encode(x)) {
             if (bad++ < 5)
                 fprintf(stderr, "e4m3(%.9g) = 0x%02X want 0x%02X\n", (double)x,

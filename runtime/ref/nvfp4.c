@@ -62,18 +62,6 @@ uint8_t mj_e2m1_encode(float x) {
  * (m/8) * 2^-6, the smallest step being 2^-9.
  * ------------------------------------------------------------------------------------- */
 
-static float f32_from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 float mj_e4m3_decode(uint8_t b) {
     uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
     float v;
@@ -81,7 +69,7 @@ float mj_e4m3_decode(uint8_t b) {
     if (e == 0)
         v = (float)m * 0x1p-9f; /* (m/8) * 2^-6, exact */
     else                        /* same exponent and leading mantissa bits as a float */
-        v = f32_from_bits(((e - 7u + 127u) << 23) | (m << 20));
+        v = mj_f32_from_bits(((e - 7u + 127u) << 23) | (m << 20));
     return (b & 0x80u) ? -v : v;
 }
 
@@ -97,7 +85,7 @@ static uint8_t e4m3_encode_subnormal(float a) {
 /* a in [2^-6, 448): keep 3 of the float's 23 mantissa bits, rounding the 20 dropped bits to
  * nearest even. A carry out of the mantissa bumps the exponent, which is exactly right. */
 static uint8_t e4m3_encode_normal(float a) {
-    uint32_t u = f32_bits(a);
+    uint32_t u = mj_f32_bits(a);
     u += 0x7FFFFu + ((u >> 20) & 1u);
     uint32_t e = (u >> 23) - 127u + 7u; /* >= 1 since a >= 2^-6 */
     uint32_t m = (u >> 20) & 7u;
