@@ -169,7 +169,7 @@ MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
 
 /* silu(x) = x / (1 + e^-x), the division correctly rounded without a division instruction:
  * ptxas compiles an IEEE division with a slow path of about 100 SASS instructions (of W4A16's
- * up, the one division), about 6 % of the whole compile. d = 1 + e^-x is 1 (x above about
+ * up, the one division), up to 7 % of the whole compile. d = 1 + e^-x is 1 (x above about
  * 16.6, and +inf), 2 (|x| below 2^-25, subnormals and zeros too), inf (x at most about -88.7)
  * or in between. The ends are exact in one step (x / 2 for every |x| below 2^-25, so no
  * quotient here is ever subnormal, whatever a GPU's expf gives for a tiny x); the rest takes
@@ -187,7 +187,7 @@ MJ_DEVICE float silu(float x) {
     if (d == 1.0f) return x;
     /* |x| < 2^-25: d is 2 with a correctly rounded expf; where a GPU's is not, x / 2 is
      * still within an ulp, and no subnormal quotient reaches the steps below */
-    if (d == 2.0f || (x < 0.0f ? -x : x) < 0x1p-25f) return x * 0.5f;
+    if ((x < 0.0f ? -x : x) < 0x1p-25f) return x * 0.5f;
     if (!(d <= 0x1.fffffep+127f)) return x * 0.0f; /* d inf: -0 (x -inf: NaN); x NaN: NaN */
     if (d >= 0x1p64f) x *= 0x1p-64f, d *= 0x1p-64f;
     float y = bits_f(0x7EF311C3u - f_bits(d));

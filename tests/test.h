@@ -350,4 +350,22 @@ static inline void test_stub_log_end(void) {
     test_stub_log_dir_ = NULL;
 }
 
+/* ---- silu's hard inputs (test_experts, test_moe_gpu) ----
+ * The experts' silu divides without a division instruction: TEST_SILU_PER floats on each side
+ * of its branches' edges (|x| 2^-25; x where 1 + e^-x reaches 1, 2^64 and inf), of the two
+ * quotients hardest to round and of 1, -1 and 2^-126, the subnormals of both signs around 0,
+ * and +-inf, NaN and -0. Writes TEST_SILU_EDGES floats to x. */
+enum { TEST_SILU_PER = 4096, TEST_SILU_EDGES = 10 * 2 * TEST_SILU_PER + 4 };
+static inline int test_silu_edges(float *x) {
+    static const float centers[] = {0.0f, 0x1p-25f, 0x1p-23f, 0x1.8f5c02p-19f, 16.6355324f, -44.3614197f,
+                                    -88.7228394f, 1.0f, -1.0f, 0x1p-126f};
+    int m = 0;
+    for (int c = 0; c < 10; c++)
+        for (int i = -TEST_SILU_PER; i < TEST_SILU_PER; i++) /* around 0: the subnormals of both signs */
+            x[m++] = c == 0 ? (i < 0 ? -mj_f32_from_bits((uint32_t)-i) : mj_f32_from_bits((uint32_t)i))
+                            : mj_f32_from_bits(mj_f32_bits(centers[c]) + (uint32_t)i);
+    x[m++] = INFINITY, x[m++] = -INFINITY, x[m++] = NAN, x[m++] = -0.0f;
+    return m;
+}
+
 #endif

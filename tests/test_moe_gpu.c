@@ -394,18 +394,12 @@ static void test_layer(mj_context_t ctx, uint64_t seed, int graph) {
 
 /* ---- silu's division on the device ------------------------------------------------------- */
 static void test_silu(mj_context_t ctx) {
-    enum { STRIDE = 4099, PER = 2048 };
-    static const float centers[] = {0x1p-25f, 0x1p-23f, 0x1.8f5c02p-19f, 16.6355324f, -44.3614197f, -88.7228394f};
-    const int nc = (int)(sizeof centers / sizeof centers[0]);
-    const int n = (int)((1ull << 32) / STRIDE + 1) + nc * 2 * PER + 4;
+    enum { STRIDE = 4099 };
+    const int n = (int)((1ull << 32) / STRIDE + 1) + TEST_SILU_EDGES;
     float *x = malloc(4 * (size_t)n), *y = malloc(4 * (size_t)n), *want = malloc(4 * (size_t)n);
     int m = 0;
     for (uint64_t u = 0; u < (1ull << 32); u += STRIDE) x[m++] = mj_f32_from_bits((uint32_t)u);
-    for (int c = 0; c < nc; c++)
-        for (int i = -PER; i < PER; i++) {
-            x[m++] = mj_f32_from_bits(mj_f32_bits(centers[c]) + (uint32_t)i);
-        }
-    x[m++] = 0.0f, x[m++] = -0.0f, x[m++] = INFINITY, x[m++] = -INFINITY;
+    m += test_silu_edges(x + m);
     CHECK(m == n, "silu: %d inputs, %d expected", m, n);
     /* PART 0: every kernel's body, experts_silu's among them (a GPU forward never builds it) */
     const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0}; /* MODE H I K TPE NW1 NW2 NSUB PART */
