@@ -127,8 +127,11 @@ summ test_route:pass torch:skip
 # The baseline's function against moejit's, on the CPU.
 "$MJ" make-checkpoint --config "$SRC/tests/data/model/glm5_moe_config.json" --out "$T/ck" --seed 3 --hidden 256 \
     --intermediate 128 --experts 16 --topk 4 >/dev/null && ok || bad "make-checkpoint"
+# (MJ_TEST_PYTHON: the python3 ctest found with numpy, the system one, which may not be
+# the first python3 on PATH.)
+PY=${MJ_TEST_PYTHON:-python3}
 for b in 2 16; do
-    python3 "$G/torch_baseline.py" --numpy --checkpoint "$T/ck" --moejit "$MJ" --work "$T" --check-batch $b \
+    "$PY" "$G/torch_baseline.py" --numpy --checkpoint "$T/ck" --moejit "$MJ" --work "$T" --check-batch $b \
         --out "$T/tb.json" >tb.log 2>&1 && ok || bad "torch_baseline --numpy (B $b): $(cat tb.log)"
     python3 -c "import json,sys; c=json.load(open(sys.argv[1]))['check']; sys.exit(0 if c['passed'] and max(c['rel_l2'].values()) < 1e-5 else 1)" \
         "$T/tb.json" && ok || bad "torch_baseline --numpy (B $b) differs from moejit: $(cat tb.log)"
