@@ -10,7 +10,7 @@
  * is scored as the model's topk_method says: GSCORE 0 the sum of its top-2 (noaux_tc),
  * GSCORE 1 its max (DeepSeek-V2's group_limited_greedy).
  *
- *   oea_route        in one block: phase 1 for every valid token, S_base as flags in
+ *   oea_route        in one block: phase 1 for every valid token, S_base as bit masks in
  *                    shared memory, __syncthreads, phase 2 + weights, __syncthreads,
  *                    dispatch. Any B up to 256 (dynamic shared memory holds the B x K ids).
  *                    In many blocks: plain top-k (k0 == k: no batch-wide set), for big
@@ -44,7 +44,7 @@ MJ_CONSTRAINT("TG <= NG", "cannot keep more groups than there are")
 MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
 MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
 MJ_CONSTRAINT("NG > 1 || GSCORE == 0", "without groups the group score decides nothing: one specialization, GSCORE 0")
-MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K) * 4 <= 48 * 1024", "static shared memory fits the 48 KiB every target gives")
+MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K + 32) * 4 <= 48 * 1024", "static shared memory fits the 48 KiB every target gives")
 
 /* A helper ptxas compiles as a function of its own (called, not inlined): ptxas's time grows
  * faster than the size of what it optimizes at once, so a once-a-launch step is cheaper to
@@ -65,14 +65,23 @@ MJ_DEVICE uint32_t f2u(float f) {
     return v.u;
 }
 
+MJ_DEVICE float u2f(uint32_t u) {
+    union { uint32_t u; float f; } v;
+    v.u = u;
+    return v.f;
+}
+
 /* Order-preserving bits of a score: bigger score, bigger bits; NaN is 1 (below -inf, above
  * "none" = 0); -0 is +0, as the reference's float compare has it. */
 MJ_DEVICE uint32_t order_bits(float c) {
-    if (c != c) return 1u;
-    if (c == 0.0f) return 0x80000000u;
-    uint32_t u = f2u(c);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    const uint32_t u = f2u(c + 0.0f); /* -0 + 0 is +0 */
+    const uint32_t k = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u); /* negative: ~u */
+    return c != c ? 1u : k;
 }
+
+/* The score order_bits(c) came from: NaN comes back a NaN, a zero +0 (which no comparison
+ * and no later order_bits tells from -0). */
+MJ_DEVICE float bits_score(uint32_t k) { return u2f((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k); }
 
 MJ_DEVICE uint64_t make_key_bits(uint32_t bits, int e) {
     return ((uint64_t)bits << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)e);
@@ -110,28 +119,29 @@ MJ_DEVICE int warp_sum_i(int v) {
     return v;
 }
 
-/* Scores of one token into s[] (unbiased) and c[] (selection): lanes split the experts.
+/* Scores of one token into s[] (unbiased) and c[] (the selection score's order_bits, so that
+ * every pick compares integers it need not convert): lanes split the experts.
  * Softmax as the reference has it: the max over the numbers (a warp max: exact in any
  * order; only the sign of a zero max could differ, and it changes no result), exp per
  * expert, the sum in expert order by lane 0 (fp32 addition is not associative: this is
  * the one serial step), the division per expert. Branch-free where it costs nothing:
  * every expert's sigmoid is computed and NaN selected away. */
-MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *c, int lane) {
+MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_t *c, int lane) {
     const float *bp = bias ? bias : x; /* a load that is always valid: no branch on bias */
     if (SCORING == 0) {
         for (int i = 0; i < LOCAL; i++) { /* the loads, all in flight at once (each lane its own e) */
             int e = lane + 32 * i;
             if (e >= E) break;
-            s[e] = x[e], c[e] = bp[e];
+            s[e] = x[e], c[e] = f2u(bp[e]);
         }
 #pragma unroll 1 /* the math from shared memory: one copy of expf and the division */
         for (int i = 0; i < LOCAL; i++) {
             int e = lane + 32 * i;
             if (e >= E) break;
-            float v = s[e], b = c[e], sg = 1.0f / (1.0f + expf(-v));
+            float v = s[e], b = u2f(c[e]), sg = 1.0f / (1.0f + expf(-v));
             float se = (v != v) ? 0.0f : sg;
             s[e] = se;
-            c[e] = (v != v) ? (0.0f / 0.0f) : se + (bias ? b : 0.0f);
+            c[e] = order_bits((v != v) ? (0.0f / 0.0f) : se + (bias ? b : 0.0f));
         }
         __syncwarp(0xFFFFFFFFu);
         return;
@@ -194,7 +204,7 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *
         int e = lane + 32 * i;
         if (e >= E) break;
         float v = x[e], b = bp[e];
-        c[e] = (v != v) ? (0.0f / 0.0f) : s[e] + (bias ? b : 0.0f);
+        c[e] = order_bits((v != v) ? (0.0f / 0.0f) : s[e] + (bias ? b : 0.0f));
     }
     __syncwarp(0xFFFFFFFFu);
 }
@@ -203,7 +213,7 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, float *
  * lane + 32 i. Group score = the sum of its two best c (GSCORE 0, noaux_tc) or its best c
  * alone (GSCORE 1, group_limited_greedy), NaN as -inf; the TG best groups are kept, ties to
  * the lower group id. One scan serves both rules: GSCORE only picks what it returns. */
-MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
+MJ_DEVICE uint32_t eligible_mask(const uint32_t *c, int lane) {
     if (NG == 1) { /* every expert the lane holds (the last lane may hold fewer) */
         uint32_t all = 0;
         for (int i = 0; i < LOCAL; i++)
@@ -217,7 +227,7 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
     float b1 = -1.0f / 0.0f, b2 = -1.0f / 0.0f;
     if (grp < NG)
         for (int e = grp * GSIZE + lane % LPG; e < (grp + 1) * GSIZE; e += LPG) {
-            float v = (c[e] != c[e]) ? (-1.0f / 0.0f) : c[e];
+            const float v = c[e] == 1u ? -1.0f / 0.0f : bits_score(c[e]); /* NaN as -inf: min/max, no NaN */
             if (v > b1) {
                 b2 = b1;
                 b1 = v;
@@ -248,13 +258,13 @@ MJ_DEVICE uint32_t eligible_mask(const float *c, int lane) {
 }
 
 /* The best expert among the lane-local candidates `cand` (bit i: expert lane + 32 i), or -1. */
-MJ_DEVICE int pick(const float *c, uint32_t cand, int lane) {
+MJ_DEVICE int pick(const uint32_t *c, uint32_t cand, int lane) {
     /* The lane's best: the highest score bits, the first (lowest expert) among equal ones;
      * 32-bit compares, no branch (a slot not in cand is read and ignored). */
     uint32_t best = 0; /* below every score's bits (NaN's are 1): none yet */
     int bi = 0;
     for (int i = 0; i < LOCAL; i++) {
-        const uint32_t ob = order_bits(c[lane + 32 * i < E ? lane + 32 * i : E - 1]);
+        const uint32_t ob = c[lane + 32 * i < E ? lane + 32 * i : E - 1];
         const int take = ((cand >> i) & 1u) & (ob > best);
         best = take ? ob : best;
         bi = take ? i : bi;
@@ -265,20 +275,15 @@ MJ_DEVICE int pick(const float *c, uint32_t cand, int lane) {
 }
 
 /* Route one token: its best K0 eligible experts, then (while it has fewer than kmax) the
- * best of the rest that are in S_base (in_base flags; 0: no restriction, plain top-k). The
+ * best of the rest that are in S_base (in_base: S_base as a mask a lane, bit i of word l
+ * for expert l + 32 i; 0: no restriction, plain top-k). The
  * picks land in sel[] (by lane 0) in ranking order; returns how many. A pick depends on the
  * one before, so the loop is not unrolled (unrolling would only copy the code). */
-MJ_DEVICE int route_token(const float *x, const float *bias, const int *in_base, int kmax, float *s,
-                          float *c, int *sel, int lane) {
+MJ_DEVICE int route_token(const float *x, const float *bias, const uint32_t *in_base, int kmax, float *s,
+                          uint32_t *c, int *sel, int lane) {
     token_scores(x, bias, s, c, lane);
-    uint32_t cand = eligible_mask(c, lane), base = cand;
-    if (in_base) {
-        base = 0;
-        for (int i = 0; i < LOCAL; i++) {
-            int e = lane + 32 * i;
-            if (e < E && in_base[e]) base |= 1u << i;
-        }
-    }
+    const uint32_t base = in_base ? in_base[lane] : ~0u;
+    uint32_t cand = eligible_mask(c, lane);
     int n = 0;
 #pragma unroll 1
     for (int j = 0; j < kmax; j++) {
@@ -443,30 +448,32 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
                          int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm,
                          int32_t *row_index) {
     MJ_SHARED float sm_s[NWARPS][E];
-    MJ_SHARED float sm_c[NWARPS][E];
-    MJ_SHARED int sm_base[E];
+    MJ_SHARED uint32_t sm_c[NWARPS][E];
+    MJ_SHARED int sm_base[E];       /* the dispatch's counts */
+    MJ_SHARED uint32_t sm_basem[32]; /* S_base, a mask a lane (see route_token) */
     MJ_SHARED int sm_sel[NWARPS][K];
     MJ_DYNAMIC_SHARED(int32_t, sm_ids);
     const int num_valid = valid_rows(num_valid_p, B);
     const int lane = (int)threadIdx.x % 32, w = warp_index();
     const int only_dispatch = logits == 0; /* the same in every thread: a kernel argument */
     const int one_block = gridDim.x == 1, oea = one_block && K0 < K && !only_dispatch;
-    float *s = sm_s[w], *c = sm_c[w];
+    float *s = sm_s[w];
+    uint32_t *c = sm_c[w];
     int *sel = sm_sel[w];
 
     if (oea) {
-        for (int e = (int)threadIdx.x; e < E; e += NWARPS * 32) sm_base[e] = 0;
+        if (threadIdx.x < 32) sm_basem[threadIdx.x] = 0;
         __syncthreads();
     }
 #pragma unroll 1
     for (int phase = oea ? 0 : 1; phase < 2 && !only_dispatch; phase++) {
         const int rows = phase ? B : num_valid;
         for (int b = (int)blockIdx.x * NWARPS + w; b < rows; b += (int)gridDim.x * NWARPS) {
-            int n = b < num_valid ? route_token(logits + (long long)b * E, bias, oea && phase ? sm_base : 0,
+            int n = b < num_valid ? route_token(logits + (long long)b * E, bias, oea && phase ? sm_basem : 0,
                                                 phase ? K : K0, s, c, sel, lane)
                                   : 0;
             if (phase == 0) {
-                if (lane < n) sm_base[sel[lane]] = 1;
+                if (lane < n) atomicOr(&sm_basem[sel[lane] % 32], 1u << (sel[lane] / 32));
             } else {
                 token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
                 if (one_block && lane < K) sm_ids[b * K + lane] = lane < n ? sel[lane] : -1;

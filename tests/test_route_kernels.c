@@ -20,7 +20,8 @@
 
 typedef struct rcase {
     int B, V, E, k, k0, ng, tg, softmax, renorm, bias;
-    int special; /* 0 random, 1 ties, 2 NaN logits, 3 one expert takes every token, 4 +-inf */
+    int special; /* 0 random, 1 ties, 2 NaN logits, 3 one expert takes every token, 4 +-inf,
+                  * 5 NaNs of both signs in the logits and the bias */
     int gmax;    /* groups scored by their max (group_limited_greedy), else their top-2 sum */
 } rcase;
 
@@ -34,6 +35,11 @@ static void fill_logits(const rcase *c, uint64_t *rng, float *x, float *bias) {
     if (c->special == 2) /* NaN logits, a whole NaN row too */
         for (int64_t i = 0; i < (int64_t)c->B * c->E; i++)
             if (mj_rng_uniform(rng) < 0.1 || i / c->E == 0) x[i] = NAN;
+    if (c->special == 5) { /* a NaN's sign bit must not move it: NaN ranks last, whichever sign */
+        for (int e = 0; e < c->E; e += 3) bias[e] = mj_f32_from_bits(e % 2 ? 0xFFC00000u : 0x7FC00001u);
+        for (int64_t i = 0; i < (int64_t)c->B * c->E; i += 7)
+            x[i] = mj_f32_from_bits(i % 2 ? 0xFFC00000u : 0x7FC00000u);
+    }
     if (c->special == 3)
         for (int b = 0; b < c->B; b++) x[(int64_t)b * c->E + 5] = 30.0f;
     if (c->special == 4) /* infinities: one +inf, two +inf (they share softmax's mass), -infs */
@@ -224,6 +230,9 @@ static int build_table(rcase *t) {
     t[n++] = (rcase){32, 32, 96, 4, 4, 6, 2, 1, 1, 0, 1, 1};   /* the same, ties, the max rule */
     t[n++] = (rcase){32, 32, 384, 8, 3, 8, 4, 1, 1, 1, 1, 0};  /* 4 lanes a group of 48, ties */
     t[n++] = (rcase){32, 32, 384, 8, 3, 8, 4, 0, 1, 1, 2, 0};  /* the same, NaN logits */
+    t[n++] = (rcase){32, 31, 256, 8, 4, 1, 1, 0, 1, 1, 5, 0};  /* NaNs of both signs, GLM-5's shape */
+    t[n++] = (rcase){32, 32, 384, 8, 3, 8, 4, 1, 1, 1, 5, 0};  /* the same under softmax and groups */
+    t[n++] = (rcase){32, 32, 64, 6, 6, 8, 3, 0, 1, 1, 5, 1};   /* and under the max rule */
     t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0, 0}; /* big E and k: 4 warps */
     t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 0}; /* and B = 256: 2 warps */
     t[n++] = (rcase){256, 250, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 1}; /* max rule, 2 warps */
