@@ -224,24 +224,22 @@ MJ_DEVICE uint32_t eligible_mask(const uint32_t *c, int lane) {
      * group l / LPG, xor shuffles within the LPG lanes merge their top-2 (the top-2
      * multiset, as a serial scan keeps it), and lane l < NG takes group l's score. */
     const int LPG = 32 % NG == 0 ? 32 / NG : 1, grp = lane / LPG;
-    float b1 = -1.0f / 0.0f, b2 = -1.0f / 0.0f;
+    uint32_t b1 = 0, b2 = 0; /* order bits: 0 none, 1 NaN, then -inf and up */
     if (grp < NG)
-        for (int e = grp * GSIZE + lane % LPG; e < (grp + 1) * GSIZE; e += LPG) {
-            const float v = c[e] == 1u ? -1.0f / 0.0f : bits_score(c[e]); /* NaN as -inf: min/max, no NaN */
-            if (v > b1) {
-                b2 = b1;
-                b1 = v;
-            } else if (v > b2) {
-                b2 = v;
-            }
+        for (int i = 0; i < (GSIZE + LPG - 1) / LPG; i++) { /* a constant trip count */
+            const int e = grp * GSIZE + lane % LPG + i * LPG;
+            const uint32_t v = e < (grp + 1) * GSIZE ? c[e] : 0u, lo = v < b1 ? v : b1;
+            b2 = lo > b2 ? lo : b2, b1 = v > b1 ? v : b1; /* ties keep both: a multiset */
         }
     for (int off = 1; off < LPG; off *= 2) {
-        const float o1 = __shfl_xor_sync(0xFFFFFFFFu, b1, off), o2 = __shfl_xor_sync(0xFFFFFFFFu, b2, off);
-        const float lo = o1 > b1 ? b1 : o1, hi2 = o2 > b2 ? o2 : b2; /* never NaN: NaN is -inf here */
+        const uint32_t o1 = __shfl_xor_sync(0xFFFFFFFFu, b1, off), o2 = __shfl_xor_sync(0xFFFFFFFFu, b2, off);
+        const uint32_t lo = o1 > b1 ? b1 : o1, hi2 = o2 > b2 ? o2 : b2;
         b1 = o1 > b1 ? o1 : b1;
         b2 = hi2 > lo ? hi2 : lo;
     }
-    const float gs = __shfl_sync(0xFFFFFFFFu, (GSIZE == 1 || GSCORE) ? b1 : b1 + b2, (lane % NG) * LPG);
+    /* Back to scores, NaN (and none) as -inf: the reference's group scores. */
+    const float f1 = b1 > 1u ? bits_score(b1) : -1.0f / 0.0f, f2 = b2 > 1u ? bits_score(b2) : -1.0f / 0.0f;
+    const float gs = __shfl_sync(0xFFFFFFFFu, (GSIZE == 1 || GSCORE) ? f1 : f1 + f2, (lane % NG) * LPG);
     uint32_t kept = 0;
 #pragma unroll 1 /* each pick depends on the one before: nothing to gain from copies */
     for (int t = 0; t < TG; t++) {
