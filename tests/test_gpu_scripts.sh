@@ -127,8 +127,8 @@ summ test_route:pass torch:skip
 # The baseline's function against moejit's, on the CPU.
 "$MJ" make-checkpoint --config "$SRC/tests/data/model/glm5_moe_config.json" --out "$T/ck" --seed 3 --hidden 256 \
     --intermediate 128 --experts 16 --topk 4 >/dev/null && ok || bad "make-checkpoint"
-# (MJ_TEST_PYTHON: the python3 ctest found with numpy, the system one, which may not be
-# the first python3 on PATH.)
+# (MJ_TEST_PYTHON: a python3 with numpy, as CMake found it: the system one first, which may
+# not be the first python3 on PATH.)
 PY=${MJ_TEST_PYTHON:-python3}
 for b in 2 16; do
     "$PY" "$G/torch_baseline.py" --numpy --checkpoint "$T/ck" --moejit "$MJ" --work "$T" --check-batch $b \
