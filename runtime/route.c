@@ -145,10 +145,11 @@ static mj_status check_route(const mj_route_params *p, int32_t B) {
     return MJ_OK;
 }
 
-/* Shared memory of a route kernel: per warp a token's s and c, the S_base flags, per warp
- * the picks (static), and the B x k ids of the one-block kernel (dynamic). */
+/* Shared memory of a route kernel: per warp a token's s and c, the dispatch's counts, S_base
+ * (32 mask words), per warp the picks (static), and the B x k ids of the one-block kernel
+ * (dynamic). */
 static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
-    return 2LL * nw * E * 4 + (int64_t)E * 4 + (int64_t)nw * k * 4 + (int64_t)B * k * 4;
+    return 2LL * nw * E * 4 + (int64_t)E * 4 + 32 * 4 + (int64_t)nw * k * 4 + (int64_t)B * k * 4;
 }
 
 /* Warps per block: 8, fewer when the shared memory would not fit the budget. */

@@ -37,8 +37,13 @@ static void fill_logits(const rcase *c, uint64_t *rng, float *x, float *bias) {
             if (mj_rng_uniform(rng) < 0.1 || i / c->E == 0) x[i] = NAN;
     if (c->special == 5) { /* a NaN's sign bit must not move it: NaN ranks last, whichever sign */
         for (int e = 0; e < c->E; e += 3) bias[e] = mj_f32_from_bits(e % 2 ? 0xFFC00000u : 0x7FC00001u);
-        for (int64_t i = 0; i < (int64_t)c->B * c->E; i += 7)
+        for (int64_t i = 0; i < (int64_t)c->B * c->E; i += 7) /* (a NaN logit's score is NaN by v != v) */
             x[i] = mj_f32_from_bits(i % 2 ? 0xFFC00000u : 0x7FC00000u);
+        /* Every 4th token has two numbers to pick (experts 1 and 2): the rest of its picks are
+         * NaN scores of both signs (the bias's +NaN and -NaN, its logits' NaN), taken by id. */
+        for (int b = 1; b < c->B; b += 4)
+            for (int e = 0; e < c->E; e++)
+                if (e % 3 && e > 2) x[(int64_t)b * c->E + e] = NAN;
     }
     if (c->special == 3)
         for (int b = 0; b < c->B; b++) x[(int64_t)b * c->E + 5] = 30.0f;
