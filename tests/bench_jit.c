@@ -1,7 +1,7 @@
 /* bench_jit.c — how long the JIT takes: median cold compile of each template for sm_120a
  * (its first specialization: every knob at its lowest), of the product specializations the
  * launchers pick for GLM-5 (what a server compiles on its first call; timed round-robin beside
- * an empty-bodied kernel, with a count of those at or under 150 ms), a warm (disk hit)
+ * a minimal kernel, with a count of those at or under 150 ms), a warm (disk hit)
  * load, the in-memory lookup a hot launch pays, and what a first forward waits for its
  * expert kernels (compiled side by side). Prints numbers; it is a benchmark
  * target (make bench_jit), not a test. `bench_jit [REPS] [TEMPLATE]`: TEMPLATE limits the
@@ -76,7 +76,7 @@ static double cold(const mj_spec *s, int reps, double *t) {
 
 /* The product specializations, timed round-robin (rep r of every one, then rep r + 1), so
  * that a machine whose speed drifts during the run slows them all alike; the first entry is
- * the reference, an empty-bodied kernel (what any compile costs). */
+ * the reference, a minimal kernel (saxpy: what any compile costs). */
 typedef struct prod {
     mj_spec s;
     char what[200];
@@ -153,10 +153,14 @@ int main(int argc, char **argv) {
             mj_plan plan;
             mj_plan_request req = {&glm5, MJ_PAR_TP, 8, 0, bs, 256, &k0s, MJ_MODE_AUTO, NULL, 1};
             if ((st = mj_plan_build(pctx, &req, &plan)) != MJ_OK) die("plan", st);
-            for (int32_t i = 0; i < plan.n && np < (int)(sizeof ps / sizeof ps[0]); i++) {
+            for (int32_t i = 0; i < plan.n; i++) {
                 mj_spec s = plan.e[i].spec;
                 if (m && s.tpl != MJ_TPL_moe_experts) continue; /* sm_90a: the expert GEMMs */
                 if (only && strcmp(only, mj_template_at(s.tpl)->name)) continue;
+                if (np == (int)(sizeof ps / sizeof ps[0])) {
+                    fprintf(stderr, "bench_jit: more than %d product specializations: raise ps[]\n", np);
+                    return 1;
+                }
                 prod_add(ps, &np, &s, m ? "sm_90a" : "sm_120a");
             }
             mj_plan_free(&plan);
@@ -165,10 +169,11 @@ int main(int argc, char **argv) {
         }
     }
     double *pt = malloc(sizeof *pt * (size_t)np * (size_t)reps);
+    if (!pt) return 1;
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < np; i++) pt[(size_t)i * (size_t)reps + (size_t)r] = cold_once(&ps[i].s);
     printf("\nproduct specializations, round-robin (rep r of each, then rep r + 1)%s\n%-60s %9s %9s %9s\n",
-           n_ref ? ", after an empty-bodied kernel (the cost of any compile)" : "", "template and knobs",
+           n_ref ? ", after a minimal kernel (the cost of any compile)" : "", "template and knobs",
            "median ms", "min ms", "max ms");
     int at_goal = 0;
     double worst = 0.0;
