@@ -160,18 +160,21 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_
         /* Votes, so that ptxas knows the branches below are the same in every lane. */
         have = __any_sync(0xFFFFFFFFu, have);
         const int inf_max = __any_sync(0xFFFFFFFFu, have && (m - m != m - m));
-        if (inf_max) { /* the max is +-inf: the experts at it share the mass */
+        if (inf_max) { /* the max is +-inf: the experts at it share the mass (a rare row: rolled) */
             int n_max = 0;
+#pragma unroll 1
             for (int i = 0; i < LOCAL; i++) {
                 int e = lane + 32 * i;
                 if (e >= E) break;
                 n_max += x[e] == m;
             }
             n_max = warp_sum_i(n_max);
+            const float share = 1.0f / (float)n_max;
+#pragma unroll 1
             for (int i = 0; i < LOCAL; i++) {
                 int e = lane + 32 * i;
                 if (e >= E) break;
-                s[e] = x[e] == m ? 1.0f / (float)n_max : 0.0f;
+                s[e] = x[e] == m ? share : 0.0f;
             }
         } else if (have) {
 #pragma unroll 1 /* x is in L1 since the max: one copy of expf */
@@ -192,7 +195,8 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_
                 if (e >= E) break;
                 s[e] /= sum;
             }
-        } else {
+        } else { /* no number in the row (a rare row: rolled) */
+#pragma unroll 1
             for (int i = 0; i < LOCAL; i++) {
                 int e = lane + 32 * i;
                 if (e >= E) break;
