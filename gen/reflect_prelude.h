@@ -95,6 +95,8 @@ int4 make_int4(int x, int y, int z, int w);
 uint2 make_uint2(unsigned x, unsigned y);
 uint3 make_uint3(unsigned x, unsigned y, unsigned z);
 uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w);
+uint32_t mj_f32_bits(float f);
+float mj_f32_from_bits(uint32_t u);
 /* Hooks (inline PTX in prelude_cuda.h, C in prelude_sim.h). */
 unsigned mj_lane_id(void);
 void mj_mma_bf16_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);

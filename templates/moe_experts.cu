@@ -91,21 +91,11 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 
 /* ---- NVFP4 helpers ------------------------------------------------------------------------ */
 
-MJ_DEVICE float bits_f(uint32_t u) {
-    union { uint32_t u; float f; } v;
-    v.u = u;
-    return v.f;
-}
-MJ_DEVICE uint32_t f_bits(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    return v.u;
-}
 
 /* UE4M3 scale byte -> float: (m/8) 2^-6 for e = 0, else (1 + m/8) 2^(e-7). */
 MJ_DEVICE float e4m3_val(uint32_t b) {
     uint32_t e = (b >> 3) & 15u, m = b & 7u;
-    float v = e ? bits_f(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+    float v = e ? mj_f32_from_bits(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
     return (b & 0x80u) ? -v : v;
 }
 
@@ -163,7 +153,7 @@ MJ_DEVICE void e2m1x4_bf16(uint32_t c, uint32_t *p01, uint32_t *p23) {
 }
 
 MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
-    uint32_t u = f_bits(x);
+    uint32_t u = mj_f32_bits(x);
     return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
 }
 
@@ -190,17 +180,17 @@ MJ_DEVICE float silu(float x) {
     if ((x < 0.0f ? -x : x) < 0x1p-25f) return x * 0.5f;
     if (!(d <= 0x1.fffffep+127f)) return x * 0.0f; /* d inf: -0 (x -inf: NaN); x NaN: NaN */
     if (d >= 0x1p64f) x *= 0x1p-64f, d *= 0x1p-64f;
-    float y = bits_f(0x7EF311C3u - f_bits(d));
+    float y = mj_f32_from_bits(0x7EF311C3u - mj_f32_bits(d));
     MJ_NO_UNROLL
     for (int i = 0; i < 3; i++) y = fmaf(fmaf(-d, y, 1.0f), y, y);
     float q = x * y;
     q = fmaf(fmaf(-q, d, x), y, q);
     const float r = fmaf(-q, d, x);
     if (r == 0.0f) return q;
-    const uint32_t qb = f_bits(q), nb = (r > 0.0f) == (q > 0.0f) ? qb + 1u : qb - 1u;
-    const float rn = fmaf(-bits_f(nb), d, x);
+    const uint32_t qb = mj_f32_bits(q), nb = (r > 0.0f) == (q > 0.0f) ? qb + 1u : qb - 1u;
+    const float rn = fmaf(-mj_f32_from_bits(nb), d, x);
     const float ar = r < 0.0f ? -r : r, an = rn < 0.0f ? -rn : rn;
-    return an < ar || (an == ar && !(nb & 1u)) ? bits_f(nb) : q;
+    return an < ar || (an == ar && !(nb & 1u)) ? mj_f32_from_bits(nb) : q;
 }
 
 /* The real token count (read on every launch: a CUDA graph replays with the count of now). */
@@ -219,7 +209,7 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
  * subnormal, which the product normalizes; no flush to zero here). */
 MJ_DEVICE uint32_t e4m3_bf16x2(uint32_t w, int q) {
     const uint32_t v = __byte_perm(w, 0u, 0x0444u | (uint32_t)q << 12); /* byte q at bits 24..31 */
-    const uint32_t h = f_bits(bits_f(((v >> 4) & 0x07F00000u) | (v & 0x80000000u)) * 0x1p120f) >> 16;
+    const uint32_t h = mj_f32_bits(mj_f32_from_bits(((v >> 4) & 0x07F00000u) | (v & 0x80000000u)) * 0x1p120f) >> 16;
     return h | h << 16;
 }
 
@@ -301,7 +291,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
         const float gs = scal[xi * SCAL + 4];
         for (int grp = (int)threadIdx.x; grp < H / 16; grp += (int)blockDim.x) {
             float *v = vbuf + threadIdx.x; /* this thread's 16 values, 128 floats apart */
-            for (int i = 0; i < 16; i++) v[i * 128] = bits_f((uint32_t)xr[grp * 16 + i] << 16);
+            for (int i = 0; i < 16; i++) v[i * 128] = mj_f32_from_bits((uint32_t)xr[grp * 16 + i] << 16);
             uint32_t w0, w1;
             xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, 128, gs, &w0, &w1);
             store_q16(xq + (long long)row * (H / 2), grp, w0, w1);

@@ -59,29 +59,17 @@ MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K + 32) * 4 <= 48 * 1024", "static
 #define GSIZE (E / NG)              /* experts per group                                      */
 #define KEY_NONE 0ull
 
-MJ_DEVICE uint32_t f2u(float f) {
-    union { float f; uint32_t u; } v;
-    v.f = f;
-    return v.u;
-}
-
-MJ_DEVICE float u2f(uint32_t u) {
-    union { uint32_t u; float f; } v;
-    v.u = u;
-    return v.f;
-}
-
 /* Order-preserving bits of a score: bigger score, bigger bits; NaN is 1 (below -inf, above
  * "none" = 0); -0 is +0, as the reference's float compare has it. */
 MJ_DEVICE uint32_t order_bits(float c) {
-    const uint32_t u = f2u(c + 0.0f); /* -0 + 0 is +0 */
+    const uint32_t u = mj_f32_bits(c + 0.0f); /* -0 + 0 is +0 */
     const uint32_t k = u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u); /* negative: ~u */
     return c != c ? 1u : k;
 }
 
 /* The score order_bits(c) came from: NaN comes back a NaN, a zero +0 (which no comparison
  * and no later order_bits tells from -0). */
-MJ_DEVICE float bits_score(uint32_t k) { return u2f((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k); }
+MJ_DEVICE float bits_score(uint32_t k) { return mj_f32_from_bits((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k); }
 
 MJ_DEVICE uint64_t make_key_bits(uint32_t bits, int e) {
     return ((uint64_t)bits << 32) | (uint64_t)(0xFFFFFFFFu - (uint32_t)e);
@@ -132,13 +120,13 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_
         for (int i = 0; i < LOCAL; i++) { /* the loads, all in flight at once (each lane its own e) */
             int e = lane + 32 * i;
             if (e >= E) break;
-            s[e] = x[e], c[e] = f2u(bp[e]);
+            s[e] = x[e], c[e] = mj_f32_bits(bp[e]);
         }
 #pragma unroll 1 /* the math from shared memory: one copy of expf and the division */
         for (int i = 0; i < LOCAL; i++) {
             int e = lane + 32 * i;
             if (e >= E) break;
-            float v = s[e], b = u2f(c[e]), sg = 1.0f / (1.0f + expf(-v));
+            float v = s[e], b = mj_f32_from_bits(c[e]), sg = 1.0f / (1.0f + expf(-v));
             float se = (v != v) ? 0.0f : sg;
             s[e] = se;
             c[e] = order_bits((v != v) ? (0.0f / 0.0f) : se + (bias ? b : 0.0f));
@@ -451,8 +439,8 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
                          int32_t *row_index) {
     MJ_SHARED float sm_s[NWARPS][E];
     MJ_SHARED uint32_t sm_c[NWARPS][E];
-    MJ_SHARED int sm_base[E];       /* the dispatch's counts */
-    MJ_SHARED uint32_t sm_basem[32]; /* S_base, a mask a lane (see route_token) */
+    MJ_SHARED int sm_cnt[E];        /* the dispatch's counts */
+    MJ_SHARED uint32_t sm_base[32]; /* S_base, a mask a lane (see route_token) */
     MJ_SHARED int sm_sel[NWARPS][K];
     MJ_DYNAMIC_SHARED(int32_t, sm_ids);
     const int num_valid = valid_rows(num_valid_p, B);
@@ -464,18 +452,18 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     int *sel = sm_sel[w];
 
     if (oea) {
-        if (threadIdx.x < 32) sm_basem[threadIdx.x] = 0;
+        if (threadIdx.x < 32) sm_base[threadIdx.x] = 0;
         __syncthreads();
     }
 #pragma unroll 1
     for (int phase = oea ? 0 : 1; phase < 2 && !only_dispatch; phase++) {
         const int rows = phase ? B : num_valid;
         for (int b = (int)blockIdx.x * NWARPS + w; b < rows; b += (int)gridDim.x * NWARPS) {
-            int n = b < num_valid ? route_token(logits + (long long)b * E, bias, oea && phase ? sm_basem : 0,
+            int n = b < num_valid ? route_token(logits + (long long)b * E, bias, oea && phase ? sm_base : 0,
                                                 phase ? K : K0, s, c, sel, lane)
                                   : 0;
             if (phase == 0) {
-                if (lane < n) atomicOr(&sm_basem[sel[lane] % 32], 1u << (sel[lane] / 32));
+                if (lane < n) atomicOr(&sm_base[sel[lane] % 32], 1u << (sel[lane] / 32));
             } else {
                 token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
                 if (one_block && lane < K) sm_ids[b * K + lane] = lane < n ? sel[lane] : -1;
@@ -486,6 +474,6 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     }
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
-    dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_base,
+    dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt,
              (int32_t *)&sm_s[0][0], (int32_t *)&sm_c[0][0]);
 }

@@ -338,6 +338,17 @@ static inline uint2 make_uint2(unsigned x, unsigned y) { uint2 r = {x, y}; retur
 static inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { uint3 r = {x, y, z}; return r; }
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { uint4 r = {x, y, z, w}; return r; }
 
+/* A float's bits, and back (what base/base.h's mj_f32_bits / mj_f32_from_bits are on the host). */
+MJ_DEVICE uint32_t mj_f32_bits(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    return v.u;
+}
+MJ_DEVICE float mj_f32_from_bits(uint32_t u) {
+    union { uint32_t u; float f; } v;
+    v.u = u;
+    return v.f;
+}
 /* ---- hooks: helpers that are inline PTX under NVRTC (prelude_cuda.h) ------------------- */
 /* The lane of the calling thread within its warp (%laneid). */
 MJ_DEVICE unsigned mj_lane_id(void) { return mj_sim_self()->lane; }

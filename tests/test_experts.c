@@ -484,12 +484,8 @@ static void test_silu(mj_context_t ctx) {
     const uint64_t stride = env && atoll(env) > 0 ? (uint64_t)atoll(env) : 1021;
     enum { CHUNK = 1 << 22 };
     float *x = malloc(sizeof(float) * CHUNK), *y = malloc(sizeof(float) * CHUNK), *want = malloc(sizeof(float) * CHUNK);
-    /* PART 0: the interpreter's build of the template, where experts_silu has its body */
-    const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0}; /* MODE H I K TPE NW1 NW2 NSUB PART */
-    mj_spec s;
     const mj_function *f = NULL;
-    CHECK_OK(mj_context_spec(ctx, "moe_experts", kn, &s));
-    CHECK_OK(mj_jit_get(ctx, &s, &f));
+    CHECK_OK(test_silu_kernel(ctx, &f));
     CHECK(x && y && want, "silu sweep: no memory");
     if (f && x && y && want) {
         silu_tally t = {0, 0, 0, 0};

@@ -401,12 +401,8 @@ static void test_silu(mj_context_t ctx) {
     for (uint64_t u = 0; u < (1ull << 32); u += STRIDE) x[m++] = mj_f32_from_bits((uint32_t)u);
     m += test_silu_edges(x + m);
     CHECK(m == n, "silu: %d inputs, %d expected", m, n);
-    /* PART 0: every kernel's body, experts_silu's among them (a GPU forward never builds it) */
-    const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0}; /* MODE H I K TPE NW1 NW2 NSUB PART */
-    mj_spec sp;
     const mj_function *f = NULL;
-    CHECK_OK(mj_context_spec(ctx, "moe_experts", kn, &sp));
-    CHECK_OK(mj_jit_get(ctx, &sp, &f));
+    CHECK_OK(test_silu_kernel(ctx, &f));
     uint64_t dx = 0, dy = 0, dw = 0;
     float *px = x, *py = y, *pw = want;
     if (g_dev) {
