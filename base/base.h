@@ -1,5 +1,5 @@
 /* base.h — what every layer of the library shares: error reporting, bf16, the seeded
- * generator. Depends on the public header alone. Not installed, not public. */
+ * generator, environment settings. Depends on the public header alone. Not installed, not public. */
 #ifndef MJ_BASE_H
 #define MJ_BASE_H
 
@@ -48,6 +48,13 @@ const char *mj_printable(const char *s, char *buf, size_t len);
 mj_status mj_struct_load(const void *in, size_t v1_size, size_t size, void *out, const char *type,
                          const char *init);
 void mj_struct_store(void *caller, const void *result, size_t size);
+
+/* ---- the environment (base/env.c) ----
+ * $name as a whole number in lo..hi, else dflt (unset or empty: dflt; anything else, with
+ * *bad set to 1 when bad is not NULL, so the caller can name it in a warning). */
+long mj_env_long(const char *name, long lo, long hi, long dflt, int *bad);
+/* The CPUs this process may run on (its affinity mask), at least 1. */
+int mj_cpu_count(void);
 
 /* ---- a float's bits, and back ---- */
 static inline uint32_t mj_f32_bits(float f) {

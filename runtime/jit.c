@@ -70,6 +70,8 @@ struct mj_context {
     int strict;
     int device;                       /* ordinal or MJ_DEVICE_NONE                          */
     int32_t max_blocks;               /* grid cap of grid-stride kernels                    */
+    int compile_threads;              /* builds mj_jit_get_many runs at once                */
+    _Atomic int pool_busy, pool_peak; /* its workers building now, and the most at once     */
     mj_device_info dev;
     mj_backend backend;               /* what mj_context_spec fills in                      */
     mj_target target;
@@ -182,6 +184,13 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
     pthread_mutex_init(&c->build_mu, NULL);
     pthread_cond_init(&c->build_cv, NULL);
     c->strict = opts->strict < 0 ? env_flag("MOEJIT_STRICT") : opts->strict != 0;
+    int bad_threads = 0;
+    c->compile_threads = (int)mj_env_long("MOEJIT_COMPILE_THREADS", 1, 256, mj_cpu_count(), &bad_threads);
+    if (c->compile_threads > 256) c->compile_threads = 256;
+    if (bad_threads)
+        mj_warn("MOEJIT_COMPILE_THREADS=\"%.64s\" is not a thread count (1..256): compiling %d at a time "
+                "(the CPUs this process may use)",
+                getenv("MOEJIT_COMPILE_THREADS"), c->compile_threads);
     c->device = MJ_DEVICE_NONE;
     const char *rec = getenv("MOEJIT_RECORD");
     if (rec && *rec && !(c->record_path = strdup(rec))) {
@@ -556,30 +565,45 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
 }
 
 /* ---- several specializations at once ------------------------------------------------------
- * A forward that launches several kernels (the experts: one specialization each) would wait
- * for their compiles one after the other; here the ones not yet in memory are built at the
- * same time, one thread each but the first (which the caller's thread builds). mj_jit_get
- * already lets many threads build distinct specs (each NVRTC program its own) and makes a
- * second asker of the same spec wait for the first. */
+ * A forward that launches several kernels, or a prepare that fetches a whole plan, would
+ * wait for their compiles one after the other; here the ones not yet in memory are built by
+ * a pool of compile_threads workers (the caller's thread one of them) that take the next
+ * spec in order until none is left. mj_jit_get already lets many threads build distinct
+ * specs (each NVRTC program its own) and makes a second asker of the same spec wait for the
+ * first. */
 typedef struct get_job {
-    mj_context_t c;
     const mj_spec *s;
     const mj_function *f;
     mj_status st;
     char err[1024]; /* the thread's mj_last_error, handed back to the caller's thread */
 } get_job;
 
-static void *get_job_run(void *arg) {
-    get_job *j = arg;
-    j->st = mj_jit_get(j->c, j->s, &j->f);
-    if (j->st != MJ_OK) snprintf(j->err, sizeof j->err, "%s", mj_last_error());
+typedef struct get_pool {
+    mj_context_t c;
+    get_job *jobs; /* the specs not in memory, in order */
+    int n;
+    atomic_int next;
+} get_pool;
+
+static void *get_pool_run(void *arg) {
+    get_pool *p = arg;
+    for (int k; (k = atomic_fetch_add(&p->next, 1)) < p->n;) {
+        get_job *j = &p->jobs[k];
+        int busy = atomic_fetch_add(&p->c->pool_busy, 1) + 1, peak = atomic_load(&p->c->pool_peak);
+        while (busy > peak && !atomic_compare_exchange_weak(&p->c->pool_peak, &peak, busy)) {}
+        j->st = mj_jit_get(p->c, j->s, &j->f);
+        atomic_fetch_sub(&p->c->pool_busy, 1);
+        if (j->st != MJ_OK) snprintf(j->err, sizeof j->err, "%s", mj_last_error());
+    }
     return NULL;
 }
 
+int mj_jit_compile_threads(mj_context_t c) { return c ? c->compile_threads : 0; }
+int mj_jit_pool_peak(mj_context_t c) { return c ? atomic_load(&c->pool_peak) : 0; }
+
 mj_status mj_jit_get_many(mj_context_t c, const mj_spec *s, int n, const mj_function **out) {
-    if (!c || (n > 0 && (!s || !out)) || n < 0 || n > MJ_JIT_GET_MANY_MAX)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_jit_get_many: NULL argument or %d specs (1..%d)", n,
-                            MJ_JIT_GET_MANY_MAX);
+    if (!c || n < 0 || (n > 0 && (!s || !out)))
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_jit_get_many: NULL argument or %d specs", n);
     int missing = 0;
     for (int i = 0; i < n; i++) { /* the hot path: all in memory, no thread */
         out[i] = find_ready(c, &s[i], spec_hash(&s[i]));
@@ -589,24 +613,28 @@ mj_status mj_jit_get_many(mj_context_t c, const mj_spec *s, int n, const mj_func
         atomic_fetch_add_explicit(&c->mem_hits, (unsigned)n, memory_order_relaxed);
         return MJ_OK;
     }
-    get_job jobs[MJ_JIT_GET_MANY_MAX];
-    pthread_t th[MJ_JIT_GET_MANY_MAX];
-    int started[MJ_JIT_GET_MANY_MAX] = {0}, first = -1;
-    for (int i = 0; i < n; i++) {
-        jobs[i] = (get_job){c, &s[i], out[i], MJ_OK, ""};
+    int n_threads = missing < c->compile_threads ? missing : c->compile_threads;
+    get_pool pool = {c, calloc((size_t)missing, sizeof(get_job)), missing, 0};
+    pthread_t *th = calloc((size_t)n_threads, sizeof *th);
+    if (!pool.jobs || !th) {
+        free(pool.jobs), free(th);
+        return mj_set_error(MJ_ERR_NOMEM, "mj_jit_get_many: out of memory for %d builds", missing);
+    }
+    for (int i = 0, k = 0; i < n; i++)
+        if (!out[i]) pool.jobs[k++].s = &s[i];
+    int started = 0; /* workers besides this thread; fewer than asked is fine */
+    while (started < n_threads - 1 && pthread_create(&th[started], NULL, get_pool_run, &pool) == 0) started++;
+    get_pool_run(&pool);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    mj_status st = MJ_OK;
+    for (int i = 0, k = 0; i < n; i++) {
         if (out[i]) continue;
-        if (first < 0) first = i; /* built on this thread, below */
-        else started[i] = pthread_create(&th[i], NULL, get_job_run, &jobs[i]) == 0;
-        if (i != first && !started[i]) get_job_run(&jobs[i]); /* no thread: build it here */
+        const get_job *j = &pool.jobs[k++];
+        if (j->st != MJ_OK && st == MJ_OK) st = mj_set_error(j->st, "%s", j->err); /* the first in order */
+        out[i] = j->f;
     }
-    get_job_run(&jobs[first]);
-    for (int i = 0; i < n; i++)
-        if (started[i]) pthread_join(th[i], NULL);
-    for (int i = 0; i < n; i++) {
-        if (jobs[i].st != MJ_OK) return mj_set_error(jobs[i].st, "%s", jobs[i].err); /* the first in order */
-        out[i] = jobs[i].f;
-    }
-    return MJ_OK;
+    free(pool.jobs), free(th);
+    return st;
 }
 
 /* ---- recorded launches on the interpreter (what a CUDA graph is to a GPU) ---------------

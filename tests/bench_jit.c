@@ -3,7 +3,8 @@
  * launchers pick for GLM-5 (what a server compiles on its first call; timed round-robin beside
  * a minimal kernel, with a count of those at or under 150 ms), a warm (disk hit)
  * load, the in-memory lookup a hot launch pays, and what a first forward waits for its
- * expert kernels (compiled side by side). Prints numbers; it is a benchmark
+ * expert kernels (compiled side by side), what a prepare of the whole plan waits for (one at a
+ * time, and through mj_jit_get_many's pool). Prints numbers; it is a benchmark
  * target (make bench_jit), not a test. `bench_jit [REPS] [TEMPLATE]`: TEMPLATE limits the
  * cold compiles to one template. */
 #include "cache.h"
@@ -187,9 +188,47 @@ int main(int argc, char **argv) {
                np - n_ref, worst);
     free(pt);
 
+    /* What mj_moe_prepare waits for on a cold cache: the sm_120a plan above (routes, router
+     * GEMMs, expert GEMMs) fetched one at a time, as prepare did, and through
+     * mj_jit_get_many's pool (what it does now), each into a fresh cache. */
+    if (!only) {
+        int n120 = 0;
+        mj_spec plan_specs[96];
+        for (int i = n_ref; i < np; i++)
+            if (ps[i].s.target == MJ_TARGET_SM120A && strstr(ps[i].what, " sm_120a")) plan_specs[n120++] = ps[i].s;
+        const int preps = reps < 3 ? reps : 3;
+        double ser[3], par[3];
+        int threads = 0;
+        for (int r = 0; r < preps; r++)
+            for (int pool = 0; pool < 2; pool++) {
+                mj_context_options fo = MJ_CONTEXT_OPTIONS_INIT;
+                fo.device = MJ_DEVICE_NONE, fo.backend = MJ_BACKEND_CUDA, fo.target = "sm_120a";
+                char fdir[] = "/tmp/mj-bench-prep-XXXXXX";
+                if (!mkdtemp(fdir)) return 1;
+                fo.cache_dir = fdir;
+                mj_context_t fctx;
+                if ((st = mj_context_create(&fo, &fctx)) != MJ_OK) die("context", st);
+                threads = mj_jit_compile_threads(fctx);
+                const mj_function *fs[96];
+                double t0 = test_now_ms();
+                if (pool) {
+                    if ((st = mj_jit_get_many(fctx, plan_specs, n120, fs)) != MJ_OK) die("get_many", st);
+                } else
+                    for (int i = 0; i < n120; i++)
+                        if ((st = mj_jit_get(fctx, &plan_specs[i], &fs[i])) != MJ_OK) die("get", st);
+                (pool ? par : ser)[r] = test_now_ms() - t0;
+                mj_context_destroy(fctx);
+                test_rm_rf(fdir);
+            }
+        double ms = median(ser, preps), mp = median(par, preps);
+        printf("\nprepare's compiles, GLM-5 TP 8 sm_120a plan (%d kernels, cold cache), median of %d:\n"
+               "  one at a time %9.1f ms;  mj_jit_get_many (%d compile threads) %9.1f ms  (%.2fx)\n",
+               n120, preps, ms, threads, mp, ms / mp);
+    }
+
     /* A first forward's wait for its expert kernels: what mj_experts_specs lists for the
      * decode plan's knobs, fetched with mj_jit_get_many into a fresh cache (the kernels
-     * compile side by side, one thread each). */
+     * compile side by side, mj_jit_get_many's pool). */
     if (!only || !strcmp(only, "moe_experts")) {
         printf("\nfirst forward's expert kernels, compiled side by side (mj_jit_get_many, cold cache)\n");
         for (int m = 0; m < 2; m++)

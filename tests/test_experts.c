@@ -952,7 +952,7 @@ static void test_specs(const char *cache) {
         CHECK_OK(mj_jit_get(c, &two[0], &one));
         CHECK(f[0] && f[0] == one, "get_many and get agree");
         CHECK_OK(mj_jit_get_many(c, two, 0, f));
-        CHECK(mj_jit_get_many(c, two, MJ_JIT_GET_MANY_MAX + 1, f) == MJ_ERR_INVALID_ARG, "too many specs refused");
+        CHECK(mj_jit_get_many(c, two, -1, f) == MJ_ERR_INVALID_ARG, "a negative count refused");
         mj_context_destroy(c);
     }
     static const char *const why[] = {"experts_quant", "NW2 1", "NW1 1"};

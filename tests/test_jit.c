@@ -260,6 +260,56 @@ int main(void) {
     CHECK(cst.compiles == 1, "4 threads compiled %lld times", (long long)cst.compiles);
     mj_context_destroy(cc);
 
+    /* 10b. Many specs at once (mj_jit_get_many, what mj_moe_prepare fetches a plan with): a
+     * pool of $MOEJIT_COMPILE_THREADS workers, never more at once; every spec tried, the first
+     * failure in order reported, a spec listed twice built once; a bad setting is the CPU
+     * count. */
+    {
+        setenv("MOEJIT_COMPILE_THREADS", "2", 1);
+        char *dir3 = test_tmpdir("jit-pool");
+        mj_context_t pc = dir3 ? test_new_context(dir3, MJ_BACKEND_CUDA, NULL, 0) : NULL;
+        if (pc) {
+            CHECK(mj_jit_compile_threads(pc) == 2, "MOEJIT_COMPILE_THREADS=2 gave %d", mj_jit_compile_threads(pc));
+            static const int blocks[] = {32, 64, 96, 128, 160};
+            mj_spec ms[7];
+            for (int i = 0; i < 5; i++) ms[i] = saxpy_spec(blocks[i], 1, MJ_TARGET_SM80);
+            ms[5] = ms[1];                      /* listed twice */
+            ms[6] = saxpy_spec(32, 1, MJ_TARGET_SM80);
+            ms[6].knobs[1] = 3;                 /* VEC 3: not one of 1 2 4, refused */
+            const mj_function *mf[7];
+            mj_status pst = mj_jit_get_many(pc, ms, 7, mf);
+            CHECK(pst == MJ_ERR_INVALID_ARG && strstr(mj_last_error(), "VEC"), "pool with a bad spec: %s: %s",
+                  mj_status_string(pst), mj_last_error());
+            CHECK(mf[6] == NULL, "the bad spec has no function");
+            mj_jit_stats pst2;
+            CHECK_OK(mj_context_stats(pc, &pst2));
+            CHECK(pst2.compiles == 5, "5 distinct good specs, %lld compiles", (long long)pst2.compiles);
+            CHECK(mj_jit_pool_peak(pc) >= 1 && mj_jit_pool_peak(pc) <= 2, "2 compile threads, %d builds at once",
+                  mj_jit_pool_peak(pc));
+            for (int i = 0; i < 6; i++) {
+                const mj_function *one = NULL;
+                CHECK_OK(mj_jit_get(pc, &ms[i], &one));
+                CHECK(mf[i] && mf[i] == one, "pool spec %d: not what mj_jit_get has", i);
+            }
+            CHECK(mf[5] == mf[1], "a spec listed twice is one function");
+            CHECK_OK(mj_jit_get_many(pc, ms, 6, mf)); /* all in memory: nothing built */
+            CHECK_OK(mj_context_stats(pc, &pst2));
+            CHECK(pst2.compiles == 5, "again: %lld compiles", (long long)pst2.compiles);
+            mj_context_destroy(pc);
+        }
+        static const char *const bad_threads[] = {"0", "abc", "257", "-3", "2x"};
+        for (size_t i = 0; i < sizeof bad_threads / sizeof *bad_threads; i++) {
+            setenv("MOEJIT_COMPILE_THREADS", bad_threads[i], 1);
+            pc = dir3 ? test_new_context(dir3, MJ_BACKEND_CUDA, NULL, 0) : NULL;
+            int want = mj_cpu_count() > 256 ? 256 : mj_cpu_count();
+            CHECK(pc && mj_jit_compile_threads(pc) == want, "MOEJIT_COMPILE_THREADS=%s: %d threads, want %d",
+                  bad_threads[i], pc ? mj_jit_compile_threads(pc) : -1, want);
+            if (pc) mj_context_destroy(pc);
+        }
+        unsetenv("MOEJIT_COMPILE_THREADS");
+        if (dir3) test_rm_rf(dir3), free(dir3);
+    }
+
     /* 11. Manifest lines: round trip and refusals. */
     char *line = NULL;
     CHECK_OK(mj_spec_to_json(&s, &line));

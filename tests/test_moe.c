@@ -354,12 +354,30 @@ static void test_plan_strict(uint64_t seed) {
     /* One rank, end to end: prewarm its plan, then a strict context prepares and runs a
      * forward at every prepared B (and num_valid < B): no compile, no miss of any kind, no
      * allocation — what a CUDA graph capture of the forward needs. */
+    /* Here a prepare in a context that may compile fetches the plan (what the TP and EP
+     * prewarms above did not hold is compiled): the whole plan through mj_jit_get_many's
+     * pool, $MOEJIT_COMPILE_THREADS (2) at a time. */
+    setenv("MOEJIT_COMPILE_THREADS", "2", 1);
     warm = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
+    unsetenv("MOEJIT_COMPILE_THREADS");
     if (warm) {
         mj_plan plan;
         mj_plan_request req = {&c, MJ_PAR_NONE, 1, -1, batches, 7, &k0, MJ_MODE_AUTO, NULL, 1};
         CHECK_OK(mj_plan_build(warm, &req, &plan));
-        prewarm_plan(warm, &plan);
+        mj_moe_t wm = NULL;
+        mj_moe_options wo = MJ_MOE_OPTIONS_INIT;
+        CHECK_OK(mj_moe_create(warm, L, &wo, &wm));
+        mj_moe_prepare_options wp = MJ_MOE_PREPARE_OPTIONS_INIT;
+        wp.batches = batches, wp.n_batches = 7, wp.k0_policy = "1-4:4,5-:2";
+        if (wm) CHECK_OK(mj_moe_prepare(wm, &wp));
+        mj_jit_stats ws;
+        CHECK_OK(mj_context_stats(warm, &ws));
+        CHECK(ws.mem_misses == plan.n && ws.compiles + ws.disk_hits == plan.n,
+              "prepare of a %d-kernel plan: %lld fetched, %lld compiled, %lld from disk", plan.n,
+              (long long)ws.mem_misses, (long long)ws.compiles, (long long)ws.disk_hits);
+        CHECK(mj_jit_pool_peak(warm) >= 1 && mj_jit_pool_peak(warm) <= 2,
+              "prepare's compiles: %d at once with 2 compile threads", mj_jit_pool_peak(warm));
+        mj_moe_free(wm);
         mj_plan_free(&plan);
         mj_context_destroy(warm);
     }

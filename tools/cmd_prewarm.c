@@ -55,7 +55,8 @@ static const char k_help[] =
     "options:\n"
     "  --arch A         compile each manifest line for target A instead of its own \"arch\"\n"
     "                   (repeatable: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a)\n"
-    "  -j N             parallel compiles (default: the number of CPUs)\n"
+    "  -j N             parallel compiles (default: $MOEJIT_COMPILE_THREADS, else the CPUs\n"
+    "                   this process may run on)\n"
     "  --cache-dir D    the cache directory (default $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,\n"
     "                   ~/.cache/moejit)\n"
     "  -q, --quiet      only the summary\n"
@@ -259,9 +260,8 @@ int cmd_prewarm(int argc, char **argv) {
     plan_args pa = {NULL, NULL, "1-256", NULL, NULL, MJ_PAR_NONE, 1, 1, 0, MJ_BACKEND_CUDA};
     int backend_given = 0;
     const char *archs[MJ_TARGET_COUNT * 4];
-    int n_archs = 0, jobs_n = (int)sysconf(_SC_NPROCESSORS_ONLN), quiet = 0, c;
+    int n_archs = 0, jobs_n = 0 /* -j not given: the context's compile threads */, quiet = 0, c;
     const char *cache_dir = NULL;
-    if (jobs_n < 1) jobs_n = 1;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "j:qhV", opts, NULL)) != -1) {
@@ -342,6 +342,7 @@ int cmd_prewarm(int argc, char **argv) {
     w.quiet = quiet;
     pthread_mutex_init(&w.out_mu, NULL);
     w.t0 = now_s();
+    if (jobs_n == 0) jobs_n = mj_jit_compile_threads(w.ctx);
     if (jobs_n > w.n) jobs_n = w.n ? w.n : 1;
     pthread_t th[256];
     int started = 0, err = 0;

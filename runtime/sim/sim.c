@@ -67,9 +67,7 @@
 #define MJ_SIM_ABI_ONLY
 #include "prelude_sim.h"
 
-#include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -848,25 +846,6 @@ static void *worker_thread(void *p) {
     return NULL;
 }
 
-/* ---- configuration --------------------------------------------------------------------- */
-
-static long env_long(const char *name, long lo, long hi, long dflt) {
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < lo || x > hi) return dflt;
-    return x;
-}
-
-static unsigned cpu_count(void) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return (unsigned)CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (unsigned)n : 1;
-}
-
 /* ---- a launch -------------------------------------------------------------------------- */
 
 /* Bytes the launches of this thread loaded through mj_ld_stream or cp.async, since the last take. */
@@ -908,14 +887,14 @@ mj_status mj_sim_run(mj_sim_entry entry, const char *kernel, const uint32_t grid
     L.n_threads = (unsigned)nt;
     L.n_blocks = (uint64_t)grid[0] * grid[1] * grid[2];
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    long kb = env_long("MOEJIT_SIM_STACK_KB", 16, 1l << 20, MJ_SIM_ASAN ? 256 : 64);
+    long kb = mj_env_long("MOEJIT_SIM_STACK_KB", 16, 1l << 20, MJ_SIM_ASAN ? 256 : 64, NULL);
     L.stack_size = (((size_t)kb << 10) + page - 1) & ~(page - 1);
-    L.use_uc = !MJ_SIM_X86_SWITCH || env_long("MOEJIT_SIM_UCONTEXT", 0, 1, 0) == 1;
+    L.use_uc = !MJ_SIM_X86_SWITCH || mj_env_long("MOEJIT_SIM_UCONTEXT", 0, 1, 0, NULL) == 1;
     atomic_init(&L.next, 0);
     atomic_init(&L.abort, 0);
     pthread_mutex_init(&L.mu, NULL);
 
-    unsigned n_workers = (unsigned)env_long("MOEJIT_SIM_THREADS", 1, 1024, (long)cpu_count());
+    unsigned n_workers = (unsigned)mj_env_long("MOEJIT_SIM_THREADS", 1, 1024, mj_cpu_count(), NULL);
     if (n_workers > L.n_blocks) n_workers = (unsigned)L.n_blocks;
     worker *ws = calloc(n_workers, sizeof *ws);
     if (!ws) {
