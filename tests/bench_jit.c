@@ -36,6 +36,21 @@ static void die(const char *what, mj_status s) {
     exit(1);
 }
 
+/* A compile-only sm_120a context on a fresh cache directory (dir: a mkdtemp template; the
+ * directory's path on return). */
+static mj_context_t fresh_context(char *dir) {
+    if (!mkdtemp(dir)) {
+        perror("bench_jit: mkdtemp");
+        exit(1);
+    }
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = "sm_120a", o.cache_dir = dir;
+    mj_context_t c;
+    mj_status st = mj_context_create(&o, &c);
+    if (st != MJ_OK) die("context", st);
+    return c;
+}
+
 static mj_spec first_spec(int32_t tpl, mj_target t) {
     mj_spec s;
     memset(&s, 0, sizeof s);
@@ -201,13 +216,8 @@ int main(int argc, char **argv) {
         int threads = 0;
         for (int r = 0; r < preps; r++)
             for (int pool = 0; pool < 2; pool++) {
-                mj_context_options fo = MJ_CONTEXT_OPTIONS_INIT;
-                fo.device = MJ_DEVICE_NONE, fo.backend = MJ_BACKEND_CUDA, fo.target = "sm_120a";
                 char fdir[] = "/tmp/mj-bench-prep-XXXXXX";
-                if (!mkdtemp(fdir)) return 1;
-                fo.cache_dir = fdir;
-                mj_context_t fctx;
-                if ((st = mj_context_create(&fo, &fctx)) != MJ_OK) die("context", st);
+                mj_context_t fctx = fresh_context(fdir);
                 threads = mj_jit_compile_threads(fctx);
                 const mj_function *fs[96];
                 double t0 = test_now_ms();
@@ -238,13 +248,8 @@ int main(int argc, char **argv) {
                 mj_experts_knobs(6144, 256, 8, 1, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, &k);
                 int32_t n = 0; /* kernels a forward fetches */
                 for (int r = 0; r < reps; r++) {
-                    mj_context_options fo = MJ_CONTEXT_OPTIONS_INIT;
-                    fo.device = MJ_DEVICE_NONE, fo.backend = MJ_BACKEND_CUDA, fo.target = "sm_120a";
                     char fdir[] = "/tmp/mj-bench-fwd-XXXXXX";
-                    if (!mkdtemp(fdir)) return 1;
-                    fo.cache_dir = fdir;
-                    mj_context_t fctx;
-                    if ((st = mj_context_create(&fo, &fctx)) != MJ_OK) die("context", st);
+                    mj_context_t fctx = fresh_context(fdir);
                     mj_spec sp[3];
                     const mj_function *fs[3];
                     n = mj_experts_specs(fctx, &k, sp);
