@@ -379,7 +379,7 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
         const int32_t n = mj_experts_specs(ctx, &k, s);
         for (int32_t i = 0; i < n && st == MJ_OK; i++) {
             int32_t j = 0;
-            while (j < n_all && memcmp(&all[j], &s[i], sizeof s[i])) j++;
+            while (j < n_all && !mj_spec_equal(&all[j], &s[i])) j++;
             if (j < n_all) continue;
             if (n_all == cap) {
                 mj_spec *grown = realloc(all, sizeof *all * (size_t)(cap = cap ? 2 * cap : 16));

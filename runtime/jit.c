@@ -568,14 +568,15 @@ mj_status mj_jit_get(mj_context_t c, const mj_spec *s, const mj_function **out) 
  * A forward that launches several kernels, or a prepare that fetches a whole plan, would
  * wait for their compiles one after the other; here the ones not yet in memory are built by
  * a pool of compile_threads workers (the caller's thread one of them) that take the next
- * spec in order until none is left. mj_jit_get already lets many threads build distinct
+ * spec in order until none is left. The bound is per call: two threads that call at once on
+ * one context may each run a pool. mj_jit_get already lets many threads build distinct
  * specs (each NVRTC program its own) and makes a second asker of the same spec wait for the
  * first. */
 typedef struct get_job {
     const mj_spec *s;
     const mj_function *f;
     mj_status st;
-    char err[1024]; /* the thread's mj_last_error, handed back to the caller's thread */
+    char err[4096]; /* the thread's mj_last_error (all of it), handed back to the caller's thread */
 } get_job;
 
 typedef struct get_pool {
@@ -613,6 +614,7 @@ mj_status mj_jit_get_many(mj_context_t c, const mj_spec *s, int n, const mj_func
         atomic_fetch_add_explicit(&c->mem_hits, (unsigned)n, memory_order_relaxed);
         return MJ_OK;
     }
+    atomic_fetch_add_explicit(&c->mem_hits, (unsigned)(n - missing), memory_order_relaxed);
     int n_threads = missing < c->compile_threads ? missing : c->compile_threads;
     get_pool pool = {c, calloc((size_t)missing, sizeof(get_job)), missing, 0};
     pthread_t *th = calloc((size_t)n_threads, sizeof *th);

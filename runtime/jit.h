@@ -32,16 +32,18 @@ typedef struct mj_function mj_function;
  * hash of the spec and a read lock; no strings, no hashing of source. */
 mj_status mj_jit_get(mj_context_t ctx, const mj_spec *s, const mj_function **out);
 /* Get n specializations into out[i], building those not in memory side by side: a pool of
- * mj_jit_compile_threads(ctx) workers, the caller's thread one of them, takes them in order.
+ * mj_jit_compile_threads(ctx) workers (a bound per call), the caller's thread one of them,
+ * takes them in order.
  * A launch sequence of several kernels, or a plan, waits for about its sum divided by the
  * workers, not the sum. All in memory: no thread, as mj_jit_get's hot path. Every spec is
  * tried; on failure the first failing spec's status and error, in order (out[i] of a
  * failed one NULL). */
 mj_status mj_jit_get_many(mj_context_t ctx, const mj_spec *s, int n, const mj_function **out);
-/* How many builds mj_jit_get_many runs at once: $MOEJIT_COMPILE_THREADS (1..256), else the
+/* How many builds one mj_jit_get_many call runs at once: $MOEJIT_COMPILE_THREADS (1..256), else the
  * CPUs this process may run on (at most 256). */
 int mj_jit_compile_threads(mj_context_t ctx);
-/* The most builds mj_jit_get_many's workers have run at once in ctx (tests check the bound). */
+/* The most builds mj_jit_get_many's workers have run at once in ctx, over all calls (tests
+ * check the bound with one caller). */
 int mj_jit_pool_peak(mj_context_t ctx);
 /* What a function holds, for inspect and tests. */
 const char *mj_function_key(const mj_function *f);

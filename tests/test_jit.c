@@ -271,30 +271,51 @@ int main(void) {
         if (pc) {
             CHECK(mj_jit_compile_threads(pc) == 2, "MOEJIT_COMPILE_THREADS=2 gave %d", mj_jit_compile_threads(pc));
             static const int blocks[] = {32, 64, 96, 128, 160};
-            mj_spec ms[7];
-            for (int i = 0; i < 5; i++) ms[i] = saxpy_spec(blocks[i], 1, MJ_TARGET_SM80);
-            ms[5] = ms[1];                      /* listed twice */
+            /* good specs 0 1 3 5 7, 8 the same as 1; bad ones in the middle (2: VEC 3) and
+             * after (6: BLOCK 2000), with different errors: the first is reported, and every
+             * good spec after it is built all the same */
+            mj_spec ms[9];
+            static const int good[] = {0, 1, 3, 5, 7};
+            for (int i = 0; i < 5; i++) ms[good[i]] = saxpy_spec(blocks[i], 1, MJ_TARGET_SM80);
+            ms[2] = saxpy_spec(32, 1, MJ_TARGET_SM80);
+            ms[2].knobs[1] = 3;    /* VEC 3: not one of 1 2 4 */
             ms[6] = saxpy_spec(32, 1, MJ_TARGET_SM80);
-            ms[6].knobs[1] = 3;                 /* VEC 3: not one of 1 2 4, refused */
-            const mj_function *mf[7];
-            mj_status pst = mj_jit_get_many(pc, ms, 7, mf);
-            CHECK(pst == MJ_ERR_INVALID_ARG && strstr(mj_last_error(), "VEC"), "pool with a bad spec: %s: %s",
-                  mj_status_string(pst), mj_last_error());
-            CHECK(mf[6] == NULL, "the bad spec has no function");
+            ms[6].knobs[0] = 2000; /* BLOCK 2000: above 1024 */
+            ms[8] = ms[1];         /* listed twice */
+            const mj_function *mf[9];
+            mj_status pst = mj_jit_get_many(pc, ms, 9, mf);
+            CHECK(pst == MJ_ERR_INVALID_ARG && strstr(mj_last_error(), "VEC") && !strstr(mj_last_error(), "BLOCK"),
+                  "pool with two bad specs: the first's error, got %s: %s", mj_status_string(pst), mj_last_error());
+            CHECK(mf[2] == NULL && mf[6] == NULL, "the bad specs have no function");
             mj_jit_stats pst2;
             CHECK_OK(mj_context_stats(pc, &pst2));
             CHECK(pst2.compiles == 5, "5 distinct good specs, %lld compiles", (long long)pst2.compiles);
+            /* The bound (that 2 workers did overlap is likely, not certain, so not checked). */
             CHECK(mj_jit_pool_peak(pc) >= 1 && mj_jit_pool_peak(pc) <= 2, "2 compile threads, %d builds at once",
                   mj_jit_pool_peak(pc));
-            for (int i = 0; i < 6; i++) {
+            for (int gi = 0; gi < 5; gi++) {
+                const int i = good[gi];
                 const mj_function *one = NULL;
                 CHECK_OK(mj_jit_get(pc, &ms[i], &one));
                 CHECK(mf[i] && mf[i] == one, "pool spec %d: not what mj_jit_get has", i);
             }
-            CHECK(mf[5] == mf[1], "a spec listed twice is one function");
-            CHECK_OK(mj_jit_get_many(pc, ms, 6, mf)); /* all in memory: nothing built */
+            CHECK(mf[8] == mf[1], "a spec listed twice is one function");
+            /* All in memory: nothing built, every one a memory hit. */
+            mj_spec okspecs[6] = {ms[0], ms[1], ms[3], ms[5], ms[7], ms[8]};
+            const mj_function *of[6];
             CHECK_OK(mj_context_stats(pc, &pst2));
-            CHECK(pst2.compiles == 5, "again: %lld compiles", (long long)pst2.compiles);
+            const long long hits0 = (long long)pst2.mem_hits;
+            CHECK_OK(mj_jit_get_many(pc, okspecs, 6, of));
+            CHECK_OK(mj_context_stats(pc, &pst2));
+            CHECK(pst2.compiles == 5 && (long long)pst2.mem_hits == hits0 + 6, "again: %lld compiles, %lld hits",
+                  (long long)pst2.compiles, (long long)pst2.mem_hits - hits0);
+            /* Some in memory, one not: the ones in memory count as hits too. */
+            mj_spec mixed[3] = {ms[0], saxpy_spec(192, 1, MJ_TARGET_SM80), ms[1]};
+            const mj_function *xf[3];
+            CHECK_OK(mj_jit_get_many(pc, mixed, 3, xf));
+            CHECK_OK(mj_context_stats(pc, &pst2));
+            CHECK(pst2.compiles == 6 && (long long)pst2.mem_hits == hits0 + 8, "mixed: %lld compiles, %lld hits",
+                  (long long)pst2.compiles, (long long)pst2.mem_hits - hits0);
             mj_context_destroy(pc);
         }
         static const char *const bad_threads[] = {"0", "abc", "257", "-3", "2x"};
