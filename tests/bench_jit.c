@@ -188,14 +188,18 @@ int main(int argc, char **argv) {
     if (!pt) return 1;
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < np; i++) pt[(size_t)i * (size_t)reps + (size_t)r] = cold_once(&ps[i].s);
-    printf("\nproduct specializations, round-robin (rep r of each, then rep r + 1)%s\n%-60s %9s %9s %9s\n",
+    /* "x minimal": the median over the minimal kernel's, a figure that moves less with the
+     * machine's speed than milliseconds do (compare runs of different days by it). */
+    printf("\nproduct specializations, round-robin (rep r of each, then rep r + 1)%s\n%-60s %9s %9s %9s %9s\n",
            n_ref ? ", after a minimal kernel (the cost of any compile)" : "", "template and knobs",
-           "median ms", "min ms", "max ms");
+           "median ms", "min ms", "max ms", "x minimal");
     int at_goal = 0;
-    double worst = 0.0;
+    double worst = 0.0, ref_med = n_ref ? median(pt, reps) : 0.0;
     for (int i = 0; i < np; i++) {
         double *v = pt + (size_t)i * (size_t)reps, med = median(v, reps);
-        printf("%-60s %9.1f %9.1f %9.1f\n", ps[i].what, med, v[0], v[reps - 1]);
+        printf("%-60s %9.1f %9.1f %9.1f", ps[i].what, med, v[0], v[reps - 1]);
+        if (ref_med > 0.0) printf(" %9.2f", med / ref_med);
+        printf("\n");
         if (i >= n_ref) at_goal += med <= 150.0, worst = med > worst ? med : worst;
     }
     if (np > n_ref)
