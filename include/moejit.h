@@ -627,7 +627,8 @@ typedef struct mj_moe_prepare_options {
 #define MJ_MOE_PREPARE_OPTIONS_INIT {sizeof(mj_moe_prepare_options), 256, NULL, 0, NULL, MJ_MODE_AUTO}
 
 /* Compile (or load from the cache) every kernel forwards of those batch sizes launch, and
- * allocate all their workspace. Afterwards a forward of a prepared batch size allocates
+ * allocate all their workspace. Kernels missing from the cache compile side by side,
+ * $MOEJIT_COMPILE_THREADS at a time (1..256; else one per CPU the process may run on). Afterwards a forward of a prepared batch size allocates
  * nothing, waits for nothing and compiles nothing: it can be captured in a CUDA graph. A
  * context in strict mode turns any kernel missing from the cache into MJ_ERR_CACHE_MISS
  * here (prewarm with `moejit prewarm --config`). Preparing again replaces the set (and may
