@@ -610,11 +610,8 @@ mj_status mj_jit_get_many(mj_context_t c, const mj_spec *s, int n, const mj_func
         out[i] = find_ready(c, &s[i], spec_hash(&s[i]));
         missing += !out[i];
     }
-    if (missing == 0) {
-        atomic_fetch_add_explicit(&c->mem_hits, (unsigned)n, memory_order_relaxed);
-        return MJ_OK;
-    }
     atomic_fetch_add_explicit(&c->mem_hits, (unsigned)(n - missing), memory_order_relaxed);
+    if (missing == 0) return MJ_OK;
     int n_threads = missing < c->compile_threads ? missing : c->compile_threads;
     get_pool pool = {c, calloc((size_t)missing, sizeof(get_job)), missing, 0};
     pthread_t *th = calloc((size_t)n_threads, sizeof *th);

@@ -350,11 +350,7 @@ static inline void test_stub_log_end(void) {
     test_stub_log_dir_ = NULL;
 }
 
-/* ---- silu's hard inputs (test_experts, test_moe_gpu) ----
- * The experts' silu divides without a division instruction: TEST_SILU_PER floats on each side
- * of its branches' edges (|x| 2^-25; x where 1 + e^-x reaches 1, 2^64 and inf), of the two
- * quotients hardest to round and of 1, -1 and 2^-126, the subnormals of both signs around 0,
- * and +-inf, NaN and -0. Writes TEST_SILU_EDGES floats to x. */
+/* ---- silu (test_experts, test_moe_gpu) ---- */
 /* experts_silu's kernel: moe_experts at its smallest shape with PART 0, the build where every
  * kernel has its body (a forward never builds it on a GPU). */
 static inline mj_status test_silu_kernel(mj_context_t ctx, const mj_function **f) {
@@ -363,6 +359,10 @@ static inline mj_status test_silu_kernel(mj_context_t ctx, const mj_function **f
     mj_status st = mj_context_spec(ctx, "moe_experts", kn, &s);
     return st != MJ_OK ? st : mj_jit_get(ctx, &s, f);
 }
+/* silu's hard inputs (it divides without a division instruction): TEST_SILU_PER floats on
+ * each side of its branches' edges (|x| 2^-25; x where 1 + e^-x reaches 1, 2^64 and inf), of
+ * the two quotients hardest to round and of 1, -1 and 2^-126, the subnormals of both signs
+ * around 0, and +-inf, NaN and -0. Writes TEST_SILU_EDGES floats to x. */
 enum { TEST_SILU_PER = 4096, TEST_SILU_EDGES = 10 * 2 * TEST_SILU_PER + 4 };
 static inline int test_silu_edges(float *x) {
     static const float centers[] = {0.0f, 0x1p-25f, 0x1p-23f, 0x1.8f5c02p-19f, 16.6355324f, -44.3614197f,
