@@ -366,38 +366,28 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     if (max_batch < 1 || max_batch > ex->mb)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_prepare: max_batch %d must be in 1..%d (the workspace's)",
                             max_batch, ex->mb);
-    /* The distinct kernels of every batch size (a few: one set a TPE bucket and mode), then
-     * all of them at once through mj_jit_get_many's pool. */
-    mj_spec *all = NULL;
-    int32_t n_all = 0, cap = 0;
-    mj_status st = MJ_OK;
-    for (int32_t B = 1; B <= max_batch && st == MJ_OK; B++) {
+    /* The distinct kernels of every batch size, then all of them at once through
+     * mj_jit_get_many's pool. A batch size's knobs are its mode's and its TPE bucket's
+     * (mj_experts_knobs), so there are at most 2 modes x 4 buckets x 3 kernels. */
+    mj_spec all[2 * 4 * 3];
+    const mj_function *f[2 * 4 * 3];
+    int32_t n_all = 0;
+    for (int32_t B = 1; B <= max_batch; B++) {
         mj_weight_mode m;
-        if ((st = mj_experts_mode(ex, mode, B, &m)) != MJ_OK) break;
+        MJ_CHECK(mj_experts_mode(ex, mode, B, &m));
         mj_knobs_moe_experts k = plan(ex, m, B);
         mj_spec s[3];
         const int32_t n = mj_experts_specs(ctx, &k, s);
-        for (int32_t i = 0; i < n && st == MJ_OK; i++) {
+        for (int32_t i = 0; i < n; i++) {
             int32_t j = 0;
             while (j < n_all && !mj_spec_equal(&all[j], &s[i])) j++;
             if (j < n_all) continue;
-            if (n_all == cap) {
-                mj_spec *grown = realloc(all, sizeof *all * (size_t)(cap = cap ? 2 * cap : 16));
-                if (!grown) {
-                    st = mj_set_error(MJ_ERR_NOMEM, "mj_experts_prepare: out of memory");
-                    break;
-                }
-                all = grown;
-            }
+            if (n_all == (int32_t)(sizeof all / sizeof all[0]))
+                return mj_set_error(MJ_ERR_INTERNAL, "mj_experts_prepare: more than %d distinct kernels", n_all);
             all[n_all++] = s[i];
         }
     }
-    const mj_function **f = st == MJ_OK && n_all ? malloc(sizeof *f * (size_t)n_all) : NULL;
-    if (st == MJ_OK && n_all && !f) st = mj_set_error(MJ_ERR_NOMEM, "mj_experts_prepare: out of memory");
-    if (st == MJ_OK && n_all) st = mj_jit_get_many(ctx, all, n_all, f);
-    free(all);
-    free(f);
-    return st;
+    return mj_jit_get_many(ctx, all, n_all, f);
 }
 
 /* ---- a forward ---------------------------------------------------------------------------- */

@@ -25,17 +25,10 @@ typedef unsigned long long uint64_t;
 #define MJ_KNOB_RANGE(name, ctype, lo, hi, doc)
 #define MJ_KNOB_SET(name, ctype, values, doc)
 #define MJ_CONSTRAINT(expr, doc)
-/* A float's bits, and back (what base/base.h's mj_f32_bits / mj_f32_from_bits are on the host). */
-MJ_DEVICE uint32_t mj_f32_bits(float f) {
-    union { float f; uint32_t u; } v;
-    v.f = f;
-    return v.u;
-}
-MJ_DEVICE float mj_f32_from_bits(uint32_t u) {
-    union { uint32_t u; float f; } v;
-    v.u = u;
-    return v.f;
-}
+/* A float's bits, and back (what base/base.h's mj_f32_bits / mj_f32_from_bits are on the host):
+ * CUDA's own reinterpretations. */
+MJ_DEVICE uint32_t mj_f32_bits(float f) { return __float_as_uint(f); }
+MJ_DEVICE float mj_f32_from_bits(uint32_t u) { return __uint_as_float(u); }
 /* Hooks: helpers that are inline PTX here and C in prelude_sim.h (same signatures). */
 /* The lane of the calling thread within its warp (%laneid). */
 MJ_DEVICE unsigned mj_lane_id(void) {

@@ -300,8 +300,9 @@ static void test_plan_strict(uint64_t seed) {
     if (!L || !cache) return;
     mj_context_t warm = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     static const int32_t batches[] = {1, 2, 3, 4, 8, 12, 16};
+    static const char k0s[] = "1-4:4,5-:2"; /* the plan's and every prepare's k0 policy */
     mj_k0_policy k0;
-    CHECK_OK(mj_k0_policy_parse("1-4:4,5-:2", 4, &k0));
+    CHECK_OK(mj_k0_policy_parse(k0s, 4, &k0));
     const struct { mj_parallel par; int n; } splits[] = {{MJ_PAR_TP, 2}, {MJ_PAR_EP, 2}};
     int planned = 0;
     for (int s = 0; s < 2 && warm; s++) {
@@ -333,7 +334,7 @@ static void test_plan_strict(uint64_t seed) {
             mj_moe_t moe = NULL;
             CHECK_OK(mj_moe_create(strict, L, &o, &moe));
             mj_moe_prepare_options po = MJ_MOE_PREPARE_OPTIONS_INIT;
-            po.batches = batches, po.n_batches = 7, po.k0_policy = "1-4:4,5-:2";
+            po.batches = batches, po.n_batches = 7, po.k0_policy = k0s;
             CHECK_OK(mj_moe_prepare(moe, &po));
             /* A batch size the plan did not hold (32: TPE 32) is a miss, not a compile. */
             po.batches = (const int32_t[]){32}, po.n_batches = 1;
@@ -351,12 +352,11 @@ static void test_plan_strict(uint64_t seed) {
     }
     mj_context_destroy(strict);
 
-    /* One rank, end to end: prewarm its plan, then a strict context prepares and runs a
-     * forward at every prepared B (and num_valid < B): no compile, no miss of any kind, no
-     * allocation — what a CUDA graph capture of the forward needs. */
-    /* Here a prepare in a context that may compile fetches the plan (what the TP and EP
-     * prewarms above did not hold is compiled): the whole plan through mj_jit_get_many's
-     * pool, $MOEJIT_COMPILE_THREADS (2) at a time. */
+    /* One rank, end to end: a prepare in a context that may compile fetches its plan (what
+     * the TP and EP prewarms above did not hold is compiled: the whole plan through
+     * mj_jit_get_many's pool, $MOEJIT_COMPILE_THREADS (2) at a time); then a strict context
+     * prepares and runs a forward at every prepared B (and num_valid < B): no compile, no miss
+     * of any kind, no allocation — what a CUDA graph capture of the forward needs. */
     setenv("MOEJIT_COMPILE_THREADS", "2", 1);
     warm = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     unsetenv("MOEJIT_COMPILE_THREADS");
@@ -368,7 +368,7 @@ static void test_plan_strict(uint64_t seed) {
         mj_moe_options wo = MJ_MOE_OPTIONS_INIT;
         CHECK_OK(mj_moe_create(warm, L, &wo, &wm));
         mj_moe_prepare_options wp = MJ_MOE_PREPARE_OPTIONS_INIT;
-        wp.batches = batches, wp.n_batches = 7, wp.k0_policy = "1-4:4,5-:2";
+        wp.batches = batches, wp.n_batches = 7, wp.k0_policy = k0s;
         if (wm) CHECK_OK(mj_moe_prepare(wm, &wp));
         mj_jit_stats ws;
         CHECK_OK(mj_context_stats(warm, &ws));
@@ -386,7 +386,7 @@ static void test_plan_strict(uint64_t seed) {
     mj_moe_options o = MJ_MOE_OPTIONS_INIT;
     if (strict) CHECK_OK(mj_moe_create(strict, L, &o, &moe));
     mj_moe_prepare_options po = MJ_MOE_PREPARE_OPTIONS_INIT;
-    po.batches = batches, po.n_batches = 7, po.k0_policy = "1-4:4,5-:2";
+    po.batches = batches, po.n_batches = 7, po.k0_policy = k0s;
     if (moe) CHECK_OK(mj_moe_prepare(moe, &po));
     if (moe) {
         mj_jit_stats before, after;
