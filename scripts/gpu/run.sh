@@ -21,8 +21,10 @@
 #   bench         moejit bench --json on that checkpoint (one rank holds it)
 #   torch         scripts/gpu/torch_baseline.py: the same layer in PyTorch, timed the same
 #                 way, checked against `moejit run`
+#   profile       Nsight Compute (where ncu is) on the expert and routing kernels of that
+#                 bench at B 1, 8, 32, k0 8 and 4: ncu.csv
 # Results go under $OUT (default ./gpu-results), at most 8 flat files: results.json (every
-# step: status, exit code, seconds), bench.json, torch.json, nvidia-smi.txt, logs.txt (every
+# step: status, exit code, seconds), bench.json, torch.json, ncu.csv, nvidia-smi.txt, logs.txt (every
 # step's output) and summary.txt; a short table is printed last. Exit status: 0 when every
 # check passed, 1 when one failed, 77 when there is no GPU (then the parts that need none run:
 # the GPU tests' checks on the interpreter, the bench without a GPU).
@@ -142,6 +144,19 @@ if [ "$GPU" = 1 ] || [ "$DRY" = 1 ]; then
         --cache-dir \"$WORK/cache\" >\"$WORK/bench.json\""
     step torch 200 python3 "$B/torch_baseline.py" --checkpoint "$WORK/ck" --moejit "$B/bin/moejit" \
         --out "$WORK/torch.json" --work "$WORK"
+    # Nsight Compute on the expert kernels and the routing of that bench at B 1, 8, 32 and k0
+    # 8, 4 (caches flushed before each replay pass: cold L2): duration, DRAM throughput,
+    # occupancy, launch shape and the warps' stall reasons, as CSV.
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+    if [ -n "$NCU" ] || [ "$DRY" = 1 ]; then
+        step profile 150 sh -c "for k in 'regex:experts_(up|down|quant)' 'regex:oea_route|router_gemm'; do \"${NCU:-ncu}\" \
+            --clock-control none -k \"\$k\" --launch-count 40 --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details \
+            \"$B/bin/moejit\" bench --checkpoint \"$WORK/ck\" --no-sim --no-compile --bench-batch 1,8,32 --k0 8,4 \
+            --iters 1 --reps 1 --copy-mb 64 -q --cache-dir \"$WORK/cache\" || exit 1; done >\"$WORK/ncu.csv\""
+    else
+        printf 'profile\tunsupported\t-\t0\t0\n' >>"$STEPS"
+    fi
     [ "$DRY" = 1 ] && exit 0
 else
     echo "run.sh: no GPU here (nvidia-smi lists none): the GPU tests skip (exit 77); running the parts that need no GPU"
@@ -162,6 +177,7 @@ mkdir -p "$OUT"
 [ -f "$WORK/logs/device.log" ] && cp "$WORK/logs/device.log" "$OUT/nvidia-smi.txt"
 [ -s "$WORK/bench.json" ] && cp "$WORK/bench.json" "$OUT/bench.json"
 [ -s "$WORK/torch.json" ] && cp "$WORK/torch.json" "$OUT/torch.json"
+[ -s "$WORK/ncu.csv" ] && cp "$WORK/ncu.csv" "$OUT/ncu.csv"
 for f in "$WORK"/logs/*.log; do
     [ -e "$f" ] || continue
     echo "===== $(basename "$f" .log)"
