@@ -289,8 +289,9 @@ static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
- * up to 8 warps (their rings and sums within 48 KiB of shared memory, no opt-in), and a down block
- * is 2 warps (32 hidden dims) once H has 256 tiles of 16 to spread over the SMs. */
+ * up to 8 warps, and a down block (16 hidden dims) deals its experts to up to 4 warps, so
+ * that each warp's chain of experts is a quarter as long; both within 48 KiB of shared
+ * memory (no opt-in). */
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
                       mj_knobs_moe_experts *out) {
     mj_knobs_moe_experts k = {.MODE = mode == MJ_MODE_W4A4, .H = H, .I = I, .K = K, .NSUB = nsub};
@@ -299,7 +300,8 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
     int32_t runs = (H / 64 + 3) / 4;
     k.NW1 = 8;
     while (k.NW1 > 1 && (k.NW1 > runs || up_smem(&k) > MJ_SMEM_DEFAULT_LIMIT)) k.NW1 /= 2;
-    k.NW2 = (H / 16 >= 256 && H % 32 == 0) ? 2 : 1;
+    k.NW2 = 4;
+    while (k.NW2 > 1 && down_smem(&k) > MJ_SMEM_DEFAULT_LIMIT) k.NW2 /= 2;
     *out = k;
 }
 
@@ -428,7 +430,7 @@ mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     MJ_CHECK(mj_launch_experts_up(fu, du, hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, B, num_valid, ex->mb,
                                   ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf));
-    mj_launch_dims dd = {{(uint32_t)(ex->H / (16 * k.NW2)), (uint32_t)((B + k.TPE - 1) / k.TPE), 1},
+    mj_launch_dims dd = {{(uint32_t)(ex->H / 16), (uint32_t)((B + k.TPE - 1) / k.TPE), 1},
                          {(uint32_t)k.NW2 * 32, 1, 1}, down_smem(&k), stream};
     return mj_launch_experts_down(fd, dd, ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, r.weights, B,

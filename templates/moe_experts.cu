@@ -10,11 +10,13 @@
  *                  rows against its tokens; the block's warps split K (H) and add up in a
  *                  fixed order; SwiGLU; the activation written as bf16 (W4A16) or requantized
  *                  to NVFP4 with w2's input_scale (W4A4);
- *   experts_down   block (a slice of 16 NW2 hidden dims, a tile of TPE tokens): each warp owns
- *                  16 dims and walks the active experts in ascending id, then the shared
- *                  sub-experts, adding weight x (w2 . act) into its own accumulators: the
- *                  combine is fused and every output element is summed in one fixed order,
- *                  so the same inputs give the same bits (no atomics anywhere);
+ *   experts_down   block (16 hidden dims, a tile of TPE tokens): its NW2 warps deal the
+ *                  active experts (ascending id, then the shared sub-experts) among them in
+ *                  turn, warp w taking the w-th, (w + NW2)-th, ..., each adding weight x
+ *                  (w2 . act) into accumulators of its own; then the warps' sums are added
+ *                  in warp order. The combine is fused and every output element is summed in
+ *                  one fixed order, so the same inputs give the same bits (no atomics
+ *                  anywhere);
  *   experts_silu   a check, not a step of the forward: silu against IEEE division, on the
  *                  interpreter (test_experts) and, compiled with PART 0, on a GPU.
  *
@@ -57,12 +59,11 @@ MJ_KNOB_RANGE(I, int, 64, 8192, "one expert's intermediate rows held here (I_loc
 MJ_KNOB_RANGE(K, int, 1, 16, "experts per token (top-k)")
 MJ_KNOB_SET(TPE, int, "8 16 32 64", "tokens an expert takes at once, and the token tile of down")
 MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
-MJ_KNOB_SET(NW2, int, "1 2 4 8", "warps of a down block: 16 hidden dims each")
+MJ_KNOB_SET(NW2, int, "1 2 4", "warps of a down block: they deal its 16 hidden dims' experts among them")
 MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
 MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
-MJ_CONSTRAINT("H % (16 * NW2) == 0", "down blocks cover whole 16-dim tiles")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
 MJ_CONSTRAINT("NW2 * (TPE * 128 + 4 * (4 * 512 + 256 + 32)) <= 64 * 1024", "down's accumulators, fragments and weight rings fit shared memory")
@@ -401,12 +402,28 @@ MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[
     }
 }
 
+/* The activations (B fragments) of k-step s for the register sums' token groups (this
+ * lane's rows src[]; zeros for none or past the k-steps): W4A16 b16[n] (both halves), W4A4
+ * bq[n] and its scale word bsf[n]. Loaded a step ahead of their MMAs, so the step loop makes
+ * no dependent global load. */
+MJ_DEVICE void up_bload(int s, const long long *src, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int p,
+                        uint32_t b16[][4][2], uint32_t bq[][2], uint32_t *bsf) {
+    MJ_UNROLL
+    for (int n = 0; n < (SUMS_SMEM ? 1 : NT); n++) {
+        for (int kt = 0; kt < 4; kt++) b16[n][kt][0] = b16[n][kt][1] = 0;
+        bq[n][0] = bq[n][1] = bsf[n] = 0;
+        if (SUMS_SMEM || s >= KS1) continue;
+        if (MODE == 1) fp4_bfrag(xq, xsf, src[n], H, s, p, bq[n], &bsf[n]);
+        else if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b16[n]);
+    }
+}
+
 /* The MMAs of k-step s (its fragments in slot, its run's scales in sr; step s4 of the run)
- * against the chunk's nc tokens: this lane's rows src[] and the sums accr (registers), or
- * the rows srcs[] and the sums in acc (SUMS_SMEM). */
-MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, const long long *src, const int *srcs,
-                       int nc, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int lane, float accr[][2][4],
-                       float *acc) {
+ * against the chunk's nc tokens: the sums accr (registers) with the activations up_bload
+ * brought (b16, bq, bsf), or the rows srcs[] and the sums in acc (SUMS_SMEM). */
+MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, const int *srcs, int nc,
+                       const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int lane, float accr[][2][4],
+                       float *acc, const uint32_t b16[][4][2], const uint32_t bq[][2], const uint32_t *bsf) {
     const int g = lane >> 2, p = lane & 3;
     if (SUMS_SMEM) {
         /* Gate, then up (h): the fragment and its scales from the ring, then the groups
@@ -442,11 +459,9 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
         MJ_UNROLL
         for (int n = 0; n < NT; n++) {
             if (n * 8 >= nc) continue;
-            uint32_t bq[2], sfb;
-            fp4_bfrag(xq, xsf, src[n], H, s, p, bq, &sfb);
             for (int h = 0; h < 2; h++) {
                 const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
-                mj_mma_e2m1_m16n8k64(accr[n][h], a, bq, accr[n][h], sfa[h], sfb);
+                mj_mma_e2m1_m16n8k64(accr[n][h], a, bq[n], accr[n][h], sfa[h], bsf[n]);
             }
         }
     } else {
@@ -462,10 +477,11 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
             MJ_UNROLL
             for (int n = 0; n < NT; n++) {
                 if (n * 8 >= nc) continue;
-                uint32_t b[2][2] = {{0, 0}, {0, 0}};
-                if (src[n] >= 0) bf16_bhalf(x + src[n] * H, s, hf, p, b);
-                for (int h = 0; h < 2; h++)
-                    for (int kk = 0; kk < 2; kk++) mj_mma_bf16_m16n8k16(accr[n][h], a[h][kk], b[kk], accr[n][h]);
+                for (int kk = 0; kk < 2; kk++) {
+                    /* this half's pair, picked by value (an index by hf would put b16 in local memory) */
+                    const uint32_t b[2] = {hf ? b16[n][2 + kk][0] : b16[n][kk][0], hf ? b16[n][2 + kk][1] : b16[n][kk][1]};
+                    for (int h = 0; h < 2; h++) mj_mma_bf16_m16n8k16(accr[n][h], a[h][kk], b, accr[n][h]);
+                }
             }
         }
     }
@@ -524,15 +540,29 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         const int nq = w < RUNS1 ? (RUNS1 - w + NW1 - 1) / NW1 * 4 : 0;
         MJ_NO_UNROLL
         for (int q = 0; q < RING - 1; q++) up_issue(ring, wt, st, w, q, nq, lane);
+        /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
+         * loaded during step j - 1; with two, at the start of step j (a copy of both groups
+         * held across a step would double their registers) */
+        uint32_t b16[SUMS_SMEM ? 1 : NT][4][2], bq[SUMS_SMEM ? 1 : NT][2], bsf[SUMS_SMEM ? 1 : NT];
+        up_bload(NT == 1 && nq > 0 ? w * 4 : KS1, src, x, xq, xsf, p, b16, bq, bsf);
         MJ_NO_UNROLL
         for (int j = 0; j < nq; j++) {
             up_issue(ring, wt, st, w, j + RING - 1, nq, lane); /* into the slot step j - 1 read */
-            mj_cp_async_wait(RING - 1);                         /* step j's group has landed... */
-            __syncwarp(0xFFFFFFFFu);                            /* ...every lane's (scales are shared) */
             const uint32_t uj = (uint32_t)j, run = (uint32_t)w + (uj >> 2) * NW1, s = run * 4u + (uj & 3u);
+            uint32_t c16[SUMS_SMEM ? 1 : NT][4][2], cq[SUMS_SMEM ? 1 : NT][2], csf[SUMS_SMEM ? 1 : NT];
+            if (NT == 1) { /* one group: this step's from the last, the next step's now */
+                for (int kt = 0; kt < 4; kt++) c16[0][kt][0] = b16[0][kt][0], c16[0][kt][1] = b16[0][kt][1];
+                cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
+                const uint32_t un = uj + 1u, nrun = (uint32_t)w + (un >> 2) * NW1;
+                up_bload(j + 1 < nq ? (int)(nrun * 4u + (un & 3u)) : KS1, src, x, xq, xsf, p, b16, bq, bsf);
+            } else if (!SUMS_SMEM) { /* two groups: this step's, before the wait (registers) */
+                up_bload((int)s, src, x, xq, xsf, p, c16, cq, csf);
+            }
+            mj_cp_async_wait(RING - 1); /* step j's group has landed... */
+            __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
             if (s < KS1)
                 up_step(ring + (uj % RING) * 1024u, ring + RING * 1024 + ((uj >> 2) % RUNRING) * 512u, (int)s, (int)(uj & 3u),
-                        src, srcs, nc, x, xq, xsf, lane, accr, acc);
+                        srcs, nc, x, xq, xsf, lane, accr, acc, c16, cq, csf);
         }
         __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
         if (!SUMS_SMEM) {
@@ -603,14 +633,16 @@ typedef struct down_item_t {
     int run;         /* which run of the expert (in the ring)                              */
 } down_item_t;
 
-/* The expert after cursor (a slot of the active list, then NSUB shared ones) that has rows
- * in [t0, t1); the cursor moves past it. */
+/* The expert at or after cursor (a slot of the active list, then NSUB shared ones; a warp's
+ * cursor visits every NW2-th: its share) that has rows in [t0, t1); the cursor moves NW2
+ * past it. */
 MJ_DEVICE down_item_t next_expert(int *cursor, int na, const int32_t *counts, const int32_t *offsets,
                                   const int32_t *active, const int32_t *row_index, const float *scal, int n_local,
                                   int expert_begin, int mb, int t0, int t1, int ts) {
     down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
     while (*cursor < na + NSUB) {
-        int c = (*cursor)++;
+        const int c = *cursor;
+        *cursor += NW2;
         if (c < na) {
             const int e = active[c], xi = e - expert_begin;
             if (e < 0 || xi < 0 || xi >= n_local) continue;
@@ -664,10 +696,43 @@ MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, c
 /* The MMAs of an item (its fragments and scales in slot) against the expert's n rows in the
  * tile (row0 + i for token i): this lane's sums accr (registers, the groups unrolled), or
  * with SUMS_SMEM the sums in frag (the warp's shared memory, [NT][32 lanes][4]: each lane's
- * four side by side) and the groups one rolled loop, as up's. */
+ * four side by side) and the groups one rolled loop, as up's. With one token group (TPE 8)
+ * the activations of all 4 steps are loaded first, side by side (W4A16 32 registers, W4A4
+ * 12): one global latency an item, not one a step. */
 MJ_DEVICE void down_step(const uint8_t *slot, int run, long long row0, int n, const uint16_t *act,
                          const uint8_t *actq, const uint8_t *act_sf, int lane, float accr[][4], float *frag) {
     const int g = lane >> 2, p = lane & 3;
+    if (NT == 1) {
+        const long long src = g < n ? row0 + g : -1;
+        uint32_t b[4][4][2], bq[4][2], sfb[4];
+        MJ_UNROLL
+        for (int s4 = 0; s4 < 4; s4++) {
+            const int s = run * 4 + s4;
+            for (int kt = 0; kt < 4; kt++) b[s4][kt][0] = b[s4][kt][1] = 0;
+            bq[s4][0] = bq[s4][1] = sfb[s4] = 0;
+            if (s >= KS2) continue;
+            if (MODE == 1) fp4_bfrag(actq, act_sf, src, I, s, p, bq[s4], &sfb[s4]);
+            else if (src >= 0) bf16_bfrag(act + src * I, s, p, b[s4]);
+        }
+        MJ_UNROLL
+        for (int s4 = 0; s4 < 4; s4++) {
+            const int s = run * 4 + s4;
+            if (s >= KS2) break;
+            const uint4 wf = *(const uint4 *)(slot + s4 * 512 + lane * 16);
+            const uint8_t *sr = slot + 2048;
+            if (MODE == 1) {
+                const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
+                const uint32_t sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
+                mj_mma_e2m1_m16n8k64(accr[0], a4, bq[s4], accr[0], sfa, sfb[s4]);
+            } else {
+                uint32_t a16[4][4];
+                dequant_frag(wf, *(const uint32_t *)(sr + g * 16 + 4 * s4),
+                             *(const uint32_t *)(sr + (g + 8) * 16 + 4 * s4), p, a16);
+                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(accr[0], a16[kt], b[s4][kt], accr[0]);
+            }
+        }
+        return;
+    }
     MJ_NO_UNROLL
     for (int s4 = 0; s4 < 4; s4++) {
         const int s = run * 4 + s4;
@@ -718,7 +783,7 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, co
     }
 }
 
-/* grid (H / (16 NW2), ceil(B / TPE)), block NW2 * 32, dynamic shared memory
+/* grid (H / 16, ceil(B / TPE)), block NW2 * 32, dynamic shared memory
  * NW2 * (TPE * 128 + DRING * DSLOT) bytes: each warp's tile and fragments, then each warp's
  * ring. out [B, H] f32: every element written (0 for padding tokens). */
 MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
@@ -729,7 +794,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
 #if PART == 0 || PART == 3 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g = lane >> 2;
-    const int d = (int)blockIdx.x * NW2 + w; /* this warp's 16 dims: 16d .. */
+    const int d = (int)blockIdx.x; /* the block's 16 dims: 16d .. */
     const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
     const int nv = valid_tokens(num_valid, B);
     float *acc_tile = smem + w * TPE * 32, *frag = acc_tile + TPE * 16; /* this warp's alone: [TPE][16], [NT][32][4] */
@@ -741,7 +806,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 128 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
      * items, so next_expert's searches are compiled once). */
-    int cursor = 0, prun = RUNS2 - 1;
+    int cursor = w, prun = RUNS2 - 1; /* this warp's share: items w, w + NW2, ... */
     down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
     long long row0 = 0; /* the item's first act row (token t0 + i at row0 + i) */
     float accr[SUMS_SMEM ? 1 : NT][4];
@@ -785,8 +850,15 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
         }
     }
     mj_cp_async_wait(0); /* nothing lands after the warp is done (the empty groups) */
+    __syncthreads();     /* every warp's tile is summed */
+    /* The warps' tiles added in warp order (each its experts' in ascending order). */
     MJ_NO_UNROLL
-    for (int i = lane; i < (t1 - t0) * 16; i += 32) out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = acc_tile[i];
+    for (int i = (int)threadIdx.x; i < (t1 - t0) * 16; i += NW2 * 32) {
+        float v = smem[i];
+        MJ_NO_UNROLL
+        for (int u = 1; u < NW2; u++) v += smem[u * TPE * 32 + i];
+        out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = v;
+    }
 #endif
 }
 
