@@ -139,18 +139,29 @@ MJ_DEVICE void store_q16(uint8_t *row, int grp, uint32_t w0, uint32_t w1) {
     *(uint32_t *)(step + 4 * frag_word(wi + 1)) = w1;
 }
 
-/* Four E2M1 codes (the low 16 bits of c, code j in nibble j) as bf16 bits, two pairs (low
- * half first): a byte permute picks each magnitude's top and second byte of its float (the
- * float of 0, .5, 1, 1.5, 2, 3, 4, 6 is 0, 3F00, 3F80, 3FC0, 4000, 4040, 4080, 40C0 then
- * zeros: exactly its bf16), a second pair of permutes interleaves them, and one multiply a
- * pair moves its two sign bits (bits 3, 7 of c; 11, 15) to bits 15 and 31 at once: the
- * product's other terms land on other bits, their one carry (two terms on bit 27, or 19)
- * below 31. About two instructions an element, no branches. */
-MJ_DEVICE void e2m1x4_bf16(uint32_t c, uint32_t *p01, uint32_t *p23) {
-    const uint32_t mag = c & 0x7777u, sgn = c & 0x8888u;
-    const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, mag), lo = __byte_perm(0xC0800000u, 0xC0804000u, mag);
-    *p01 = __byte_perm(lo, hi, 0x5140u) | ((sgn * 0x01001000u) & 0x80008000u); /* x 2^12 + 2^24 */
-    *p23 = __byte_perm(lo, hi, 0x7362u) | ((sgn * 0x00010010u) & 0x80008000u); /* x 2^4 + 2^16  */
+/* W4A16's dequantization works in units of 2^-7: a weight's bf16 is its code's value times
+ * its block scale times 2^-7 (exact: at most 6 significant bits, and at least 2^-17), so the
+ * MMAs' sums are the true ones times 2^-7, exactly (a power of two), and the epilogues
+ * multiply them by DQ_UNIT before anything else. That is what lets the codes' bits go
+ * straight into place below, with no table. */
+#define DQ_UNIT (MODE == 0 ? 128.0f : 1.0f)
+
+/* Eight E2M1 codes (w, code j in nibble j) as bf16 pairs times sc (a bf16 pair, both halves
+ * the block scale times 2^119): pair q holds codes 2q (low half) and 2q + 1. A code's
+ * exponent and mantissa bits (e1 e0 m) go to a bf16's two lowest exponent bits and its top
+ * mantissa bit, its sign to the sign: that bf16 is the code's value times 2^-126, exactly,
+ * for all 16 codes (the exponent-0 codes 0 and 0.5 become bf16 subnormals, which the bf16
+ * multiply keeps), and times sc it is value x scale x 2^-7. A byte permute puts codes 2q
+ * and 2q + 1 at bits 0 and 16, a mask clears the rest, one multiply by 2^6 + 2^12 moves
+ * the magnitude bits by 6 and the sign bit by 12 at once (the two shifted copies share no
+ * bit), a mask keeps those: 5 instructions a pair, with the scale's multiply. */
+MJ_DEVICE void e2m1x8_bf16(uint32_t w, uint32_t sc, uint32_t r[4]) {
+    const uint32_t w4 = w >> 4;
+    MJ_UNROLL
+    for (int q = 0; q < 4; q++) {
+        const uint32_t t = __byte_perm(w, w4, 0x4400u + 0x1111u * (uint32_t)q) & 0x000F000Fu;
+        r[q] = mj_mul_bf16x2((t * 0x1040u) & 0x81C081C0u, sc);
+    }
 }
 
 MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
@@ -203,42 +214,43 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
 
 /* ---- fragments ---------------------------------------------------------------------------- */
 
-/* The UE4M3 scale in byte q of w as a bf16 pair (both halves; an E4M3 value is exact in
- * bf16), as e4m3_val has it but cheaper: the byte's exponent and mantissa go where a
- * float's low exponent and top mantissa bits are (an E4M3 is a float of bias 7, not 127),
- * and the float times 2^120 is the value, for the subnormal codes too (e = 0 makes a float
- * subnormal, which the product normalizes; no flush to zero here). */
-MJ_DEVICE uint32_t e4m3_bf16x2(uint32_t w, int q) {
-    const uint32_t v = __byte_perm(w, 0u, 0x0444u | (uint32_t)q << 12); /* byte q at bits 24..31 */
-    const uint32_t h = mj_f32_bits(mj_f32_from_bits(((v >> 4) & 0x07F00000u) | (v & 0x80000000u)) * 0x1p120f) >> 16;
-    return h | h << 16;
+/* The UE4M3 scales in bytes q and q + 2 of w (a lane's k-groups in the two halves of a
+ * k-step: q = p / 2), each times 2^119, as one bf16 pair (byte q's low; exact: an E4M3 has 4
+ * significant bits, and 448 x 2^119 < 2^128). A byte's exponent and mantissa go where a
+ * bf16's low exponent and top mantissa bits are (an E4M3 is a float of bias 7, not 127):
+ * that bf16 is the value times 2^-120, for the exponent-0 scales too (as bf16 subnormals,
+ * which the bf16 multiply keeps; zero stays zero), and two multiplies, by 2^120 and by
+ * 2^119, make it what e2m1x8_bf16 takes. 6 instructions for both halves' scales. */
+MJ_DEVICE uint32_t e4m3x2_bf16(uint32_t w, int q) {
+    const uint32_t t = __byte_perm(w, 0u, 0x0404u | (uint32_t)q << 4 | (uint32_t)(q + 2) << 12); /* at bits 8, 24 */
+    const uint32_t b = ((t >> 4) & 0x07F007F0u) | (t & 0x80008000u);
+    return mj_mul_bf16x2(mj_mul_bf16x2(b, 0x7B807B80u /* 2^120 */), 0x7B007B00u /* 2^119 */);
 }
 
+/* Half hf of a bf16 pair, in both halves. */
+MJ_DEVICE uint32_t bf16_bcast(uint32_t v, int hf) { return __byte_perm(v, 0u, 0x1010u + 0x2222u * (uint32_t)hf); }
+
 /* W4A16, half hf of a k-step (m16n8k16 steps 2hf and 2hf + 1, k 32hf .. of the step): the
- * A fragments from this lane's words w (row g: w.x, row g + 8: w.y; k 32hf + 8p ..: words
- * 2hf and 2hf + 1 of the m16n8k64 fragment), dequantized with row g's scale word sg and row
- * g + 8's sg8 (byte q: k-group 4s + q of the step; this half's is 2hf + p/2). Each step kk
- * takes nibbles 4kk .. 4kk + 3 of the two words. */
-MJ_DEVICE void dequant_half(uint2 w, uint32_t sg, uint32_t sg8, int hf, int p, uint32_t a[2][4]) {
-    const uint32_t sc = e4m3_bf16x2(sg, hf * 2 + (p >> 1)), sc8 = e4m3_bf16x2(sg8, hf * 2 + (p >> 1));
+ * A fragments (in units of 2^-7, DQ_UNIT) from this lane's words w (row g: w.x, row g + 8:
+ * w.y; k 32hf + 8p ..: words 2hf and 2hf + 1 of the m16n8k64 fragment), dequantized with
+ * row g's scale pair sp and row g + 8's sp8 (e4m3x2_bf16 of the step's scale words: half hf
+ * is this half's). Step kk takes bytes 2kk and 2kk + 1 (nibbles 4kk .. 4kk + 3) of the
+ * words. */
+MJ_DEVICE void dequant_half(uint2 w, uint32_t sp, uint32_t sp8, int hf, uint32_t a[2][4]) {
+    uint32_t u[4], v[4];
+    e2m1x8_bf16(w.x, bf16_bcast(sp, hf), u);
+    e2m1x8_bf16(w.y, bf16_bcast(sp8, hf), v);
     MJ_UNROLL
-    for (int kk = 0; kk < 2; kk++) {
-        uint32_t u01, u23, v01, v23;
-        e2m1x4_bf16(w.x >> (16 * kk), &u01, &u23);
-        e2m1x4_bf16(w.y >> (16 * kk), &v01, &v23);
-        /* unit codes times their block scale: at most 6 significant bits, exact in bf16 */
-        a[kk][0] = mj_mul_bf16x2(u01, sc);
-        a[kk][1] = mj_mul_bf16x2(v01, sc8);
-        a[kk][2] = mj_mul_bf16x2(u23, sc);
-        a[kk][3] = mj_mul_bf16x2(v23, sc8);
-    }
+    for (int kk = 0; kk < 2; kk++) a[kk][0] = u[2 * kk], a[kk][1] = v[2 * kk], a[kk][2] = u[2 * kk + 1], a[kk][3] = v[2 * kk + 1];
 }
 
 /* W4A16: the four m16n8k16 A fragments hidden in one m16n8k64 fragment w (lane (g, p) holds
- * k 8p .. 8p + 7 in words a0 / a1 and 32 + 8p .. in a2 / a3): its two halves. */
+ * k 8p .. 8p + 7 in words a0 / a1 and 32 + 8p .. in a2 / a3): its two halves, with row g's
+ * scale word sg and row g + 8's sg8 (byte q: k-group 4s + q of the step). */
 MJ_DEVICE void dequant_frag(uint4 w, uint32_t sg, uint32_t sg8, int p, uint32_t a[4][4]) {
-    dequant_half(make_uint2(w.x, w.y), sg, sg8, 0, p, a);
-    dequant_half(make_uint2(w.z, w.w), sg, sg8, 1, p, a + 2);
+    const uint32_t sp = e4m3x2_bf16(sg, p >> 1), sp8 = e4m3x2_bf16(sg8, p >> 1);
+    dequant_half(make_uint2(w.x, w.y), sp, sp8, 0, a);
+    dequant_half(make_uint2(w.z, w.w), sp, sp8, 1, a + 2);
 }
 
 /* W4A16 B fragments of half hf of a k-step from a bf16 row (k 64s + 32hf + 8p ..): step kk
@@ -467,13 +479,14 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
     } else {
         /* the halves of the step in a rolled loop: one copy of half the dequantization and
          * of half the MMAs; each accumulator still takes the steps kt 0, 1, 2, 3 in order */
-        uint32_t sg[2], sg8[2]; /* rows g and g + 8: any lane reads any row's scales */
+        uint32_t sg[2], sg8[2]; /* rows g and g + 8 (any lane reads any row's scales): both halves' */
         for (int h = 0; h < 2; h++)
-            sg[h] = *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4), sg8[h] = *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4);
+            sg[h] = e4m3x2_bf16(*(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4), p >> 1),
+            sg8[h] = e4m3x2_bf16(*(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p >> 1);
         MJ_NO_UNROLL
         for (int hf = 0; hf < 2; hf++) {
             uint32_t a[2][2][4];
-            for (int h = 0; h < 2; h++) dequant_half(*(const uint2 *)(slot + h * 512 + lane * 16 + 8 * hf), sg[h], sg8[h], hf, p, a[h]);
+            for (int h = 0; h < 2; h++) dequant_half(*(const uint2 *)(slot + h * 512 + lane * 16 + 8 * hf), sg[h], sg8[h], hf, a[h]);
             MJ_UNROLL
             for (int n = 0; n < NT; n++) {
                 if (n * 8 >= nc) continue;
@@ -587,6 +600,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                     float gate = av[0], up = av[128];
                     MJ_NO_UNROLL
                     for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
+                    gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
                     float hv = silu(gate * alpha) * (up * alpha);
                     int ci = c0 + ti;
                     const long long orow = act_row(&rs, ci, mb, n_local);
@@ -779,7 +793,8 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, co
             const int ri = row_index[it->r0 + ti];
             tk = ri / K, wgt = weights[ri];
         }
-        acc_tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += wgt * (frag[((ci >> 2) * 32 + lane) * 4 + (ci & 3)] * it->alpha);
+        /* x DQ_UNIT first: exact (W4A16's sums are in units of 2^-7) */
+        acc_tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += wgt * (frag[((ci >> 2) * 32 + lane) * 4 + (ci & 3)] * DQ_UNIT * it->alpha);
     }
 }
 
@@ -871,6 +886,25 @@ MJ_KERNEL void experts_silu(const float *x, int n, float *y, float *want) {
     for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
         y[i] = silu(x[i]);
         want[i] = x[i] / (1.0f + expf(-x[i]));
+    }
+#endif
+}
+
+/* ---- experts_dequant (a check of W4A16's dequantization) ------------------------------------
+ * out[8i + 4hf .. + 3] = the four bf16 pairs e2m1x8_bf16 makes of the eight codes in words[i]
+ * with the block scale in byte 2hf of scales[i] (as e4m3x2_bf16 brings both), a grid-stride loop;
+ * a body only in PART 0: test_experts (on the interpreter) and test_moe_gpu dequant (on a
+ * GPU) compare each bf16 with the code's value x the scale x 2^-7, bit for bit, for every
+ * code and every scale byte. */
+MJ_KERNEL void experts_dequant(const uint32_t *words, const uint32_t *scales, int n, uint32_t *out) {
+#if PART == 0
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
+        const uint32_t sp = e4m3x2_bf16(scales[i], 0);
+        for (int hf = 0; hf < 2; hf++) {
+            uint32_t r[4];
+            e2m1x8_bf16(words[i], bf16_bcast(sp, hf), r);
+            for (int q = 0; q < 4; q++) out[8 * i + 4 * hf + q] = r[q];
+        }
     }
 #endif
 }

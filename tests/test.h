@@ -359,6 +359,42 @@ static inline mj_status test_silu_kernel(mj_context_t ctx, const mj_function **f
     mj_status st = mj_context_spec(ctx, "moe_experts", kn, &s);
     return st != MJ_OK ? st : mj_jit_get(ctx, &s, f);
 }
+/* W4A16's dequantization (experts_dequant, in the same PART 0 build): TEST_DQ_WORDS words of
+ * eight E2M1 codes, each code in each nibble once for every UE4M3 scale byte but the two NaNs
+ * (0x7F, 0xFF), as byte 0 of the scale word, with another in byte 2 (the other half's).
+ * test_dequant_inputs writes them; test_dequant_bad counts the bf16 halves of out (8 words a
+ * word: byte 0's scale, then byte 2's) that are not the code's value x the scale x 2^-7
+ * (exact: at most 6 significant bits, none subnormal), and prints the first few. */
+enum { TEST_DQ_WORDS = 254 * 16 };
+static inline void test_dequant_inputs(uint32_t *words, uint32_t *scales) {
+    int i = 0;
+    for (uint32_t sb = 0; sb < 256; sb++) {
+        if ((sb & 0x7F) == 0x7F) continue;
+        for (uint32_t k = 0; k < 16; k++, i++) {
+            uint32_t w = 0;
+            for (uint32_t j = 0; j < 8; j++) w |= ((j * 2 + k) & 15u) << (4 * j); /* code (2j + k) % 16 at nibble j */
+            const uint32_t sb2 = (sb * 37u + k * 101u + 11u) & 0xFFu; /* byte 2: another scale */
+            words[i] = w, scales[i] = sb | 0xA500A500u | ((sb2 & 0x7F) == 0x7F ? 0x00u : sb2) << 16; /* bytes 1, 3 unread */
+        }
+    }
+}
+static inline int test_dequant_bad(const uint32_t *words, const uint32_t *scales, const uint32_t *out) {
+    static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    int bad = 0;
+    for (int i = 0; i < 2 * TEST_DQ_WORDS; i++) {
+        const uint32_t sb = (scales[i / 2] >> (16 * (i & 1))) & 0xFF, e = (sb >> 3) & 15, m = sb & 7;
+        float sc = e ? ldexpf(1.0f + (float)m / 8.0f, (int)e - 7) : ldexpf((float)m / 8.0f, -6);
+        if (sb & 0x80) sc = -sc;
+        for (int j = 0; j < 8; j++) {
+            const uint32_t c = (words[i / 2] >> (4 * j)) & 15u;
+            const float v = (c & 8 ? -e2m1[c & 7] : e2m1[c & 7]) * sc * 0x1p-7f;
+            const uint32_t want = mj_f32_bits(v) >> 16, got = (out[4 * i + j / 2] >> (16 * (j & 1))) & 0xFFFFu;
+            if (got != want && bad++ < 4)
+                fprintf(stderr, "  code 0x%X x scale 0x%02X: bf16 0x%04X, want 0x%04X (%g)\n", c, sb, got, want, (double)v);
+        }
+    }
+    return bad;
+}
 /* silu's hard inputs (it divides without a division instruction): TEST_SILU_PER floats on
  * each side of its branches' edges (|x| 2^-25; x where 1 + e^-x reaches 1, 2^64 and inf), of
  * the two quotients hardest to round and of 1, -1 and 2^-126, the subnormals of both signs

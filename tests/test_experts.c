@@ -442,6 +442,28 @@ static mj_experts_t make_experts(mj_context_t ctx, mj_layer_t L, int mb) {
     return ex;
 }
 
+/* ---- W4A16's dequantization ------------------------------------------------------------------ */
+
+/* experts_dequant (the helpers up and down dequantize with) on every E2M1 code in every nibble
+ * with every UE4M3 scale byte but the NaNs: each bf16 must be value x scale x 2^-7, bit for
+ * bit (the exponent-0 codes are bf16 subnormals on the way: the interpreter's bf16 multiply
+ * keeps them, as the GPU's must; test_moe_gpu dequant checks that one). */
+static void test_dequant(mj_context_t ctx) {
+    uint32_t *words = malloc(4 * TEST_DQ_WORDS), *scales = malloc(4 * TEST_DQ_WORDS), *out = malloc(32 * TEST_DQ_WORDS);
+    const mj_function *f = NULL;
+    CHECK_OK(test_silu_kernel(ctx, &f));
+    CHECK(words && scales && out, "dequant: no memory");
+    if (f && words && scales && out) {
+        test_dequant_inputs(words, scales);
+        memset(out, 0xEE, 32 * TEST_DQ_WORDS);
+        const mj_launch_dims d = {{16, 1, 1}, {128, 1, 1}, 0, NULL};
+        CHECK_OK(mj_launch_experts_dequant(f, d, words, scales, TEST_DQ_WORDS, out));
+        const int bad = test_dequant_bad(words, scales, out);
+        CHECK(bad == 0, "dequant: %d of %d bf16 values are not code x scale x 2^-7", bad, 16 * TEST_DQ_WORDS);
+    }
+    free(words), free(scales), free(out);
+}
+
 /* ---- silu ------------------------------------------------------------------------------------ */
 
 /* silu's counts over the inputs checked so far. */
@@ -1048,6 +1070,7 @@ int main(void) {
     } while (0)
     TIMED(test_pack(seed));
     TIMED(test_silu(ctx));
+    TIMED(test_dequant(ctx));
     TIMED(test_small(ctx, seed));
     TIMED(test_shards(ctx, seed + 200));
     TIMED(test_prefill(ctx, seed + 250));

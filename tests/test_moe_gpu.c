@@ -2,7 +2,7 @@
  * reference, and a CUDA graph of mj_moe_forward replayed for several token counts. Exit 77
  * (ctest: skipped) without a GPU.
  *
- *   test_moe_gpu [experts|layer|graph|silu|all] [--stub | --sim]
+ *   test_moe_gpu [experts|layer|graph|silu|dequant|all] [--stub | --sim]
  *
  * experts  mj_experts_forward on the reference's routing (W4A16 everywhere, W4A4 where the
  *          target has it: sm_120a/sm_121a; elsewhere its refusal is checked), against
@@ -18,6 +18,9 @@
  * silu     the SwiGLU's division (done without a division instruction) against the GPU's own
  *          x / (1.0f + expf(-x)), bit for bit, for every float at a stride and the edges of
  *          its branches (experts_silu, compiled with PART 0).
+ * dequant  W4A16's dequantization (experts_dequant, the same build): every E2M1 code in
+ *          every nibble with every scale byte, each bf16 value x scale x 2^-7 bit for bit
+ *          (the exponent-0 codes pass through bf16 subnormals the multiply must keep).
  * --sim    the same checks on the interpreter (what is checked here, without a GPU).
  * --stub   the host path only, on tests/stub/cuda_stub.c (kernels do not run): every call
  *          succeeds, captures are legal, nothing is written out of bounds; values unchecked.
@@ -430,6 +433,48 @@ static void test_silu(mj_context_t ctx) {
     free(x), free(y), free(want);
 }
 
+/* ---- W4A16's dequantization on the device --------------------------------------------------- */
+/* experts_dequant (the helpers up and down dequantize with) on every E2M1 code in every nibble
+ * with every UE4M3 scale byte but the NaNs, each bf16 against value x scale x 2^-7, bit for
+ * bit: the exponent-0 codes pass through bf16 subnormals, which the device's bf16 multiply
+ * must keep. */
+static void test_dequant(mj_context_t ctx) {
+    uint32_t *words = malloc(4 * TEST_DQ_WORDS), *scales = malloc(4 * TEST_DQ_WORDS), *out = malloc(32 * TEST_DQ_WORDS);
+    CHECK(words && scales && out, "dequant: no memory");
+    const mj_function *f = NULL;
+    CHECK_OK(test_silu_kernel(ctx, &f));
+    if (!words || !scales || !out) {
+        free(words), free(scales), free(out);
+        return;
+    }
+    test_dequant_inputs(words, scales);
+    memset(out, 0xEE, 32 * TEST_DQ_WORDS);
+    uint64_t dw = 0, ds = 0, dout = 0;
+    uint32_t *pw = words, *ps = scales, *po = out;
+    if (g_dev) {
+        CHECK_OK(mj_cuda_malloc(4 * TEST_DQ_WORDS, &dw));
+        CHECK_OK(mj_cuda_malloc(4 * TEST_DQ_WORDS, &ds));
+        CHECK_OK(mj_cuda_malloc(32 * TEST_DQ_WORDS, &dout));
+        CHECK_OK(mj_cuda_memcpy_htod(dw, words, 4 * TEST_DQ_WORDS));
+        CHECK_OK(mj_cuda_memcpy_htod(ds, scales, 4 * TEST_DQ_WORDS));
+        CHECK_OK(mj_cuda_memcpy_htod(dout, out, 32 * TEST_DQ_WORDS)); /* poisoned: every word must be written */
+        pw = (uint32_t *)(uintptr_t)dw, ps = (uint32_t *)(uintptr_t)ds, po = (uint32_t *)(uintptr_t)dout;
+    }
+    if (f) {
+        const mj_launch_dims d = {{16, 1, 1}, {128, 1, 1}, 0, NULL};
+        CHECK_OK(mj_launch_experts_dequant(f, d, pw, ps, TEST_DQ_WORDS, po));
+        sync_dev();
+        get(out, po, 32 * TEST_DQ_WORDS);
+    }
+    if (f && g_values) {
+        const int bad = test_dequant_bad(words, scales, out);
+        CHECK(bad == 0, "dequant: %d of %d bf16 values are not code x scale x 2^-7", bad, 16 * TEST_DQ_WORDS);
+        printf("dequant: %d codes x scales, value x scale x 2^-7 bit for bit: %s\n", 16 * TEST_DQ_WORDS, bad ? "no" : "yes");
+    }
+    if (g_dev) mj_cuda_free(dw), mj_cuda_free(ds), mj_cuda_free(dout);
+    free(words), free(scales), free(out);
+}
+
 int main(int argc, char **argv) {
     const char *which = "all";
     for (int i = 1; i < argc; i++) {
@@ -438,8 +483,8 @@ int main(int argc, char **argv) {
         else which = argv[i];
     }
     if (strcmp(which, "all") && strcmp(which, "experts") && strcmp(which, "layer") && strcmp(which, "graph") &&
-        strcmp(which, "silu")) {
-        fprintf(stderr, "usage: test_moe_gpu [experts|layer|graph|silu|all] [--stub | --sim]\n");
+        strcmp(which, "silu") && strcmp(which, "dequant")) {
+        fprintf(stderr, "usage: test_moe_gpu [experts|layer|graph|silu|dequant|all] [--stub | --sim]\n");
         return 2;
     }
     if (!g_values) { /* the host path on the stand-in driver */
@@ -464,6 +509,7 @@ int main(int argc, char **argv) {
     if (!strcmp(which, "all") || !strcmp(which, "layer")) test_layer(ctx, seed, 0);
     if (!strcmp(which, "all") || !strcmp(which, "graph")) test_layer(ctx, seed, 1);
     if (!strcmp(which, "all") || !strcmp(which, "silu")) test_silu(ctx);
+    if (!strcmp(which, "all") || !strcmp(which, "dequant")) test_dequant(ctx);
     mj_context_destroy(ctx);
     if (!g_values) test_stub_log_end();
     return test_finish();
