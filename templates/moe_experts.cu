@@ -396,6 +396,10 @@ MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int
  * than they save. */
 #define SUMS_SMEM (NT >= 4)
 #define UPACC (SUMS_SMEM ? NT * 1024 : 0) /* bytes a warp */
+/* Token groups whose sums registers hold: every group below SUMS_SMEM; past it the first
+ * alone, for a chunk of at most 8 tokens (most chunks at decode, whatever TPE is), which
+ * then takes the registers' path and its activations a step ahead, as TPE 8 does. */
+#define NTR (SUMS_SMEM ? 1 : NT)
 
 /* One token group's MMAs of k-step s into c, for one 16-row A fragment: W4A4 from the raw
  * fragment a4 and its scales sfa, W4A16 from the dequantized a16; the B side is row src
@@ -421,23 +425,24 @@ MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[
 MJ_DEVICE void up_bload(int s, const long long *src, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int p,
                         uint32_t b16[][4][2], uint32_t bq[][2], uint32_t *bsf) {
     MJ_UNROLL
-    for (int n = 0; n < (SUMS_SMEM ? 1 : NT); n++) {
+    for (int n = 0; n < NTR; n++) {
         for (int kt = 0; kt < 4; kt++) b16[n][kt][0] = b16[n][kt][1] = 0;
         bq[n][0] = bq[n][1] = bsf[n] = 0;
-        if (SUMS_SMEM || s >= KS1) continue;
+        if (s >= KS1) continue;
         if (MODE == 1) fp4_bfrag(xq, xsf, src[n], H, s, p, bq[n], &bsf[n]);
         else if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b16[n]);
     }
 }
 
 /* The MMAs of k-step s (its fragments in slot, its run's scales in sr; step s4 of the run)
- * against the chunk's nc tokens: the sums accr (registers) with the activations up_bload
- * brought (b16, bq, bsf), or the rows srcs[] and the sums in acc (SUMS_SMEM). */
+ * against the chunk's nc tokens: the sums accr (registers: nc <= 8 * NTR) with the
+ * activations up_bload brought (b16, bq, bsf), or the rows srcs[] and the sums in acc
+ * (SUMS_SMEM, nc > 8). */
 MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, const int *srcs, int nc,
                        const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int lane, float accr[][2][4],
                        float *acc, const uint32_t b16[][4][2], const uint32_t bq[][2], const uint32_t *bsf) {
     const int g = lane >> 2, p = lane & 3;
-    if (SUMS_SMEM) {
+    if (SUMS_SMEM && nc > 8) {
         /* Gate, then up (h): the fragment and its scales from the ring, then the groups
          * that hold tokens, their sums in shared memory. One copy of the dequantization
          * (W4A16), the activations of a group read once for each. */
@@ -469,7 +474,7 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
         if (p < 2)
             for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4);
         MJ_UNROLL
-        for (int n = 0; n < NT; n++) {
+        for (int n = 0; n < NTR; n++) {
             if (n * 8 >= nc) continue;
             for (int h = 0; h < 2; h++) {
                 const uint32_t a[4] = {wf[h].x, wf[h].y, wf[h].z, wf[h].w};
@@ -488,7 +493,7 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
             uint32_t a[2][2][4];
             for (int h = 0; h < 2; h++) dequant_half(*(const uint2 *)(slot + h * 512 + lane * 16 + 8 * hf), sg[h], sg8[h], hf, a[h]);
             MJ_UNROLL
-            for (int n = 0; n < NT; n++) {
+            for (int n = 0; n < NTR; n++) {
                 if (n * 8 >= nc) continue;
                 for (int kk = 0; kk < 2; kk++) {
                     /* this half's pair, picked by value (an index by hf would put b16 in local memory) */
@@ -531,12 +536,13 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     for (int c0 = 0; c0 < rs.n; c0 += TPE) {
         const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
         /* The source rows of the chunk's tokens (this lane's: token n * 8 + g of each group),
-         * and zero sums. */
-        long long src[SUMS_SMEM ? 1 : NT];
-        float accr[SUMS_SMEM ? 1 : NT][2][4];
-        if (!SUMS_SMEM) {
+         * and zero sums: in registers (regs; block-uniform), or in shared memory. */
+        const int regs = !SUMS_SMEM || nc <= 8;
+        long long src[NTR];
+        float accr[NTR][2][4];
+        if (regs) {
             MJ_UNROLL
-            for (int n = 0; n < NT; n++) {
+            for (int n = 0; n < NTR; n++) {
                 src[n] = n * 8 + g < nc ? src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
                 for (int h = 0; h < 2; h++)
                     for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
@@ -556,19 +562,19 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
          * loaded during step j - 1; with two, at the start of step j (a copy of both groups
          * held across a step would double their registers) */
-        uint32_t b16[SUMS_SMEM ? 1 : NT][4][2], bq[SUMS_SMEM ? 1 : NT][2], bsf[SUMS_SMEM ? 1 : NT];
-        up_bload(NT == 1 && nq > 0 ? w * 4 : KS1, src, x, xq, xsf, p, b16, bq, bsf);
+        uint32_t b16[NTR][4][2], bq[NTR][2], bsf[NTR];
+        up_bload(NTR == 1 && regs && nq > 0 ? w * 4 : KS1, src, x, xq, xsf, p, b16, bq, bsf);
         MJ_NO_UNROLL
         for (int j = 0; j < nq; j++) {
             up_issue(ring, wt, st, w, j + RING - 1, nq, lane); /* into the slot step j - 1 read */
             const uint32_t uj = (uint32_t)j, run = (uint32_t)w + (uj >> 2) * NW1, s = run * 4u + (uj & 3u);
-            uint32_t c16[SUMS_SMEM ? 1 : NT][4][2], cq[SUMS_SMEM ? 1 : NT][2], csf[SUMS_SMEM ? 1 : NT];
-            if (NT == 1) { /* one group: this step's from the last, the next step's now */
+            uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
+            if (NTR == 1 && regs) { /* one group: this step's from the last, the next step's now */
                 for (int kt = 0; kt < 4; kt++) c16[0][kt][0] = b16[0][kt][0], c16[0][kt][1] = b16[0][kt][1];
                 cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
                 const uint32_t un = uj + 1u, nrun = (uint32_t)w + (un >> 2) * NW1;
                 up_bload(j + 1 < nq ? (int)(nrun * 4u + (un & 3u)) : KS1, src, x, xq, xsf, p, b16, bq, bsf);
-            } else if (!SUMS_SMEM) { /* two groups: this step's, before the wait (registers) */
+            } else if (regs) { /* two groups: this step's, before the wait (registers) */
                 up_bload((int)s, src, x, xq, xsf, p, c16, cq, csf);
             }
             mj_cp_async_wait(RING - 1); /* step j's group has landed... */
@@ -578,9 +584,9 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                         srcs, nc, x, xq, xsf, lane, accr, acc, c16, cq, csf);
         }
         __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
-        if (!SUMS_SMEM) {
+        if (regs) {
             MJ_UNROLL
-            for (int n = 0; n < NT; n++)
+            for (int n = 0; n < NTR; n++)
                 for (int h = 0; h < 2; h++)
                     for (int i = 0; i < 4; i++) acc[((n * 2 + h) * 32 + lane) * 4 + i] = accr[n][h][i];
             __syncthreads();
@@ -710,13 +716,15 @@ MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, c
 /* The MMAs of an item (its fragments and scales in slot) against the expert's n rows in the
  * tile (row0 + i for token i): this lane's sums accr (registers, the groups unrolled), or
  * with SUMS_SMEM the sums in frag (the warp's shared memory, [NT][32 lanes][4]: each lane's
- * four side by side) and the groups one rolled loop, as up's. With one token group (TPE 8)
- * the activations of all 4 steps are loaded first, side by side (W4A16 32 registers, W4A4
- * 12): one global latency an item, not one a step. */
+ * four side by side) and the groups one rolled loop, as up's. An expert with at most 8 rows
+ * in the tile (one token group: every item at TPE 8, and most at decode whatever TPE is)
+ * takes a path of its own: its sums in accr[0] (registers, whatever SUMS_SMEM says), and the
+ * activations of all 4 steps loaded first, side by side (W4A16 32 registers, W4A4 12): one
+ * global latency an item, not one a step. */
 MJ_DEVICE void down_step(const uint8_t *slot, int run, long long row0, int n, const uint16_t *act,
                          const uint8_t *actq, const uint8_t *act_sf, int lane, float accr[][4], float *frag) {
     const int g = lane >> 2, p = lane & 3;
-    if (NT == 1) {
+    if (NT == 1 || n <= 8) {
         const long long src = g < n ? row0 + g : -1;
         uint32_t b[4][4][2], bq[4][2], sfb[4];
         MJ_UNROLL
@@ -848,6 +856,8 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                 MJ_UNROLL
                 for (int c = 0; c < NT; c++)
                     for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
+            } else if (it.n <= 8) { /* down_step's one-group path: registers */
+                for (int q = 0; q < 4; q++) accr[0][q] = 0.0f;
             } else {
                 MJ_NO_UNROLL
                 for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -859,6 +869,8 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                 MJ_UNROLL
                 for (int c = 0; c < NT; c++)
                     for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
+            } else if (it.n <= 8) {
+                for (int q = 0; q < 4; q++) frag[lane * 4 + q] = accr[0][q];
             }
             down_epilogue(&it, row_index, weights, t0, lane, frag, acc_tile);
             __syncwarp(0xFFFFFFFFu);
