@@ -353,6 +353,21 @@ mknpy xnan.npy '<f4' '(1, 128)' f nan $(seq 127)
 expect_fail "$MJ" run --checkpoint kept --input xnan.npy --output y.npy $DC; contains err "not finite"
 expect_fail "$MJ" run --checkpoint nowhere --input x.npy --output y.npy $DC
 [ ! -e y.npy ] && ok || bad "a failed run wrote its output"
+# A special file at --output is refused and stays what it was (rename would make a FIFO, a
+# device node or a link to one a regular file): a FIFO, a link to /dev/null; and for
+# nvfp4 dequantize, a device node of our own where this machine lets us make one.
+mkfifo yfifo.npy && ln -s /dev/null ynull.npy
+expect_fail $RUN --output yfifo.npy --backend ref;      contains err "FIFO"; contains err "regular file"
+[ -p yfifo.npy ] && ok || bad "run --output replaced a FIFO: $(ls -l yfifo.npy)"
+expect_fail $RUN --output ynull.npy --backend ref;      contains err "link to a character device"
+[ -L ynull.npy ] && [ "$(readlink ynull.npy)" = /dev/null ] && ok || bad "run --output replaced a link: $(ls -l ynull.npy)"
+expect_fail "$MJ" nvfp4 dequantize q ynull.npy;         contains err "character device"
+[ -L ynull.npy ] && ok || bad "nvfp4 dequantize replaced a link: $(ls -l ynull.npy)"
+if mknod ychr.npy c 1 3 2>/dev/null; then
+    expect_fail "$MJ" nvfp4 dequantize q ychr.npy;      contains err "is a character device"
+    [ -c ychr.npy ] && ok || bad "nvfp4 dequantize replaced a device node: $(ls -l ychr.npy)"
+fi
+[ -z "$(ls ./*.tmp.* 2>/dev/null)" ] && ok || bad "temporaries left: $(ls ./*.tmp.*)"
 
 # ---- prewarm --config ---------------------------------------------------------------------
 GLM5="$SRC/tests/data/model/glm5_moe_config.json"

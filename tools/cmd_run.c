@@ -127,6 +127,9 @@ int cmd_run(int argc, char **argv) {
         }
     }
 
+    char err[512];
+    if (npy_check_output(out_path, err, sizeof err)) return tool_fail("%s", err);
+
     mj_checkpoint_t ck = NULL;
     mj_status st = mj_checkpoint_open(ck_dir, &ck);
     if (st != MJ_OK) return tool_fail_status(ck_dir, st);
@@ -136,7 +139,6 @@ int cmd_run(int argc, char **argv) {
     uint16_t *hidden = NULL;
     mj_layer_t full = NULL;
     mj_moe_config cfg;
-    char err[512];
     if ((st = mj_checkpoint_config(ck, &cfg)) != MJ_OK) {
         tool_fail_status(ck_dir, st);
         goto done;
