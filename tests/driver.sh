@@ -351,6 +351,12 @@ mknpy x64.npy '<f4' '(4, 64)' f $(seq 256)
 expect_fail "$MJ" run --checkpoint kept --input x64.npy --output y.npy $DC; contains err "[B, 128]"
 mknpy xnan.npy '<f4' '(1, 128)' f nan $(seq 127)
 expect_fail "$MJ" run --checkpoint kept --input xnan.npy --output y.npy $DC; contains err "not finite"
+# Finite in float32, infinite in bf16 (above 3.3895e38, either sign): refused like Inf.
+mknpy xbig.npy '<f4' '(2, 128)' f $(seq 128) $(seq 127) -3.3962e38
+expect_fail "$MJ" run --checkpoint kept --input xbig.npy --output y.npy --backend ref $DC
+contains err "element 255 (row 1)"; contains err "infinity in bf16"
+mknpy xbig.npy '<f4' '(1, 128)' f 3.4e38 $(seq 127)
+expect_fail "$MJ" run --checkpoint kept --input xbig.npy --output y.npy $DC; contains err "element 0 (row 0)"
 expect_fail "$MJ" run --checkpoint nowhere --input x.npy --output y.npy $DC
 [ ! -e y.npy ] && ok || bad "a failed run wrote its output"
 # A special file at --output is refused and stays what it was (rename would make a FIFO, a

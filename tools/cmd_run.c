@@ -182,6 +182,13 @@ int cmd_run(int argc, char **argv) {
             goto done;
         }
         hidden[i] = mj_f32_to_bf16(xf[i]);
+        /* Finite in float32 but past bf16's largest (3.3895e38, rounded): an infinity. */
+        if ((hidden[i] & 0x7F80u) == 0x7F80u) {
+            tool_fail("%s: element %zu (row %zu) is %g, which rounds to infinity in bf16 (the largest bf16 is "
+                      "3.3895e38); scale the input",
+                      in_path, i, i / (size_t)cfg.hidden, (double)xf[i]);
+            goto done;
+        }
     }
     int32_t k0_ref = cfg.topk;
     if (k0_policy) {
