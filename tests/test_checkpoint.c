@@ -644,6 +644,25 @@ static void test_malformed_single(const char *good) {
         free(d), free(p);
     }
 
+    /* Scales that are finite and positive but unusable: an input_scale whose reciprocal (the
+     * activations' global scale) overflows float (1e-45: the W4A4 kernels ran 74% off), and
+     * a weight_scale_2 so large that 6 * 448 * it (the largest weight it can scale) does. */
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "hugescale%d", i);
+        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        st_load(p, &f);
+        const char *t = i == 0 ? tname(3, 5, "down_proj", "input_scale")
+                      : i == 1 ? tname(3, MJ_CK_SHARED, "up_proj", "input_scale")
+                               : tname(3, 2, "gate_proj", "weight_scale_2");
+        char tn[MJ_CK_NAME_MAX];
+        snprintf(tn, sizeof tn, "%s", t);
+        *st_f32(&f, tn) = i == 0 ? 1e-45f : i == 1 ? 2e-39f : 3e38f;
+        st_save(p, &f);
+        expect_refused("unusable scale", d, MJ_ERR_NONFINITE, tn, i < 2 ? "1/input_scale" : "6 * 448");
+        free(d), free(p);
+    }
+
     /* A bf16 (unquantized) shared expert: refused, naming the tensor. */
     d = copy_ck(good, "bf16_shared"), p = path2(d, MJ_CK_SINGLE);
     st_load(p, &f);

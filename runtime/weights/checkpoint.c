@@ -447,8 +447,14 @@ static void ck_copy(mj_checkpoint_t ck, const ck_ref *r, uint64_t offset, uint64
     if (ck->hook) ck->hook(ck->hook_user, r->t->name, offset, len);
 }
 
-/* A scalar f32 (weight_scale_2, input_scale): finite and positive. */
-static mj_status ck_scalar(mj_checkpoint_t ck, const ck_ref *r, float *out) {
+enum { CK_WEIGHT_SCALE_2, CK_INPUT_SCALE };
+
+/* A scalar f32 (weight_scale_2, input_scale): finite and positive, and usable as what it
+ * is. An input_scale's reciprocal is the activations' global scale (the kernels and the
+ * reference quantize with 1/input_scale): it must be finite too. weight_scale_2 scales
+ * weights of up to 6 (e2m1) * 448 (e4m3 block scale): 6 * 448 * weight_scale_2 must be
+ * finite (ModelOpt exports amax / (6 * 448)), else the weights are infinities. */
+static mj_status ck_scalar(mj_checkpoint_t ck, const ck_ref *r, int kind, float *out) {
     float v;
     ck_copy(ck, r, 0, sizeof v, &v);
     if (!isfinite(v))
@@ -457,6 +463,16 @@ static mj_status ck_scalar(mj_checkpoint_t ck, const ck_ref *r, float *out) {
     if (!(v > 0.0f))
         return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s' is %g: a scale must be positive", r->f->label, r->t->name,
                             (double)v);
+    if (kind == CK_INPUT_SCALE && !isfinite(1.0f / v))
+        return mj_set_error(MJ_ERR_NONFINITE,
+                            "%s: tensor '%s' is %g: 1/input_scale (the activations' global scale) overflows float; "
+                            "an input_scale is amax / (6 * 448) of the calibration activations (a broken export?)",
+                            r->f->label, r->t->name, (double)v);
+    if (kind == CK_WEIGHT_SCALE_2 && !isfinite(6.0f * 448.0f * v))
+        return mj_set_error(MJ_ERR_NONFINITE,
+                            "%s: tensor '%s' is %g: 6 * 448 * weight_scale_2 (the largest weight it scales) overflows "
+                            "float; a weight_scale_2 is amax / (6 * 448) of the weights (a broken export?)",
+                            r->f->label, r->t->name, (double)v);
     *out = v;
     return MJ_OK;
 }
@@ -558,10 +574,10 @@ static mj_status load_w13(mj_checkpoint_t ck, const proj_refs *g, const proj_ref
     MJ_CHECK(check_block_scales(&g->sf, dst->weight_scale, n, (int64_t)sb, c0, 0));
     MJ_CHECK(check_block_scales(&u->sf, dst->weight_scale + (size_t)n * sb, n, (int64_t)sb, c0, 0));
     float gs2, us2, gin, uin;
-    MJ_CHECK(ck_scalar(ck, &g->s2, &gs2));
-    MJ_CHECK(ck_scalar(ck, &u->s2, &us2));
-    MJ_CHECK(ck_scalar(ck, &g->in, &gin));
-    MJ_CHECK(ck_scalar(ck, &u->in, &uin));
+    MJ_CHECK(ck_scalar(ck, &g->s2, CK_WEIGHT_SCALE_2, &gs2));
+    MJ_CHECK(ck_scalar(ck, &u->s2, CK_WEIGHT_SCALE_2, &us2));
+    MJ_CHECK(ck_scalar(ck, &g->in, CK_INPUT_SCALE, &gin));
+    MJ_CHECK(ck_scalar(ck, &u->in, CK_INPUT_SCALE, &uin));
     if (gs2 != us2) {
         if (gs2 < us2) reexpress(dst->weight_scale, (int64_t)n * (int64_t)sb, gs2 / us2);
         else reexpress(dst->weight_scale + (size_t)n * sb, (int64_t)n * (int64_t)sb, us2 / gs2);
@@ -587,8 +603,8 @@ static mj_status load_w2(mj_checkpoint_t ck, const proj_refs *d, int32_t H, int3
         ck_copy(ck, &d->sf, (uint64_t)r * sb + (uint64_t)c0 / MJ_NVFP4_GROUP, ns, dst->weight_scale + (size_t)r * ns);
     }
     MJ_CHECK(check_block_scales(&d->sf, dst->weight_scale, H, (int64_t)ns, 0, c0 / MJ_NVFP4_GROUP));
-    MJ_CHECK(ck_scalar(ck, &d->s2, &dst->weight_scale_2));
-    MJ_CHECK(ck_scalar(ck, &d->in, &dst->input_scale));
+    MJ_CHECK(ck_scalar(ck, &d->s2, CK_WEIGHT_SCALE_2, &dst->weight_scale_2));
+    MJ_CHECK(ck_scalar(ck, &d->in, CK_INPUT_SCALE, &dst->input_scale));
     return MJ_OK;
 }
 
