@@ -939,6 +939,30 @@ static void test_malformed_sharded(void) {
     alarm(0);
     free(d), free(p);
 
+    /* Shard names with control characters (an escape sequence, a newline): every message that
+     * names the shard shows them escaped (\x1b, \x0a), never raw. Missing; and present but a
+     * FIFO (the message comes from the safetensors reader). */
+    static const char evil[] = "evil\x1b[31m\nred\x07.safetensors";
+    for (int i = 0; i < 2; i++) {
+        d = copy_ck(good, i ? "shard_evil_fifo" : "shard_evil_missing");
+        edit_index(d, gw, evil);
+        if (i) {
+            p = path2(d, evil);
+            CHECK(mkfifo(p, 0600) == 0, "mkfifo: %s", strerror(errno));
+            free(p);
+        }
+        char msg[4096];
+        alarm(20);
+        mj_status st = open_and_load(d, 3, msg, sizeof msg);
+        alarm(0);
+        CHECK(st == MJ_ERR_IO, "shard name with control characters: %s: %s", mj_status_string(st), msg);
+        CHECK(strstr(msg, "evil\\x1b[31m\\x0ared\\x07.safetensors"), "the shard's name is not escaped: %s", msg);
+        int raw = 0;
+        for (const char *c = msg; *c; c++) raw += (unsigned char)*c < 0x20;
+        CHECK(raw == 0, "the message holds %d control character(s): %s", raw, msg);
+        free(d);
+    }
+
     /* A truncated shard among several names that shard. */
     d = copy_ck(good, "shard_truncated");
     p = shard_name(d, 2);

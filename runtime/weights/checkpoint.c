@@ -203,7 +203,11 @@ static mj_status open_shard(mj_checkpoint_t ck, int dirfd, const char *name, con
     if (!name[0] || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
         return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s' is in shard '%s', which is not a file name inside "
                             "the checkpoint directory: refused (a shard must not be a path)", ck->where, pt, pn);
-    char *label = path_join(ck->dir, name);
+    /* The label every message names the shard by: its name as written in the index, with
+     * control characters and non-ASCII bytes escaped (\x1b), whole. */
+    size_t room = 4 * strlen(name) + 8;
+    char *shown = malloc(room), *label = shown ? path_join(ck->dir, mj_printable(name, shown, room)) : NULL;
+    free(shown);
     if (!label) return mj_set_error(MJ_ERR_NOMEM, "out of memory opening %s", ck->dir);
     struct stat sb;
     if (fstatat(dirfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
