@@ -351,6 +351,31 @@ mknpy x64.npy '<f4' '(4, 64)' f $(seq 256)
 expect_fail "$MJ" run --checkpoint kept --input x64.npy --output y.npy $DC; contains err "[B, 128]"
 mknpy xnan.npy '<f4' '(1, 128)' f nan $(seq 127)
 expect_fail "$MJ" run --checkpoint kept --input xnan.npy --output y.npy $DC; contains err "not finite"
+# A bad tensor in one rank's slice (a NaN block scale in expert 15: EP rank 1's share, TP's
+# every rank's): that rank's load fails, and every rank stops before the forward instead of
+# waiting for it in the all-reduce (300 s); the message names the tensor, not the
+# communicator. Under `timeout`, so a wait fails the check instead of hanging the suite.
+cp -r kept keptnan
+python3 - keptnan model.layers.3.mlp.experts.15.down_proj.weight_scale <<'PY' && ok || bad "could not plant a NaN scale"
+import json, os, struct, sys
+d, name = sys.argv[1], sys.argv[2]
+idx = os.path.join(d, "model.safetensors.index.json")
+shard = json.load(open(idx))["weight_map"][name] if os.path.exists(idx) else "model.safetensors"
+p = os.path.join(d, shard)
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+begin = json.loads(b[8:8 + n])[name]["data_offsets"][0]
+b[8 + n + begin + 3] = 0x7F                     # the e4m3 NaN
+open(p, "wb").write(b)
+PY
+for split in "--ep 2" "--tp 2" "--ep 4"; do
+    SECONDS=0
+    expect_fail timeout 100 $RUN --checkpoint keptnan --output ynan.npy --backend sim $split
+    [ "$SECONDS" -lt 60 ] && ok || bad "run $split with a bad tensor took $SECONDS s (a rank waited for the failed one)"
+    contains err "experts.15.down_proj.weight_scale"; contains err "NaN"
+    grep -q "MJ_ERR_COMM\|communicator" err && bad "run $split blamed the communicator: $(cat err)" || ok
+done
+[ ! -e ynan.npy ] && ok || bad "a failed run wrote its output"
 # Finite in float32, infinite in bf16 (above 3.3895e38, either sign): refused like Inf.
 mknpy xbig.npy '<f4' '(2, 128)' f $(seq 128) $(seq 127) -3.3962e38
 expect_fail "$MJ" run --checkpoint kept --input xbig.npy --output y.npy --backend ref $DC
