@@ -623,6 +623,25 @@ static void test_malformed_single(const char *good) {
     expect_refused("duplicate key", d, MJ_ERR_PARSE, "model.safetensors", "duplicate");
     free(d), free(p);
 
+    /* A shard truncated after the checkpoint was opened (cp over it in place while a server
+     * loads): the load is an error naming the file (MJ_ERR_IO), never SIGBUS; the layers of a
+     * TP slice (strided reads of down) and a whole one alike; and the handle stays usable. */
+    for (int i = 0; i < 2; i++) {
+        d = copy_ck(good, i ? "cut_while_open_tp" : "cut_while_open"), p = path2(d, MJ_CK_SINGLE);
+        mj_checkpoint_t ck = NULL;
+        CHECK_OK(mj_checkpoint_open(d, &ck));
+        struct stat cut;
+        CHECK(stat(p, &cut) == 0 && truncate(p, cut.st_size / 3) == 0, "truncate %s", p);
+        mj_layer_t out = NULL;
+        mj_status st = mj_layer_load(ck, 3, i ? MJ_PAR_TP : MJ_PAR_NONE, i, i ? 2 : 1, &out);
+        CHECK(st == MJ_ERR_IO && out == NULL, "load after truncation: %s", mj_status_string(st));
+        CHECK(strstr(mj_last_error(), p) && strstr(mj_last_error(), "truncated"), "message: %s", mj_last_error());
+        st = mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 1, &out);
+        CHECK(st == MJ_ERR_IO, "a second load after truncation: %s", mj_status_string(st));
+        mj_checkpoint_close(ck);
+        free(d), free(p);
+    }
+
     /* Non-finite and impossible scales. */
     for (int i = 0; i < 4; i++) {
         char name[32];
