@@ -342,6 +342,7 @@ MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 $RUN --output y_auto.npy --
 contains err "interpreter on 2 ranks (TP)"; contains out "check: relative L2"
 expect_rc 2 $RUN --output y.npy --k0 2 --k0-policy 2;   contains err "not both"
 expect_rc 2 $RUN --output y.npy --backend ref --tp 2;  contains err "whole layer"
+expect_rc 2 $RUN --output y.npy --backend ref --check; contains err "no kernels to check"
 expect_rc 2 $RUN --output y.npy --num-valid 9;         contains err "exceeds"
 expect_rc 2 "$MJ" run --checkpoint kept --output y.npy; contains err "required"
 expect_fail $RUN --output y.npy --backend sim --tp 3;   contains err "TP=3"

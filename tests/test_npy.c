@@ -124,6 +124,16 @@ int main(void) {
     CHECK(a.count == 0 && a.shape[1] == INT64_C(4294967304), "shape");
     npy_free(&a);
 
+    /* An object array (np.save of a list of mixed things) is named as one, not as a byte
+     * order problem; a string array too. */
+    write_npy(in_dir("obj.npy"), "|O", "(2,)", "\x80\x02N.\x80\x02N.", 8);
+    CHECK(npy_load(in_dir("obj.npy"), "<f4", &a, err, sizeof err) == -1, "an object array loaded");
+    CHECK(strstr(err, "not a numeric array") && !strstr(err, "little-endian"), "err: %s", err);
+    write_npy(in_dir("str.npy"), "<U3", "(1,)", "a\0\0\0b\0\0\0c\0\0\0", 12);
+    CHECK(npy_load(in_dir("str.npy"), NULL, &a, err, sizeof err) == -1 && strstr(err, "not a numeric array"),
+          "err: %s", err);
+    unlink(in_dir("obj.npy")), unlink(in_dir("str.npy"));
+
     /* A directory is named as one, not 'bad magic'. */
     CHECK(mkdir(in_dir("dir.npy"), 0700) == 0, "mkdir: %s", strerror(errno));
     CHECK(npy_load(in_dir("dir.npy"), "<f4", &a, err, sizeof err) == -1, "a directory loaded");

@@ -105,6 +105,9 @@ int cmd_run(int argc, char **argv) {
     if (k0) snprintf(k0_text, sizeof k0_text, "%d", k0), k0_policy = k0_text;
     const int ref = !strcmp(backend, "ref");
     if (ref && par != MJ_PAR_NONE) return tool_usage("run", "the reference runs the whole layer: no --tp/--ep");
+    if (ref && check)
+        return tool_usage("run", "--check compares the kernels' output with the reference; with --backend ref there "
+                                 "are no kernels to check: drop --check or use --backend sim/cuda");
     const char *mode_policy;
     const mj_weight_mode mode = tool_mode_parse(mode_text, &mode_policy);
     if (ref && mode_policy) return tool_usage("run", "the reference takes --mode w4a16 or w4a4");

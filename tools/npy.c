@@ -154,6 +154,10 @@ static int parse_header(const char *hdr, const char *path, npy_array *a, char *e
         else if (*s != ')') return ERR("%s: bad 'shape' in .npy header", path);
     }
     size_t len = strlen(a->dtype);
+    /* A kind with no byte size is not a numeric array: Python objects ('|O'), strings. */
+    if (len >= 2 && !strchr("biufc", a->dtype[1]))
+        return ERR("%s: dtype '%s' is not a numeric array (Python objects, strings or records): save it as "
+                   "float32 (np.asarray(x, dtype=np.float32))", path, a->dtype);
     if (len < 3 || (a->dtype[0] != '<' && a->dtype[0] != '|' && a->dtype[0] != '='))
         return ERR("%s: dtype '%s' is not little-endian", path, a->dtype);
     a->itemsize = (size_t)atoi(a->dtype + 2);
