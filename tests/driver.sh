@@ -383,6 +383,13 @@ expect_fail "$MJ" run --checkpoint kept --input xbig.npy --output y.npy --backen
 contains err "element 255 (row 1)"; contains err "infinity in bf16"
 mknpy xbig.npy '<f4' '(1, 128)' f 3.4e38 $(seq 127)
 expect_fail "$MJ" run --checkpoint kept --input xbig.npy --output y.npy $DC; contains err "element 0 (row 0)"
+# --check where the layer overflows float32 (finite bf16 input near 1e37): no "relative L2
+# nan" and no blame on the kernels; each side's NaN/Inf counted, exit 1.
+mknpy xhuge.npy '<f4' '(1, 128)' f $(awk 'BEGIN { srand(5); for (i = 0; i < 128; i++) printf "%.6e ", (rand() * 2 - 1) * 1e37 }')
+expect_rc 1 "$MJ" run --checkpoint kept --input xhuge.npy --output yhuge.npy --backend sim --check $DC
+contains err "--check: not compared: the CPU reference holds 128 non-finite values"
+contains err "and the kernels' output 128 non-finite values"; contains err "overflows float32"
+grep -q "further from the reference\|relative L2\|nan" err out && bad "run --check on non-finite values: $(cat out err)" || ok
 expect_fail "$MJ" run --checkpoint nowhere --input x.npy --output y.npy $DC
 [ ! -e y.npy ] && ok || bad "a failed run wrote its output"
 # A special file at --output is refused and stays what it was (rename would make a FIFO, a
