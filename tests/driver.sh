@@ -831,6 +831,32 @@ MOEJIT_NVRTC=/nonexistent MOEJIT_LIBCUDA=$STUB expect_rc 1 "$MJ" $BENCH --reps 1
 contains err "did not compile for sm_120a"; contains err "MOEJIT_NVRTC=/nonexistent"
 MOEJIT_LIBCUDA=libm.so.6 expect_rc 1 "$MJ" $BENCH --no-compile --no-sim; contains err "has no symbol cuGetErrorName"
 MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --no-compile --no-sim; contains out "no GPU"
+# --checkpoint: the layer the measurements are of (rank 0's slice) is loaded, so validated,
+# with a GPU or without; a checkpoint whose layer does not load is an error naming the tensor,
+# before anything is measured. A small checkpoint (H 128, E 8, top-2).
+"$MJ" make-checkpoint --config "$GLM5" --out bck --seed 9 $SMALL >/dev/null && cp -r bck bcknan && ok || bad "bench: no checkpoint"
+python3 - bcknan model.layers.3.mlp.experts.7.down_proj.weight_scale <<'PY' && ok || bad "could not plant a NaN scale in bcknan"
+import json, os, struct, sys
+d, name = sys.argv[1], sys.argv[2]
+p = os.path.join(d, "model.safetensors")
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+begin = json.loads(b[8:8 + n])[name]["data_offsets"][0]
+b[8 + n + begin + 3] = 0x7F                     # the e4m3 NaN
+open(p, "wb").write(b)
+PY
+BCK="--k0 2 --bench-batch 1 --iters 2 --copy-mb 8 --no-compile --no-sim --cache-dir $T/benchcache -q"
+MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --checkpoint bck $BCK --json
+json_check 'j["gpu"] is None and j["config"]["checkpoint"] == "bck" and j["config"]["experts"] == 8'
+for split in "" "--tp 2"; do
+    MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_fail "$MJ" bench --checkpoint bcknan $BCK $split
+    contains err "bcknan: loading layer 3"; contains err "experts.7.down_proj.weight_scale"; contains err "NaN"
+    expect_fail "$MJ" bench --checkpoint bcknan $BCK --no-gpu --json $split; contains err "experts.7.down_proj.weight_scale"
+done
+# With a (stub) GPU the layer loaded up front is the one the GPU's run measures.
+MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" bench --checkpoint bck $BCK --json
+json_check 'j["gpu"]["device"] == "moejit stub GPU" and [r["what"] for r in j["gpu"]["layer"]] == ["layer", "layer_graph"]'
+MOEJIT_LIBCUDA=$STUB expect_fail "$MJ" bench --checkpoint bcknan $BCK; contains err "experts.7.down_proj.weight_scale"
 # The default k0 policy at most top-k; a given one above top-k stays an error.
 expect_rc 0 "$MJ" bench --config "$GLM5" $Q --topk 4 --no-compile --no-sim --no-gpu --json -q
 json_check 'j["plan"]["k0_policy"] == "1-3:4,4-:4"'
