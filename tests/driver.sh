@@ -342,6 +342,7 @@ MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 $RUN --output y_auto.npy --
 contains err "interpreter on 2 ranks (TP)"; contains out "check: relative L2"
 expect_rc 2 $RUN --output y.npy --k0 2 --k0-policy 2;   contains err "not both"
 expect_rc 2 $RUN --output y.npy --backend ref --tp 2;  contains err "whole layer"
+expect_rc 2 $RUN --output y.npy --backend ref --check; contains err "no kernels to check"
 expect_rc 2 $RUN --output y.npy --num-valid 9;         contains err "exceeds"
 expect_rc 2 "$MJ" run --checkpoint kept --output y.npy; contains err "required"
 expect_fail $RUN --output y.npy --backend sim --tp 3;   contains err "TP=3"
@@ -351,8 +352,61 @@ mknpy x64.npy '<f4' '(4, 64)' f $(seq 256)
 expect_fail "$MJ" run --checkpoint kept --input x64.npy --output y.npy $DC; contains err "[B, 128]"
 mknpy xnan.npy '<f4' '(1, 128)' f nan $(seq 127)
 expect_fail "$MJ" run --checkpoint kept --input xnan.npy --output y.npy $DC; contains err "not finite"
+# A bad tensor in one rank's slice (a NaN block scale in expert 15: EP rank 1's share, TP's
+# every rank's): that rank's load fails, and every rank stops before the forward instead of
+# waiting for it in the all-reduce (300 s); the message names the tensor, not the
+# communicator. Under `timeout`, so a wait fails the check instead of hanging the suite.
+cp -r kept keptnan
+python3 - keptnan model.layers.3.mlp.experts.15.down_proj.weight_scale <<'PY' && ok || bad "could not plant a NaN scale"
+import json, os, struct, sys
+d, name = sys.argv[1], sys.argv[2]
+idx = os.path.join(d, "model.safetensors.index.json")
+shard = json.load(open(idx))["weight_map"][name] if os.path.exists(idx) else "model.safetensors"
+p = os.path.join(d, shard)
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+begin = json.loads(b[8:8 + n])[name]["data_offsets"][0]
+b[8 + n + begin + 3] = 0x7F                     # the e4m3 NaN
+open(p, "wb").write(b)
+PY
+for split in "--ep 2" "--tp 2" "--ep 4"; do
+    SECONDS=0
+    expect_fail timeout 100 $RUN --checkpoint keptnan --output ynan.npy --backend sim $split
+    [ "$SECONDS" -lt 60 ] && ok || bad "run $split with a bad tensor took $SECONDS s (a rank waited for the failed one)"
+    contains err "experts.15.down_proj.weight_scale"; contains err "NaN"
+    grep -q "MJ_ERR_COMM\|communicator" err && bad "run $split blamed the communicator: $(cat err)" || ok
+done
+[ ! -e ynan.npy ] && ok || bad "a failed run wrote its output"
+# Finite in float32, infinite in bf16 (above 3.3895e38, either sign): refused like Inf.
+mknpy xbig.npy '<f4' '(2, 128)' f $(seq 128) $(seq 127) -3.3962e38
+expect_fail "$MJ" run --checkpoint kept --input xbig.npy --output y.npy --backend ref $DC
+contains err "element 255 (row 1)"; contains err "infinity in bf16"
+mknpy xbig.npy '<f4' '(1, 128)' f 3.4e38 $(seq 127)
+expect_fail "$MJ" run --checkpoint kept --input xbig.npy --output y.npy $DC; contains err "element 0 (row 0)"
+# --check where the layer overflows float32 (finite bf16 input near 1e37): no "relative L2
+# nan" and no blame on the kernels; each side's NaN/Inf counted, exit 1.
+mknpy xhuge.npy '<f4' '(1, 128)' f $(awk 'BEGIN { srand(5); for (i = 0; i < 128; i++) printf "%.6e ", (rand() * 2 - 1) * 1e37 }')
+expect_rc 1 "$MJ" run --checkpoint kept --input xhuge.npy --output yhuge.npy --backend sim --check $DC
+contains err "--check: not compared: the CPU reference holds 128 non-finite values"
+contains err "and the kernels' output 128 non-finite values"; contains err "overflows float32"
+grep -q "further from the reference\|relative L2\|nan" err out && bad "run --check on non-finite values: $(cat out err)" || ok
 expect_fail "$MJ" run --checkpoint nowhere --input x.npy --output y.npy $DC
 [ ! -e y.npy ] && ok || bad "a failed run wrote its output"
+# A special file at --output is refused and stays what it was (rename would make a FIFO, a
+# device node or a link to one a regular file): a FIFO, a link to /dev/null; and for
+# nvfp4 dequantize, a device node of our own where this machine lets us make one.
+mkfifo yfifo.npy && ln -s /dev/null ynull.npy
+expect_fail $RUN --output yfifo.npy --backend ref;      contains err "FIFO"; contains err "regular file"
+[ -p yfifo.npy ] && ok || bad "run --output replaced a FIFO: $(ls -l yfifo.npy)"
+expect_fail $RUN --output ynull.npy --backend ref;      contains err "link to a character device"
+[ -L ynull.npy ] && [ "$(readlink ynull.npy)" = /dev/null ] && ok || bad "run --output replaced a link: $(ls -l ynull.npy)"
+expect_fail "$MJ" nvfp4 dequantize q ynull.npy;         contains err "character device"
+[ -L ynull.npy ] && ok || bad "nvfp4 dequantize replaced a link: $(ls -l ynull.npy)"
+if mknod ychr.npy c 1 3 2>/dev/null; then
+    expect_fail "$MJ" nvfp4 dequantize q ychr.npy;      contains err "is a character device"
+    [ -c ychr.npy ] && ok || bad "nvfp4 dequantize replaced a device node: $(ls -l ychr.npy)"
+fi
+[ -z "$(ls ./*.tmp.* 2>/dev/null)" ] && ok || bad "temporaries left: $(ls ./*.tmp.*)"
 
 # ---- prewarm --config ---------------------------------------------------------------------
 GLM5="$SRC/tests/data/model/glm5_moe_config.json"
@@ -777,6 +831,32 @@ MOEJIT_NVRTC=/nonexistent MOEJIT_LIBCUDA=$STUB expect_rc 1 "$MJ" $BENCH --reps 1
 contains err "did not compile for sm_120a"; contains err "MOEJIT_NVRTC=/nonexistent"
 MOEJIT_LIBCUDA=libm.so.6 expect_rc 1 "$MJ" $BENCH --no-compile --no-sim; contains err "has no symbol cuGetErrorName"
 MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --no-compile --no-sim; contains out "no GPU"
+# --checkpoint: the layer the measurements are of (rank 0's slice) is loaded, so validated,
+# with a GPU or without; a checkpoint whose layer does not load is an error naming the tensor,
+# before anything is measured. A small checkpoint (H 128, E 8, top-2).
+"$MJ" make-checkpoint --config "$GLM5" --out bck --seed 9 $SMALL >/dev/null && cp -r bck bcknan && ok || bad "bench: no checkpoint"
+python3 - bcknan model.layers.3.mlp.experts.7.down_proj.weight_scale <<'PY' && ok || bad "could not plant a NaN scale in bcknan"
+import json, os, struct, sys
+d, name = sys.argv[1], sys.argv[2]
+p = os.path.join(d, "model.safetensors")
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+begin = json.loads(b[8:8 + n])[name]["data_offsets"][0]
+b[8 + n + begin + 3] = 0x7F                     # the e4m3 NaN
+open(p, "wb").write(b)
+PY
+BCK="--k0 2 --bench-batch 1 --iters 2 --copy-mb 8 --no-compile --no-sim --cache-dir $T/benchcache -q"
+MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --checkpoint bck $BCK --json
+json_check 'j["gpu"] is None and j["config"]["checkpoint"] == "bck" and j["config"]["experts"] == 8'
+for split in "" "--tp 2"; do
+    MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_fail "$MJ" bench --checkpoint bcknan $BCK $split
+    contains err "bcknan: loading layer 3"; contains err "experts.7.down_proj.weight_scale"; contains err "NaN"
+    expect_fail "$MJ" bench --checkpoint bcknan $BCK --no-gpu --json $split; contains err "experts.7.down_proj.weight_scale"
+done
+# With a (stub) GPU the layer loaded up front is the one the GPU's run measures.
+MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" bench --checkpoint bck $BCK --json
+json_check 'j["gpu"]["device"] == "moejit stub GPU" and [r["what"] for r in j["gpu"]["layer"]] == ["layer", "layer_graph"]'
+MOEJIT_LIBCUDA=$STUB expect_fail "$MJ" bench --checkpoint bcknan $BCK; contains err "experts.7.down_proj.weight_scale"
 # The default k0 policy at most top-k; a given one above top-k stays an error.
 expect_rc 0 "$MJ" bench --config "$GLM5" $Q --topk 4 --no-compile --no-sim --no-gpu --json -q
 json_check 'j["plan"]["k0_policy"] == "1-3:4,4-:4"'

@@ -623,6 +623,25 @@ static void test_malformed_single(const char *good) {
     expect_refused("duplicate key", d, MJ_ERR_PARSE, "model.safetensors", "duplicate");
     free(d), free(p);
 
+    /* A shard truncated after the checkpoint was opened (cp over it in place while a server
+     * loads): the load is an error naming the file (MJ_ERR_IO), never SIGBUS; the layers of a
+     * TP slice (strided reads of down) and a whole one alike; and the handle stays usable. */
+    for (int i = 0; i < 2; i++) {
+        d = copy_ck(good, i ? "cut_while_open_tp" : "cut_while_open"), p = path2(d, MJ_CK_SINGLE);
+        mj_checkpoint_t ck = NULL;
+        CHECK_OK(mj_checkpoint_open(d, &ck));
+        struct stat cut;
+        CHECK(stat(p, &cut) == 0 && truncate(p, cut.st_size / 3) == 0, "truncate %s", p);
+        mj_layer_t out = NULL;
+        mj_status st = mj_layer_load(ck, 3, i ? MJ_PAR_TP : MJ_PAR_NONE, i, i ? 2 : 1, &out);
+        CHECK(st == MJ_ERR_IO && out == NULL, "load after truncation: %s", mj_status_string(st));
+        CHECK(strstr(mj_last_error(), p) && strstr(mj_last_error(), "truncated"), "message: %s", mj_last_error());
+        st = mj_layer_load(ck, 3, MJ_PAR_NONE, 0, 1, &out);
+        CHECK(st == MJ_ERR_IO, "a second load after truncation: %s", mj_status_string(st));
+        mj_checkpoint_close(ck);
+        free(d), free(p);
+    }
+
     /* Non-finite and impossible scales. */
     for (int i = 0; i < 4; i++) {
         char name[32];
@@ -641,6 +660,25 @@ static void test_malformed_single(const char *good) {
         if (i == 3) *st_f32(&f, tn) = -1.0f;
         st_save(p, &f);
         expect_refused("bad scale", d, i == 3 ? MJ_ERR_PARSE : MJ_ERR_NONFINITE, tn, i == 3 ? "positive" : NULL);
+        free(d), free(p);
+    }
+
+    /* Scales that are finite and positive but unusable: an input_scale whose reciprocal (the
+     * activations' global scale) overflows float (1e-45: the W4A4 kernels ran 74% off), and
+     * a weight_scale_2 so large that 6 * 448 * it (the largest weight it can scale) does. */
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "hugescale%d", i);
+        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        st_load(p, &f);
+        const char *t = i == 0 ? tname(3, 5, "down_proj", "input_scale")
+                      : i == 1 ? tname(3, MJ_CK_SHARED, "up_proj", "input_scale")
+                               : tname(3, 2, "gate_proj", "weight_scale_2");
+        char tn[MJ_CK_NAME_MAX];
+        snprintf(tn, sizeof tn, "%s", t);
+        *st_f32(&f, tn) = i == 0 ? 1e-45f : i == 1 ? 2e-39f : 3e38f;
+        st_save(p, &f);
+        expect_refused("unusable scale", d, MJ_ERR_NONFINITE, tn, i < 2 ? "1/input_scale" : "6 * 448");
         free(d), free(p);
     }
 
@@ -919,6 +957,30 @@ static void test_malformed_sharded(void) {
     expect_refused("FIFO shard", d, MJ_ERR_IO, strrchr(p, '/') + 1, "FIFO");
     alarm(0);
     free(d), free(p);
+
+    /* Shard names with control characters (an escape sequence, a newline): every message that
+     * names the shard shows them escaped (\x1b, \x0a), never raw. Missing; and present but a
+     * FIFO (the message comes from the safetensors reader). */
+    static const char evil[] = "evil\x1b[31m\nred\x07.safetensors";
+    for (int i = 0; i < 2; i++) {
+        d = copy_ck(good, i ? "shard_evil_fifo" : "shard_evil_missing");
+        edit_index(d, gw, evil);
+        if (i) {
+            p = path2(d, evil);
+            CHECK(mkfifo(p, 0600) == 0, "mkfifo: %s", strerror(errno));
+            free(p);
+        }
+        char msg[4096];
+        alarm(20);
+        mj_status st = open_and_load(d, 3, msg, sizeof msg);
+        alarm(0);
+        CHECK(st == MJ_ERR_IO, "shard name with control characters: %s: %s", mj_status_string(st), msg);
+        CHECK(strstr(msg, "evil\\x1b[31m\\x0ared\\x07.safetensors"), "the shard's name is not escaped: %s", msg);
+        int raw = 0;
+        for (const char *c = msg; *c; c++) raw += (unsigned char)*c < 0x20;
+        CHECK(raw == 0, "the message holds %d control character(s): %s", raw, msg);
+        free(d);
+    }
 
     /* A truncated shard among several names that shard. */
     d = copy_ck(good, "shard_truncated");

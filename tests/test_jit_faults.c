@@ -293,6 +293,47 @@ static void test_transient(void) {
     rm_rf(dir);
 }
 
+/* ---- a $TMPDIR with blanks --------------------------------------------------------------
+ * The interpreter's compiler gets the source and object paths under $TMPDIR as one argument
+ * each: a blank, a quote or a tab in the directory's name is part of the path, not a split
+ * point of the command line. The kernel compiles, loads and is stored. */
+static void blank_tmpdir_child(const char *dir) {
+    char tmp[PATH_BUF], saved[PATH_BUF] = "";
+    fmt_into(tmp, sizeof tmp, "%s/tmp dir with 'blanks'\tand a tab", dir);
+    CHECK(mkdir(tmp, 0700) == 0, "mkdir %s: %s", tmp, strerror(errno));
+    const char *t = getenv("TMPDIR");
+    if (t) fmt_into(saved, sizeof saved, "%s", t);
+    setenv("TMPDIR", tmp, 1);
+    mj_context_t ctx = test_new_context(dir, MJ_BACKEND_SIM, NULL, 0);
+    if (ctx) {
+        mj_spec s = saxpy(128);
+        s.backend = MJ_BACKEND_SIM;
+        const mj_function *f = NULL;
+        mj_status st = mj_jit_get(ctx, &s, &f);
+        CHECK(st == MJ_OK && f, "a sim compile with $TMPDIR '%s': %s (%s)", tmp, mj_status_string(st),
+              mj_last_error());
+        mj_jit_stats js;
+        CHECK_OK(mj_context_stats(ctx, &js));
+        CHECK(js.compiles == 1, "compiles %lld (want 1)", (long long)js.compiles);
+        CHECK_OK(mj_context_destroy(ctx));
+    }
+    if (saved[0]) setenv("TMPDIR", saved, 1);
+    else unsetenv("TMPDIR");
+    /* Nothing left in it: the compile's directory and the loaded object are removed. */
+    DIR *d = opendir(tmp);
+    int left = 0;
+    for (struct dirent *e; d && (e = readdir(d));) left += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    if (d) closedir(d);
+    CHECK(left == 0, "%d entries left in %s", left, tmp);
+}
+
+static void test_blank_tmpdir(void) {
+    char dir[PATH_BUF];
+    make_temp_dir(dir, "blank");
+    in_child(blank_tmpdir_child, dir, "a $TMPDIR with blanks");
+    rm_rf(dir);
+}
+
 int main(void) {
     /* No driver, whatever the machine: compile-only. */
     setenv("MOEJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
@@ -304,5 +345,6 @@ int main(void) {
     test_lock_symlink();
     test_store_fails();
     test_transient();
+    test_blank_tmpdir();
     return test_finish();
 }

@@ -10,7 +10,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 void *__real_malloc(size_t n);
@@ -121,6 +124,16 @@ int main(void) {
     CHECK(a.count == 0 && a.shape[1] == INT64_C(4294967304), "shape");
     npy_free(&a);
 
+    /* An object array (np.save of a list of mixed things) is named as one, not as a byte
+     * order problem; a string array too. */
+    write_npy(in_dir("obj.npy"), "|O", "(2,)", "\x80\x02N.\x80\x02N.", 8);
+    CHECK(npy_load(in_dir("obj.npy"), "<f4", &a, err, sizeof err) == -1, "an object array loaded");
+    CHECK(strstr(err, "not a numeric array") && !strstr(err, "little-endian"), "err: %s", err);
+    write_npy(in_dir("str.npy"), "<U3", "(1,)", "a\0\0\0b\0\0\0c\0\0\0", 12);
+    CHECK(npy_load(in_dir("str.npy"), NULL, &a, err, sizeof err) == -1 && strstr(err, "not a numeric array"),
+          "err: %s", err);
+    unlink(in_dir("obj.npy")), unlink(in_dir("str.npy"));
+
     /* A directory is named as one, not 'bad magic'. */
     CHECK(mkdir(in_dir("dir.npy"), 0700) == 0, "mkdir: %s", strerror(errno));
     CHECK(npy_load(in_dir("dir.npy"), "<f4", &a, err, sizeof err) == -1, "a directory loaded");
@@ -158,9 +171,60 @@ int main(void) {
     CHECK(npy_save(in_dir("dir.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1 && strstr(err, "directory"),
           "err: %s", err);
 
+    /* A special file at the output path is refused, and stays what it was: rename would
+     * replace a FIFO, a device node or a link to one (as root, /dev/null) with a regular
+     * file. The FIFO made above; a link to /dev/null; a device node of our own when this
+     * machine lets us make one. */
+    CHECK(npy_save(in_dir("fifo.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1, "saved over a FIFO");
+    CHECK(strstr(err, "FIFO") && strstr(err, "regular file"), "err: %s", err);
+    CHECK(lstat(in_dir("fifo.npy"), &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+    CHECK(symlink("/dev/null", in_dir("null.npy")) == 0, "symlink: %s", strerror(errno));
+    CHECK(npy_save(in_dir("null.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1, "saved over a link to /dev/null");
+    CHECK(strstr(err, "character device"), "err: %s", err);
+    CHECK(lstat(in_dir("null.npy"), &st) == 0 && S_ISLNK(st.st_mode), "the link to /dev/null was replaced");
+    CHECK(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode), "/dev/null is no longer a device");
+    if (mknod(in_dir("chr.npy"), S_IFCHR | 0600, makedev(1, 3)) == 0) {
+        CHECK(npy_save(in_dir("chr.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1, "saved over a device");
+        CHECK(strstr(err, "character device"), "err: %s", err);
+        CHECK(lstat(in_dir("chr.npy"), &st) == 0 && S_ISCHR(st.st_mode), "the device node was replaced");
+    } else {
+        printf("SKIP: a device node (mknod: %s)\n", strerror(errno));
+    }
+    /* A link to a regular file is replaced (the link, not its target), as before. */
+    CHECK(symlink(in_dir("target"), in_dir("tlink.npy")) == 0, "symlink: %s", strerror(errno));
+    CHECK(npy_save(in_dir("tlink.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == 0, "err: %s", err);
+    CHECK(lstat(in_dir("tlink.npy"), &st) == 0 && S_ISREG(st.st_mode), "tlink.npy is not a regular file");
+    CHECK(npy_load(in_dir("target"), "<f4", &a, err, sizeof err) == 0 && a.count == 6, "the link's target changed");
+    npy_free(&a);
+
+    /* A signal while an output is being written (SIGINT, SIGTERM, SIGHUP) removes the
+     * temporary and still ends the process by that signal. The child is killed between
+     * writing its temporary and renaming it. */
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            npy_out o;
+            char e2[512];
+            if (npy_write_temp(&o, in_dir("sig.npy"), "<f4", 4, 1, shape, w, e2, sizeof e2) != 0) _exit(3);
+            if (access(o.tmp, F_OK) != 0) _exit(4);
+            kill(getpid(), sigs[i]);
+            _exit(5);
+        }
+        int ws = 0;
+        CHECK(pid > 0 && waitpid(pid, &ws, 0) == pid, "fork/waitpid: %s", strerror(errno));
+        CHECK(WIFSIGNALED(ws) && WTERMSIG(ws) == sigs[i], "signal %d: the child %s %d", sigs[i],
+              WIFSIGNALED(ws) ? "died by signal" : "exited", WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws));
+        DIR *d = opendir(g_dir);
+        int left = 0;
+        for (struct dirent *de; d && (de = readdir(d));) left += strncmp(de->d_name, "sig.npy", 7) == 0;
+        if (d) closedir(d);
+        CHECK(left == 0, "signal %d: %d file(s) sig.npy* left behind", sigs[i], left);
+    }
+
     /* Clean up: everything in the directory, then it. */
     const char *names[] = {"huge.npy", "huge2.npy", "hdr.npy", "ok.npy", "short.npy", "over.npy", "empty.npy",
-                           "fifo.npy", "target", "out.npy"};
+                           "fifo.npy", "target", "out.npy", "null.npy", "chr.npy", "tlink.npy"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) unlink(in_dir(names[i]));
     unlink(link_name);
     rmdir(in_dir("dir.npy"));

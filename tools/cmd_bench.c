@@ -61,7 +61,8 @@ static const char k_help[] =
     "  --config F       a Hugging Face config.json (default: GLM-5's MoE layer)\n"
     "  --quant F        its hf_quant_config.json (default: the one beside config.json)\n"
     "  --checkpoint DIR take the config and the layer's weights (its first MoE layer, or this\n"
-    "                   rank's slice of it with --tp/--ep) from a ModelOpt NVFP4 checkpoint\n"
+    "                   rank's slice of it with --tp/--ep) from a ModelOpt NVFP4 checkpoint;\n"
+    "                   rank 0's is loaded (validated) first, with or without a GPU\n"
     "  --hidden H, --intermediate I, --experts E, --topk K\n"
     "                   override the config's sizes (a small, quick run)\n"
     "  --tp N, --ep N   the split (default --tp 8; with --checkpoint, one rank holds the layer);\n"
@@ -107,6 +108,8 @@ typedef struct bench {
     mj_moe_config cfg;
     mj_checkpoint_t ck;
     int32_t ck_layer;
+    mj_layer_t ck_L;              /* rank 0's slice of it, loaded up front (validated), for   */
+                                  /* the GPU's run; NULL once handed over or without a GPU   */
     int32_t i_local, nsub;        /* rank 0's expert rows and shared sub-experts              */
     int64_t per_expert;           /* packed bytes of one expert at (H, i_local)               */
     int64_t gate_bytes;           /* the router's weight, E x H bf16                          */
@@ -301,7 +304,11 @@ static void random_bf16(uint16_t *x, size_t n, uint64_t seed) {
 
 /* Rank 0's layer for a run: from the checkpoint (its slice), or random with rank 0's shapes
  * and `rows` expert rows (the rank's own, or the interpreter's smaller ones). */
-static mj_status rank_layer(const bench *b, int32_t rows, int from_ck, mj_layer_t *out) {
+static mj_status rank_layer(bench *b, int32_t rows, int from_ck, mj_layer_t *out) {
+    if (from_ck && b->ck && b->ck_L) { /* loaded up front: handed over */
+        *out = b->ck_L, b->ck_L = NULL;
+        return MJ_OK;
+    }
     if (from_ck && b->ck) {
         mj_parallel par = b->a->par;
         return mj_layer_load(b->ck, b->ck_layer, par, 0, par == MJ_PAR_NONE ? 1 : b->a->n_ranks, out);
@@ -1031,6 +1038,19 @@ int cmd_bench(int argc, char **argv) {
             goto out;
         }
     }
+    /* The checkpoint's layer the measurements are of (rank 0's slice), loaded and so validated
+     * before anything is measured, with a GPU or without: a checkpoint that does not load is
+     * an error, not a bench of weights nobody read. Kept for the GPU's run, else freed. */
+    if (b.ck) {
+        progress(&b, "loading layer %d of %s (rank 0's slice)", b.ck_layer, a.checkpoint);
+        if ((st = mj_layer_load(b.ck, b.ck_layer, a.par, 0, a.par == MJ_PAR_NONE ? 1 : a.n_ranks, &b.ck_L)) != MJ_OK) {
+            char what[4200];
+            snprintf(what, sizeof what, "%s: loading layer %d", a.checkpoint, b.ck_layer);
+            rc = tool_fail_status(what, st);
+            goto out;
+        }
+        if (!have_gpu || a.par == MJ_PAR_EP) mj_layer_free(b.ck_L), b.ck_L = NULL;
+    }
     const char *arch = a.arch ? a.arch : have_gpu ? mj_target_name(di.target) : "sm_120a";
     {
         const char *ver;
@@ -1076,6 +1096,7 @@ out:
         free(s);
     }
     json_decref(b.root);
+    mj_layer_free(b.ck_L);
     if (b.ck) mj_checkpoint_close(b.ck);
     return rc;
 }

@@ -1,6 +1,8 @@
 /* cmd_demo.c — `moejit demo`: the whole pipeline on a small GLM-5-shaped checkpoint. */
 #include "tools.h"
 
+#include "compare.h"
+
 #include "cuda.h"
 #include "internal.h"
 #include "weights/pack.h"
@@ -70,12 +72,6 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
@@ -129,6 +125,7 @@ int cmd_demo(int argc, char **argv) {
     if (topk > experts) return tool_usage("demo", "--topk %d exceeds --experts %d", topk, experts);
 
     int rc = 1, failed = 0;
+    char why[768] = ""; /* the first run whose output or reference is not finite, said */
     char path[4096], ckdir[4096];
     const char *base = getenv("TMPDIR");
     char tmpl[4096];
@@ -209,9 +206,16 @@ int cmd_demo(int argc, char **argv) {
             tool_fail_status("the reference forward", st);
             goto done;
         }
-        const double e = rel_l2(out, want, n), tol = mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3;
-        const int ok = e <= tol;
+        tool_cmp cmp;
+        const int nonfinite = tool_compare(out, want, n, &cmp);
+        const double e = cmp.rel_l2, tol = mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3;
+        const int ok = !nonfinite && e <= tol;
         failed += !ok;
+        if (nonfinite && !*why) {
+            snprintf(why, sizeof why, "%s: ", label);
+            tool_compare_describe(&cmp, (size_t)hidden, "the kernels' output", "the CPU reference", why + strlen(why),
+                                  sizeof why - strlen(why));
+        }
         char mb[32], fl[32];
         if (on_gpu) {
             snprintf(mb, sizeof mb, "%s", "-"), snprintf(fl, sizeof fl, "%s", "-");
@@ -219,7 +223,10 @@ int cmd_demo(int argc, char **argv) {
             snprintf(mb, sizeof mb, "%.2f", j.max_rank_bytes / 1e6);
             snprintf(fl, sizeof fl, "%.2f", gpu ? j.max_rank_bytes / (gpu->gbps * 1e3) : 0.0);
         }
-        printf("%-22s %7d %9lld %12s %13s %9.2e %s\n", label, j.n_active, (long long)j.stats.compiles, mb, fl, e,
+        char es[32];
+        if (nonfinite) snprintf(es, sizeof es, "%s", "non-finite");
+        else snprintf(es, sizeof es, "%.2e", e);
+        printf("%-22s %7d %9lld %12s %13s %9s %s\n", label, j.n_active, (long long)j.stats.compiles, mb, fl, es,
                ok ? "ok" : "FAILED");
         if (run < 2) active[run] = j.n_active;
     }
@@ -233,6 +240,10 @@ int cmd_demo(int argc, char **argv) {
            "from the cache; MB read/rank: weight bytes the busiest rank streamed, counted by the interpreter; "
            "floor: that read at %s's %.0f GB/s)\n",
            gpu ? gpu->desc : "the GPU", gpu ? gpu->gbps : 0.0);
+    if (*why) {
+        tool_fail("%s", why);
+        goto done;
+    }
     if (failed) {
         tool_fail("%d run%s further from the CPU reference than the kernels' tolerance", failed, failed > 1 ? "s" : "");
         goto done;

@@ -2,6 +2,8 @@
  * through the JIT kernels (a GPU, or the interpreter) or the CPU reference. */
 #include "tools.h"
 
+#include "compare.h"
+
 #include "cuda.h"
 #include "internal.h"
 
@@ -40,17 +42,6 @@ static const char k_help[] =
     "  --cache-dir D     the kernel cache (default $MOEJIT_CACHE_DIR, ~/.cache/moejit)\n"
     "  -h, --help        this text\n"
     "  -V, --version     print the version\n";
-
-static double rel_l2(const float *a, const float *b, size_t n, double *max_abs) {
-    double num = 0, den = 0, mx = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d, den += (double)b[i] * b[i];
-        if (fabs(d) > mx) mx = fabs(d);
-    }
-    *max_abs = mx;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 int cmd_run(int argc, char **argv) {
     enum { OPT_CK = 256, OPT_LAYER, OPT_IN, OPT_OUT, OPT_NV, OPT_BACKEND, OPT_TP, OPT_EP, OPT_K0, OPT_K0P, OPT_MODE,
@@ -105,6 +96,9 @@ int cmd_run(int argc, char **argv) {
     if (k0) snprintf(k0_text, sizeof k0_text, "%d", k0), k0_policy = k0_text;
     const int ref = !strcmp(backend, "ref");
     if (ref && par != MJ_PAR_NONE) return tool_usage("run", "the reference runs the whole layer: no --tp/--ep");
+    if (ref && check)
+        return tool_usage("run", "--check compares the kernels' output with the reference; with --backend ref there "
+                                 "are no kernels to check: drop --check or use --backend sim/cuda");
     const char *mode_policy;
     const mj_weight_mode mode = tool_mode_parse(mode_text, &mode_policy);
     if (ref && mode_policy) return tool_usage("run", "the reference takes --mode w4a16 or w4a4");
@@ -127,6 +121,9 @@ int cmd_run(int argc, char **argv) {
         }
     }
 
+    char err[512];
+    if (npy_check_output(out_path, err, sizeof err)) return tool_fail("%s", err);
+
     mj_checkpoint_t ck = NULL;
     mj_status st = mj_checkpoint_open(ck_dir, &ck);
     if (st != MJ_OK) return tool_fail_status(ck_dir, st);
@@ -136,7 +133,6 @@ int cmd_run(int argc, char **argv) {
     uint16_t *hidden = NULL;
     mj_layer_t full = NULL;
     mj_moe_config cfg;
-    char err[512];
     if ((st = mj_checkpoint_config(ck, &cfg)) != MJ_OK) {
         tool_fail_status(ck_dir, st);
         goto done;
@@ -180,6 +176,13 @@ int cmd_run(int argc, char **argv) {
             goto done;
         }
         hidden[i] = mj_f32_to_bf16(xf[i]);
+        /* Finite in float32 but past bf16's largest (3.3895e38, rounded): an infinity. */
+        if ((hidden[i] & 0x7F80u) == 0x7F80u) {
+            tool_fail("%s: element %zu (row %zu) is %g, which rounds to infinity in bf16 (the largest bf16 is "
+                      "3.3895e38); scale the input",
+                      in_path, i, i / (size_t)cfg.hidden, (double)xf[i]);
+            goto done;
+        }
     }
     int32_t k0_ref = cfg.topk;
     if (k0_policy) {
@@ -236,10 +239,19 @@ int cmd_run(int argc, char **argv) {
             rc = want ? tool_fail_status("the reference forward", st) : tool_fail("out of memory");
             goto done;
         }
-        double mx, e = rel_l2(y, want, n, &mx), tol = ref_mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3;
-        printf("check: relative L2 %.3e, max |diff| %.3e vs the CPU reference (%s; tolerance %.0e)\n", e, mx,
-               ref_mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", tol);
-        if (!(e <= tol)) rc = tool_fail("the output is further from the reference than the kernels' tolerance");
+        tool_cmp cmp;
+        if (tool_compare(y, want, n, &cmp)) {
+            /* No error to measure: say which side is not finite instead of printing a NaN. */
+            char msg[768];
+            tool_compare_describe(&cmp, (size_t)cfg.hidden, "the kernels' output", "the CPU reference", msg,
+                                  sizeof msg);
+            rc = tool_fail("--check: %s", msg);
+            goto done;
+        }
+        const double tol = ref_mode == MJ_MODE_W4A4 ? 5e-2 : 2e-3;
+        printf("check: relative L2 %.3e, max |diff| %.3e vs the CPU reference (%s; tolerance %.0e)\n", cmp.rel_l2,
+               cmp.max_abs, ref_mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", tol);
+        if (!(cmp.rel_l2 <= tol)) rc = tool_fail("the output is further from the reference than the kernels' tolerance");
     }
 done:
     npy_free(&x);

@@ -4,6 +4,7 @@
  * by a loopback communicator on the interpreter or by NCCL on GPUs. */
 #include "tools.h"
 
+#include "comm/comm.h"
 #include "jit.h"
 #include "mem.h"
 #include "sim/sim.h"
@@ -19,8 +20,34 @@ static double now_ms(void) {
     return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
 }
 
+/* The ranks meet once before the forward: a rank whose setup failed (its slice refused at
+ * load: a NaN block scale, a missing tensor; a compile error) must not leave the others
+ * waiting for it in the all-reduce (a loopback group waits 300 s, NCCL forever). After the
+ * meeting each rank knows whether every rank is ready, and only then runs the forward. */
+typedef struct rank_meet {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int expected;                /* ranks that will come (fewer if some thread did not start) */
+    int arrived;
+    int failed;                  /* ranks whose setup failed, or that never started          */
+} rank_meet;
+
+/* Arrive (failed: this rank's setup failed) and wait for every rank; 1 when every rank
+ * arrived ready. */
+static int meet_all(rank_meet *m, int failed) {
+    pthread_mutex_lock(&m->mu);
+    m->arrived++, m->failed += failed;
+    pthread_cond_broadcast(&m->cv);
+    while (m->arrived < m->expected) pthread_cond_wait(&m->cv, &m->mu);
+    int all_ready = m->failed == 0;
+    pthread_mutex_unlock(&m->mu);
+    return all_ready;
+}
+
 typedef struct rank_state {
     tool_moe_job *job;
+    rank_meet *meet;
+    int skipped;                 /* ready, but another rank was not: no forward ran          */
     int rank;
     mj_comm_t comm;
     mj_status st;
@@ -44,6 +71,7 @@ static void *rank_main(void *arg) {
     float *out = NULL;
     int32_t *nv = NULL;
     const char *step = "";
+    int met = 0;                 /* past the meeting of the ranks */
 #define STEP(name, call)                                                                   \
     do {                                                                                   \
         step = name;                                                                       \
@@ -76,6 +104,12 @@ static void *rank_main(void *arg) {
     STEP("allocating", mj_mem_alloc(dev, 4, "moejit", (void **)&nv));
     STEP("copying in", mj_mem_put(dev, hidden, j->hidden, (size_t)(B * H * 2)));
     STEP("copying in", mj_mem_put(dev, nv, &j->num_valid, 4));
+    /* Every rank ready, or none runs the forward. */
+    met = 1;
+    if (!meet_all(rs->meet, 0)) {
+        rs->skipped = 1;
+        goto done;
+    }
     if (sim) mj_sim_stream_bytes_take();
     t = now_ms();
     STEP("the forward", mj_moe_forward(moe, hidden, j->B, nv, out, NULL));
@@ -88,7 +122,17 @@ static void *rank_main(void *arg) {
     if (rs->rank == 0) STEP("copying out", mj_mem_get(dev, j->out, out, (size_t)(B * H * 4)));
     STEP("statistics", mj_context_stats(ctx, &rs->stats));
 done:
-    if (rs->st != MJ_OK) snprintf(rs->err, sizeof rs->err, "rank %d: %s: %s", rs->rank, step, mj_last_error());
+    if (rs->st != MJ_OK) {
+        snprintf(rs->err, sizeof rs->err, "rank %d: %s: %s", rs->rank, step, mj_last_error());
+        if (!met) {
+            /* Failed before the meeting: say so there (the others wait for it). */
+            meet_all(rs->meet, 1);
+        } else if (rs->comm && mj_comm_kind(rs->comm) == MJ_COMM_LOOPBACK) {
+            /* Failed in the forward: release the ranks waiting for this one in the
+             * all-reduce at once, with this rank's reason. */
+            mj_comm_abort(rs->comm, rs->err);
+        }
+    }
     mj_mem_free(dev, hidden), mj_mem_free(dev, out), mj_mem_free(dev, nv);
     mj_moe_free(moe);
     mj_layer_free(slice);
@@ -107,20 +151,34 @@ int tool_moe_run(tool_moe_job *j) {
         st = j->backend == MJ_BACKEND_SIM ? mj_comm_loopback_create(n, comms) : mj_comm_nccl_init_all(n, NULL, comms);
         if (st != MJ_OK) return tool_fail_status("making the communicator", st);
     }
+    rank_meet meet = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .expected = n};
     int started = 0;
     for (int r = 0; r < n; r++) {
         memset(&rs[r], 0, sizeof rs[r]);
-        rs[r].job = j, rs[r].rank = r, rs[r].comm = comms[r];
+        rs[r].job = j, rs[r].rank = r, rs[r].comm = comms[r], rs[r].meet = &meet;
         if (pthread_create(&th[r], NULL, rank_main, &rs[r]) != 0) break;
         started++;
+    }
+    if (started < n) { /* the ranks that started meet without the others, and stop there */
+        pthread_mutex_lock(&meet.mu);
+        meet.expected = started, meet.failed += n - started;
+        pthread_cond_broadcast(&meet.cv);
+        pthread_mutex_unlock(&meet.mu);
     }
     for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < n; r++) mj_comm_free(comms[r]);
     if (started < n) return tool_fail("could not start %d rank threads", n);
     memset(&j->stats, 0, sizeof j->stats);
     j->bytes = j->max_rank_bytes = 0, j->prepare_ms = j->forward_ms = 0;
+    /* The cause first: a rank's own failure, not a communicator error another rank's abort
+     * or timeout gave the ranks waiting for it. */
+    int first = -1;
+    for (int r = 0; r < n && first < 0; r++)
+        if (rs[r].st != MJ_OK && rs[r].st != MJ_ERR_COMM) first = r;
+    for (int r = 0; r < n && first < 0; r++)
+        if (rs[r].st != MJ_OK) first = r;
+    if (first >= 0) return tool_fail("%s: %s", mj_status_string(rs[first].st), rs[first].err);
     for (int r = 0; r < n; r++) {
-        if (rs[r].st != MJ_OK) return tool_fail("%s: %s", mj_status_string(rs[r].st), rs[r].err);
         j->stats.compiles += rs[r].stats.compiles, j->stats.disk_hits += rs[r].stats.disk_hits;
         j->stats.mem_hits += rs[r].stats.mem_hits, j->stats.compile_ms += rs[r].stats.compile_ms;
         j->bytes += rs[r].bytes;

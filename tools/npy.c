@@ -12,6 +12,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,64 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
 #include <stdarg.h>
+
+/* ---- temporaries removed on a signal --------------------------------------------------------
+ * An output is written to a temporary beside it and renamed over it when complete. SIGINT,
+ * SIGTERM or SIGHUP in between would leave the partial temporary behind, so every temporary
+ * is listed here from its creation until it is renamed or removed, and a handler (installed
+ * the first time, only over the default action: a signal the program ignores or handles
+ * itself is left alone) unlinks those listed, then ends the process by the same signal.
+ * The list is changed with these signals blocked in the calling thread; the commands write
+ * their outputs from their main thread once their worker threads are joined. */
+#define NPY_MAX_TEMPS 8
+static char g_temps[NPY_MAX_TEMPS][4096];
+static volatile sig_atomic_t g_temp_used[NPY_MAX_TEMPS];
+static const int k_cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define N_CLEANUP_SIGNALS ((int)(sizeof k_cleanup_signals / sizeof *k_cleanup_signals))
+
+static void on_cleanup_signal(int sig) {
+    int e = errno;
+    for (int i = 0; i < NPY_MAX_TEMPS; i++)
+        if (g_temp_used[i]) unlink(g_temps[i]); /* async-signal-safe */
+    /* The default action, then the signal again: it is delivered when this handler returns
+     * (it is blocked while the handler runs), so the exit status says which signal it was. */
+    signal(sig, SIG_DFL);
+    raise(sig);
+    errno = e;
+}
+
+static void install_cleanup_handlers(void) {
+    static int done;
+    if (done) return;
+    done = 1;
+    for (int i = 0; i < N_CLEANUP_SIGNALS; i++) {
+        struct sigaction old;
+        if (sigaction(k_cleanup_signals[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL ||
+            (old.sa_flags & SA_SIGINFO))
+            continue;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_cleanup_signal;
+        sigemptyset(&sa.sa_mask);
+        for (int j = 0; j < N_CLEANUP_SIGNALS; j++) sigaddset(&sa.sa_mask, k_cleanup_signals[j]);
+        sigaction(k_cleanup_signals[i], &sa, NULL);
+    }
+}
+
+static void block_cleanup_signals(sigset_t *old) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int i = 0; i < N_CLEANUP_SIGNALS; i++) sigaddset(&set, k_cleanup_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
+/* Stop listing the temporary `tmp` (renamed or removed). Called with the signals blocked. */
+static void forget_temp(const char *tmp) {
+    for (int i = 0; i < NPY_MAX_TEMPS; i++)
+        if (g_temp_used[i] && strcmp(g_temps[i], tmp) == 0) g_temp_used[i] = 0;
+}
 
 /* Record a one-line reason and return -1. */
 __attribute__((format(printf, 3, 4))) static int npy_fail(char *err, size_t errlen, const char *fmt, ...) {
@@ -96,6 +154,10 @@ static int parse_header(const char *hdr, const char *path, npy_array *a, char *e
         else if (*s != ')') return ERR("%s: bad 'shape' in .npy header", path);
     }
     size_t len = strlen(a->dtype);
+    /* A kind with no byte size is not a numeric array: Python objects ('|O'), strings. */
+    if (len >= 2 && !strchr("biufc", a->dtype[1]))
+        return ERR("%s: dtype '%s' is not a numeric array (Python objects, strings or records): save it as "
+                   "float32 (np.asarray(x, dtype=np.float32))", path, a->dtype);
     if (len < 3 || (a->dtype[0] != '<' && a->dtype[0] != '|' && a->dtype[0] != '='))
         return ERR("%s: dtype '%s' is not little-endian", path, a->dtype);
     a->itemsize = (size_t)atoi(a->dtype + 2);
@@ -263,6 +325,33 @@ static int write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
+static const char *kind_of(mode_t m) {
+    return S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : S_ISFIFO(m) ? "a FIFO"
+         : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a directory" : "not a regular file";
+}
+
+/* The output path must be free, a regular file, or a link to a regular file (or to nothing):
+ * what is there is replaced by rename. Anything else is refused rather than written through:
+ * rename would turn a FIFO or a device node (as root, /dev/null) into a regular file, and
+ * writing into one is not an atomic output. A link to a special file (/dev/stdout) is
+ * refused too: the link would be replaced. */
+int npy_check_output(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return 0; /* nothing there (or not visible): the rename decides */
+    if (S_ISDIR(st.st_mode)) return ERR("%s: is a directory; remove it or choose another output name", path);
+    if (S_ISLNK(st.st_mode)) {
+        struct stat t;
+        if (stat(path, &t) != 0 || S_ISREG(t.st_mode)) return 0;
+        return ERR("%s: is a symbolic link to %s; outputs are written to a regular file (a temporary renamed "
+                   "over the path), never through a link or into a special file: give a file path",
+                   path, kind_of(t.st_mode));
+    }
+    if (!S_ISREG(st.st_mode))
+        return ERR("%s: is %s; outputs are written to a regular file (a temporary renamed over the path), never "
+                   "into a FIFO, device or socket: give a file path", path, kind_of(st.st_mode));
+    return 0;
+}
+
 int npy_header(const char *dtype, int ndim, const int64_t *shape, char *out, size_t cap) {
     char dict[256];
     if (ndim < 0 || ndim > NPY_MAX_DIMS || strlen(dtype) >= sizeof ((npy_array *)0)->dtype) return -1;
@@ -306,17 +395,31 @@ int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t items
     int64_t count = 1;
     for (int i = 0; i < ndim; i++) count *= shape[i];
 
-    /* What rename could not replace, said before anything is written. */
-    struct stat st;
-    if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    /* What rename could not replace, or must not, said before anything is written. */
+    if (npy_check_output(path, err, errlen)) {
         o->tmp[0] = '\0';
-        return ERR("%s: is a directory; remove it or choose another output name", path);
+        return -1;
     }
     /* A new file of a random name beside the output, created O_EXCL (so never through a
-     * link or into someone else's file), mode 0600 until it is complete. */
-    int fd = mkostemp(o->tmp, O_CLOEXEC);
+     * link or into someone else's file), mode 0600 until it is complete; listed for the
+     * signal handler before a signal can arrive (they are blocked until it is). */
+    install_cleanup_handlers();
+    sigset_t old;
+    block_cleanup_signals(&old);
+    int fd = mkostemp(o->tmp, O_CLOEXEC), slot = -1;
+    int e = errno;
+    if (fd >= 0) {
+        for (int i = 0; i < NPY_MAX_TEMPS && slot < 0; i++)
+            if (!g_temp_used[i]) slot = i;
+        if (slot >= 0) {
+            memcpy(g_temps[slot], o->tmp, strlen(o->tmp) + 1);
+            g_temp_used[slot] = 1;
+        } else {
+            unlink(o->tmp), close(fd), fd = -1, e = EMFILE;
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (fd < 0) {
-        int e = errno;
         o->tmp[0] = '\0';
         return ERR("%s: cannot create a temporary file beside it: %s", path, strerror(e));
     }
@@ -326,7 +429,7 @@ int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t items
     int ok = write_all(fd, header, hbytes) == 0 && write_all(fd, data, bytes) == 0;
     ok = ok && fchmod(fd, 0666 & ~mask) == 0;
     ok = ok && fsync(fd) == 0;
-    int e = errno;
+    e = errno;
     if (close(fd) != 0 && ok) ok = 0, e = errno;
     if (!ok) {
         npy_discard(o);
@@ -336,12 +439,21 @@ int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t items
 }
 
 int npy_commit(npy_out *o, char *err, size_t errlen) {
-    if (rename(o->tmp, o->path) != 0) {
-        int e = errno;
+    /* Once more just before the rename: the output path may have changed since the
+     * temporary was written. */
+    if (npy_check_output(o->path, err, errlen)) {
+        npy_discard(o);
+        return -1;
+    }
+    sigset_t old;
+    block_cleanup_signals(&old);
+    int rc = rename(o->tmp, o->path), e = errno;
+    if (rc == 0) forget_temp(o->tmp), o->tmp[0] = '\0';
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
         npy_discard(o);
         return ERR("%s: cannot replace it: %s", o->path, strerror(e));
     }
-    o->tmp[0] = '\0';
     /* Make the rename durable (best effort: the data itself is already synced). */
     char dir[4096];
     dir_of(o->path, dir, sizeof dir);
@@ -354,8 +466,11 @@ int npy_commit(npy_out *o, char *err, size_t errlen) {
 }
 
 void npy_discard(npy_out *o) {
-    if (o->tmp[0]) unlink(o->tmp);
+    sigset_t old;
+    block_cleanup_signals(&old);
+    if (o->tmp[0]) unlink(o->tmp), forget_temp(o->tmp);
     o->tmp[0] = '\0';
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim, const int64_t *shape,

@@ -35,9 +35,17 @@ int npy_header(const char *dtype, int ndim, const int64_t *shape, char *out, siz
 
 /* Write an array atomically: to a new temporary file beside path (random name, created
  * O_EXCL, so never through a planted link), fsynced, then renamed over path. Returns 0, or
- * -1 with err (and no temporary left). */
+ * -1 with err (and no temporary left). path must be free, a regular file or a link to one
+ * (the link is replaced): a directory, FIFO, device, socket or a link to one is refused,
+ * never written through. SIGINT, SIGTERM or SIGHUP (left at their default action by the
+ * program) while a temporary exists remove it before the process ends by that signal. */
 int npy_save(const char *path, const char *dtype, size_t itemsize, int ndim,
              const int64_t *shape, const void *data, char *err, size_t errlen);
+
+/* What npy_save says of path before it writes anything (a command checks its outputs
+ * before its work): 0, or -1 with err when path is a directory, a special file or a link
+ * to one. */
+int npy_check_output(const char *path, char *err, size_t errlen);
 
 /* The same in two steps, for several outputs that should all be replaced or none:
  * npy_write_temp each (a failure leaves no temporary of its own), then npy_commit each, or

@@ -65,8 +65,8 @@ def adapt(x, name, *, dtypes, ndim=None, shape=None, writable=False):
         device = _torch_device(x.device)
         if device[0] not in ("cpu", "cuda"):
             raise ValueError("%s is on device %s; moejit takes CPU or CUDA tensors" % (name, x.device))
-        contiguous = bool(x.is_contiguous())
-        fix = ".contiguous()"
+        contiguous, aligned = bool(x.is_contiguous()), True
+        fix = "%s.contiguous()" % name
     else:
         if not isinstance(x, np.ndarray):
             if hasattr(x, "__cuda_array_interface__"):
@@ -85,8 +85,8 @@ def adapt(x, name, *, dtypes, ndim=None, shape=None, writable=False):
         dtype = x.dtype.name
         shp = tuple(x.shape)
         device = ("cpu", None)
-        contiguous = bool(x.flags.c_contiguous) and bool(x.flags.aligned)
-        fix = "np.ascontiguousarray()"
+        contiguous, aligned = bool(x.flags.c_contiguous), bool(x.flags.aligned)
+        fix = "np.ascontiguousarray(%s)" % name
     if dtype not in dtypes:
         raise TypeError("%s has dtype %s; moejit takes %s here" % (name, dtype, " or ".join(dtypes)))
     nd = (ndim,) if isinstance(ndim, int) else ndim
@@ -97,7 +97,10 @@ def adapt(x, name, *, dtypes, ndim=None, shape=None, writable=False):
             want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
             raise ValueError("%s has shape %s; it must be %s" % (name, list(shp), want))
     if not contiguous:
-        raise ValueError("%s is not contiguous (row-major); pass %s%s" % (name, name, fix))
+        raise ValueError("%s is not contiguous (row-major); pass %s" % (name, fix))
+    if not aligned:
+        raise ValueError("%s is not aligned to its dtype (its data starts at an odd address); pass a copy: "
+                         "%s.copy()" % (name, name))
     ptr = x.data_ptr() if kind == "torch" else x.ctypes.data
     return Arr(x, kind, device, dtype, shp, int(ptr))
 

@@ -138,6 +138,81 @@ class _CFunctions:
     """The C functions, as attributes (filled on first use)."""
 
 
+# ctypes converts a Python int to a C integer by wrapping it modulo 2**bits, silently
+# (load_layer(2**32 + 3) loaded layer 3), and a bytes argument ends at its first NUL
+# (Checkpoint("DIR\0/x") opened DIR). So every int and char* argument of a prototype is
+# checked on the way in (_guard), and the struct fields too (_structs._Struct.__setattr__);
+# the call sites check their own arguments first, to name them.
+_INT_RANGES = {
+    c_int: ("int", -2 ** 31, 2 ** 31 - 1),
+    c_int32: ("int32_t", -2 ** 31, 2 ** 31 - 1),
+    c_int64: ("int64_t", -2 ** 63, 2 ** 63 - 1),
+    c_uint64: ("uint64_t", 0, 2 ** 64 - 1),
+}
+
+
+def _check_arg(func, i, ctype, v):
+    if ctype is c_char_p:
+        if isinstance(v, (bytes, bytearray)) and b"\0" in v:
+            raise ValueError("%s: argument %d (%r) contains a NUL byte, where C would end the string: refused" %
+                             (func, i + 1, bytes(v)))
+        return
+    if isinstance(v, bool) or v is None:
+        return
+    try:
+        n = v.__index__()
+    except AttributeError:
+        return  # not an integer: ctypes says what it thinks of it
+    name, lo, hi = _INT_RANGES[ctype]
+    if not lo <= n <= hi:
+        raise ValueError("%s: argument %d is %d, outside %s (%d..%d): refused rather than wrapped" %
+                         (func, i + 1, n, name, lo, hi))
+
+
+def _guard(name, f, argtypes):
+    """f, or a wrapper checking its int and char* arguments (see _INT_RANGES)."""
+    checks = [(i, t) for i, t in enumerate(argtypes) if t in _INT_RANGES or t is c_char_p]
+    if not checks:
+        return f
+
+    def call(*args):
+        for i, t in checks:
+            if i < len(args):
+                _check_arg(name, i, t, args[i])
+        return f(*args)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def int_arg(v, what, lo, hi):
+    """v as an int in lo..hi, else ValueError naming `what` (TypeError when not an integer)."""
+    if isinstance(v, bool):
+        raise TypeError("%s must be an integer, not a bool" % what)
+    try:
+        n = v.__index__()
+    except AttributeError:
+        raise TypeError("%s must be an integer, not %s" % (what, type(v).__name__)) from None
+    if not lo <= n <= hi:
+        raise ValueError("%s %d is out of range (%d..%d)" % (what, n, lo, hi))
+    return n
+
+
+def path_arg(p, what):
+    """A path (str, bytes, PathLike) as bytes for C; ValueError when it holds a NUL byte."""
+    b = os.fsencode(p)
+    if b"\0" in b:
+        raise ValueError("%s %r contains a NUL byte, where C would end the path: refused" % (what, p))
+    return b
+
+
+def text_arg(t, what):
+    """A str as UTF-8 bytes for C; ValueError when it holds a NUL character."""
+    b = str(t).encode()
+    if b"\0" in b:
+        raise ValueError("%s %r contains a NUL character, where C would end the text: refused" % (what, t))
+    return b
+
+
 C = _CFunctions()
 
 
@@ -148,7 +223,7 @@ def _bind(lib):
         if status:
             f.restype = c_int
             f.errcheck = _check
-        setattr(C, name, f)
+        setattr(C, name, _guard(name, f, argtypes))
     lib.mj_status_string.restype = c_char_p
     lib.mj_last_error.restype = c_char_p
     _state["bound"] = lib  # what last_error() reads, already during load()'s version check

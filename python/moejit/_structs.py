@@ -31,10 +31,37 @@ CONSTANTS = {
 }
 
 
+_INT_BITS = {c_int: (-2 ** 31, 2 ** 31 - 1), c_int32: (-2 ** 31, 2 ** 31 - 1), c_int64: (-2 ** 63, 2 ** 63 - 1),
+             c_uint8: (0, 255), c_uint32: (0, 2 ** 32 - 1), c_uint64: (0, 2 ** 64 - 1)}
+
+
 class _Struct(ctypes.Structure):
     _c_name_ = None
     _c_init_ = None       # the initializer macro, or None
     _defaults_ = {}       # field -> the macro's value (other fields are zero)
+
+    def __setattr__(self, name, value):
+        # ctypes would wrap an int to the field's width and cut bytes at a NUL: refuse both.
+        t = type(self)._field_types().get(name)
+        if t is not None and value is not None and not isinstance(value, bool):
+            if t is c_char_p:
+                if isinstance(value, (bytes, bytearray)) and b"\0" in value:
+                    raise ValueError("%s.%s: %r contains a NUL byte, where C would end the string" %
+                                     (self._c_name_, name, bytes(value)))
+            elif t in _INT_BITS and hasattr(value, "__index__"):
+                n = value.__index__()
+                lo, hi = _INT_BITS[t]
+                if not lo <= n <= hi:
+                    raise ValueError("%s.%s = %d does not fit its C type (%d..%d)" % (self._c_name_, name, n, lo, hi))
+        super().__setattr__(name, value)
+
+    @classmethod
+    def _field_types(cls):
+        ft = cls.__dict__.get("_ftypes_")
+        if ft is None:
+            ft = {f[0]: f[1] for f in cls._fields_}
+            setattr(cls, "_ftypes_", ft)
+        return ft
 
     def __init__(self, **kw):
         super().__init__()

@@ -7,8 +7,8 @@ import numpy as np
 
 from . import _arrays as A
 from . import _structs as S
-from ._handle import Handle
-from ._lib import lib
+from ._handle import Handle, serialized
+from ._lib import int_arg, lib, path_arg
 
 _SCORING = {S.MJ_SCORING_SIGMOID: "sigmoid", S.MJ_SCORING_SOFTMAX: "softmax"}
 _GSCORE = {S.MJ_GROUP_SCORE_TOP2_SUM: "top2_sum", S.MJ_GROUP_SCORE_MAX: "max"}
@@ -78,8 +78,8 @@ class MoeConfig:
         """From a Hugging Face config.json (and hf_quant_config.json, or None: the
         quantization_config inside config.json)."""
         c = S.MoeConfigC()
-        lib().mj_moe_config_read(os.fsencode(config_json), None if quant_json is None else os.fsencode(quant_json),
-                                 ctypes.byref(c))
+        lib().mj_moe_config_read(path_arg(config_json, "config_json"),
+                                 None if quant_json is None else path_arg(quant_json, "quant_json"), ctypes.byref(c))
         return cls._from_c(c)
 
     def validate(self, require_nvfp4=True):
@@ -125,6 +125,7 @@ class Layer(Handle):
         lib().mj_layer_create_random(ctypes.byref(c), int(seed), ctypes.byref(p))
         return cls(p.value, config)
 
+    @serialized
     def shard(self, *, tp=None, ep=None, rank=0):
         """The slice rank `rank` holds under tp=n or ep=n (a new Layer)."""
         kind, rank, n = _split(tp, ep, rank)
@@ -135,6 +136,7 @@ class Layer(Handle):
     def _hidden(self, hidden):
         return _bf16_host(hidden, "hidden", self.config.hidden)
 
+    @serialized
     def router_ref(self, hidden):
         """logits [B, E] float32 of hidden [B, H] (bf16 as in Moe.forward), on the CPU."""
         h, keep = self._hidden(hidden)
@@ -144,19 +146,22 @@ class Layer(Handle):
         del keep
         return out
 
+    @serialized
     def forward_ref(self, hidden, num_valid=None, *, k0=None, mode="w4a16"):
         """The CPU reference forward (mj_moe_forward_ref) of this layer (or this rank's part):
         out [B, H] float32 for hidden [B, H] bf16 (see Moe.forward for the accepted forms).
         k0: None (plain top-k) or 1..topk; mode: "w4a16" or "w4a4"."""
+        if k0 is not None:
+            k0 = int_arg(k0, "k0", 1, self.config.topk)
         h, keep = self._hidden(hidden)
         B = h.shape[0]
-        nv = B if num_valid is None else int(num_valid)
+        nv = B if num_valid is None else int_arg(num_valid, "num_valid", 0, B)
         if not 0 <= nv <= B:
             raise ValueError("num_valid %d is not in 0..%d" % (nv, B))
         if mode not in ("w4a16", "w4a4"):
             raise ValueError("mode %r: the reference runs 'w4a16' or 'w4a4'" % (mode,))
         out = A.empty(h, (B, self.config.hidden), "float32")
-        lib().mj_moe_forward_ref(self._handle(), MODES[mode], h.ptr, B, nv, 0 if k0 is None else int(k0),
+        lib().mj_moe_forward_ref(self._handle(), MODES[mode], h.ptr, B, nv, 0 if k0 is None else k0,
                                  _ptr_of(out), None)
         del keep
         return out
@@ -195,7 +200,7 @@ class Checkpoint(Handle):
         super().__init__()
         self.path = os.fspath(path)
         p = ctypes.c_void_p()
-        lib().mj_checkpoint_open(os.fsencode(self.path), ctypes.byref(p))
+        lib().mj_checkpoint_open(path_arg(self.path, "checkpoint path"), ctypes.byref(p))
         self._adopt(p.value)
         c = S.MoeConfigC()
         lib().mj_checkpoint_config(self._handle(), ctypes.byref(c))
@@ -204,24 +209,31 @@ class Checkpoint(Handle):
     @property
     def moe_layers(self):
         """The MoE layers it holds, ascending."""
+        return self._moe_layers()
+
+    @serialized
+    def _moe_layers(self):
         n = ctypes.c_int32()
         lib().mj_checkpoint_moe_layers(self._handle(), None, 0, ctypes.byref(n))
         arr = (ctypes.c_int32 * max(n.value, 1))()
         lib().mj_checkpoint_moe_layers(self._handle(), arr, n.value, ctypes.byref(n))
         return list(arr[:n.value])
 
+    @serialized
     def load_layer(self, layer=None, *, tp=None, ep=None, rank=0):
         """Layer `layer` (None: the first MoE layer), whole or rank's slice under tp=n / ep=n:
         only that slice's bytes are read."""
         kind, rank, n = _split(tp, ep, rank)
+        if layer is not None:
+            layer = int_arg(layer, "layer", 0, 2 ** 31 - 1)
         if layer is None:
             layers = self.moe_layers
             if not layers:
                 raise ValueError("%s holds no MoE layer" % self.path)
             layer = layers[0]
         p = ctypes.c_void_p()
-        lib().mj_layer_load(self._handle(), int(layer), kind, rank, n, ctypes.byref(p))
-        return Layer(p.value, self.config, kind, rank, n, int(layer))
+        lib().mj_layer_load(self._handle(), layer, kind, rank, n, ctypes.byref(p))
+        return Layer(p.value, self.config, kind, rank, n, layer)
 
     def __repr__(self):
         return "<moejit.Checkpoint %s%s>" % (self.path, " closed" if self.closed else "")
@@ -234,10 +246,10 @@ def make_checkpoint(config_json, out_dir, *, seed=0, layer_first=None, layer_las
     (or, with plan_only, would be) written: a dict with config, layer_first, layer_last,
     n_layers, n_shards, tensor_bytes, total_bytes. out_dir must not exist or be empty."""
     o = S.CheckpointMakeOptionsC()
-    o.config_json = os.fsencode(config_json)
-    o.out_dir = os.fsencode(out_dir)
+    o.config_json = path_arg(config_json, "config_json")
+    o.out_dir = path_arg(out_dir, "out_dir")
     if quant_json is not None:
-        o.quant_json = os.fsencode(quant_json)
+        o.quant_json = path_arg(quant_json, "quant_json")
     o.seed = int(seed)
     for f, v in (("layer_first", layer_first), ("layer_last", layer_last), ("hidden", hidden),
                  ("intermediate", intermediate), ("n_experts", n_experts), ("topk", topk),

@@ -11,7 +11,7 @@ import ctypes
 
 from . import _arrays as A
 from . import _structs as S
-from ._handle import Handle
+from ._handle import Handle, serialized
 from ._lib import lib
 
 
@@ -29,6 +29,7 @@ class Comm(Handle):
         lib().mj_comm_info(self._handle(), ctypes.byref(r), ctypes.byref(n))
         self.rank, self.n_ranks = r.value, n.value
 
+    @serialized
     def all_reduce(self, send, recv=None, *, stream=None):
         """recv = the sum over ranks of send (float32, any shape; every rank the same count).
         Loopback: host arrays, returns when every rank's recv is written. NCCL: CUDA tensors,

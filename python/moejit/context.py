@@ -5,7 +5,7 @@ import threading
 
 from . import _structs as S
 from ._handle import Handle
-from ._lib import lib
+from ._lib import lib, path_arg, text_arg
 
 _BACKENDS = {"cuda": S.MJ_BACKEND_CUDA, "sim": S.MJ_BACKEND_SIM, "auto": S.MJ_BACKEND_AUTO}
 
@@ -41,9 +41,9 @@ class Context(Handle):
         elif backend == "cuda":
             o.device = 0
         if target is not None:
-            o.target = target.encode()
+            o.target = text_arg(target, "target")
         if cache_dir is not None:
-            o.cache_dir = os.fsencode(cache_dir)
+            o.cache_dir = path_arg(cache_dir, "cache_dir")
         if cache_max_bytes is not None:
             o.cache_max_bytes = int(cache_max_bytes)
         if strict is not None:
@@ -61,7 +61,8 @@ class Context(Handle):
     def stats(self):
         """The JIT's counters (mj_jit_stats) as a dict."""
         st = S.JitStatsC()
-        lib().mj_context_stats(self._handle(), ctypes.byref(st))
+        with self._using() as p:
+            lib().mj_context_stats(p, ctypes.byref(st))
         return {f: getattr(st, f) for f, _ in st._fields_}
 
     def __repr__(self):

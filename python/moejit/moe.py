@@ -7,8 +7,8 @@ import numpy as np
 
 from . import _arrays as A
 from . import _structs as S
-from ._handle import Handle
-from ._lib import lib
+from ._handle import Handle, serialized
+from ._lib import int_arg, lib, text_arg
 from .checkpoint import MODE_NAMES, MODES, Checkpoint, Layer, _split
 from .comm import Comm
 from .context import Context, get_context
@@ -73,6 +73,7 @@ class Moe(Handle):
         self.parallel = {S.MJ_PAR_NONE: None, S.MJ_PAR_TP: "tp", S.MJ_PAR_EP: "ep"}[kind]
         self.rank, self.n_ranks = rank, n
         self._last_B = self._last_stream = None
+        self._prepared_after_forward = False
         self._inflight = None
         self._prepared = ()
 
@@ -106,10 +107,11 @@ class Moe(Handle):
         o.rsf_in_weights = 1 if rsf_in_weights else 0
         o.shared_expert = 1 if shared_expert else 0
         if mode_policy is not None:
-            o.mode_policy = str(mode_policy).encode()
+            o.mode_policy = text_arg(mode_policy, "mode_policy")
         p = ctypes.c_void_p()
         try:
-            lib().mj_moe_create(ctx._handle(), L._handle(), ctypes.byref(o), ctypes.byref(p))
+            with ctx._using() as cp, L._using() as lp:
+                lib().mj_moe_create(cp, lp, ctypes.byref(o), ctypes.byref(p))
         finally:
             if own_layer is not None:
                 own_layer.close()  # the handle keeps no reference to it
@@ -127,6 +129,7 @@ class Moe(Handle):
         """The batch sizes the last prepare() covered."""
         return self._prepared
 
+    @serialized
     def prepare(self, max_batch=None, batches=None, *, k0_policy=None, mode=None):
         """Compile (or load from the cache) every kernel forwards of these batch sizes launch
         and allocate their workspace: 1..max_batch, or exactly `batches` (e.g. an engine's
@@ -134,16 +137,12 @@ class Moe(Handle):
         k0_policy / mode: override the constructor's."""
         if (max_batch is None) == (batches is None):
             raise ValueError("give max_batch or batches")
-        if k0_policy is not None:
-            self.k0_policy = k0_policy
-        if mode is not None:
-            if mode not in MODES:
-                raise ValueError("mode %r: use 'auto', 'w4a16' or 'w4a4'" % (mode,))
-            self.mode = mode
+        if mode is not None and mode not in MODES:
+            raise ValueError("mode %r: use 'auto', 'w4a16' or 'w4a4'" % (mode,))
         o = S.MoePrepareOptionsC()
         keep = None
         if batches is not None:
-            bl = [int(b) for b in batches]
+            bl = [int_arg(b, "batch size", 1, S.MJ_MAX_BATCH) for b in batches]
             if not bl:
                 raise ValueError("batches is empty")
             keep = (ctypes.c_int32 * len(bl))(*bl)
@@ -151,20 +150,31 @@ class Moe(Handle):
             o.n_batches = len(bl)
             prepared = tuple(sorted(set(bl)))
         else:
-            o.max_batch = int(max_batch)
-            prepared = tuple(range(1, int(max_batch) + 1))
-        if self.k0_policy is not None:
-            o.k0_policy = str(self.k0_policy).encode()
-        o.mode = MODES[self.mode]
+            o.max_batch = int_arg(max_batch, "max_batch", 1, S.MJ_MAX_BATCH)
+            prepared = tuple(range(1, o.max_batch + 1))
+        k0p = k0_policy if k0_policy is not None else self.k0_policy
+        if k0p is not None:
+            o.k0_policy = text_arg(k0p, "k0_policy")
+        o.mode = MODES[mode if mode is not None else self.mode]
+        # prepare() replaces the routing buffers: the last forward's routing is gone.
+        if self._last_B is not None:
+            self._prepared_after_forward = True
+        self._last_B = None
         lib().mj_moe_prepare(self._handle(), ctypes.byref(o))
         del keep
+        if k0_policy is not None:
+            self.k0_policy = k0_policy
+        if mode is not None:
+            self.mode = mode
         self._prepared = prepared
         return self
 
+    @serialized
     def batch_plan(self, batch):
         """(k0, mode) a prepared batch size runs with; mode "w4a16" or "w4a4"."""
+        batch = int_arg(batch, "batch size", 1, S.MJ_MAX_BATCH)
         k0, md = ctypes.c_int32(), ctypes.c_int()
-        lib().mj_moe_batch_plan(self._handle(), int(batch), ctypes.byref(k0), ctypes.byref(md))
+        lib().mj_moe_batch_plan(self._handle(), batch, ctypes.byref(k0), ctypes.byref(md))
         return k0.value, MODE_NAMES[md.value]
 
     def _hidden(self, hidden):
@@ -203,6 +213,7 @@ class Moe(Handle):
             raise ValueError("this Moe runs on the interpreter (host memory); %s is %s (use .cpu(), or a Moe "
                              "with backend='cuda')" % (name, a.where()))
 
+    @serialized
     def forward(self, hidden, num_valid=None, *, out=None, stream=None):
         """out [B, H] float32 = the layer applied to hidden [B, H], the same on every rank.
 
@@ -216,6 +227,7 @@ class Moe(Handle):
         (default torch's current stream; a new out and an int num_valid's device copy are
         allocated and written on it) and the call returns at once; on the interpreter it
         has run when the call returns. Every rank of a split must call forward with the same B.
+        Calls on one Moe are serialized (see the module's threading rule in _handle.py).
         """
         a = self._hidden(hidden)   # a.obj holds a host copy for the (synchronous) interpreter
         B, H = a.shape
@@ -246,16 +258,25 @@ class Moe(Handle):
         # until the next forward (and its block is s's, so it is reused only after this work).
         self._inflight = nv_keep
         self._last_B, self._last_stream = B, s
+        self._prepared_after_forward = False
         # What last_routing needs of the input (its kind and device), not the input itself.
         self._last_like = A.Arr(None, a.kind, a.device, a.dtype, a.shape, 0)
         return out
 
     @property
     def last_routing(self):
-        """The routing of the last forward: a RouteResult of copies, of the hidden's kind (on a
-        GPU copied on torch's current stream, ordered after the forward's stream and before
-        the work enqueued on that stream next)."""
+        """The routing of this Moe's last forward (whichever thread ran it): a RouteResult of
+        copies, of the hidden's kind (on a GPU copied on torch's current stream, ordered after
+        the forward's stream and before the work enqueued on that stream next). A prepare()
+        since that forward replaced the routing buffers: ValueError until the next forward."""
+        return self._last_routing()
+
+    @serialized
+    def _last_routing(self):
         if self._last_B is None:
+            if self._prepared_after_forward:
+                raise ValueError("no forward since the last prepare(), which replaced the routing buffers: run "
+                                 "forward() first")
             raise ValueError("no forward has run yet")
         r = S.RouteOutputsC()
         lib().mj_moe_route_outputs(self._handle(), ctypes.byref(r))

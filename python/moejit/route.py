@@ -6,7 +6,7 @@ import numpy as np
 from . import _arrays as A
 from . import _structs as S
 from .context import Context, get_context
-from ._lib import lib
+from ._lib import lib, text_arg
 
 SCORINGS = {"sigmoid": S.MJ_SCORING_SIGMOID, "softmax": S.MJ_SCORING_SOFTMAX}
 GROUP_SCORES = {"top2_sum": S.MJ_GROUP_SCORE_TOP2_SUM, "max": S.MJ_GROUP_SCORE_MAX}
@@ -48,7 +48,7 @@ class K0Policy:
     def __init__(self, text, topk):
         self.text, self.topk = str(text), int(topk)
         self._c = S.K0PolicyC()
-        lib().mj_k0_policy_parse(self.text.encode(), self.topk, ctypes.byref(self._c))
+        lib().mj_k0_policy_parse(text_arg(self.text, "k0 policy"), self.topk, ctypes.byref(self._c))
 
     def k0(self, batch):
         """k0 for a batch of `batch` tokens (an error naming the batch when no rule covers it)."""
@@ -207,8 +207,9 @@ def route(logits, bias=None, *, topk, k0=None, routed_scaling_factor=1.0, scorin
         for f in ("ids", "weights", "n_sel", "expert_counts", "expert_offsets", "active_experts", "n_active",
                   "permutation", "row_index"):
             setattr(out, f, ptr(f))
-        c.mj_route(ctx._handle(), ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T,
-                   nv_arr.ptr if nv_arr is not None else None, ctypes.byref(out), s)
+        with ctx._using() as cp:
+            c.mj_route(cp, ctypes.byref(p), lg.ptr, bs.ptr if bs is not None else None, T,
+                       nv_arr.ptr if nv_arr is not None else None, ctypes.byref(out), s)
         # On a GPU the kernel reads the inputs on the stream after this returns, as with any
         # torch op: the caller's tensors are the caller's to keep (and to have written, when
         # `stream` is not the current one) until then.

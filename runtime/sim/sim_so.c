@@ -2,8 +2,9 @@
  * shared object (the cache entry's binary) -> dlopen.
  *
  *   compile  the source goes to a private temp directory (mkdtemp); `$CC` (else cc; split
- *            on blanks, run with fork/exec, no shell) builds kernel.so from it with the
- *            fixed options of mj_sim_options(); its output is the log. The object's bytes
+ *            on blanks as make does, run with fork/exec, no shell) builds kernel.so from it
+ *            with the fixed options of mj_sim_options(), the paths and each option one
+ *            argument (a blank in $TMPDIR is part of the path); its output is the log. The object's bytes
  *            are kept, the directory removed; after an error the source stays there.
  *   load     the bytes go to a private temp file, dlopen(RTLD_NOW | RTLD_LOCAL) maps it and
  *            the file is unlinked at once; mj_sim_bind hands the object the runtime's
@@ -28,16 +29,31 @@
 #include <unistd.h>
 
 /* -O2 for speed; hidden symbols but the trampolines (no interposition); C with CUDA's
- * habits: type punning through pointers, no FMA contraction (results as the host's C). */
-#define MJ_SIM_OPTIONS_BASE \
-    "-std=gnu11 -O2 -fPIC -shared -fvisibility=hidden -fno-strict-aliasing -ffp-contract=off -w"
+ * habits: type punning through pointers, no FMA contraction (results as the host's C).
+ * One argument each; mj_sim_options() is them joined by blanks (for keys and messages). */
 #if MJ_SIM_ASAN
-#define MJ_SIM_OPTIONS MJ_SIM_OPTIONS_BASE " -fsanitize=address -fno-omit-frame-pointer -lm"
+#define MJ_SIM_ASAN_WORDS "-fsanitize=address", "-fno-omit-frame-pointer",
 #else
-#define MJ_SIM_OPTIONS MJ_SIM_OPTIONS_BASE " -lm"
+#define MJ_SIM_ASAN_WORDS
 #endif
+static const char *const k_sim_options[] = {"-std=gnu11", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
+                                            "-fno-strict-aliasing", "-ffp-contract=off", "-w", MJ_SIM_ASAN_WORDS
+                                            "-lm"};
+#define N_SIM_OPTIONS ((int)(sizeof k_sim_options / sizeof *k_sim_options))
 
-const char *mj_sim_options(void) { return MJ_SIM_OPTIONS; }
+static pthread_once_t g_options_once = PTHREAD_ONCE_INIT;
+static char g_options[256];
+
+static void join_options(void) {
+    size_t n = 0;
+    for (int i = 0; i < N_SIM_OPTIONS; i++)
+        n += (size_t)snprintf(g_options + n, sizeof g_options - n, "%s%s", i ? " " : "", k_sim_options[i]);
+}
+
+const char *mj_sim_options(void) {
+    pthread_once(&g_options_once, join_options);
+    return g_options;
+}
 
 /* Room the log gets in the 4 KiB thread-local error text. */
 #define MJ_LOG_IN_ERROR 2800
@@ -62,7 +78,20 @@ typedef struct argv_buf {
     int argc;
 } argv_buf;
 
-/* Append the blank-separated words of s. */
+/* Append s as one argument (a path: blanks and quotes are part of it). */
+static int add_arg(argv_buf *a, size_t *used, const char *s) {
+    size_t n = strlen(s);
+    if (*used + n + 1 > sizeof a->text || a->argc == MAX_ARGS) return -1;
+    char *p = a->text + *used;
+    memcpy(p, s, n + 1);
+    *used += n + 1;
+    a->argv[a->argc++] = p;
+    a->argv[a->argc] = NULL;
+    return 0;
+}
+
+/* Append the blank-separated words of s: only $CC, which is a command line of the user's
+ * ("ccache gcc", as make splits it); never a path or an option of ours. */
 static int add_words(argv_buf *a, size_t *used, const char *s) {
     size_t n = strlen(s);
     if (*used + n + 1 > sizeof a->text) return -1;
@@ -149,7 +178,7 @@ static void find_version(void) {
     argv_buf a = {.argc = 0};
     size_t used = 0;
     const char *cc = cc_command();
-    if (add_words(&a, &used, cc) != 0 || a.argc == 0 || add_words(&a, &used, "--version") != 0) {
+    if (add_words(&a, &used, cc) != 0 || a.argc == 0 || add_arg(&a, &used, "--version") != 0) {
         snprintf(g_version_error, sizeof g_version_error, "$CC is empty or too long: '%.200s'", cc);
         return;
     }
@@ -231,8 +260,10 @@ mj_status mj_sim_compile(const char *source, const char *name, mj_compile_result
     }
     argv_buf a = {.argc = 0};
     size_t used = 0;
-    if (add_words(&a, &used, cc_command()) || add_words(&a, &used, "-o") || add_words(&a, &used, so) ||
-        add_words(&a, &used, src) || add_words(&a, &used, mj_sim_options())) {
+    int bad = add_words(&a, &used, cc_command()) || add_arg(&a, &used, "-o") || add_arg(&a, &used, so) ||
+              add_arg(&a, &used, src);
+    for (int i = 0; i < N_SIM_OPTIONS && !bad; i++) bad = add_arg(&a, &used, k_sim_options[i]);
+    if (bad) {
         unlink(src), rmdir(dir);
         return mj_set_error(MJ_ERR_INVALID_ARG, "sim: the compiler command line is too long ($CC, $TMPDIR)");
     }

@@ -2,10 +2,10 @@
  *
  * mj_checkpoint_open reads config.json (+ hf_quant_config.json), the index, and every
  * shard's header; after it, each tensor name the checkpoint holds maps to a checked byte range
- * of a read-only mapping. mj_layer_load then builds one layer handle (struct mj_layer, the one
+ * of an open shard. mj_layer_load then builds one layer handle (struct mj_layer, the one
  * mj_layer_create_random and mj_layer_shard make): it looks every tensor up, checks its dtype
- * and shape against the config before allocating anything, and copies only the bytes of the
- * requested slice out of the mapping (through ck_copy, which counts them: the tests hold the
+ * and shape against the config before allocating anything, and reads only the bytes of the
+ * requested slice (pread, through ck_copy, which counts them: the tests hold the
  * loader to "TP rank r reads rows r of n, nothing else").
  *
  * The layout of a slice is mj_layer_shard's (runtime/ref/layer.c): TP rank r of n holds gate
@@ -203,7 +203,11 @@ static mj_status open_shard(mj_checkpoint_t ck, int dirfd, const char *name, con
     if (!name[0] || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, ".."))
         return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s' is in shard '%s', which is not a file name inside "
                             "the checkpoint directory: refused (a shard must not be a path)", ck->where, pt, pn);
-    char *label = path_join(ck->dir, name);
+    /* The label every message names the shard by: its name as written in the index, with
+     * control characters and non-ASCII bytes escaped (\x1b), whole. */
+    size_t room = 4 * strlen(name) + 8;
+    char *shown = malloc(room), *label = shown ? path_join(ck->dir, mj_printable(name, shown, room)) : NULL;
+    free(shown);
     if (!label) return mj_set_error(MJ_ERR_NOMEM, "out of memory opening %s", ck->dir);
     struct stat sb;
     if (fstatat(dirfd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
@@ -440,23 +444,70 @@ static mj_status ck_expect(const ck_ref *r, const mj_st_dtype *want, int nwant, 
     return MJ_OK;
 }
 
-/* Copy len bytes at offset within r's tensor: the one place tensor bytes leave a shard. */
-static void ck_copy(mj_checkpoint_t ck, const ck_ref *r, uint64_t offset, uint64_t len, void *dst) {
-    memcpy(dst, r->f->data + r->t->begin + offset, (size_t)len);
+/* Copy len bytes at offset within r's tensor: the one place tensor bytes leave a shard
+ * (pread: a shard cut short under us is MJ_ERR_IO naming it, never SIGBUS). */
+static mj_status ck_copy(mj_checkpoint_t ck, const ck_ref *r, uint64_t offset, uint64_t len, void *dst) {
+    MJ_CHECK(mj_st_read(r->f, r->t->begin + offset, len, dst));
     __atomic_fetch_add(&ck->bytes_read, (int64_t)len, __ATOMIC_RELAXED); /* ranks may load in parallel */
     if (ck->hook) ck->hook(ck->hook_user, r->t->name, offset, len);
+    return MJ_OK;
 }
 
-/* A scalar f32 (weight_scale_2, input_scale): finite and positive. */
-static mj_status ck_scalar(mj_checkpoint_t ck, const ck_ref *r, float *out) {
+/* The same for `rows` rows of `row_bytes`, `len` bytes at column byte `col` of each, into dst
+ * packed: one read a run of rows (the rows between the slices come along: the disk's pages
+ * hold them anyway), counted and reported per row as ck_copy would. */
+static mj_status ck_copy_cols(mj_checkpoint_t ck, const ck_ref *r, int64_t rows, uint64_t row_bytes, uint64_t col,
+                              uint64_t len, uint8_t *dst) {
+    if (len == row_bytes || rows <= 1) {
+        for (int64_t i = 0; i < rows; i++) MJ_CHECK(ck_copy(ck, r, (uint64_t)i * row_bytes + col, len, dst + i * len));
+        return MJ_OK;
+    }
+    const uint64_t budget = 1u << 20;
+    int64_t per = (int64_t)(budget / row_bytes);
+    if (per < 1) per = 1;
+    uint8_t *bounce = malloc((size_t)((uint64_t)(per - 1) * row_bytes + len));
+    if (!bounce) return mj_set_error(MJ_ERR_NOMEM, "out of memory reading %s", r->t->name);
+    mj_status st = MJ_OK;
+    for (int64_t r0 = 0; r0 < rows && st == MJ_OK; r0 += per) {
+        int64_t n = rows - r0 < per ? rows - r0 : per;
+        uint64_t span = (uint64_t)(n - 1) * row_bytes + len;
+        st = mj_st_read(r->f, r->t->begin + (uint64_t)r0 * row_bytes + col, span, bounce);
+        for (int64_t i = 0; i < n && st == MJ_OK; i++) {
+            memcpy(dst + (size_t)(r0 + i) * len, bounce + (size_t)i * row_bytes, (size_t)len);
+            __atomic_fetch_add(&ck->bytes_read, (int64_t)len, __ATOMIC_RELAXED);
+            if (ck->hook) ck->hook(ck->hook_user, r->t->name, (uint64_t)(r0 + i) * row_bytes + col, len);
+        }
+    }
+    free(bounce);
+    return st;
+}
+
+enum { CK_WEIGHT_SCALE_2, CK_INPUT_SCALE };
+
+/* A scalar f32 (weight_scale_2, input_scale): finite and positive, and usable as what it
+ * is. An input_scale's reciprocal is the activations' global scale (the kernels and the
+ * reference quantize with 1/input_scale): it must be finite too. weight_scale_2 scales
+ * weights of up to 6 (e2m1) * 448 (e4m3 block scale): 6 * 448 * weight_scale_2 must be
+ * finite (ModelOpt exports amax / (6 * 448)), else the weights are infinities. */
+static mj_status ck_scalar(mj_checkpoint_t ck, const ck_ref *r, int kind, float *out) {
     float v;
-    ck_copy(ck, r, 0, sizeof v, &v);
+    MJ_CHECK(ck_copy(ck, r, 0, sizeof v, &v));
     if (!isfinite(v))
         return mj_set_error(MJ_ERR_NONFINITE, "%s: tensor '%s' is %g: a scale must be finite (a broken export?)",
                             r->f->label, r->t->name, (double)v);
     if (!(v > 0.0f))
         return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s' is %g: a scale must be positive", r->f->label, r->t->name,
                             (double)v);
+    if (kind == CK_INPUT_SCALE && !isfinite(1.0f / v))
+        return mj_set_error(MJ_ERR_NONFINITE,
+                            "%s: tensor '%s' is %g: 1/input_scale (the activations' global scale) overflows float; "
+                            "an input_scale is amax / (6 * 448) of the calibration activations (a broken export?)",
+                            r->f->label, r->t->name, (double)v);
+    if (kind == CK_WEIGHT_SCALE_2 && !isfinite(6.0f * 448.0f * v))
+        return mj_set_error(MJ_ERR_NONFINITE,
+                            "%s: tensor '%s' is %g: 6 * 448 * weight_scale_2 (the largest weight it scales) overflows "
+                            "float; a weight_scale_2 is amax / (6 * 448) of the weights (a broken export?)",
+                            r->f->label, r->t->name, (double)v);
     *out = v;
     return MJ_OK;
 }
@@ -551,17 +602,17 @@ static mj_status load_w13(mj_checkpoint_t ck, const proj_refs *g, const proj_ref
                           int32_t n, const char *who, load_notes *notes, mj_nvfp4_linear *dst) {
     MJ_CHECK(linear_alloc(dst, 2 * n, H));
     const uint64_t qb = (uint64_t)H / 2, sb = (uint64_t)H / MJ_NVFP4_GROUP;
-    ck_copy(ck, &g->w, (uint64_t)c0 * qb, (uint64_t)n * qb, dst->weight);
-    ck_copy(ck, &u->w, (uint64_t)c0 * qb, (uint64_t)n * qb, dst->weight + (size_t)n * qb);
-    ck_copy(ck, &g->sf, (uint64_t)c0 * sb, (uint64_t)n * sb, dst->weight_scale);
-    ck_copy(ck, &u->sf, (uint64_t)c0 * sb, (uint64_t)n * sb, dst->weight_scale + (size_t)n * sb);
+    MJ_CHECK(ck_copy(ck, &g->w, (uint64_t)c0 * qb, (uint64_t)n * qb, dst->weight));
+    MJ_CHECK(ck_copy(ck, &u->w, (uint64_t)c0 * qb, (uint64_t)n * qb, dst->weight + (size_t)n * qb));
+    MJ_CHECK(ck_copy(ck, &g->sf, (uint64_t)c0 * sb, (uint64_t)n * sb, dst->weight_scale));
+    MJ_CHECK(ck_copy(ck, &u->sf, (uint64_t)c0 * sb, (uint64_t)n * sb, dst->weight_scale + (size_t)n * sb));
     MJ_CHECK(check_block_scales(&g->sf, dst->weight_scale, n, (int64_t)sb, c0, 0));
     MJ_CHECK(check_block_scales(&u->sf, dst->weight_scale + (size_t)n * sb, n, (int64_t)sb, c0, 0));
     float gs2, us2, gin, uin;
-    MJ_CHECK(ck_scalar(ck, &g->s2, &gs2));
-    MJ_CHECK(ck_scalar(ck, &u->s2, &us2));
-    MJ_CHECK(ck_scalar(ck, &g->in, &gin));
-    MJ_CHECK(ck_scalar(ck, &u->in, &uin));
+    MJ_CHECK(ck_scalar(ck, &g->s2, CK_WEIGHT_SCALE_2, &gs2));
+    MJ_CHECK(ck_scalar(ck, &u->s2, CK_WEIGHT_SCALE_2, &us2));
+    MJ_CHECK(ck_scalar(ck, &g->in, CK_INPUT_SCALE, &gin));
+    MJ_CHECK(ck_scalar(ck, &u->in, CK_INPUT_SCALE, &uin));
     if (gs2 != us2) {
         if (gs2 < us2) reexpress(dst->weight_scale, (int64_t)n * (int64_t)sb, gs2 / us2);
         else reexpress(dst->weight_scale + (size_t)n * sb, (int64_t)n * (int64_t)sb, us2 / gs2);
@@ -582,13 +633,11 @@ static mj_status load_w2(mj_checkpoint_t ck, const proj_refs *d, int32_t H, int3
     MJ_CHECK(linear_alloc(dst, H, n));
     const uint64_t qb = (uint64_t)I / 2, sb = (uint64_t)I / MJ_NVFP4_GROUP;
     const uint64_t nq = (uint64_t)n / 2, ns = (uint64_t)n / MJ_NVFP4_GROUP;
-    for (int64_t r = 0; r < H; r++) {
-        ck_copy(ck, &d->w, (uint64_t)r * qb + (uint64_t)c0 / 2, nq, dst->weight + (size_t)r * nq);
-        ck_copy(ck, &d->sf, (uint64_t)r * sb + (uint64_t)c0 / MJ_NVFP4_GROUP, ns, dst->weight_scale + (size_t)r * ns);
-    }
+    MJ_CHECK(ck_copy_cols(ck, &d->w, H, qb, (uint64_t)c0 / 2, nq, dst->weight));
+    MJ_CHECK(ck_copy_cols(ck, &d->sf, H, sb, (uint64_t)c0 / MJ_NVFP4_GROUP, ns, dst->weight_scale));
     MJ_CHECK(check_block_scales(&d->sf, dst->weight_scale, H, (int64_t)ns, 0, c0 / MJ_NVFP4_GROUP));
-    MJ_CHECK(ck_scalar(ck, &d->s2, &dst->weight_scale_2));
-    MJ_CHECK(ck_scalar(ck, &d->in, &dst->input_scale));
+    MJ_CHECK(ck_scalar(ck, &d->s2, CK_WEIGHT_SCALE_2, &dst->weight_scale_2));
+    MJ_CHECK(ck_scalar(ck, &d->in, CK_INPUT_SCALE, &dst->input_scale));
     return MJ_OK;
 }
 
@@ -696,9 +745,9 @@ mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int
         st = mj_set_error(MJ_ERR_NOMEM, "out of memory loading layer %d (E=%d, H=%d)", layer, E, H);
         goto fail;
     }
-    ck_copy(ck, &gate, 0, (uint64_t)E * (uint64_t)H * 2, L->gate);
+    MJ_CHECK_GOTO(ck_copy(ck, &gate, 0, (uint64_t)E * (uint64_t)H * 2, L->gate), st, fail);
     if (L->bias) {
-        ck_copy(ck, &bias, 0, (uint64_t)E * sizeof(float), L->bias);
+        MJ_CHECK_GOTO(ck_copy(ck, &bias, 0, (uint64_t)E * sizeof(float), L->bias), st, fail);
         for (int32_t e = 0; e < E; e++)
             if (!isfinite(L->bias[e])) {
                 st = mj_set_error(MJ_ERR_NONFINITE, "%s: tensor '%s': element %d is %g; the bias must be finite",

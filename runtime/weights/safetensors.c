@@ -14,9 +14,12 @@
  *   4. no two tensors overlap (sorted by begin, each starts at or after the previous end).
  * Gaps are allowed (the reference implementation refuses them, but they hurt no one).
  *
- * Files are mmapped read-only, so a loader that wants one slice of a tensor touches only
- * the pages of that slice. A file truncated by someone else while mapped would fault
- * (SIGBUS) on access; that is a concurrent modification, not a malformed file.
+ * Files are read with pread, not mapped: a loader that wants one slice of a tensor reads
+ * only that slice's bytes, and a file truncated by someone else while it is being read (a
+ * `cp` over a shard in place) is a short read, an error naming the file, where a mapping
+ * would fault (SIGBUS) and take the whole process, a server, with it. What remains: a file
+ * rewritten in place with other bytes of the same size is read as it is then (its header
+ * was checked at open, its data is whatever is there).
  */
 #include "safetensors.h"
 
@@ -25,7 +28,6 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -168,8 +170,16 @@ static mj_status parse_entry(const char *label, const char *name, const json_t *
     return MJ_OK;
 }
 
+/* bytes holds the first `have` bytes of a file of `size` bytes: all of it (mj_st_parse), or
+ * at least the length and header (mj_st_open). */
+static mj_status parse_impl(const uint8_t *bytes, uint64_t have, uint64_t size, const char *label, mj_st_file *out);
+
 mj_status mj_st_parse(const uint8_t *bytes, uint64_t size, const char *label, mj_st_file *out) {
     if (!bytes || !out || !label) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_st_parse: NULL argument");
+    return parse_impl(bytes, size, size, label, out);
+}
+
+static mj_status parse_impl(const uint8_t *bytes, uint64_t have, uint64_t size, const char *label, mj_st_file *out) {
     if (size < 8)
         return mj_set_error(MJ_ERR_PARSE, "%s: %llu bytes is too short for a safetensors file (an 8-byte "
                             "header length first)", label, (unsigned long long)size);
@@ -182,6 +192,7 @@ mj_status mj_st_parse(const uint8_t *bytes, uint64_t size, const char *label, mj
         return mj_set_error(MJ_ERR_PARSE, "%s: header length %llu runs past the end of the file (%llu "
                             "bytes): the file is truncated or not a safetensors file", label,
                             (unsigned long long)n, (unsigned long long)size);
+    if (8 + n > have) return mj_set_error(MJ_ERR_INTERNAL, "%s: the header was not read whole", label);
     if (bytes[8] != '{')
         return mj_set_error(MJ_ERR_PARSE, "%s: the header does not start with '{': not a safetensors file",
                             label);
@@ -199,9 +210,10 @@ mj_status mj_st_parse(const uint8_t *bytes, uint64_t size, const char *label, mj
         goto done;
     }
     f.base = bytes;
+    f.fd = -1;
     f.size = size;
     f.header_len = n;
-    f.data = bytes + 8 + n;
+    f.data = have == size ? bytes + 8 + n : NULL;
     f.data_size = size - 8 - n;
     f.label = strdup(label);
     /* One allocation: tensors, then their names. */
@@ -280,6 +292,27 @@ const mj_st_tensor *mj_st_find(const mj_st_file *f, const char *name) {
 
 /* ---- files -------------------------------------------------------------------------------- */
 
+/* len bytes at byte `at` of the open file fd (of `size` bytes when opened) into dst. A short
+ * read is the file having shrunk since: an error naming it, as is any read error. */
+static mj_status read_at(int fd, const char *label, uint64_t at, uint64_t len, void *dst, uint64_t size) {
+    uint8_t *p = dst;
+    while (len) {
+        size_t want = len > (1u << 30) ? (1u << 30) : (size_t)len;
+        ssize_t r = pread(fd, p, want, (off_t)at);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return mj_set_error(MJ_ERR_IO, "cannot read %s: %s", label, strerror(errno));
+        if (r == 0) {
+            struct stat sb;
+            long long now = fstat(fd, &sb) == 0 ? (long long)sb.st_size : -1;
+            return mj_set_error(MJ_ERR_IO, "%s: the file ends at byte %llu (%lld bytes now, %llu when opened): it "
+                                "was truncated or replaced while being read; copy it whole again, then reopen the "
+                                "checkpoint", label, (unsigned long long)at, now, (unsigned long long)size);
+        }
+        p += r, at += (uint64_t)r, len -= (uint64_t)r;
+    }
+    return MJ_OK;
+}
+
 mj_status mj_st_open(int dirfd, const char *name, const char *label, mj_st_file **out) {
     if (!name || !label || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_st_open: NULL argument");
     /* O_NONBLOCK: a FIFO with no writer must not hang the open; only a regular file is read. */
@@ -311,30 +344,52 @@ mj_status mj_st_open(int dirfd, const char *name, const char *label, mj_st_file 
         return mj_set_error(MJ_ERR_PARSE, "%s: %lld bytes is too short for a safetensors file (an 8-byte "
                             "header length first)", label, (long long)sb.st_size);
     }
-    size_t size = (size_t)sb.st_size;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (map == MAP_FAILED) return mj_set_error(MJ_ERR_IO, "cannot map %s: %s", label, strerror(e));
-    mj_st_file *f = calloc(1, sizeof *f);
-    if (!f) {
-        munmap(map, size);
-        return mj_set_error(MJ_ERR_NOMEM, "out of memory opening %s", label);
+    const uint64_t size = (uint64_t)sb.st_size;
+    /* The length, then the header: only these are read now. */
+    uint8_t len8[8];
+    mj_status st = read_at(fd, label, 0, 8, len8, size);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
+    uint8_t *head = NULL;
+    mj_st_file *f = NULL;
+    if (st == MJ_OK && n >= 2 && n <= MJ_ST_MAX_HEADER && n <= size - 8) {
+        head = malloc((size_t)(8 + n));
+        f = calloc(1, sizeof *f);
+        if (!head || !f) st = mj_set_error(MJ_ERR_NOMEM, "out of memory opening %s", label);
+        else memcpy(head, len8, 8), st = read_at(fd, label, 8, n, head + 8, size);
+    } else if (st == MJ_OK) {
+        head = malloc(8), f = calloc(1, sizeof *f); /* parse_impl says what is wrong with n */
+        if (!head || !f) st = mj_set_error(MJ_ERR_NOMEM, "out of memory opening %s", label);
+        else memcpy(head, len8, 8), n = 0;
     }
-    mj_status st = mj_st_parse(map, (uint64_t)size, label, f);
+    if (st == MJ_OK) st = parse_impl(head, 8 + n, size, label, f);
     if (st != MJ_OK) {
-        munmap(map, size);
+        close(fd);
+        free(head);
         free(f);
         return st;
     }
-    f->mapped = 1;
+    f->fd = fd;
     *out = f;
     return MJ_OK;
 }
 
+mj_status mj_st_read(const mj_st_file *f, uint64_t offset, uint64_t len, void *dst) {
+    if (offset > f->data_size || len > f->data_size - offset)
+        return mj_set_error(MJ_ERR_INTERNAL, "%s: a read of %llu bytes at %llu is outside the data area (%llu bytes)",
+                            f->label, (unsigned long long)len, (unsigned long long)offset,
+                            (unsigned long long)f->data_size);
+    if (f->fd < 0) {
+        if (len) memcpy(dst, f->data + offset, (size_t)len);
+        return MJ_OK;
+    }
+    return read_at(f->fd, f->label, 8 + f->header_len + offset, len, dst, f->size);
+}
+
 void mj_st_close(mj_st_file *f) {
     if (!f) return;
-    if (f->mapped && f->base) munmap((void *)f->base, (size_t)f->size);
+    if (f->fd >= 0) close(f->fd);
+    free((void *)f->base);
     mj_st_release(f);
     free(f);
 }

@@ -39,14 +39,16 @@ typedef struct mj_st_tensor {
 
 typedef struct mj_st_file {
     char *label;               /* the path, for messages                                     */
-    const uint8_t *base;       /* the whole file: an mmap (mj_st_open) or the caller's bytes */
-    uint64_t size;             /* bytes of the whole file                                    */
+    const uint8_t *base;       /* the caller's bytes (mj_st_parse), or the 8 + N bytes of the
+                                  length and header read into memory (mj_st_open: ours)       */
+    uint64_t size;             /* bytes of the whole file (when opened: its size then)        */
     uint64_t header_len;       /* N                                                          */
-    const uint8_t *data;       /* base + 8 + N                                               */
+    const uint8_t *data;       /* base + 8 + N (mj_st_parse); NULL when opened: read the
+                                  tensors with mj_st_read                                    */
     uint64_t data_size;        /* size - 8 - N                                               */
     mj_st_tensor *tensors;     /* [n_tensors], sorted by name                                */
     int64_t n_tensors;
-    int mapped;                /* 1: base is ours to munmap                                  */
+    int fd;                    /* mj_st_open: the open file (read with pread); -1 otherwise  */
 } mj_st_file;
 
 /* Parse and check a safetensors file held in memory (bytes [0, size)): the header length
@@ -60,9 +62,15 @@ mj_status mj_st_parse(const uint8_t *bytes, uint64_t size, const char *label, mj
 
 /* Open `name` in directory dirfd (AT_FDCWD: the working directory) read-only, refusing a
  * symbolic link (O_NOFOLLOW), a FIFO, device or directory (without blocking: O_NONBLOCK, then
- * fstat must say a regular file); mmap it read-only and parse it as mj_st_parse does. `label`
- * names it in errors. Release with mj_st_close (which unmaps it). */
+ * fstat must say a regular file); read its length and header and parse them as mj_st_parse
+ * does (the data area is not read). `label` names it in errors. Release with mj_st_close
+ * (which closes it). */
 mj_status mj_st_open(int dirfd, const char *name, const char *label, mj_st_file **out);
+/* Copy len bytes at `offset` of f's data area into dst: from memory (mj_st_parse), or read
+ * from the file (mj_st_open, pread: never a mapping, so a file truncated or replaced while
+ * it is read is an error, MJ_ERR_IO naming it, not SIGBUS). The range must be inside the
+ * data area the header was checked against. */
+mj_status mj_st_read(const mj_st_file *f, uint64_t offset, uint64_t len, void *dst);
 void mj_st_close(mj_st_file *f);
 /* Free what mj_st_parse allocated in *f (not the bytes). */
 void mj_st_release(mj_st_file *f);
