@@ -13,6 +13,8 @@
 #   test_layer    mj_moe_forward against mj_moe_forward_ref
 #   test_graph    a CUDA graph of mj_moe_forward replayed at several token counts
 #   test_silu     the SwiGLU's division against the GPU's own, bit for bit (test_moe_gpu silu)
+#   test_dequant  W4A16's dequantization, every code x scale byte, bit for bit (test_moe_gpu
+#                 dequant: bf16 subnormals kept)
 #   test_nccl     NCCL: one rank (init_all, unique_id + init_rank), two ranks on one GPU
 #   memcheck      compute-sanitizer memcheck on test_moe_gpu layer (small shape), where the
 #                 sanitizer supports the device (it refuses it under gVisor: recorded so)
@@ -132,6 +134,7 @@ if [ "$GPU" = 1 ] || [ "$DRY" = 1 ]; then
     step test_layer 150 "$B/bin/test_moe_gpu" layer
     step test_graph 150 "$B/bin/test_moe_gpu" graph
     step test_silu 60 "$B/bin/test_moe_gpu" silu
+    step test_dequant 60 "$B/bin/test_moe_gpu" dequant
     step test_nccl 90 "$B/bin/test_nccl_gpu"
     if command -v compute-sanitizer >/dev/null 2>&1 || [ "$DRY" = 1 ]; then
         step memcheck 150 env MJ_GPU_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 3 \
