@@ -10,13 +10,13 @@
  *                  rows against its tokens; the block's warps split K (H) and add up in a
  *                  fixed order; SwiGLU; the activation written as bf16 (W4A16) or requantized
  *                  to NVFP4 with w2's input_scale (W4A4);
- *   experts_down   block (16 hidden dims, a tile of TPE tokens): its NW2 warps deal the
- *                  active experts (ascending id, then the shared sub-experts) among them in
- *                  turn, warp w taking the w-th, (w + NW2)-th, ..., each adding weight x
- *                  (w2 . act) into accumulators of its own; then the warps' sums are added
- *                  in warp order. The combine is fused and every output element is summed in
- *                  one fixed order, so the same inputs give the same bits (no atomics
- *                  anywhere);
+ *   experts_down   block (16 hidden dims, a tile of TPE tokens): its NW2 warps share the
+ *                  active experts out by id (warp w: the ids w modulo NW2, ascending, then
+ *                  the shared sub-experts w, w + NW2, ...), each adding weight x (w2 . act)
+ *                  into accumulators of its own; then the warps' sums are added in warp
+ *                  order. The combine is fused and every output element is summed in one
+ *                  fixed order that depends only on its token's experts: the same inputs
+ *                  give the same bits, whatever else the batch holds (no atomics anywhere);
  *   experts_silu   a check, not a step of the forward: silu against IEEE division, on the
  *                  interpreter (test_experts) and, compiled with PART 0, on a GPU.
  *
@@ -653,32 +653,40 @@ typedef struct down_item_t {
     int run;         /* which run of the expert (in the ring)                              */
 } down_item_t;
 
-/* The expert at or after cursor (a slot of the active list, then NSUB shared ones; a warp's
- * cursor visits every NW2-th: its share) that has rows in [t0, t1); the cursor moves NW2
- * past it. */
-MJ_DEVICE down_item_t next_expert(int *cursor, int na, const int32_t *counts, const int32_t *offsets,
+/* A warp's next expert with rows in [t0, t1): its share is the routed experts whose id is w
+ * modulo NW2 (in the active list's ascending order; *cursor: where its scan goes on, 32 slots
+ * a ballot), then the shared sub-experts w, w + NW2, ... (*sj). Dealt by id, not by place in
+ * the list, so a token's sum goes over the same warps in the same order whatever else the
+ * batch holds: its output does not depend on the other tokens (padding rows included). */
+MJ_DEVICE down_item_t next_expert(int *cursor, int *sj, int na, const int32_t *counts, const int32_t *offsets,
                                   const int32_t *active, const int32_t *row_index, const float *scal, int n_local,
-                                  int expert_begin, int mb, int t0, int t1, int ts) {
+                                  int expert_begin, int mb, int t0, int t1, int ts, int w, int lane) {
     down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
-    while (*cursor < na + NSUB) {
-        const int c = *cursor;
-        *cursor += NW2;
-        if (c < na) {
-            const int e = active[c], xi = e - expert_begin;
-            if (e < 0 || xi < 0 || xi >= n_local) continue;
-            const int off = offsets[e], cnt = counts[e];
-            const int lo = first_row(row_index, off, off + cnt, t0), hi = first_row(row_index, lo, off + cnt, t1);
-            if (hi == lo) continue;
-            it.xi = xi, it.r0 = lo, it.n = hi - lo;
-        } else {
-            if (ts <= t0) break;
-            it.xi = n_local + (c - na), it.r0 = 0, it.n = ts - t0, it.shared_row0 = mb * K + (c - na) * mb;
+    while (*cursor < na) {
+        const int c = *cursor + lane, e = c < na ? active[c] : -1;
+        const unsigned m = __ballot_sync(0xFFFFFFFFu, e >= 0 && (e & (NW2 - 1)) == w);
+        if (!m) {
+            *cursor += 32;
+            continue;
         }
-        const float ws2 = scal[it.xi * SCAL + 2];
-        it.alpha = MODE == 1 ? scal[it.xi * SCAL + 3] * ws2 : ws2;
+        const int f = __ffs((int)m) - 1, ef = __shfl_sync(0xFFFFFFFFu, e, f), xi = ef - expert_begin;
+        *cursor += f + 1;
+        if (xi < 0 || xi >= n_local) continue;
+        const int off = offsets[ef], cnt = counts[ef];
+        const int lo = first_row(row_index, off, off + cnt, t0), hi = first_row(row_index, lo, off + cnt, t1);
+        if (hi == lo) continue;
+        it.xi = xi, it.r0 = lo, it.n = hi - lo;
+        const float ws2 = scal[xi * SCAL + 2];
+        it.alpha = MODE == 1 ? scal[xi * SCAL + 3] * ws2 : ws2;
         return it;
     }
-    it.xi = -1;
+    if (*sj < NSUB && ts > t0) {
+        const int j = *sj;
+        *sj += NW2;
+        it.xi = n_local + j, it.r0 = 0, it.n = ts - t0, it.shared_row0 = mb * K + j * mb;
+        const float ws2 = scal[it.xi * SCAL + 2];
+        it.alpha = MODE == 1 ? scal[it.xi * SCAL + 3] * ws2 : ws2;
+    }
     return it;
 }
 
@@ -829,7 +837,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 128 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
      * items, so next_expert's searches are compiled once). */
-    int cursor = w, prun = RUNS2 - 1; /* this warp's share: items w, w + NW2, ... */
+    int cursor = 0, sj = w, prun = RUNS2 - 1; /* this warp's share: next_expert */
     down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
     long long row0 = 0; /* the item's first act row (token t0 + i at row0 + i) */
     float accr[SUMS_SMEM ? 1 : NT][4];
@@ -839,8 +847,8 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
         if (pit.xi >= 0) {
             if (++prun == RUNS2) {
                 prun = 0;
-                pit = next_expert(&cursor, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb, t0,
-                                  t1, ts);
+                pit = next_expert(&cursor, &sj, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb,
+                                  t0, t1, ts, w, lane);
             }
         }
         down_issue(ring, w2, s2, &pit, prun, d, j + DRING - 2, lane);

@@ -789,6 +789,50 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
     mj_layer_free(L);
 }
 
+/* A token's output does not depend on the rest of its batch (within one specialization):
+ * with per-token routing (k0 = k), the same 8 tokens in another order give each token's row
+ * the same bits, and so does a batch whose later tokens are padding. Down's warps share the
+ * experts out by id, so a token's sum goes over the same warps in the same order whatever
+ * the other tokens route to. */
+static void test_batch_invariance(mj_context_t ctx, uint64_t seed) {
+    mj_moe_config c = test_moe_cfg(256, 64, 16, 4, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    mj_experts_t ex = make_experts(ctx, L, 8);
+    if (!ex) return;
+    enum { B = 8, H = 256 };
+    static const int perm[B] = {5, 2, 7, 0, 3, 6, 1, 4};
+    uint64_t rng = seed + 3;
+    uint16_t *hidden = malloc(sizeof(uint16_t) * B * H), *hp = malloc(sizeof(uint16_t) * B * H);
+    float *out = malloc(sizeof(float) * B * H), *outp = malloc(sizeof(float) * B * H);
+    test_random_hidden(hidden, (size_t)B * H, &rng);
+    for (int i = 0; i < B; i++) memcpy(hp + i * H, hidden + perm[i] * H, sizeof(uint16_t) * H);
+    for (int m = 0; m < 2; m++) {
+        const mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+        CHECK_OK(mj_experts_prepare(ctx, ex, mode, B));
+        routing r, rp, rv;
+        route_layer(L, hidden, B, B, 4, &r);
+        route_layer(L, hp, B, B, 4, &rp);
+        route_layer(L, hidden, B, 3, 4, &rv);
+        mj_route_outputs ro = route_outputs(&r), rop = route_outputs(&rp), rov = route_outputs(&rv);
+        int32_t nv = B, nv3 = 3;
+        CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, &nv, out, NULL));
+        CHECK_OK(mj_experts_forward(ctx, ex, mode, hp, &rop, B, &nv, outp, NULL));
+        int diff = 0;
+        for (int i = 0; i < B; i++) diff += memcmp(outp + i * H, out + perm[i] * H, sizeof(float) * H) != 0;
+        CHECK(diff == 0, "%s: %d of %d tokens' rows change bits when the batch is reordered", m ? "W4A4" : "W4A16", diff, B);
+        CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &rov, B, &nv3, outp, NULL));
+        diff = 0;
+        for (int i = 0; i < 3; i++) diff += memcmp(outp + i * H, out + i * H, sizeof(float) * H) != 0;
+        CHECK(diff == 0, "%s: %d of 3 valid tokens' rows change bits when the others are padding", m ? "W4A4" : "W4A16", diff);
+        routing_free(&r), routing_free(&rp), routing_free(&rv);
+    }
+    free(hidden), free(hp), free(out), free(outp);
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
 /* One recorded launch sequence (what a CUDA graph is), replayed with new token counts. */
 static void test_replay(mj_context_t ctx, uint64_t seed) {
     mj_moe_config c = test_moe_cfg(256, 64, 16, 4, 1);
@@ -1078,6 +1122,7 @@ int main(void) {
     TIMED(test_mutations(ctx, seed + 300));
     TIMED(test_bytes(ctx, seed + 400));
     TIMED(test_replay(ctx, seed + 500));
+    TIMED(test_batch_invariance(ctx, seed + 550));
     TIMED(test_refusals(ctx, cache));
     TIMED(test_glm5_shapes(ctx, seed + 600));
     CHECK(g_seen_tpe[8] && g_seen_tpe[16] && g_seen_tpe[32] && g_seen_tpe[64], "every token bucket reached");
