@@ -789,6 +789,25 @@ json_check 'all(r["read"] == r["floor"] and r["ratio"] == 1.0 and 1 <= r["active
 json_check 'all(r["model_bytes"] == 2*16*256 + (r["active"] + 1) * j["config"]["expert_bytes"] for r in j["bytes"])'
 json_check 'all(abs(r["floor_us"]["h200"] - r["model_bytes"] / 4.8e6) < 1e-3 for r in j["bytes"])'
 json_check 'all(a["active"] >= b["active"] for a in j["bytes"] for b in j["bytes"] if a["B"] == b["B"] and a["k0"] > b["k0"])'
+# The performance model (bench --predict, no GPU) of GLM-5 at TP 8, B 1, 8, 32: every
+# kernel of a forward with a prediction above its floor and a bound, the layer's sum; it
+# reads SASS, so it needs nvdisasm (else a skip that says so).
+expect_rc 2 "$MJ" bench --predict h300;         contains err "unknown GPU"
+if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
+  MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-32 \
+    --bench-batch 1,8,32 --k0 8,4 --no-compile --no-sim --predict h200 --cache-dir "$T/predcache" -q --json
+  json_check 'j["target"] == "sm_90a" and j["predict"]["gpu"] == "h200" and [(r["B"], r["k0"]) for r in j["predict"]["rows"]] == [(b, k) for k in (8, 4) for b in (1, 8, 32)]'
+  json_check 'all(sorted(r["kernels"]) == ["experts_down", "experts_up", "oea_route", "router_gemm"] and r["mode"] == "W4A16" for r in j["predict"]["rows"])'
+  json_check 'all(k["predicted_us"] >= k["floor_us"] > 0 and k["bound"] in ("memory", "issue", "latency", "waves") for r in j["predict"]["rows"] for k in list(r["kernels"].values()) + [r["layer"]])'
+  json_check 'all(abs(r["layer"]["predicted_us"] - sum(k["predicted_us"] for k in r["kernels"].values())) < 1e-3 * r["layer"]["predicted_us"] and r["layer"]["of_floor"] >= 1 for r in j["predict"]["rows"])'
+  json_check 'all(r["kernels"]["experts_up"]["hot_loop"]["tensor"] > 0 and r["kernels"]["oea_route"]["bound"] == "waves" for r in j["predict"]["rows"])'
+  json_check 'all(a["layer"]["predicted_us"] < b["layer"]["predicted_us"] for a in j["predict"]["rows"] for b in j["predict"]["rows"] if a["k0"] == b["k0"] and a["B"] < b["B"])'
+  MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-8 --bench-batch 1 \
+    --k0 8 --no-compile --no-sim --predict rtx-pro-6000 --cache-dir "$T/predcache" -q
+  contains out "the performance model on rtx-pro-6000"; contains out "model assumptions"; contains out "experts_down"
+else
+  echo "SKIP bench --predict: no nvdisasm"
+fi
 MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --no-compile
 contains out "host time of one forward's launch path"; contains out "no GPU"; contains out "router GEMM"
 # The GPU paths' host logic through the stub driver: kernels do not run, a kernel takes 10 us

@@ -25,6 +25,7 @@
  * making the layer >= 1.4x faster than k0 = 8 at B = 32). */
 #include "tools.h"
 
+#include "predict.h"
 #include "cuda.h"
 #include "internal.h"
 #include "jit.h"
@@ -82,6 +83,11 @@ static const char k_help[] =
     "  --no-compile     list the plan without compiling it\n"
     "  --no-gpu         skip the GPU measurements even with a GPU\n"
     "  --no-sim         skip the interpreter's measurements (launch path, bytes)\n"
+    "  --predict GPU    also the performance model (no GPU needed): each kernel of a forward\n"
+    "                   compiled for GPU's target (unless --arch), its SASS's hot loop, its\n"
+    "                   launch and occupancy, predicted us with its bound (memory, issue,\n"
+    "                   latency, waves), and the layer against its floor, for each B x k0\n"
+    "                   (GPU: rtx-pro-6000, rtx-5090, gb10, b200, h200, h100, a100, l40s, rtx-4090)\n"
     "  --cache-dir D    the kernel cache of the interpreter and GPU runs (cold compiles use\n"
     "                   temporary ones)\n"
     "  --json           one JSON object on stdout (progress on stderr)\n"
@@ -100,6 +106,7 @@ typedef struct bench_args {
     mj_parallel par;
     int n_ranks, split_given;
     int reps, iters, sim_I, copy_mb, json, no_gpu, no_compile, no_sim, quiet;
+    const tool_gpu *predict;      /* --predict                                                */
 } bench_args;
 
 /* What every section needs: the model, the rank's shapes, where results go. */
@@ -115,6 +122,8 @@ typedef struct bench {
     int64_t gate_bytes;           /* the router's weight, E x H bf16                          */
     json_t *root;
     FILE *txt;                    /* stdout, or NULL with --json                              */
+    int32_t active[MAX_LIST * MAX_LIST]; /* [k0][B]: active experts the interpreter saw       */
+    int have_active;
 } bench;
 
 static double now_ms(void) {
@@ -438,6 +447,7 @@ static int bench_sim(bench *b, const char *arch) {
             mj_route_outputs ro = MJ_ROUTE_OUTPUTS_INIT;
             TRY("the routing", mj_moe_route_outputs(moe, &ro));
             const int32_t na = *ro.n_active;
+            b->active[ki * a->n_bb + i] = na;
             const double floor_here = (double)b->gate_bytes + (double)(na + b->nsub) * (double)per_sim;
             const double model = (double)b->gate_bytes + (double)(na + b->nsub) * (double)b->per_expert;
             json_t *r = json_object();
@@ -456,6 +466,7 @@ static int bench_sim(bench *b, const char *arch) {
                 model / (h2->gbps * 1e3), model / (b2->gbps * 1e3));
         }
     }
+    b->have_active = 1;
     goto out;
 fail:
     rc = tool_fail("the interpreter: %s: %s: %s", step, mj_status_string(st), mj_last_error());
@@ -907,7 +918,7 @@ static int read_config(bench *b) {
 int cmd_bench(int argc, char **argv) {
     enum { OPT_CONFIG = 256, OPT_QUANT, OPT_CK, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_TP, OPT_EP,
            OPT_BATCH, OPT_K0P, OPT_MODE, OPT_ARCH, OPT_BB, OPT_K0, OPT_REPS, OPT_ITERS, OPT_SIMI, OPT_COPY,
-           OPT_NOCOMPILE, OPT_NOGPU, OPT_NOSIM, OPT_CACHE, OPT_JSON };
+           OPT_NOCOMPILE, OPT_NOGPU, OPT_NOSIM, OPT_CACHE, OPT_JSON, OPT_PREDICT };
     static const struct option opts[] = {
         {"config", required_argument, 0, OPT_CONFIG},  {"quant", required_argument, 0, OPT_QUANT},
         {"checkpoint", required_argument, 0, OPT_CK},  {"hidden", required_argument, 0, OPT_HIDDEN},
@@ -920,7 +931,7 @@ int cmd_bench(int argc, char **argv) {
         {"iters", required_argument, 0, OPT_ITERS},    {"sim-intermediate", required_argument, 0, OPT_SIMI},
         {"copy-mb", required_argument, 0, OPT_COPY},   {"no-compile", no_argument, 0, OPT_NOCOMPILE},
         {"no-gpu", no_argument, 0, OPT_NOGPU},         {"no-sim", no_argument, 0, OPT_NOSIM},
-        {"cache-dir", required_argument, 0, OPT_CACHE},
+        {"cache-dir", required_argument, 0, OPT_CACHE}, {"predict", required_argument, 0, OPT_PREDICT},
         {"json", no_argument, 0, OPT_JSON},            {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
@@ -974,6 +985,10 @@ int cmd_bench(int argc, char **argv) {
         case OPT_NOGPU: a.no_gpu = 1; break;
         case OPT_NOSIM: a.no_sim = 1; break;
         case OPT_CACHE: a.cache_dir = optarg; break;
+        case OPT_PREDICT:
+            if (!(a.predict = tool_gpu_find(optarg)))
+                return tool_usage("bench", "--predict: unknown GPU '%s' (known: %s)", optarg, tool_gpu_names());
+            break;
         case OPT_JSON: a.json = 1; break;
         case 'q': a.quiet = 1; break;
         case 'h': fputs(k_help, stdout); return 0;
@@ -1051,7 +1066,7 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!have_gpu || a.par == MJ_PAR_EP) mj_layer_free(b.ck_L), b.ck_L = NULL;
     }
-    const char *arch = a.arch ? a.arch : have_gpu ? mj_target_name(di.target) : "sm_120a";
+    const char *arch = a.arch ? a.arch : have_gpu ? mj_target_name(di.target) : a.predict ? a.predict->arch : "sm_120a";
     {
         const char *ver;
         mj_version(NULL, NULL, NULL, &ver);
@@ -1087,6 +1102,11 @@ int cmd_bench(int argc, char **argv) {
         note(&b, "the interpreter's measurements model a TP rank or a whole layer: skipped with --ep");
     } else if ((rc = bench_sim(&b, arch))) {
         goto out;
+    }
+    if (a.predict) { /* the performance model (tools/predict_plan.c) */
+        tool_predict_in pi = {&b.cfg, b.i_local, b.nsub, (double)b.per_expert, (double)b.gate_bytes, arch, a.predict,
+                              a.cache_dir, a.mode, a.bb, a.k0s, a.n_bb, a.n_k0, b.have_active ? b.active : NULL};
+        if ((rc = tool_predict_plan(&pi, b.root, b.txt))) goto out;
     }
     if (have_gpu && (rc = bench_gpu(&b))) goto out;
 out:

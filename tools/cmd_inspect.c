@@ -148,52 +148,12 @@ static int find_entry(mj_cache *c, const char *prefix, char hex[MJ_KEY_HEX_LEN +
     return 0;
 }
 
-/* SASS through nvdisasm or cuobjdump, which ship with the CUDA toolkit. */
+/* SASS through nvdisasm or cuobjdump (tools/sass.c). */
 static int show_sass(const mj_cache_entry *e) {
-    static const char *const tools_[] = {"nvdisasm", "cuobjdump"};
-    char tool[4096] = "";
-    const char *path = getenv("PATH"), *env = getenv("MOEJIT_NVDISASM");
-    if (env && *env) {
-        if (access(env, X_OK) != 0)
-            return tool_fail("MOEJIT_NVDISASM=%s is not an executable file", env);
-        snprintf(tool, sizeof tool, "%s", env);
-    }
-    for (int t = 0; t < 2 && !tool[0]; t++) {
-        char *dirs = strdup(path ? path : ""), *save = NULL;
-        for (char *d = strtok_r(dirs, ":", &save); d && !tool[0]; d = strtok_r(NULL, ":", &save)) {
-            char cand[4096];
-            snprintf(cand, sizeof cand, "%s/%s", d, tools_[t]);
-            if (access(cand, X_OK) == 0) snprintf(tool, sizeof tool, "%s", cand);
-        }
-        free(dirs);
-        char cand[4096];
-        snprintf(cand, sizeof cand, "/usr/local/cuda/bin/%s", tools_[t]);
-        if (!tool[0] && access(cand, X_OK) == 0) snprintf(tool, sizeof tool, "%s", cand);
-    }
-    if (!tool[0])
-        return tool_fail("no nvdisasm or cuobjdump found on PATH or in /usr/local/cuda/bin: install one "
-                         "(pip install nvidia-cuda-nvdisasm, or the CUDA toolkit's cuda-nvdisasm "
-                         "package) and put it on PATH or name it in MOEJIT_NVDISASM");
-    char tmp[] = "/tmp/moejit-sass-XXXXXX";
-    int fd = mkstemp(tmp);
-    if (fd < 0) return tool_fail("cannot create a temporary file: %s", strerror(errno));
-    int ok = write(fd, e->binary, e->binary_len) == (ssize_t)e->binary_len;
-    close(fd);
-    if (!ok) {
-        unlink(tmp);
-        return tool_fail("cannot write a temporary file");
-    }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (strstr(tool, "nvdisasm")) execl(tool, tool, "-c", tmp, (char *)NULL);
-        else execl(tool, tool, "-sass", tmp, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    unlink(tmp);
-    if (!WIFEXITED(status) || WEXITSTATUS(status)) return tool_fail("%s failed on the cubin", tool);
+    char *text = NULL;
+    if (tool_sass_text(e->binary, e->binary_len, &text)) return 1;
+    fputs(text, stdout);
+    free(text);
     return 0;
 }
 

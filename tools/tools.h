@@ -49,16 +49,28 @@ int tool_usage(const char *cmd, const char *fmt, ...) __attribute__((format(prin
 /* A failed library call: the status and mj_last_error(). */
 int tool_fail_status(const char *what, mj_status s);
 
-/* GPUs by name, for floors: peak DRAM bandwidth in GB/s (tools/gpus.c). */
+/* GPUs by name, for floors and the performance model (tools/gpus.c; sources there). */
 typedef struct tool_gpu {
     const char *name;          /* "rtx-pro-6000"                                           */
     const char *desc;
-    double gbps;
+    double gbps;               /* peak DRAM bandwidth, GB/s (vendor)                       */
+    const char *arch;          /* the target its kernels are built for ("sm_120a")         */
+    int sms;
+    double clock_mhz;          /* boost clock                                              */
+    double copy_gbps;          /* a measured device-to-device copy (read + written), 0: none */
+    double int_rate;           /* integer-pipe warp-instructions a scheduler issues a cycle */
+    double lat_ns;             /* assumed DRAM latency of a dependent load, loaded GPU      */
+    int regs_sm, smem_sm;      /* registers and shared memory (bytes) for blocks, per SM   */
+    int warps_sm, blocks_sm;   /* resident warps and blocks per SM at most                 */
 } tool_gpu;
 const tool_gpu *tool_gpu_find(const char *name);
 const char *tool_gpu_names(void);
 int tool_gpu_count(void);
 const tool_gpu *tool_gpu_at(int i);
+
+/* The SASS of a cubin (nvdisasm or cuobjdump from $MOEJIT_NVDISASM, PATH or
+ * /usr/local/cuda/bin; tools/sass.c) into *text (malloc'd). 0, or 1 after the error line. */
+int tool_sass_text(const void *bin, size_t len, char **text);
 
 /* The plan bench and prewarm list (tools/plan.c): --batch, --k0-policy (NULL: plain top-k)
  * and --mode (NULL: the target's default policy) parsed for subcommand cmd, then every rank's

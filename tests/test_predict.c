@@ -1,0 +1,100 @@
+/* test_predict.c — the performance model of `moejit bench --predict` (tools/predict.c): a
+ * hand-written SASS fixture read into the counts one makes by hand, a launch worked out by
+ * hand, and kernels made slow on purpose (a dependent chain of loads; too few blocks for the
+ * SMs; too little in flight) predicted slow with the bound that makes them so. */
+#include "test.h"
+
+#include "predict.h"
+
+#include <stdlib.h>
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *t = malloc((size_t)n + 1);
+    if (t) t[fread(t, 1, (size_t)n, f)] = '\0';
+    fclose(f);
+    return t;
+}
+
+/* A GPU small enough to count by hand. */
+static const tool_gpu k_toy = {"toy", "a toy GPU", 1000.0, "sm_90a", 4, 1000.0, 1000.0, 0.5, 1000.0, 65536,
+                               64 * 1024, 64, 32};
+
+int main(void) {
+    char *text = slurp(MJ_SOURCE_DIR "/tests/data/sass/toy.sass");
+    CHECK(text != NULL, "the fixture tests/data/sass/toy.sass");
+    if (!text) return test_finish();
+    pm_sass s;
+    CHECK(pm_sass_analyze(text, "missing", &s) == -1, "no such function");
+    CHECK(pm_sass_analyze(text, "toy", &s) == 0, "toy found");
+    /* By hand: 17 instructions (the NOP and the never-run @!PT LDS are not counted; the
+     * trailing self-branch at .L_x_3 is toy's), 3 backward branches (.L_x_2, .L_x_1, .L_x_3). The hot loop .L_x_1 (it loads global memory and
+     * holds the MMA): LDG, IMAD.WIDE, LDG, LDGSTS, FFMA, HMMA, LOP3, HFMA2, then the inner
+     * loop (IADD3, ISETP, BRA) 3 times, ISETP, BRA. */
+    CHECK(s.n_insts == 17, "instructions %d, want 17", s.n_insts);
+    CHECK(s.n_loops == 3, "loops %d, want 3", s.n_loops);
+    CHECK(s.found && s.first == 2 && s.last == 14, "hot loop %d..%d, want 2..14", s.first, s.last);
+    CHECK_NEAR(s.iter[PM_MEM], 3, 0);
+    CHECK_NEAR(s.iter[PM_TENSOR], 1, 0);
+    CHECK_NEAR(s.iter[PM_FP32], 1, 0);
+    CHECK_NEAR(s.iter[PM_INT], 3 + 2 * 3, 0); /* IMAD, LOP3, ISETP; IADD3 and ISETP x 3 */
+    CHECK_NEAR(s.iter[PM_HALF], 1, 0);
+    CHECK_NEAR(s.iter[PM_OTHER], 1 + 3, 0); /* the BRAs */
+    CHECK_NEAR(s.iter_total, 19, 0);
+    CHECK(s.ldg == 2 && s.ldgsts == 1, "loads %d + %d", s.ldg, s.ldgsts);
+    CHECK(s.chain == 2, "chain %d, want 2 (R4's load feeds R6.64's)", s.chain);
+    CHECK(s.outside == 17 - 13, "outside %d", s.outside);
+
+    pm_assume a;
+    pm_assume_default(&a);
+    /* The hand-worked launch: 8 blocks of 4 warps, 32 registers: 16 blocks fit an SM (by
+     * warps and registers); the busiest SM holds 2 (1 round), 2 x 4 x 4 KiB in flight. */
+    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096};
+    pm_result r;
+    pm_predict(&k_toy, &a, &s, &l, &r);
+    CHECK(r.blocks_per_sm == 16 && r.busiest_blocks == 2 && r.rounds == 1, "occupancy %d %d %d", r.blocks_per_sm,
+          r.busiest_blocks, r.rounds);
+    CHECK_NEAR(r.floor_us, 8.0, 1e-9);                          /* 8 MB at 1000 GB/s       */
+    CHECK_NEAR(r.t_little, 2e6 * 1000e-3 / 32768.0, 1e-9);      /* 2 MB x 1 us / 32 KiB    */
+    CHECK_NEAR(r.t_chain, 100 * 2 * 1.0, 1e-9);                 /* 100 x a chain of 2 x 1 us */
+    /* issue: 1900 instructions a warp, 2 warps a scheduler; one warp's own 6 cycles each: 11400 cycles */
+    CHECK_NEAR(r.insts_warp, 1900, 1e-9);
+    CHECK_NEAR(r.t_issue, 11.4, 1e-9);
+    CHECK(r.bound == PM_BOUND_LATENCY, "a dependent chain: %s", pm_bound_names[r.bound]);
+    CHECK_NEAR(r.predicted_us, a.launch_us + 200.0, 1e-9);
+
+    /* The same without the chain (a SASS whose loads are independent) and enough warps:
+     * the time is the issue or the memory, far less. */
+    pm_sass flat = s;
+    flat.chain = 1;
+    pm_predict(&k_toy, &a, &flat, &l, &r);
+    CHECK(r.t_chain == 0 && r.bound == PM_BOUND_LATENCY && r.predicted_us < 70, "no chain: %s %.1f",
+          pm_bound_names[r.bound], r.predicted_us); /* Little: 61 us, 2 blocks an SM keep too little in flight */
+    l.inflight = 64 * 1024, l.iters = 10; /* a deep ring, less work a warp: the memory sets the time */
+    pm_predict(&k_toy, &a, &flat, &l, &r);
+    CHECK(r.bound == PM_BOUND_MEMORY && r.predicted_us == a.launch_us + 8.0, "memory: %s %.2f",
+          pm_bound_names[r.bound], r.predicted_us);
+
+    /* Too few blocks for the SMs: one block of one warp on 4 SMs, 100000 instructions. */
+    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0};
+    pm_predict(&k_toy, &a, NULL, &one, &r);
+    CHECK(r.bound == PM_BOUND_WAVES, "one block: %s", pm_bound_names[r.bound]);
+    CHECK_NEAR(r.t_issue, 100000 * a.warp_cpi / 1000.0, 1e-9);
+    /* An uneven grid: 5 blocks on 4 SMs, one resident at a time (the shared memory): the
+     * busiest SM runs 2 rounds, so twice as long as 4 blocks. */
+    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0}, four = five;
+    four.blocks = 4;
+    pm_result r4;
+    pm_predict(&k_toy, &a, NULL, &five, &r);
+    pm_predict(&k_toy, &a, NULL, &four, &r4);
+    CHECK(r.blocks_per_sm == 1 && r.rounds == 2 && r.bound == PM_BOUND_WAVES, "5 on 4: %d %d %s", r.blocks_per_sm,
+          r.rounds, pm_bound_names[r.bound]);
+    CHECK_NEAR(r.t_issue, 2 * r4.t_issue, 1e-9);
+    CHECK(r4.bound == PM_BOUND_ISSUE, "4 on 4: %s", pm_bound_names[r4.bound]);
+    free(text);
+    return test_finish();
+}

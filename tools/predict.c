@@ -1,0 +1,379 @@
+/* predict.c — the performance model of `moejit bench --predict` (see predict.h): a kernel's
+ * SASS read into its hot loop's counts, and a launch turned into time on a named GPU.
+ *
+ * The model in one place. A kernel's time is a fixed launch cost plus the largest of:
+ *   memory   its DRAM bytes over the copy bandwidth (the floor);
+ *   latency  Little's law on the busiest SM (its bytes over the bytes its warps keep in
+ *            flight per DRAM latency), or a chain of dependent global loads that each
+ *            iteration of a warp waits for in turn (chain x latency an iteration);
+ *   issue    the busiest SM's schedulers: each warp's instructions (hot loop x iterations,
+ *            plus what runs outside it), each pipe at its rate (the integer pipe at half a
+ *            warp-instruction a cycle before Blackwell), or one warp's own dependent issue
+ *            (warp_cpi cycles an instruction) when too few warps share a scheduler;
+ *   waves    not a term of its own: a per-SM bound (latency, issue) is called "waves" when
+ *            the busiest SM holds clearly more blocks than the average one, or when the
+ *            grid leaves most SMs idle: the time is the busiest SM's.
+ * What a kernel moves and how many iterations its warps run come from the launch
+ * (predict_plan.c); what an iteration costs comes from the SASS. */
+#include "predict.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const pm_class_names[PM_NCLASS] = {"mem", "tensor", "fp32", "int", "half", "other"};
+const char *const pm_bound_names[4] = {"memory", "issue", "latency", "waves"};
+
+void pm_assume_default(pm_assume *a) {
+    /* Calibrated against the H200 run of 2026-12-04 (bench/results/2026-12-04-h200-predict/
+     * README.md says how): a kernel's fixed cost, one warp's issue interval and the routing
+     * kernel's counts; the rates are the CUDA guide's throughput table per scheduler. */
+    a->launch_us = 2.5;
+    a->warp_cpi = 6.0;
+    a->copy_fraction = 0.87;
+    a->tensor_rate = 0.125; /* an m16n8k16 bf16 MMA every 8 cycles a scheduler (mma.sync)   */
+    a->mem_rate = 0.25;     /* 32 lanes of LSU an SM: a warp-instruction a cycle, 4 schedulers */
+    a->half_rate = 1.0;     /* packed half: 2 x 16 lanes a scheduler                         */
+    a->route_fixed = 2000;
+    a->route_per_token = 1300;
+    a->waves_imbalance = 1.25;
+}
+
+double pm_copy_gbps(const tool_gpu *gpu, const pm_assume *a) {
+    return gpu->copy_gbps > 0 ? gpu->copy_gbps : a->copy_fraction * gpu->gbps;
+}
+
+void pm_assume_print(FILE *f, const pm_assume *a, const tool_gpu *g) {
+    fprintf(f, "model assumptions (tools/predict.c, tools/gpus.c):\n");
+    fprintf(f, "  %s: %d SMs at %.0f MHz, %.0f GB/s peak, copy %.0f GB/s (%s), DRAM latency %.0f ns (assumed),\n"
+               "    integer pipe %.2f warp-instructions a scheduler a cycle, %d registers / %d KiB shared memory /\n"
+               "    %d warps / %d blocks an SM\n",
+            g->name, g->sms, g->clock_mhz, g->gbps, pm_copy_gbps(g, a), g->copy_gbps > 0 ? "measured" : "assumed",
+            g->lat_ns, g->int_rate, g->regs_sm, g->smem_sm / 1024, g->warps_sm, g->blocks_sm);
+    fprintf(f, "  launch %.1f us a kernel; one warp alone issues every %.1f cycles; per scheduler a cycle:\n"
+               "    tensor %.3f, load/store %.2f, half2 %.2f, fp32 and the rest 1; a dependent global-load chain\n"
+               "    of 2 or more costs chain x latency an iteration (a chain of 1 is prefetched by the rings);\n"
+               "    oea_route %.0f + %.0f x B / warps instructions a warp; \"waves\" past %.2fx the average SM's blocks\n",
+            a->launch_us, a->warp_cpi, a->tensor_rate, a->mem_rate, a->half_rate, a->route_fixed,
+            a->route_per_token, a->waves_imbalance);
+}
+
+/* ---- SASS --------------------------------------------------------------------------------- */
+
+typedef struct inst {
+    char op[48];       /* the opcode with its modifiers: "LDG.E.128"                          */
+    char args[192];    /* the operands, up to the ';'                                          */
+    int cls;
+    int pred, pred_neg;/* the guard predicate P0..P6 (-1: none)                                */
+    int target;        /* a branch's target instruction, -1: none or unknown                  */
+} inst;
+
+typedef struct label {
+    char name[32];
+    int at;            /* the instruction that follows it                                     */
+} label;
+
+static int op_is(const char *op, const char *base) {
+    size_t n = strlen(base);
+    return !strncmp(op, base, n) && (op[n] == '\0' || op[n] == '.');
+}
+
+static int classify(const char *op) {
+    static const char *const mem[] = {"LDG", "LDGSTS", "LDS", "STS", "STG", "LDSM", "ATOM", "ATOMS", "ATOMG",
+                                      "RED", "LDL", "STL", "LD", "ST", NULL};
+    static const char *const ten[] = {"HMMA", "OMMA", "QMMA", "IMMA", "MMA", "HGMMA", "IGMMA", "QGMMA", "DMMA",
+                                      "UTCHMMA", "UTCQMMA", "UTCOMMA", NULL};
+    static const char *const f32[] = {"FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL", "FCHK", "FSET", "FFMA2",
+                                      "FMUL2", "FADD2", NULL};
+    static const char *const in[] = {"IMAD", "IADD3", "IADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "PRMT", "ISETP",
+                                     "LEA", "SEL", "VIADD", "IMNMX", "VIMNMX", "IABS", "POPC", "FLO", "BMSK",
+                                     "BREV", "IMUL", "ISCADD", "BFE", "BFI", "LEA.HI", "PLOP3", NULL};
+    static const char *const hf[] = {"HMUL2", "HFMA2", "HADD2", "HMNMX2", "HSETP2", "HSET2", NULL};
+    static const char *const *const sets[] = {mem, ten, f32, in, hf};
+    for (int c = 0; c < 5; c++)
+        for (const char *const *p = sets[c]; *p; p++)
+            if (op_is(op, *p)) return c;
+    return PM_OTHER;
+}
+
+/* The function's instructions and labels, from its ".text.NAME:" line to the next section. */
+static int parse_function(const char *text, const char *fn, inst **out, int *n_out, label **lab_out, int *nl_out) {
+    char want[160];
+    snprintf(want, sizeof want, ".text.%s:", fn);
+    const char *p = text, *start = NULL;
+    while (p && *p) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        const char *q = p;
+        while (q < p + len && isspace((unsigned char)*q)) q++;
+        if ((size_t)(p + len - q) >= strlen(want) && !strncmp(q, want, strlen(want))) {
+            start = e ? e + 1 : p + len;
+            break;
+        }
+        p = e ? e + 1 : NULL;
+    }
+    if (!start) return -1;
+    int cap = 256, n = 0, lcap = 64, nl = 0;
+    inst *v = malloc(sizeof *v * (size_t)cap);
+    label *lab = malloc(sizeof *lab * (size_t)lcap);
+    char (*want_target)[32] = malloc(sizeof *want_target * (size_t)cap);
+    if (!v || !lab || !want_target) abort();
+    for (p = start; p && *p;) {
+        const char *e = strchr(p, '\n');
+        char line[512];
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len >= sizeof line) len = sizeof line - 1;
+        memcpy(line, p, len);
+        line[len] = '\0';
+        p = e ? e + 1 : NULL;
+        char *s = line;
+        while (isspace((unsigned char)*s)) s++;
+        if (!strncmp(s, "//---", 5) || !strncmp(s, ".section", 8)) break;
+        if (s[0] == '.' && s[1] == 'L') { /* a label */
+            char *c = strchr(s, ':');
+            if (!c) continue;
+            *c = '\0';
+            if (nl == lcap && !(lab = realloc(lab, sizeof *lab * (size_t)(lcap *= 2)))) abort();
+            snprintf(lab[nl].name, sizeof lab[nl].name, "%.31s", s);
+            lab[nl++].at = n;
+            continue;
+        }
+        if (strncmp(s, "/*", 2)) continue;
+        char *c = strstr(s, "*/");
+        if (!c) continue;
+        s = c + 2;
+        while (isspace((unsigned char)*s)) s++;
+        if (!*s || *s == '/') continue;
+        inst in;
+        memset(&in, 0, sizeof in);
+        in.pred = -1, in.target = -1;
+        if (*s == '@') { /* the guard */
+            s++;
+            if (*s == '!') in.pred_neg = 1, s++;
+            if (s[0] == 'P' && s[1] == 'T') in.pred = 7;
+            else if (s[0] == 'P' && isdigit((unsigned char)s[1])) in.pred = s[1] - '0';
+            while (*s && !isspace((unsigned char)*s)) s++;
+            while (isspace((unsigned char)*s)) s++;
+        }
+        if (in.pred == 7 && in.pred_neg) continue; /* @!PT: never runs */
+        if (in.pred == 7) in.pred = -1;
+        size_t k = 0;
+        while (*s && !isspace((unsigned char)*s) && *s != ';' && k + 1 < sizeof in.op) in.op[k++] = *s++;
+        in.op[k] = '\0';
+        if (!k || op_is(in.op, "NOP")) continue;
+        while (isspace((unsigned char)*s)) s++;
+        k = 0;
+        while (*s && *s != ';' && k + 1 < sizeof in.args) in.args[k++] = *s++;
+        in.args[k] = '\0';
+        in.cls = classify(in.op);
+        if (n == cap) {
+            cap *= 2;
+            if (!(v = realloc(v, sizeof *v * (size_t)cap)) ||
+                !(want_target = realloc(want_target, sizeof *want_target * (size_t)cap)))
+                abort();
+        }
+        want_target[n][0] = '\0';
+        if (op_is(in.op, "BRA")) { /* BRA `(.L_x_17) */
+            char *l = strstr(in.args, ".L");
+            if (l) {
+                size_t m = 0;
+                while (l[m] && l[m] != ')' && !isspace((unsigned char)l[m]) && m + 1 < 32) m++;
+                memcpy(want_target[n], l, m);
+                want_target[n][m] = '\0';
+            }
+        }
+        v[n++] = in;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; want_target[i][0] && j < nl; j++)
+            if (!strcmp(lab[j].name, want_target[i])) v[i].target = lab[j].at;
+    free(want_target);
+    *out = v, *n_out = n, *lab_out = lab, *nl_out = nl;
+    return 0;
+}
+
+/* The trip count of the loop closed by branch b (first..b): the immediate its guard's
+ * predicate was last compared with ("ISETP.GE.U32.AND P1, PT, R37, 0x2, PT": 2) when that is
+ * 2..256, else 1 (unknown: counted once). */
+static int trip_count(const inst *v, int first, int b) {
+    if (v[b].pred < 0) return 1;
+    for (int i = b - 1; i >= first; i--) {
+        if (strncmp(v[i].op, "ISETP", 5)) continue;
+        if (v[i].args[0] != 'P' || v[i].args[1] - '0' != v[b].pred) continue;
+        /* the operands: Pd, Pq, Ra, imm, Pc */
+        char tmp[192];
+        snprintf(tmp, sizeof tmp, "%s", v[i].args);
+        int field = 0;
+        for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save), field++) {
+            while (isspace((unsigned char)*t)) t++;
+            if (field == 3 && (isdigit((unsigned char)t[0]))) {
+                long im = strtol(t, NULL, 0);
+                return im >= 2 && im <= 256 ? (int)im : 1;
+            }
+        }
+        return 1;
+    }
+    return 1;
+}
+
+/* Registers named in s ("R12", "R10.64": R10 and R11), not UR or SR_ ones: up to 8. */
+static int regs_in(const char *s, int *r, int max) {
+    int n = 0;
+    for (const char *p = s; *p && n < max; p++) {
+        if (*p != 'R' || !isdigit((unsigned char)p[1])) continue;
+        if (p > s && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) continue;
+        char *end;
+        long x = strtol(p + 1, &end, 10);
+        if (x < 0 || x > 255) continue;
+        r[n++] = (int)x;
+        if (!strncmp(end, ".64", 3) && n < max && x < 255) r[n++] = (int)x + 1;
+        p = end - 1;
+    }
+    return n;
+}
+
+/* Registers an instruction writes: its first operand when that is a register, widened by
+ * the opcode (.128: 4, .64 / .WIDE: 2). */
+static int dest_width(const char *op) {
+    if (strstr(op, ".128")) return 4;
+    if (strstr(op, ".64") || strstr(op, ".WIDE")) return 2;
+    return 1;
+}
+
+/* The longest chain of dependent global loads in v[first..last], one pass in program order:
+ * each register carries the depth of global loads its value waited for. */
+static int load_chain(const inst *v, int first, int last) {
+    int depth[256] = {0}, chain = 0;
+    for (int i = first; i <= last; i++) {
+        const inst *in = &v[i];
+        const char *comma = strchr(in->args, ',');
+        int first_is_reg = in->args[0] == 'R' && isdigit((unsigned char)in->args[1]);
+        const int stores = in->cls == PM_MEM && (op_is(in->op, "STS") || op_is(in->op, "STG") ||
+                                                 op_is(in->op, "LDGSTS") || op_is(in->op, "ST") ||
+                                                 op_is(in->op, "STL") || op_is(in->op, "RED"));
+        int src[16], ns = regs_in(stores || !first_is_reg ? in->args : comma ? comma + 1 : "", src, 16);
+        int d = 0;
+        for (int k = 0; k < ns; k++)
+            if (depth[src[k]] > d) d = depth[src[k]];
+        const int global_load = op_is(in->op, "LDG") || op_is(in->op, "LDGSTS");
+        if (global_load) {
+            d++;
+            if (d > chain) chain = d;
+        }
+        if (!stores && first_is_reg) {
+            int r0 = atoi(in->args + 1), w = dest_width(in->op);
+            for (int k = 0; k < w && r0 + k < 256; k++) depth[r0 + k] = d;
+        }
+    }
+    return chain;
+}
+
+int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
+    memset(s, 0, sizeof *s);
+    inst *v = NULL;
+    label *lab = NULL;
+    int n = 0, nl = 0;
+    if (!text || parse_function(text, function, &v, &n, &lab, &nl)) return -1;
+    s->n_insts = n;
+    /* loops: a branch back to an instruction at or before it. The hot one loads global
+     * memory and holds the most MMAs (the k-loop of a GEMM), then copies to shared memory
+     * (a weight ring), then is the innermost. */
+    int best = -1, best_mma = -1, best_kind = 0, best_span = 0;
+    for (int b = 0; b < n; b++) {
+        if (v[b].target < 0 || v[b].target > b) continue;
+        s->n_loops++;
+        int kind = 0, mma = 0; /* kind 2: copies global to shared, 1: loads global */
+        for (int i = v[b].target; i <= b; i++) {
+            if (op_is(v[i].op, "LDGSTS")) kind = 2;
+            else if (op_is(v[i].op, "LDG") && kind < 1) kind = 1;
+            if (v[i].cls == PM_TENSOR) mma++;
+        }
+        if (!kind) continue;
+        const int span = b - v[b].target;
+        if (mma > best_mma || (mma == best_mma && (kind > best_kind || (kind == best_kind && span < best_span))))
+            best = b, best_mma = mma, best_kind = kind, best_span = span;
+    }
+    if (best >= 0) {
+        const int first = v[best].target, last = best;
+        s->found = 1, s->first = first, s->last = last;
+        for (int i = first; i <= last; i++) {
+            double w = 1; /* the trips of the loops nested inside the hot one that hold i */
+            for (int b = first; b < last; b++)
+                if (v[b].target >= first && v[b].target <= i && i <= b && v[b].target <= b)
+                    w *= trip_count(v, v[b].target, b);
+            s->iter[v[i].cls] += w;
+            s->iter_total += w;
+            if (op_is(v[i].op, "LDGSTS")) s->ldgsts++;
+            else if (op_is(v[i].op, "LDG")) s->ldg++;
+        }
+        s->chain = load_chain(v, first, last);
+        s->outside = n - (last - first + 1);
+    } else {
+        s->outside = n;
+    }
+    free(v);
+    free(lab);
+    return 0;
+}
+
+/* ---- the model ------------------------------------------------------------------------------ */
+
+static int resident_blocks(const tool_gpu *g, const pm_launch *l) {
+    const int wpb = (l->threads + 31) / 32;
+    const int regs_warp = ((l->regs > 0 ? l->regs : 32) * 32 + 255) / 256 * 256; /* allocated by 256 */
+    int r = g->blocks_sm;
+    const int by_regs = g->regs_sm / (regs_warp * wpb), by_warps = g->warps_sm / wpb;
+    const int by_smem = l->smem > 0 ? g->smem_sm / (l->smem + 1024) : r; /* 1 KiB reserved a block */
+    if (by_regs < r) r = by_regs;
+    if (by_warps < r) r = by_warps;
+    if (by_smem < r) r = by_smem;
+    return r < 1 ? 1 : r;
+}
+
+void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const pm_launch *l, pm_result *r) {
+    memset(r, 0, sizeof *r);
+    const double copy = pm_copy_gbps(g, a);
+    const int64_t blocks = l->blocks > 0 ? l->blocks : 1;
+    const int wpb = (l->threads + 31) / 32;
+    r->floor_us = r->t_memory = l->bytes / (copy * 1e3);
+    r->blocks_per_sm = resident_blocks(g, l);
+    r->busiest_blocks = (int)((blocks + g->sms - 1) / g->sms);
+    r->rounds = (r->busiest_blocks + r->blocks_per_sm - 1) / r->blocks_per_sm;
+    r->waves = (double)blocks / ((double)g->sms * r->blocks_per_sm);
+    const int resident = r->busiest_blocks < r->blocks_per_sm ? r->busiest_blocks : r->blocks_per_sm;
+    r->inflight_sm = (double)resident * wpb * l->inflight;
+    const double sm_bytes = (double)r->busiest_blocks * l->bytes / (double)blocks;
+    if (r->inflight_sm > 0) r->t_little = sm_bytes * g->lat_ns * 1e-3 / r->inflight_sm;
+    const int chain = s && s->found && s->chain >= 2 ? s->chain : 0;
+    r->t_chain = r->rounds * l->iters * chain * g->lat_ns * 1e-3;
+    /* one warp's instructions, and its cycles on each pipe */
+    const double extra = l->extra >= 0 ? l->extra : s ? s->outside : 0;
+    const double it = s && s->found ? l->iters : 0;
+    double n = extra, pipe = 0;
+    if (s && s->found) {
+        n += it * s->iter_total;
+        const double rate[PM_NCLASS] = {a->mem_rate, a->tensor_rate, 1.0, g->int_rate, a->half_rate, 1.0};
+        for (int c = 0; c < PM_NCLASS; c++) {
+            double cyc = it * s->iter[c] / rate[c];
+            if (cyc > pipe) pipe = cyc;
+        }
+    }
+    r->insts_warp = n;
+    const double w_sched = ceil((double)resident * wpb / 4.0); /* warps a scheduler holds */
+    double cyc = w_sched * n;
+    if (w_sched * pipe > cyc) cyc = w_sched * pipe;
+    if (n * a->warp_cpi > cyc) cyc = n * a->warp_cpi;
+    r->t_issue = r->rounds * cyc / g->clock_mhz;
+    /* the largest term sets the time */
+    double t = r->t_memory;
+    r->bound = PM_BOUND_MEMORY;
+    if (r->t_little > t) t = r->t_little, r->bound = PM_BOUND_LATENCY;
+    if (r->t_chain > t) t = r->t_chain, r->bound = PM_BOUND_LATENCY;
+    if (r->t_issue > t) t = r->t_issue, r->bound = PM_BOUND_ISSUE;
+    if (r->bound != PM_BOUND_MEMORY) {
+        const double avg = (double)blocks / g->sms;
+        if (r->busiest_blocks > a->waves_imbalance * avg || 2 * blocks < g->sms) r->bound = PM_BOUND_WAVES;
+    }
+    r->predicted_us = a->launch_us + t;
+}

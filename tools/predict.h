@@ -1,0 +1,138 @@
+/* predict.h — a static performance model of our kernels (`moejit bench --predict`): no GPU.
+ *
+ * Two halves. predict.c is the model itself, pure and testable: it reads a kernel's SASS text
+ * (what nvdisasm prints) into counts of its hot loop, and turns those counts, a launch and a
+ * GPU's figures into a predicted time, a floor and the bound that sets the time.
+ * predict_plan.c is the glue bench calls: the plan's kernels compiled (no GPU needed), their
+ * cubins disassembled, their launches as runtime/experts.c and runtime/route.c make them.
+ *
+ * Every assumption is a field of pm_assume (printed with --predict, listed in README). */
+#ifndef MJ_PREDICT_H
+#define MJ_PREDICT_H
+
+#include "tools.h"
+
+#include <stdint.h>
+
+/* ---- the SASS of one kernel ----------------------------------------------------------- */
+
+/* Instruction classes, by the opcode's name before its first '.' (NOPs are not counted). */
+enum {
+    PM_MEM,    /* LDG LDGSTS LDS STS STG LDSM ATOM(S) RED LDL STL: the load/store unit        */
+    PM_TENSOR, /* HMMA OMMA QMMA IMMA MMA HGMMA ...                                          */
+    PM_FP32,   /* FFMA FMUL FADD FMNMX FSETP FSEL FCHK                                       */
+    PM_INT,    /* IMAD IADD3 LOP3 SHF PRMT ISETP LEA SEL VIADD IMNMX ...: the integer pipe   */
+    PM_HALF,   /* HMUL2 HFMA2 HADD2 HMNMX2 HSETP2                                            */
+    PM_OTHER,  /* the rest: MOV S2R BRA BAR SHFL MUFU F2F I2F LDC DEPBAR ...                 */
+    PM_NCLASS
+};
+extern const char *const pm_class_names[PM_NCLASS]; /* "mem", "tensor", "fp32", "int", "half", "other" */
+
+typedef struct pm_sass {
+    int n_insts;                 /* the function's instructions (no NOPs)                     */
+    int n_loops;                 /* backward branches                                         */
+    int found;                   /* a hot loop: the innermost loop that copies global memory
+                                    to shared (LDGSTS), else the innermost with a global load */
+    int first, last;             /* its instructions: indices first..last (the branch)        */
+    double iter[PM_NCLASS];      /* warp-instructions one iteration issues, by class; a loop
+                                    nested inside counts its body times its trip count       */
+    double iter_total;
+    int ldgsts, ldg;             /* global loads in its body (static)                         */
+    int chain;                   /* the longest chain of dependent global loads in one
+                                    iteration: a load whose address comes from another's data */
+    int outside;                 /* the function's instructions outside the hot loop          */
+} pm_sass;
+
+/* Read nvdisasm's text of the function named `function` (its `.text.NAME:` section) into s.
+ * 0, or -1 when the text has no such function. */
+int pm_sass_analyze(const char *text, const char *function, pm_sass *s);
+
+/* ---- the model -------------------------------------------------------------------------- */
+
+/* What the model assumes beyond a GPU's table row (tools/gpus.c). */
+typedef struct pm_assume {
+    double launch_us;            /* a kernel's fixed cost on a stream: launch, the first
+                                    blocks' start, the last one's drain                       */
+    double warp_cpi;             /* cycles between two instructions of one warp when nothing
+                                    else hides its dependences (ALU latency, shared memory)   */
+    double copy_fraction;        /* achievable copy bandwidth / peak where none was measured  */
+    double tensor_rate;          /* MMA warp-instructions a scheduler issues per cycle        */
+    double mem_rate;             /* load/store warp-instructions a scheduler issues per cycle */
+    double half_rate;            /* HMUL2/HFMA2 warp-instructions per scheduler per cycle     */
+    double route_fixed, route_per_token; /* oea_route: warp-instructions of a warp, fixed and
+                                    per token (spread over the block's warps): its loops
+                                    depend on the data, so they are not read from the SASS   */
+    double waves_imbalance;      /* the busiest SM with this many times the average SM's
+                                    blocks (or a grid under half the SMs) makes a per-SM bound
+                                    "waves"                                                   */
+} pm_assume;
+void pm_assume_default(pm_assume *a);
+
+/* One launch of a kernel, as the model sees it. */
+typedef struct pm_launch {
+    const char *kernel;          /* "experts_up"                                              */
+    int64_t blocks;              /* blocks that work (those that exit at once are free)       */
+    int threads;                 /* per block                                                 */
+    int regs;                    /* per thread (ptxas)                                        */
+    int smem;                    /* per block, dynamic + static, bytes                        */
+    double bytes;                /* DRAM bytes the kernel must read (weights; the floor's)    */
+    double iters;                /* hot-loop iterations of one working warp                   */
+    double extra;                /* warp-instructions of a warp outside the hot loop (<0: the
+                                    SASS's count outside it, once)                            */
+    double inflight;             /* bytes one warp keeps in flight (its ring)                 */
+} pm_launch;
+
+typedef enum { PM_BOUND_MEMORY, PM_BOUND_ISSUE, PM_BOUND_LATENCY, PM_BOUND_WAVES } pm_bound;
+extern const char *const pm_bound_names[4]; /* "memory", "issue", "latency", "waves" */
+
+typedef struct pm_result {
+    double predicted_us;         /* launch_us + the largest of the terms below                */
+    double floor_us;             /* bytes / the copy bandwidth                                */
+    pm_bound bound;
+    /* the terms, µs */
+    double t_memory;             /* bytes / copy bandwidth                                    */
+    double t_little;             /* the busiest SM's bytes / (its bytes in flight / latency)  */
+    double t_chain;              /* dependent global loads: rounds x iters x chain x latency  */
+    double t_issue;              /* the busiest SM's schedulers: instructions by pipe, or one
+                                    warp's dependent issue (warp_cpi)                         */
+    /* how it got there */
+    int blocks_per_sm;           /* resident, by registers, shared memory, threads, blocks    */
+    int busiest_blocks;          /* blocks of the busiest SM, and its rounds of resident ones */
+    int rounds;
+    double waves;                /* blocks / (SMs x resident)                                 */
+    double inflight_sm;          /* bytes in flight on the busiest SM                         */
+    double insts_warp;           /* warp-instructions of one working warp                     */
+} pm_result;
+
+/* Predict launch l of the kernel whose SASS is s (NULL: no hot loop, only l->extra) on gpu. */
+void pm_predict(const tool_gpu *gpu, const pm_assume *a, const pm_sass *s, const pm_launch *l, pm_result *r);
+
+/* The copy bandwidth the model uses for gpu, GB/s: measured, else copy_fraction x peak. */
+double pm_copy_gbps(const tool_gpu *gpu, const pm_assume *a);
+
+/* The assumptions as text lines (prefix before each) and as JSON, for --predict. */
+void pm_assume_print(FILE *f, const pm_assume *a, const tool_gpu *gpu);
+
+#endif
+
+/* ---- a plan (predict_plan.c) ------------------------------------------------------------ */
+
+struct json_t;
+/* What bench knows of the plan: the model, rank 0's shapes, the tables' B and k0, and (from
+ * the interpreter) how many experts are active at each (NULL: the expected number under
+ * uniform routing, said in a note). */
+typedef struct tool_predict_in {
+    const mj_moe_config *cfg;
+    int32_t i_local, nsub;
+    double per_expert, gate_bytes; /* bytes of one packed expert, of the router's gate        */
+    const char *arch;              /* the target whose kernels are compiled and read          */
+    const tool_gpu *gpu;
+    const char *cache_dir;         /* the kernel cache (NULL: the default one)                */
+    const char *mode;              /* --mode's text, NULL: the target's policy                */
+    const int32_t *bb, *k0s;       /* --bench-batch, --k0                                     */
+    int n_bb, n_k0;
+    const int32_t *active;         /* [n_k0][n_bb], or NULL                                   */
+} tool_predict_in;
+/* The model of every (B, k0) into root["predict"] and, when txt is not NULL, a table. 0, or 1
+ * after the error line (a kernel that does not compile, no nvdisasm). */
+int tool_predict_plan(const tool_predict_in *in, struct json_t *root, FILE *txt);

@@ -1,0 +1,286 @@
+/* predict_plan.c — `moejit bench --predict GPU`: the performance model (predict.c) of each
+ * kernel of a forward of rank 0, for every B and k0 of the tables, on a named GPU.
+ *
+ * The kernels are the ones the runtime would launch (the same knobs and specializations:
+ * mj_router_knobs, mj_route_knobs, mj_experts_knobs / mj_experts_specs, mj_experts_dims),
+ * compiled for the GPU's target through the JIT (no device: a compile-only context, the
+ * kernel cache as usual), their registers and static shared memory from ptxas' report and
+ * their hot loops from the cubin's SASS. What each kernel's warps iterate and keep in flight
+ * comes from its template (the comments of templates/moe_experts.cu and router_gemm.cu):
+ *   router_gemm   a block an expert (x tiles of 64 rows), NWARPS warps; the gate row in
+ *                 flight (CH 16-byte chunks a thread); the hot loop walks the rows ROWS at
+ *                 a time: ceil(B / ROWS) iterations;
+ *   oea_route     one block (B <= 256): its loops depend on the data, so its instructions
+ *                 are pm_assume's route_fixed + route_per_token x B / NWARPS a warp;
+ *   experts_quant (W4A4) a block a token, 4 warps; (K + 1) x ceil(H / 16 / 128) iterations;
+ *   experts_up    a block a (16-row tile, active expert or shared sub-expert), NW1 warps
+ *                 splitting H: H / 64 / NW1 k-steps a warp, 4 k-steps of 1 KiB in flight;
+ *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
+ *                 walks ceil(items / NW2) items (an expert's 4 k-steps of w2, 2304 bytes),
+ *                 2 in flight. */
+#include "predict.h"
+
+#include "experts.h"
+#include "weights/pack.h"
+#include "internal.h"
+#include "jit.h"
+#include "plan.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SASS 64
+
+typedef struct reader {
+    char key[MAX_SASS][72];
+    char *text[MAX_SASS];
+    int n;
+} reader;
+
+/* The SASS of f, disassembled once per specialization. */
+static const char *sass_of(reader *rd, const mj_function *f) {
+    const char *key = mj_function_key(f);
+    for (int i = 0; i < rd->n; i++)
+        if (!strcmp(rd->key[i], key)) return rd->text[i];
+    size_t len = 0;
+    const void *bin = mj_function_binary(f, &len);
+    char *text = NULL;
+    if (tool_sass_text(bin, len, &text)) return NULL;
+    if (rd->n == MAX_SASS) free(rd->text[--rd->n]);
+    snprintf(rd->key[rd->n], sizeof rd->key[0], "%s", key);
+    rd->text[rd->n++] = text;
+    return text;
+}
+
+typedef struct kernel_row {
+    const char *name;
+    pm_launch l;
+    pm_sass s;
+    int has_sass;
+    pm_result r;
+} kernel_row;
+
+static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, kernel_row *k, const tool_gpu *gpu,
+                 const pm_assume *a, int use_sass) {
+    const mj_function *f = NULL;
+    mj_status st = mj_jit_get(ctx, spec, &f);
+    if (st != MJ_OK) return tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
+    const mj_ptxas_report *rep = mj_function_report(f);
+    k->l.kernel = k->name;
+    k->l.regs = rep ? rep->registers : 0;
+    k->l.smem += rep ? rep->smem_static : 0;
+    k->has_sass = 0;
+    if (use_sass) {
+        const char *text = sass_of(rd, f);
+        if (!text) return 1;
+        if (pm_sass_analyze(text, k->name, &k->s)) return tool_fail("--predict: no function %s in its SASS", k->name);
+        k->has_sass = 1;
+    }
+    pm_predict(gpu, a, k->has_sass ? &k->s : NULL, &k->l, &k->r);
+    return 0;
+}
+
+static json_t *result_json(const kernel_row *k) {
+    json_t *o = json_object();
+    json_object_set_new(o, "predicted_us", json_real(k->r.predicted_us));
+    json_object_set_new(o, "floor_us", json_real(k->r.floor_us));
+    json_object_set_new(o, "bound", json_string(pm_bound_names[k->r.bound]));
+    json_object_set_new(o, "memory_us", json_real(k->r.t_memory));
+    json_object_set_new(o, "little_us", json_real(k->r.t_little));
+    json_object_set_new(o, "chain_us", json_real(k->r.t_chain));
+    json_object_set_new(o, "issue_us", json_real(k->r.t_issue));
+    json_object_set_new(o, "blocks", json_integer(k->l.blocks));
+    json_object_set_new(o, "threads", json_integer(k->l.threads));
+    json_object_set_new(o, "registers", json_integer(k->l.regs));
+    json_object_set_new(o, "smem", json_integer(k->l.smem));
+    json_object_set_new(o, "blocks_per_sm", json_integer(k->r.blocks_per_sm));
+    json_object_set_new(o, "waves", json_real(k->r.waves));
+    json_object_set_new(o, "busiest_sm_blocks", json_integer(k->r.busiest_blocks));
+    json_object_set_new(o, "inflight_sm", json_real(k->r.inflight_sm));
+    json_object_set_new(o, "bytes", json_real(k->l.bytes));
+    json_object_set_new(o, "iters_warp", json_real(k->l.iters));
+    json_object_set_new(o, "insts_warp", json_real(k->r.insts_warp));
+    if (k->has_sass) {
+        json_t *h = json_object();
+        json_object_set_new(h, "insts", json_real(k->s.iter_total));
+        for (int c = 0; c < PM_NCLASS; c++) json_object_set_new(h, pm_class_names[c], json_real(k->s.iter[c]));
+        json_object_set_new(h, "chain", json_integer(k->s.chain));
+        json_object_set_new(h, "found", json_boolean(k->s.found));
+        json_object_set_new(o, "hot_loop", h);
+    }
+    return o;
+}
+
+int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
+    const mj_moe_config *cfg = in->cfg;
+    const int32_t H = cfg->hidden, E = cfg->n_experts, K = cfg->topk, I = in->i_local, nsub = in->nsub;
+    const tool_gpu *gpu = in->gpu;
+    pm_assume a;
+    pm_assume_default(&a);
+    mj_target target;
+    if (mj_target_parse(in->arch, &target) != MJ_OK) return tool_fail("--predict: %s", mj_last_error());
+    mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+    o.cache_dir = in->cache_dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_CUDA, o.target = in->arch;
+    o.strict = 0;
+    mj_context_t ctx = NULL;
+    reader rd = {.n = 0};
+    int rc = 0;
+    mj_status st;
+    mj_route_params rp;
+    mj_mode_policy pol;
+    const char *policy = NULL;
+    const mj_weight_mode fixed = tool_mode_parse(in->mode, &policy);
+    if ((st = mj_context_create(&o, &ctx)) != MJ_OK || (st = mj_route_params_from_config(cfg, &rp)) != MJ_OK ||
+        (st = mj_mode_policy_parse(policy ? policy : mj_mode_policy_default(target), target, &pol)) != MJ_OK) {
+        rc = tool_fail_status("--predict", st);
+        goto out;
+    }
+    json_t *jp = json_object(), *rows = json_array(), *ja = json_object();
+    json_object_set_new(root, "predict", jp);
+    json_object_set_new(jp, "gpu", json_string(gpu->name));
+    json_object_set_new(jp, "target", json_string(in->arch));
+    json_object_set_new(jp, "copy_gbps", json_real(pm_copy_gbps(gpu, &a)));
+    json_object_set_new(ja, "launch_us", json_real(a.launch_us));
+    json_object_set_new(ja, "warp_cpi", json_real(a.warp_cpi));
+    json_object_set_new(ja, "copy_fraction", json_real(a.copy_fraction));
+    json_object_set_new(ja, "tensor_rate", json_real(a.tensor_rate));
+    json_object_set_new(ja, "mem_rate", json_real(a.mem_rate));
+    json_object_set_new(ja, "half_rate", json_real(a.half_rate));
+    json_object_set_new(ja, "int_rate", json_real(gpu->int_rate));
+    json_object_set_new(ja, "lat_ns", json_real(gpu->lat_ns));
+    json_object_set_new(ja, "clock_mhz", json_real(gpu->clock_mhz));
+    json_object_set_new(ja, "sms", json_integer(gpu->sms));
+    json_object_set_new(ja, "route_fixed", json_real(a.route_fixed));
+    json_object_set_new(ja, "route_per_token", json_real(a.route_per_token));
+    json_object_set_new(jp, "assumptions", ja);
+    json_object_set_new(jp, "rows", rows);
+    if (!in->active)
+        json_array_append_new(json_object_get(root, "notes"),
+                              json_string("--predict without the interpreter: active experts are the expected number "
+                                          "under uniform routing (E (1 - (1 - k0/E)^B))"));
+    if (txt) {
+        fprintf(txt, "\nthe performance model on %s (%s), kernels for %s, rank 0 (H %d, I %d): predicted us and bound\n"
+                     "per kernel; the layer against its floor (its bytes over the copy bandwidth)\n",
+                gpu->name, gpu->desc, in->arch, H, I);
+        pm_assume_print(txt, &a, gpu);
+        fprintf(txt, "  %4s %3s %-5s %6s %-19s %-19s %-19s %-19s %-19s %9s %8s %6s\n", "B", "k0", "mode", "active",
+                "router_gemm", "oea_route", "experts_quant", "experts_up", "experts_down", "layer us", "floor", "x");
+    }
+    for (int ki = 0; ki < in->n_k0; ki++) {
+        for (int bi = 0; bi < in->n_bb; bi++) {
+            const int32_t B = in->bb[bi], k0 = in->k0s[ki];
+            double na = in->active ? in->active[ki * in->n_bb + bi] : E * (1.0 - pow(1.0 - (double)k0 / E, B));
+            mj_weight_mode m = fixed;
+            if ((st = mj_mode_resolve(&pol, target, fixed, B, &m)) != MJ_OK) {
+                rc = tool_fail_status("--predict", st);
+                goto out;
+            }
+            kernel_row kr[5];
+            memset(kr, 0, sizeof kr);
+            int nk = 0;
+            /* router_gemm */
+            {
+                mj_knobs_router_gemm kn;
+                mj_router_knobs(H, E, B, &kn);
+                mj_spec s;
+                mj_spec_router_gemm(ctx, &kn, &s);
+                kernel_row *k = &kr[nk++];
+                const int ch = (H / 8 + kn.NWARPS * 32 - 1) / (kn.NWARPS * 32);
+                k->name = "router_gemm";
+                k->l.blocks = (int64_t)E * ((B + 63) / 64), k->l.threads = kn.NWARPS * 32;
+                k->l.bytes = in->gate_bytes, k->l.iters = (B + kn.ROWS - 1) / kn.ROWS, k->l.extra = -1;
+                k->l.inflight = ch * 512.0;
+                if ((rc = fetch(ctx, &rd, &s, k, gpu, &a, 1))) goto out;
+            }
+            /* oea_route */
+            {
+                mj_route_params p = rp;
+                p.k0 = k0;
+                mj_knobs_oea_route kn;
+                if ((st = mj_route_knobs(&p, B, &kn)) != MJ_OK) {
+                    rc = tool_fail_status("--predict: the routing", st);
+                    goto out;
+                }
+                mj_spec s;
+                mj_spec_oea_route(ctx, &kn, &s);
+                kernel_row *k = &kr[nk++];
+                k->name = "oea_route";
+                k->l.blocks = 1, k->l.threads = kn.NWARPS * 32, k->l.smem = B * K * 4;
+                k->l.bytes = 4.0 * B * E, k->l.iters = 0;
+                k->l.extra = a.route_fixed + a.route_per_token * B / kn.NWARPS;
+                if ((rc = fetch(ctx, &rd, &s, k, gpu, &a, 0))) goto out;
+            }
+            /* the experts */
+            mj_knobs_moe_experts kx;
+            mj_experts_knobs(H, I, K, nsub, m, B, &kx);
+            mj_spec xs[3];
+            const int32_t nx = mj_experts_specs(ctx, &kx, xs);
+            const int32_t n_slots = (int64_t)B * K < E ? B * K : E;
+            mj_launch_dims dims[3];
+            mj_experts_dims(&kx, B, n_slots, dims);
+            const double items = na + nsub, w13 = (double)mj_pack_w13_bytes(H, I) + mj_pack_s13_bytes(H, I),
+                         w2 = (double)mj_pack_w2_bytes(H, I) + mj_pack_s2_bytes(H, I);
+            for (int32_t x = 0; x < nx; x++) {
+                const int part = nx - x == 3 ? 1 : nx - x == 2 ? 2 : 3;
+                const mj_launch_dims *d = &dims[part - 1];
+                kernel_row *k = &kr[nk++];
+                k->l.threads = (int)d->block[0], k->l.smem = (int)d->smem, k->l.extra = -1;
+                if (part == 1) {
+                    k->name = "experts_quant";
+                    k->l.blocks = B, k->l.bytes = 2.0 * B * H, k->l.iters = (K + 1) * ceil(H / 16 / 128.0);
+                } else if (part == 2) {
+                    k->name = "experts_up";
+                    k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items), k->l.bytes = items * w13;
+                    k->l.iters = (double)(H / 64) / kx.NW1, k->l.inflight = 4 * 1024.0;
+                } else {
+                    k->name = "experts_down";
+                    const int runs2 = (I / 64 + 3) / 4;
+                    k->l.blocks = (int64_t)d->grid[0] * d->grid[1], k->l.bytes = items * w2;
+                    k->l.iters = ceil(items * runs2 / kx.NW2), k->l.inflight = 2 * (4 * 512.0 + 256 + 32);
+                }
+                if ((rc = fetch(ctx, &rd, &xs[x], k, gpu, &a, 1))) goto out;
+            }
+            /* the layer: the kernels one after another; its floor the bytes bench counts */
+            double pred = 0, slow = 0;
+            pm_bound lb = PM_BOUND_MEMORY;
+            for (int i = 0; i < nk; i++) {
+                pred += kr[i].r.predicted_us;
+                if (kr[i].r.predicted_us > slow) slow = kr[i].r.predicted_us, lb = kr[i].r.bound;
+            }
+            const double floor = (in->gate_bytes + items * in->per_expert) / (pm_copy_gbps(gpu, &a) * 1e3);
+            json_t *r = json_object(), *jk = json_object(), *jl = json_object();
+            json_object_set_new(r, "B", json_integer(B));
+            json_object_set_new(r, "k0", json_integer(k0));
+            json_object_set_new(r, "mode", json_string(m == MJ_MODE_W4A4 ? "W4A4" : "W4A16"));
+            json_object_set_new(r, "active", json_real(na));
+            for (int i = 0; i < nk; i++) json_object_set_new(jk, kr[i].name, result_json(&kr[i]));
+            json_object_set_new(r, "kernels", jk);
+            json_object_set_new(jl, "predicted_us", json_real(pred));
+            json_object_set_new(jl, "floor_us", json_real(floor));
+            json_object_set_new(jl, "bound", json_string(pm_bound_names[lb]));
+            json_object_set_new(jl, "of_floor", json_real(pred / floor));
+            json_object_set_new(r, "layer", jl);
+            json_array_append_new(rows, r);
+            if (txt) {
+                char cell[5][32];
+                const char *order[5] = {"router_gemm", "oea_route", "experts_quant", "experts_up", "experts_down"};
+                for (int c = 0; c < 5; c++) {
+                    snprintf(cell[c], sizeof cell[c], "-");
+                    for (int i = 0; i < nk; i++)
+                        if (!strcmp(kr[i].name, order[c]))
+                            snprintf(cell[c], sizeof cell[c], "%7.1f %-8s", kr[i].r.predicted_us,
+                                     pm_bound_names[kr[i].r.bound]);
+                }
+                fprintf(txt, "  %4d %3d %-5s %6.1f %-19s %-19s %-19s %-19s %-19s %9.1f %8.1f %6.2f\n", (int)B, (int)k0,
+                        m == MJ_MODE_W4A4 ? "W4A4" : "W4A16", na, cell[0], cell[1], cell[2], cell[3], cell[4], pred,
+                        floor, pred / floor);
+            }
+        }
+    }
+out:
+    for (int i = 0; i < rd.n; i++) free(rd.text[i]);
+    mj_context_destroy(ctx);
+    return rc;
+}
