@@ -406,6 +406,15 @@ if mknod ychr.npy c 1 3 2>/dev/null; then
     expect_fail "$MJ" nvfp4 dequantize q ychr.npy;      contains err "is a character device"
     [ -c ychr.npy ] && ok || bad "nvfp4 dequantize replaced a device node: $(ls -l ychr.npy)"
 fi
+# A link is refused whatever it points to (to a regular file too: /dev/stdout is such a link
+# when stdout is a file), before any work: nvfp4 quantize writes nothing.
+ln -s "$PWD/x.npy" ylink.npy
+expect_fail $RUN --output ylink.npy --backend ref;      contains err "symbolic link to a regular file"
+[ -L ylink.npy ] && ok || bad "run --output replaced a link to a regular file: $(ls -l ylink.npy)"
+ln -s "$PWD/x.npy" yq.weight.npy
+expect_fail "$MJ" nvfp4 quantize x.npy yq;             contains err "yq.weight.npy: is a symbolic link"
+[ -L yq.weight.npy ] && [ ! -e yq.weight_scale.npy ] && ok || bad "nvfp4 quantize wrote past a refused output: $(ls yq.*)"
+rm ylink.npy yq.weight.npy
 [ -z "$(ls ./*.tmp.* 2>/dev/null)" ] && ok || bad "temporaries left: $(ls ./*.tmp.*)"
 
 # ---- prewarm --config ---------------------------------------------------------------------

@@ -190,12 +190,19 @@ int main(void) {
     } else {
         printf("SKIP: a device node (mknod: %s)\n", strerror(errno));
     }
-    /* A link to a regular file is replaced (the link, not its target), as before. */
+    /* A link is refused whatever it points to, and neither it nor its target changes: to a
+     * regular file, and to /proc/self/fd/1 (what /dev/stdout is; with stdout a file it points
+     * at a regular file, and replacing the link would replace the system's /dev/stdout). */
     CHECK(symlink(in_dir("target"), in_dir("tlink.npy")) == 0, "symlink: %s", strerror(errno));
-    CHECK(npy_save(in_dir("tlink.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == 0, "err: %s", err);
-    CHECK(lstat(in_dir("tlink.npy"), &st) == 0 && S_ISREG(st.st_mode), "tlink.npy is not a regular file");
+    CHECK(npy_save(in_dir("tlink.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1, "saved over a link");
+    CHECK(strstr(err, "symbolic link to a regular file"), "err: %s", err);
+    CHECK(lstat(in_dir("tlink.npy"), &st) == 0 && S_ISLNK(st.st_mode), "the link to a regular file was replaced");
     CHECK(npy_load(in_dir("target"), "<f4", &a, err, sizeof err) == 0 && a.count == 6, "the link's target changed");
     npy_free(&a);
+    CHECK(symlink("/proc/self/fd/1", in_dir("stdout.npy")) == 0, "symlink: %s", strerror(errno));
+    CHECK(npy_save(in_dir("stdout.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1, "saved over /proc/self/fd/1");
+    CHECK(strstr(err, "symbolic link"), "err: %s", err);
+    CHECK(lstat(in_dir("stdout.npy"), &st) == 0 && S_ISLNK(st.st_mode), "the link to /proc/self/fd/1 was replaced");
 
     /* A signal while an output is being written (SIGINT, SIGTERM, SIGHUP) removes the
      * temporary and still ends the process by that signal. The child is killed between
@@ -224,7 +231,7 @@ int main(void) {
 
     /* Clean up: everything in the directory, then it. */
     const char *names[] = {"huge.npy", "huge2.npy", "hdr.npy", "ok.npy", "short.npy", "over.npy", "empty.npy",
-                           "fifo.npy", "target", "out.npy", "null.npy", "chr.npy", "tlink.npy"};
+                           "fifo.npy", "target", "out.npy", "null.npy", "chr.npy", "tlink.npy", "stdout.npy"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) unlink(in_dir(names[i]));
     unlink(link_name);
     rmdir(in_dir("dir.npy"));

@@ -46,6 +46,16 @@ static int quantize(const char *in, const char *prefix) {
                   npy_shape_str(&a, sh, sizeof sh), MJ_NVFP4_GROUP);
         goto done;
     }
+    char p1[4096], p2[4096], p3[4096];
+    part_path(p1, sizeof p1, prefix, "weight");
+    part_path(p2, sizeof p2, prefix, "weight_scale");
+    part_path(p3, sizeof p3, prefix, "weight_scale_2");
+    /* The outputs are refused (a special file, a link) before any work, as run's is. */
+    if (npy_check_output(p1, err, sizeof err) || npy_check_output(p2, err, sizeof err) ||
+        npy_check_output(p3, err, sizeof err)) {
+        tool_fail("%s", err);
+        goto done;
+    }
     q = malloc((size_t)(n * k / 2));
     sf = malloc((size_t)(n * k / 16));
     float s2;
@@ -58,10 +68,6 @@ static int quantize(const char *in, const char *prefix) {
         tool_fail_status("quantize", s);
         goto done;
     }
-    char p1[4096], p2[4096], p3[4096];
-    part_path(p1, sizeof p1, prefix, "weight");
-    part_path(p2, sizeof p2, prefix, "weight_scale");
-    part_path(p3, sizeof p3, prefix, "weight_scale_2");
     int64_t s_w[2] = {n, k / 2}, s_s[2] = {n, k / 16};
     /* Three files, all replaced or none: write every temporary first, and rename only when
      * all three are complete (a failure removes our temporaries, never an earlier output). */

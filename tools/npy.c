@@ -330,21 +330,22 @@ static const char *kind_of(mode_t m) {
          : S_ISSOCK(m) ? "a socket" : S_ISDIR(m) ? "a directory" : "not a regular file";
 }
 
-/* The output path must be free, a regular file, or a link to a regular file (or to nothing):
- * what is there is replaced by rename. Anything else is refused rather than written through:
- * rename would turn a FIFO or a device node (as root, /dev/null) into a regular file, and
- * writing into one is not an atomic output. A link to a special file (/dev/stdout) is
- * refused too: the link would be replaced. */
+/* The output path must be free or a regular file: what is there is replaced by rename.
+ * Anything else is refused rather than written through or replaced: rename would turn a FIFO
+ * or a device node (as root, /dev/null) into a regular file, and writing into one is not an
+ * atomic output. A symbolic link is refused whatever it points to (a link is never
+ * followed, nor replaced: /dev/stdout, through /proc/self/fd/1, can point at a regular
+ * file, and replacing the link would break the system's /dev for every later process). */
 int npy_check_output(const char *path, char *err, size_t errlen) {
     struct stat st;
     if (lstat(path, &st) != 0) return 0; /* nothing there (or not visible): the rename decides */
     if (S_ISDIR(st.st_mode)) return ERR("%s: is a directory; remove it or choose another output name", path);
     if (S_ISLNK(st.st_mode)) {
         struct stat t;
-        if (stat(path, &t) != 0 || S_ISREG(t.st_mode)) return 0;
+        const char *what = stat(path, &t) != 0 ? "nothing (a dangling link)" : S_ISREG(t.st_mode) ? "a regular file"
+                                                                                               : kind_of(t.st_mode);
         return ERR("%s: is a symbolic link to %s; outputs are written to a regular file (a temporary renamed "
-                   "over the path), never through a link or into a special file: give a file path",
-                   path, kind_of(t.st_mode));
+                   "over the path), never through or over a link: give the file's own path", path, what);
     }
     if (!S_ISREG(st.st_mode))
         return ERR("%s: is %s; outputs are written to a regular file (a temporary renamed over the path), never "

@@ -34,18 +34,27 @@ int tool_sass_text(const void *bin, size_t len, char **text) {
         return tool_fail("no nvdisasm or cuobjdump found on PATH or in /usr/local/cuda/bin: install one "
                          "(pip install nvidia-cuda-nvdisasm, or the CUDA toolkit's cuda-nvdisasm "
                          "package) and put it on PATH or name it in MOEJIT_NVDISASM");
+    /* A private directory (mkdtemp: ours, mode 0700) for the cubin and the listing, so no
+     * name in a shared TMPDIR is opened by a guessable path (no planted link or FIFO). */
     const char *td = getenv("TMPDIR");
-    char tmp[4096], out[4200];
-    snprintf(tmp, sizeof tmp, "%s/moejit-sass-XXXXXX", td && *td ? td : "/tmp");
-    int fd = mkstemp(tmp);
-    if (fd < 0) return tool_fail("cannot create a temporary file: %s", strerror(errno));
-    int ok = write(fd, bin, len) == (ssize_t)len;
-    close(fd);
-    snprintf(out, sizeof out, "%s.sass", tmp);
-    int ofd = ok ? open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600) : -1;
+    char dir[4096], tmp[4200], out[4200];
+    snprintf(dir, sizeof dir, "%s/moejit-sass-XXXXXX", td && *td ? td : "/tmp");
+    if (!mkdtemp(dir)) return tool_fail("cannot create a temporary directory in %s: %s", td && *td ? td : "/tmp",
+                                        strerror(errno));
+    snprintf(tmp, sizeof tmp, "%s/k.cubin", dir);
+    snprintf(out, sizeof out, "%s/k.sass", dir);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600), ok = fd >= 0;
+    for (size_t done = 0; ok && done < len;) {
+        ssize_t w = write(fd, (const char *)bin + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) ok = 0;
+        else done += (size_t)w;
+    }
+    if (fd >= 0) close(fd);
+    int ofd = ok ? open(out, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
     if (ofd < 0) {
-        unlink(tmp);
-        return tool_fail("cannot write a temporary file");
+        unlink(tmp), rmdir(dir);
+        return tool_fail("cannot write a temporary file in %s", dir);
     }
     fflush(stdout);
     pid_t pid = fork();
@@ -57,7 +66,8 @@ int tool_sass_text(const void *bin, size_t len, char **text) {
     }
     close(ofd);
     int status = 0;
-    waitpid(pid, &status, 0);
+    while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
     unlink(tmp);
     FILE *f = fopen(out, "rb");
     char *buf = NULL;
@@ -70,7 +80,7 @@ int tool_sass_text(const void *bin, size_t len, char **text) {
         if (buf) n = fread(buf, 1, sz > 0 ? (size_t)sz : 0, f), buf[n] = '\0';
         fclose(f);
     }
-    unlink(out);
+    unlink(out), rmdir(dir);
     if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) || !buf) {
         free(buf);
         return tool_fail("%s failed on the cubin", tool);
