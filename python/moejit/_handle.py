@@ -76,6 +76,17 @@ class Handle:
             self._closing = True
             while self._busy and self._ptr is not None:
                 self._state.wait()
+            if self._ptr is None:
+                return
+            # A call that ended meanwhile may have made an object that uses this one (a Moe
+            # built on this context or communicator): it holds the pointer now.
+            users = [u for u in list(self._users) if not u.closed]
+            if users:
+                self._closing = False
+                self._state.notify_all()
+                raise RuntimeError("this %s is still used by %d open object(s) (%s), made while close() waited; "
+                                   "close those first" % (self._what, len(users),
+                                                          ", ".join(sorted({u._what for u in users}))))
             ptr, self._ptr = self._ptr, None
         if ptr is not None:
             from ._lib import C

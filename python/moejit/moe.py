@@ -1,4 +1,5 @@
 """Moe: one MoE layer on this rank (mj_moe_create / prepare / forward)."""
+import contextlib
 import ctypes
 import os
 import sys
@@ -103,19 +104,23 @@ class Moe(Handle):
         self.context = ctx
         o = S.MoeOptionsC()
         o.parallel, o.rank, o.n_ranks = kind, rank, n
-        o.comm = comm._handle() if comm is not None else None
         o.rsf_in_weights = 1 if rsf_in_weights else 0
         o.shared_expert = 1 if shared_expert else 0
         if mode_policy is not None:
             o.mode_policy = text_arg(mode_policy, "mode_policy")
         p = ctypes.c_void_p()
         try:
-            with ctx._using() as cp, L._using() as lp:
+            # The context and the communicator are held until this Moe is adopted as their
+            # user: a close() of either from another thread waits, then sees the user.
+            with contextlib.ExitStack() as held:
+                cp = held.enter_context(ctx._using())
+                lp = held.enter_context(L._using())
+                o.comm = held.enter_context(comm._using()) if comm is not None else None
                 lib().mj_moe_create(cp, lp, ctypes.byref(o), ctypes.byref(p))
+                self._adopt(p.value, [d for d in (ctx, comm) if d is not None])
         finally:
             if own_layer is not None:
                 own_layer.close()  # the handle keeps no reference to it
-        self._adopt(p.value, [d for d in (ctx, comm) if d is not None])
         self.comm = comm
         if max_batch is not None or batches is not None:
             self.prepare(max_batch=max_batch, batches=batches)

@@ -96,6 +96,38 @@ def test_checkpoint_close_waits_for_load_layer(checkpoint_dir, monkeypatch):
         ck.load_layer(3)
 
 
+def test_context_close_while_a_moe_is_made_on_it(checkpoint_dir, monkeypatch, rng):
+    """close() of a context from one thread while another builds a Moe on it: the close waits
+    for mj_moe_create, then finds the new Moe using the context and refuses (it used to free
+    the context under the new Moe, which kept the freed pointer)."""
+    _lib.load()
+    ctx = moejit.Context(backend="sim")
+    st = _state()
+    _slow(monkeypatch, "mj_moe_create", st)
+    _watch_free(monkeypatch, "mj_context_destroy", st)
+    got = {}
+
+    def make():
+        got["moe"] = moejit.Moe(checkpoint_dir, context=ctx, batches=[2])
+
+    def close():
+        assert st["inside"].wait(JOIN_S)
+        try:
+            ctx.close()
+            got["closed"] = True
+        except RuntimeError as e:
+            got["refused"] = str(e)
+    errs = _run_threads([make, close])
+    assert errs == [None, None], errs
+    assert "closed" not in got and "still used" in got["refused"], got
+    assert not st["freed"] and not ctx.closed
+    x = rng.standard_normal((2, SMALL["hidden"])).astype(np.float32)
+    assert np.isfinite(got["moe"].forward(x)).all()   # the context it holds is alive
+    got["moe"].close()
+    ctx.close()
+    assert ctx.closed and st["freed"]
+
+
 def test_moe_close_waits_for_forward(checkpoint_dir, monkeypatch, rng):
     x = rng.standard_normal((2, SMALL["hidden"])).astype(np.float32)
     with moejit.Checkpoint(checkpoint_dir) as ck, ck.load_layer(3) as L:
