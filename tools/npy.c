@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,8 +30,10 @@
  * is listed here from its creation until it is renamed or removed, and a handler (installed
  * the first time, only over the default action: a signal the program ignores or handles
  * itself is left alone) unlinks those listed, then ends the process by the same signal.
- * The list is changed with these signals blocked in the calling thread; the commands write
- * their outputs from their main thread once their worker threads are joined. */
+ * The list is changed with these signals blocked in the calling thread, a name listed
+ * before its file is created and unlisted after it is renamed or removed, the flag stored
+ * after the name (release; the handler loads it with acquire): a signal taken by any thread
+ * removes every temporary that exists. */
 #define NPY_MAX_TEMPS 8
 static char g_temps[NPY_MAX_TEMPS][4096];
 static volatile sig_atomic_t g_temp_used[NPY_MAX_TEMPS];
@@ -40,7 +43,7 @@ static const int k_cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
 static void on_cleanup_signal(int sig) {
     int e = errno;
     for (int i = 0; i < NPY_MAX_TEMPS; i++)
-        if (g_temp_used[i]) unlink(g_temps[i]); /* async-signal-safe */
+        if (__atomic_load_n(&g_temp_used[i], __ATOMIC_ACQUIRE)) unlink(g_temps[i]); /* async-signal-safe */
     /* The default action, then the signal again: it is delivered when this handler returns
      * (it is blocked while the handler runs), so the exit status says which signal it was. */
     signal(sig, SIG_DFL);
@@ -402,24 +405,37 @@ int npy_write_temp(npy_out *o, const char *path, const char *dtype, size_t items
         return -1;
     }
     /* A new file of a random name beside the output, created O_EXCL (so never through a
-     * link or into someone else's file), mode 0600 until it is complete; listed for the
-     * signal handler before a signal can arrive (they are blocked until it is). */
+     * link or into someone else's file), mode 0600 until it is complete. Its name is listed
+     * for the signal handler before the file exists, so a signal delivered to any thread
+     * (this one blocks them meanwhile; a library's threads may not) finds it listed as soon
+     * as there is something to remove. */
     install_cleanup_handlers();
-    sigset_t old;
-    block_cleanup_signals(&old);
-    int fd = mkostemp(o->tmp, O_CLOEXEC), slot = -1;
-    int e = errno;
-    if (fd >= 0) {
-        for (int i = 0; i < NPY_MAX_TEMPS && slot < 0; i++)
-            if (!g_temp_used[i]) slot = i;
-        if (slot >= 0) {
-            memcpy(g_temps[slot], o->tmp, strlen(o->tmp) + 1);
-            g_temp_used[slot] = 1;
-        } else {
-            unlink(o->tmp), close(fd), fd = -1, e = EMFILE;
+    const size_t tl = strlen(o->tmp);
+    int fd = -1, e = EEXIST;
+    for (int attempt = 0; attempt < 64 && fd < 0 && e == EEXIST; attempt++) {
+        static const char k_chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        unsigned char rnd[6];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            e = errno ? errno : EIO;
+            break;
         }
+        for (int i = 0; i < 6; i++) o->tmp[tl - 6 + (size_t)i] = k_chars[rnd[i] % 62];
+        sigset_t old;
+        block_cleanup_signals(&old);
+        int slot = -1;
+        for (int i = 0; i < NPY_MAX_TEMPS && slot < 0; i++)
+            if (!__atomic_load_n(&g_temp_used[i], __ATOMIC_ACQUIRE)) slot = i;
+        if (slot < 0) {
+            e = EMFILE;
+        } else {
+            memcpy(g_temps[slot], o->tmp, tl + 1);
+            __atomic_store_n(&g_temp_used[slot], 1, __ATOMIC_RELEASE); /* the name, then the flag */
+            fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+            e = fd < 0 ? errno : 0;
+            if (fd < 0) __atomic_store_n(&g_temp_used[slot], 0, __ATOMIC_RELEASE);
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (fd < 0) {
         o->tmp[0] = '\0';
         return ERR("%s: cannot create a temporary file beside it: %s", path, strerror(e));
