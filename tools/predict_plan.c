@@ -62,8 +62,11 @@ typedef struct kernel_row {
     pm_result r;
 } kernel_row;
 
-static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, kernel_row *k, const tool_gpu *gpu,
-                 const pm_assume *a, int use_sass) {
+/* The kernel of spec: its ptxas report (registers, static shared memory) and, with use_sass,
+ * its hot loop, read from the SASS of sass_spec when given (a twin whose hot loop is the
+ * one this kernel runs on the data: see the experts below), else of spec. */
+static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spec *sass_spec, kernel_row *k,
+                 const tool_gpu *gpu, const pm_assume *a, int use_sass) {
     const mj_function *f = NULL;
     mj_status st = mj_jit_get(ctx, spec, &f);
     if (st != MJ_OK) return tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
@@ -72,6 +75,10 @@ static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, kernel_row *
     k->l.regs = rep ? rep->registers : 0;
     k->l.smem += rep ? rep->smem_static : 0;
     k->has_sass = 0;
+    if (use_sass && sass_spec) {
+        if (mj_jit_get(ctx, sass_spec, &f) != MJ_OK)
+            return tool_fail("--predict: compiling %s's twin: %s", k->name, mj_last_error());
+    }
     if (use_sass) {
         const char *text = sass_of(rd, f);
         if (!text) return 1;
@@ -192,7 +199,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k->l.blocks = (int64_t)E * ((B + 63) / 64), k->l.threads = kn.NWARPS * 32;
                 k->l.bytes = in->gate_bytes, k->l.iters = (B + kn.ROWS - 1) / kn.ROWS, k->l.extra = -1;
                 k->l.inflight = ch * 512.0;
-                if ((rc = fetch(ctx, &rd, &s, k, gpu, &a, 1))) goto out;
+                if ((rc = fetch(ctx, &rd, &s, NULL, k, gpu, &a, 1))) goto out;
             }
             /* oea_route */
             {
@@ -210,7 +217,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k->l.blocks = 1, k->l.threads = kn.NWARPS * 32, k->l.smem = B * K * 4;
                 k->l.bytes = 4.0 * B * E, k->l.iters = 0;
                 k->l.extra = a.route_fixed + a.route_per_token * B / kn.NWARPS;
-                if ((rc = fetch(ctx, &rd, &s, k, gpu, &a, 0))) goto out;
+                if ((rc = fetch(ctx, &rd, &s, NULL, k, gpu, &a, 0))) goto out;
             }
             /* the experts */
             mj_knobs_moe_experts kx;
@@ -222,6 +229,19 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             mj_experts_dims(&kx, B, n_slots, dims);
             const double items = na + nsub, w13 = (double)mj_pack_w13_bytes(H, I) + mj_pack_s13_bytes(H, I),
                          w2 = (double)mj_pack_w2_bytes(H, I) + mj_pack_s2_bytes(H, I);
+            /* Past two token groups (TPE 32, 64) an expert chunk of at most 8 tokens runs the
+             * one-group registers' path, the shared-memory loop over the groups only past 8;
+             * the SASS holds both, and the hot loop read from it would count the groups' loop.
+             * When the active experts average at most 8 routed rows (B K / active: an upper
+             * bound), the hot loop is read from the TPE 8 twin, whose one path is that one;
+             * the launch (grid, registers, shared memory) stays this kernel's. */
+            mj_spec twin[3];
+            int use_twin = 0;
+            if (kx.TPE > 16 && na > 0 && (double)B * K / na <= 8.0) {
+                mj_knobs_moe_experts k8 = kx;
+                k8.TPE = 8;
+                use_twin = mj_experts_specs(ctx, &k8, twin) == nx;
+            }
             for (int32_t x = 0; x < nx; x++) {
                 const int part = nx - x == 3 ? 1 : nx - x == 2 ? 2 : 3;
                 const mj_launch_dims *d = &dims[part - 1];
@@ -240,7 +260,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     k->l.blocks = (int64_t)d->grid[0] * d->grid[1], k->l.bytes = items * w2;
                     k->l.iters = ceil(items * runs2 / kx.NW2), k->l.inflight = 2 * (4 * 512.0 + 256 + 32);
                 }
-                if ((rc = fetch(ctx, &rd, &xs[x], k, gpu, &a, 1))) goto out;
+                if ((rc = fetch(ctx, &rd, &xs[x], use_twin && part > 1 ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
             }
             /* the layer: the kernels one after another; its floor the bytes bench counts */
             double pred = 0, slow = 0;
