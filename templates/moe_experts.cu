@@ -519,7 +519,11 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
     const int g = lane >> 2, p = lane & 3;
     const int nv = valid_tokens(num_valid, B);
-    rows_t rs = slot_rows((int)blockIdx.y, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
+    /* The shared sub-experts' blocks first (y < NSUB), then the routed slots: a shared one
+     * takes every valid token, the longest blocks of a grid at B > 8, and the last blocks a
+     * GPU starts are the ones it waits for at the end. */
+    const int y = (int)blockIdx.y, slot = y < NSUB ? n_slots + y : y - NSUB;
+    rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
     if (rs.xi < 0 || rs.n == 0) return;
     const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
     const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
