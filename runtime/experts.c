@@ -393,7 +393,7 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
 }
 
 void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, mj_launch_dims dims[3]) {
-    const mj_launch_dims q = {{(uint32_t)B, 1, 1}, {128, 1, 1}, QUANT_VALUES, NULL};
+    const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, 1}, {128, 1, 1}, QUANT_VALUES, NULL};
     const mj_launch_dims u = {{(uint32_t)(k->I / 16), (uint32_t)(n_slots + k->NSUB), 1}, {(uint32_t)k->NW1 * 32, 1, 1},
                               up_smem(k), NULL};
     const mj_launch_dims d = {{(uint32_t)(k->H / 16), (uint32_t)((B + k->TPE - 1) / k->TPE), 1},

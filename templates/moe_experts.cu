@@ -278,26 +278,27 @@ MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, i
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
- * grid (B), block 128, dynamic shared memory 8 KiB: token b's hidden row, once per local
- * expert it goes to (into that route row) and once for the shared experts (row MB K + b). */
+ * grid (B, K + 1), block 128, dynamic shared memory 8 KiB: block (b, j) quantizes token b's
+ * hidden row for its j-th expert (j < K: with that expert's input scale, into its route row,
+ * if the expert is held here) or, j = K, for the shared experts (row MB K + b): one block a
+ * (token, expert), not one a token walking its K + 1 in turn. */
 MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant16 reads: [16][128 threads] */
-    const int b = (int)blockIdx.x;
+    const int b = (int)blockIdx.x, j = (int)blockIdx.y;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
-    MJ_NO_UNROLL /* one copy of the quantization, not K + 1 */
-    for (int j = 0; j <= K; j++) {
+    {
         int row, xi;
         if (j < K) {
             int e = ids[b * K + j];
             xi = e - expert_begin;
-            if (e < 0 || xi < 0 || xi >= n_local) continue;
+            if (e < 0 || xi < 0 || xi >= n_local) return;
             row = perm[b * K + j];
         } else {
-            if (NSUB == 0) break;
+            if (NSUB == 0) return;
             xi = n_local;
             row = mb * K + b;
         }

@@ -12,7 +12,7 @@
  *                 a time: ceil(B / ROWS) iterations;
  *   oea_route     one block (B <= 256): its loops depend on the data, so its instructions
  *                 are pm_assume's route_fixed + route_per_token x B / NWARPS a warp;
- *   experts_quant (W4A4) a block a token, 4 warps; (K + 1) x ceil(H / 16 / 128) iterations;
+ *   experts_quant (W4A4) a block a (token, expert slot), 4 warps; ceil(H / 16 / 128) iterations;
  *   experts_up    a block a (16-row tile, active expert or shared sub-expert), NW1 warps
  *                 splitting H: H / 64 / NW1 k-steps a warp, 4 k-steps of 1 KiB in flight;
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
@@ -249,7 +249,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k->l.threads = (int)d->block[0], k->l.smem = (int)d->smem, k->l.extra = -1;
                 if (part == 1) {
                     k->name = "experts_quant";
-                    k->l.blocks = B, k->l.bytes = 2.0 * B * H, k->l.iters = (K + 1) * ceil(H / 16 / 128.0);
+                    k->l.blocks = (int64_t)B * (K + 1), k->l.bytes = 2.0 * B * H, k->l.iters = ceil(H / 16 / 128.0);
                 } else if (part == 2) {
                     k->name = "experts_up";
                     k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items), k->l.bytes = items * w13;
