@@ -392,12 +392,12 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     return mj_jit_get_many(ctx, all, n_all, f);
 }
 
-void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, mj_launch_dims dims[3]) {
-    const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, 1}, {128, 1, 1}, QUANT_VALUES, NULL};
+void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]) {
+    const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, 1}, {128, 1, 1}, QUANT_VALUES, stream};
     const mj_launch_dims u = {{(uint32_t)(k->I / 16), (uint32_t)(n_slots + k->NSUB), 1}, {(uint32_t)k->NW1 * 32, 1, 1},
-                              up_smem(k), NULL};
+                              up_smem(k), stream};
     const mj_launch_dims d = {{(uint32_t)(k->H / 16), (uint32_t)((B + k->TPE - 1) / k->TPE), 1},
-                              {(uint32_t)k->NW2 * 32, 1, 1}, down_smem(k), NULL};
+                              {(uint32_t)k->NW2 * 32, 1, 1}, down_smem(k), stream};
     dims[0] = q, dims[1] = u, dims[2] = d;
 }
 
@@ -430,19 +430,15 @@ mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     MJ_CHECK(get_functions(ctx, &k, &fq, &fu, &fd));
     const int32_t n_slots = (int64_t)B * ex->K < ex->E ? B * ex->K : ex->E;
     mj_launch_dims dims[3];
-    mj_experts_dims(&k, B, n_slots, dims);
+    mj_experts_dims(&k, B, n_slots, stream, dims);
     if (m == MJ_MODE_W4A4) {
-        mj_launch_dims dq = dims[0];
-        dq.stream = stream;
-        MJ_CHECK(mj_launch_experts_quant(fq, dq, hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
+        MJ_CHECK(mj_launch_experts_quant(fq, dims[0], hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
                                          ex->n_local, ex->expert_begin, ex->xq, ex->xsf));
     }
-    mj_launch_dims du = dims[1], dd = dims[2];
-    du.stream = dd.stream = stream;
-    MJ_CHECK(mj_launch_experts_up(fu, du, hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
+    MJ_CHECK(mj_launch_experts_up(fu, dims[1], hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, B, num_valid, ex->mb,
                                   ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf));
-    return mj_launch_experts_down(fd, dd, ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
+    return mj_launch_experts_down(fd, dims[2], ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, r.weights, B,
                                   num_valid, ex->mb, ex->n_local, ex->expert_begin, n_slots, out);
 }

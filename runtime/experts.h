@@ -36,10 +36,10 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
  * PART: experts_quant in W4A4 only, experts_up, experts_down), on the interpreter one
  * holding all three. The forward, mj_experts_prepare and the planner all ask this. */
 int32_t mj_experts_specs(mj_context_t ctx, const mj_knobs_moe_experts *k, mj_spec out[3]);
-/* The launches of a forward with knobs k of B tokens (n_slots: min(B K, E)), stream NULL:
+/* The launches of a forward with knobs k of B tokens (n_slots: min(B K, E)) on stream:
  * dims[0] experts_quant's (W4A4 only), [1] experts_up's, [2] experts_down's; the forward
  * launches these, and the performance model (tools/predict_plan.c) reads them. */
-void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, mj_launch_dims dims[3]);
+void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]);
 /* The mode policy ("w4a16", "1-8:w4a16,9-:w4a4"): parsed for a target (w4a4 needs sm_120+),
  * its default there, and the mode a batch of B takes (MJ_MODE_AUTO by the policy; an
  * explicit mode checked against the target). */

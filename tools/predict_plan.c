@@ -226,7 +226,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             const int32_t nx = mj_experts_specs(ctx, &kx, xs);
             const int32_t n_slots = (int64_t)B * K < E ? B * K : E;
             mj_launch_dims dims[3];
-            mj_experts_dims(&kx, B, n_slots, dims);
+            mj_experts_dims(&kx, B, n_slots, NULL, dims);
             const double items = na + nsub, w13 = (double)mj_pack_w13_bytes(H, I) + mj_pack_s13_bytes(H, I),
                          w2 = (double)mj_pack_w2_bytes(H, I) + mj_pack_s2_bytes(H, I);
             /* Past two token groups (TPE 32, 64) an expert chunk of at most 8 tokens runs the
