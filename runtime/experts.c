@@ -12,6 +12,7 @@
  */
 #include "experts.h"
 #include "mem.h"
+#include "weights/layer.h"
 #include "weights/pack.h"
 
 #include <stdio.h>

@@ -4,9 +4,9 @@
 #ifndef MJ_JIT_H
 #define MJ_JIT_H
 
-#include "cuda.h"
+#include "cuda/cudalibs.h"
 #include "gen.h"
-#include "internal.h"
+#include "base.h"
 
 #include <stddef.h>
 #include <stdint.h>

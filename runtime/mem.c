@@ -1,6 +1,6 @@
 /* mem.c — memory where kernels run (see mem.h). */
 #include "mem.h"
-#include "cuda.h"
+#include "cuda/cudalibs.h"
 
 #include <stdatomic.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
 #ifndef MJ_MEM_H
 #define MJ_MEM_H
 
-#include "internal.h"
+#include "base.h"
 
 #include <stddef.h>
 

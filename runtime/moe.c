@@ -10,6 +10,7 @@
  * only (table lookups, launches): no allocation, no sync, no compile, so it can be captured
  * in a CUDA graph; the token count it obeys is read on the device (num_valid). */
 #include "comm/comm.h"
+#include "weights/layer.h"
 #include "mem.h"
 #include "plan.h"
 

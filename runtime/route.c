@@ -7,6 +7,7 @@
  * in-memory table; only the first call per shape validates, renders, hashes or compiles.
  */
 #include "jit.h"
+#include "ref/ref.h"
 #include "mj_kernels.h"
 
 #include <limits.h>

@@ -3,10 +3,12 @@
  * slice equal to mj_layer_shard's, byte for byte and in the reference forward); a slice reads
  * only its bytes; and every malformed checkpoint (each made by editing a good one) is refused
  * with an error naming the file and the tensor, leaving *out untouched. */
-#include "internal.h"
+#include "base.h"
 #include "test.h"
 #include "weights/checkpoint.h"
 #include "weights/safetensors.h"
+#include "weights/layer.h"
+#include "ref/ref.h"
 
 #include <dirent.h>
 #include <errno.h>

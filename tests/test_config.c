@@ -9,7 +9,7 @@
  * mistyped or impossible field fails with the right status, a message naming the field,
  * and the output struct left byte-for-byte untouched.
  */
-#include "internal.h"
+#include "base.h"
 #include "test.h"
 
 #include <jansson.h>

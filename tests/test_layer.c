@@ -1,7 +1,8 @@
 /* test_layer.c — the CPU reference MoE layer: against an independent naive forward, gate/up
  * order, modes, OEA, padding, determinism, and the TP / EP splits summing to the whole. */
-#include "internal.h"
+#include "base.h"
 #include "test.h"
+#include "weights/layer.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -5,8 +5,9 @@
  * rounding boundary and on a sweep of ordinary floats; the quantizers against a 2x32 example
  * worked out by hand, against the error bound the format promises, and on their failure paths
  * (which must leave the outputs untouched). */
-#include "internal.h"
+#include "base.h"
 #include "test.h"
+#include "ref/ref.h"
 
 #include <float.h>
 #include <math.h>

@@ -10,7 +10,7 @@
  * different groups show that each keeps the one it should; a caller with the old, smaller
  * mj_route_params gets the top-2 sum.
  */
-#include "internal.h"
+#include "base.h"
 #include "test.h"
 
 #include <string.h>

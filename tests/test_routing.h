@@ -6,6 +6,7 @@
 
 #include "ref/ref.h"
 #include "test.h"
+#include "weights/layer.h"
 
 typedef struct routing {
     int B, nv, k, E;

@@ -8,6 +8,7 @@
 #include "mj_test_registry.h"
 #include "sim/sim.h"
 #include "test.h"
+#include "ref/ref.h"
 
 #include <ftw.h>
 #include <stdlib.h>

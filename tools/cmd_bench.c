@@ -26,13 +26,14 @@
 #include "tools.h"
 
 #include "predict.h"
-#include "cuda.h"
-#include "internal.h"
+#include "cuda/cudalibs.h"
+#include "base.h"
 #include "jit.h"
 #include "mem.h"
 #include "plan.h"
 #include "sim/sim.h"
 #include "weights/pack.h"
+#include "weights/layer.h"
 
 #include <ftw.h>
 #include <getopt.h>

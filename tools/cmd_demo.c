@@ -3,8 +3,8 @@
 
 #include "compare.h"
 
-#include "cuda.h"
-#include "internal.h"
+#include "cuda/cudalibs.h"
+#include "base.h"
 #include "weights/pack.h"
 
 #include <ftw.h>

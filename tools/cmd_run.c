@@ -4,8 +4,8 @@
 
 #include "compare.h"
 
-#include "cuda.h"
-#include "internal.h"
+#include "cuda/cudalibs.h"
+#include "base.h"
 
 #include <getopt.h>
 #include <math.h>

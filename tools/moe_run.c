@@ -8,6 +8,7 @@
 #include "jit.h"
 #include "mem.h"
 #include "sim/sim.h"
+#include "weights/layer.h"
 
 #include <pthread.h>
 #include <stdlib.h>

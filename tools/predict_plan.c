@@ -22,7 +22,7 @@
 
 #include "experts.h"
 #include "weights/pack.h"
-#include "internal.h"
+#include "base.h"
 #include "jit.h"
 #include "plan.h"
 

@@ -72,7 +72,7 @@ const tool_gpu *tool_gpu_at(int i);
  * /usr/local/cuda/bin; tools/sass.c) into *text (malloc'd). 0, or 1 after the error line. */
 int tool_sass_text(const void *bin, size_t len, char **text);
 
-/* The plan bench and prewarm list (tools/plan.c): --batch, --k0-policy (NULL: plain top-k)
+/* The plan bench and prewarm list (tools/options.c): --batch, --k0-policy (NULL: plain top-k)
  * and --mode (NULL: the target's default policy) parsed for subcommand cmd, then every rank's
  * specializations on ctx's target. 0 with *plan to mj_plan_free and *n_batches (may be NULL)
  * the number of batch sizes, or the exit code after the error line, which names config

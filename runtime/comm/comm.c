@@ -1,6 +1,6 @@
 /* comm.c — the public mj_comm_* calls that every kind of communicator shares: check the
  * handle, then dispatch through its ops table (loopback.c, nccl.c). */
-#include "comm.h"
+#include "comm/comm.h"
 
 mj_comm_backend mj_comm_kind(mj_comm_t c) { return c && c->ops ? c->ops->kind : MJ_COMM_NONE; }
 

@@ -8,7 +8,7 @@
 #ifndef MJ_COMM_H
 #define MJ_COMM_H
 
-#include "internal.h"
+#include "base.h"
 
 typedef enum mj_comm_backend {
     MJ_COMM_NONE = 0,       /* not a communicator (NULL)                                   */

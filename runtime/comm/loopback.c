@@ -23,7 +23,7 @@
  * MJ_ERR_COMM on every rank from then on. B and C cannot be interrupted: once every rank
  * has passed A, each runs only the code below until the call is done, so they will arrive,
  * and no rank returns (and frees its buffers) while another still reads them. */
-#include "comm.h"
+#include "comm/comm.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -10,9 +10,9 @@
  * communicator, not owned). The all-reduce is ncclAllReduce(float32, sum) on the caller's
  * stream: asynchronous, no allocation, no host sync, so it is captured in a CUDA graph as is.
  * Any NCCL failure is MJ_ERR_COMM with ncclGetErrorString's and ncclGetLastError's text. */
-#include "comm.h"
-#include "cuda.h"
-#include "nccl_abi.h"
+#include "comm/comm.h"
+#include "cuda/cudalibs.h"
+#include "comm/nccl_abi.h"
 
 #include <pthread.h>
 #include <stdio.h>

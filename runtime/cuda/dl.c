@@ -1,7 +1,7 @@
 /* dl.c — the one loader of shared libraries moejit uses without linking them: the CUDA
  * driver, NVRTC and NCCL are dlopen'd at run time, so the library and `moejit prewarm
  * --arch` work on a machine without them, and a missing one is a clear error. */
-#include "cuda.h"
+#include "cuda/cudalibs.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

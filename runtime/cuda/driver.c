@@ -8,7 +8,7 @@
  * a caller when its last module is unloaded. mj_cuda_bind and mj_cuda_module_load make it
  * current on the calling thread; memory calls, launches and synchronize act in the calling
  * thread's current context. */
-#include "cuda.h"
+#include "cuda/cudalibs.h"
 
 #include <pthread.h>
 #include <stdio.h>

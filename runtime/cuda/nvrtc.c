@@ -4,7 +4,7 @@
  * The library is loaded once per process (pthread_once) and never unloaded. NVRTC itself
  * is thread-safe as long as a program object is not shared, and each compile here makes
  * and destroys its own program, so mj_nvrtc_compile may run on many threads at once. */
-#include "cuda.h"
+#include "cuda/cudalibs.h"
 
 #include <errno.h>
 #include <inttypes.h>

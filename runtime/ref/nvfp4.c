@@ -22,7 +22,7 @@
  * Every public function checks its arguments and scans its input for NaN and Inf before it
  * writes anything, so a failure leaves the outputs untouched.
  */
-#include "ref.h"
+#include "ref/ref.h"
 
 #include <math.h>
 #include <stdint.h>

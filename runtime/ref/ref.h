@@ -1,5 +1,5 @@
 /* ref.h — the CPU references (the oracle every kernel is tested against): NVFP4 codecs,
- * routing, the MoE layer's weights and forward. Not installed, not public; tests include it
+ * routing, the MoE layer's forward. Not installed, not public; tests include it
  * to reach the bit-level helpers. */
 #ifndef MJ_REF_H
 #define MJ_REF_H
@@ -20,28 +20,15 @@ uint8_t mj_e4m3_encode(float x);
 #define MJ_E2M1_MAX 6.0f
 #define MJ_E4M3_MAX 448.0f
 
-/* ---- the layer (runtime/ref/layer.c) ---- */
-struct mj_layer {
-    mj_moe_config cfg;       /* the model's (unsplit) config                               */
-    mj_parallel par;         /* how this handle was sliced (MJ_PAR_NONE: the whole layer)  */
-    int32_t rank, n_ranks;
-    int32_t i_local;         /* intermediate rows of one routed expert held here           */
-    int32_t expert_begin;    /* first routed expert held here                              */
-    int32_t n_local;         /* routed experts held here                                   */
-    uint16_t *gate;          /* [E, H] bf16 router weight (every rank holds all of it)     */
-    float *bias;             /* [E] e_score_correction_bias, or NULL                       */
-    mj_nvfp4_linear *w13;    /* [n_local]: each [2*i_local, H], rows [gate ; up]           */
-    mj_nvfp4_linear *w2;     /* [n_local]: each [H, i_local]                               */
-    int32_t has_shared;      /* 1 if this handle holds (its slice of) the shared experts   */
-    int32_t is_local;        /* shared intermediate rows held here                         */
-    mj_nvfp4_linear shared_w13; /* [2*is_local, H]                                         */
-    mj_nvfp4_linear shared_w2;  /* [H, is_local]                                           */
-};
-
+/* ---- the layer (runtime/ref/layer.c; its type: runtime/weights/layer.h) ---- */
 /* The experts' part of mj_moe_forward_ref for a given routing (ids, wts [B, k], nsel [B]),
  * on the host: what one rank's expert kernels must compute (runtime/ref/layer.c). */
 mj_status mj_experts_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *hidden, int32_t B, int32_t num_valid,
                          const int32_t *ids, const float *wts, const int32_t *nsel, float *out);
+/* Set every linear's input_scale in L (routed and shared) as ModelOpt calibrates: amax of the
+ * linear's input over n_tok tokens calib [n_tok, H] (amax x_amax) / (6 * 448); w2's input is
+ * the expert's SwiGLU activation of those tokens. */
+mj_status mj_layer_calibrate_ref(mj_layer_t L, const float *calib, int32_t n_tok, float x_amax);
 
 /* ---- routing (runtime/ref/route_ref.c) ---- */
 /* A caller's params (any struct_size the library knows) as today's struct; fn labels the

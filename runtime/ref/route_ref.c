@@ -28,7 +28,7 @@
  * The batch is done in two passes because phase 2 needs S_base, which needs every token's
  * phase 1: pass 1 ranks every valid token and builds S_base, pass 2 finishes each token.
  */
-#include "ref.h"
+#include "ref/ref.h"
 
 #include <math.h>
 #include <stdio.h>

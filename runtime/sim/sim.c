@@ -62,7 +62,8 @@
  * the above (a spin-wait on memory another thread of the block writes never ends), memory
  * spaces (every pointer is a host pointer), performance.
  */
-#include "sim.h"
+#include "sim/sim.h"
+#include "ref/ref.h"
 
 #define MJ_SIM_ABI_ONLY
 #include "prelude_sim.h"

@@ -11,7 +11,7 @@
  *            function table (so it needs no symbol of libmoejit), mj_sim_entry_<kernel> are
  *            the kernels' trampolines.
  */
-#include "sim.h"
+#include "sim/sim.h"
 
 #define MJ_SIM_ABI_ONLY
 #include "prelude_sim.h"

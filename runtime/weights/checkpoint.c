@@ -13,8 +13,9 @@
  * shared expert (n_shared * I rows, as mj_layer_create_random makes it); EP rank r holds
  * experts [r*E/n, (r+1)*E/n) whole and rank 0 the shared expert; every rank the router.
  */
-#include "checkpoint.h"
-#include "internal.h"
+#include "weights/checkpoint.h"
+#include "weights/layer.h"
+#include "ref/ref.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -587,20 +588,10 @@ static void reexpress(uint8_t *sf, int64_t n, float ratio) {
     }
 }
 
-static mj_status linear_alloc(mj_nvfp4_linear *l, int32_t n_out, int32_t k_in) {
-    l->n_out = n_out;
-    l->k_in = k_in;
-    l->weight = malloc((size_t)n_out * (size_t)(k_in / 2));
-    l->weight_scale = malloc((size_t)n_out * (size_t)(k_in / MJ_NVFP4_GROUP));
-    if (!l->weight || !l->weight_scale)
-        return mj_set_error(MJ_ERR_NOMEM, "out of memory for an NVFP4 linear [%d, %d]", n_out, k_in);
-    return MJ_OK;
-}
-
 /* w13 rows of one expert: gate rows [c0, c0+n) then up rows [c0, c0+n) (of [I, H] each). */
 static mj_status load_w13(mj_checkpoint_t ck, const proj_refs *g, const proj_refs *u, int32_t H, int32_t c0,
                           int32_t n, const char *who, load_notes *notes, mj_nvfp4_linear *dst) {
-    MJ_CHECK(linear_alloc(dst, 2 * n, H));
+    MJ_CHECK(mj_linear_alloc(dst, 2 * n, H));
     const uint64_t qb = (uint64_t)H / 2, sb = (uint64_t)H / MJ_NVFP4_GROUP;
     MJ_CHECK(ck_copy(ck, &g->w, (uint64_t)c0 * qb, (uint64_t)n * qb, dst->weight));
     MJ_CHECK(ck_copy(ck, &u->w, (uint64_t)c0 * qb, (uint64_t)n * qb, dst->weight + (size_t)n * qb));
@@ -630,7 +621,7 @@ static mj_status load_w13(mj_checkpoint_t ck, const proj_refs *g, const proj_ref
 /* w2 columns [c0, c0+n) of one expert's [H, I] down projection (whole 16-element blocks). */
 static mj_status load_w2(mj_checkpoint_t ck, const proj_refs *d, int32_t H, int32_t I, int32_t c0, int32_t n,
                          mj_nvfp4_linear *dst) {
-    MJ_CHECK(linear_alloc(dst, H, n));
+    MJ_CHECK(mj_linear_alloc(dst, H, n));
     const uint64_t qb = (uint64_t)I / 2, sb = (uint64_t)I / MJ_NVFP4_GROUP;
     const uint64_t nq = (uint64_t)n / 2, ns = (uint64_t)n / MJ_NVFP4_GROUP;
     MJ_CHECK(ck_copy_cols(ck, &d->w, H, qb, (uint64_t)c0 / 2, nq, dst->weight));
@@ -704,9 +695,9 @@ mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int
     ck_ref gate, bias = {NULL, NULL};
     proj_refs shared[3];
     proj_refs *refs = malloc((size_t)(n_local ? n_local : 1) * 3 * sizeof *refs);
-    mj_layer_t L = calloc(1, sizeof *L);
+    mj_layer_t L = NULL;
     load_notes notes = {0, "", 0.0f, 0.0f};
-    if (!refs || !L) {
+    if (!refs) {
         st = mj_set_error(MJ_ERR_NOMEM, "out of memory loading layer %d", layer);
         goto fail;
     }
@@ -728,23 +719,14 @@ mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int
             MJ_CHECK_GOTO(proj_resolve(ck, layer, MJ_CK_SHARED, p, p < 2 ? Is : H, p < 2 ? H : Is, &shared[p]), st, fail);
 
     /* The handle, as mj_layer_shard lays it out. */
-    L->cfg = *cfg;
+    MJ_CHECK_GOTO(mj_layer_new(cfg, n_local, &L), st, fail);
     L->par = kind;
     L->rank = rank;
     L->n_ranks = n_ranks;
     L->i_local = il;
     L->expert_begin = e0;
-    L->n_local = n_local;
     L->has_shared = has_shared;
     L->is_local = has_shared ? isl : 0;
-    L->gate = malloc((size_t)E * (size_t)H * sizeof *L->gate);
-    L->bias = cfg->has_correction_bias ? malloc((size_t)E * sizeof *L->bias) : NULL;
-    L->w13 = calloc((size_t)(n_local ? n_local : 1), sizeof *L->w13);
-    L->w2 = calloc((size_t)(n_local ? n_local : 1), sizeof *L->w2);
-    if (!L->gate || (cfg->has_correction_bias && !L->bias) || !L->w13 || !L->w2) {
-        st = mj_set_error(MJ_ERR_NOMEM, "out of memory loading layer %d (E=%d, H=%d)", layer, E, H);
-        goto fail;
-    }
     MJ_CHECK_GOTO(ck_copy(ck, &gate, 0, (uint64_t)E * (uint64_t)H * 2, L->gate), st, fail);
     if (L->bias) {
         MJ_CHECK_GOTO(ck_copy(ck, &bias, 0, (uint64_t)E * sizeof(float), L->bias), st, fail);

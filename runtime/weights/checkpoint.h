@@ -4,7 +4,7 @@
 #define MJ_CHECKPOINT_H
 
 #include "base.h"
-#include "safetensors.h"
+#include "weights/safetensors.h"
 
 /* File names of a Hugging Face checkpoint directory. */
 #define MJ_CK_CONFIG "config.json"

@@ -13,8 +13,9 @@
  * belong to, every file fsynced, the directory renamed to out_dir, the parent fsynced. On any
  * error the files made so far and the directory are removed.
  */
-#include "checkpoint.h"
-#include "internal.h"
+#include "weights/checkpoint.h"
+#include "weights/layer.h"
+#include "base.h"
 
 #include <dirent.h>
 #include <errno.h>

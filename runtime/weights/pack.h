@@ -3,7 +3,7 @@
 #ifndef MJ_PACK_H
 #define MJ_PACK_H
 
-#include "internal.h"
+#include "base.h"
 
 /* Bytes of one packed expert of hidden H and intermediate I: w13 codes, w13 scales, w2
  * codes, w2 scales. */

@@ -21,7 +21,7 @@
  * rewritten in place with other bytes of the same size is read as it is then (its header
  * was checked at open, its data is whatever is there).
  */
-#include "safetensors.h"
+#include "weights/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-/* plan.c — the plan that `moejit bench` and `moejit prewarm` list: their --batch, --k0-policy
+/* options.c — the plan that `moejit bench` and `moejit prewarm` list: their --batch, --k0-policy
  * and --mode, parsed the same way, then mj_plan_build. */
 #include "tools.h"
 #include "plan.h"

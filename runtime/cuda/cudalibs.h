@@ -1,8 +1,8 @@
-/* cuda.h — the CUDA libraries moejit reaches at run time, never at link time: one dlopen
+/* cudalibs.h — the CUDA libraries moejit reaches at run time, never at link time: one dlopen
  * helper, NVRTC (compile generated source to a cubin), the driver (devices, modules,
  * launches, memory). Not installed, not public. */
-#ifndef MJ_CUDA_H
-#define MJ_CUDA_H
+#ifndef MJ_CUDALIBS_H
+#define MJ_CUDALIBS_H
 
 #include "gen.h"
 
@@ -141,4 +141,4 @@ mj_status mj_cuda_graph_launch(void *exec, void *stream);
 mj_status mj_cuda_graph_destroy(void *graph);
 mj_status mj_cuda_graph_exec_destroy(void *exec);
 
-#endif /* MJ_CUDA_H */
+#endif /* MJ_CUDALIBS_H */
