@@ -80,57 +80,62 @@ def _check(result, func, args):
 
 _P = c_void_p  # pointers to data and opaque handles are passed as integers
 _PP = POINTER(c_void_p)
+# The return type of a function returning an mj_status: c_int, checked by _check.
+STATUS = "mj_status"
 
-# name: (argtypes, returns a status)
+# name: (argtypes, return type): the prototypes of include/moejit.h, as ctypes sees them. A C
+# enum (mj_status, mj_parallel, mj_weight_mode, mj_backend) is a c_int, a pointer to data or an
+# opaque handle is _P. tests/python/test_prototypes.py checks each one against the header with
+# the C compiler, and that every function of the header is here or deliberately left out.
 _PROTOS = {
-    "mj_status_string": ([c_int], False),
-    "mj_last_error": ([], False),
-    "mj_version": ([POINTER(c_int), POINTER(c_int), POINTER(c_int), POINTER(c_char_p)], True),
+    "mj_status_string": ([c_int], c_char_p),
+    "mj_last_error": ([], c_char_p),
+    "mj_version": ([POINTER(c_int), POINTER(c_int), POINTER(c_int), POINTER(c_char_p)], STATUS),
     # config
-    "mj_moe_config_glm5": ([POINTER(S.MoeConfigC)], True),
-    "mj_moe_config_read": ([c_char_p, c_char_p, POINTER(S.MoeConfigC)], True),
-    "mj_moe_config_validate": ([POINTER(S.MoeConfigC), c_int], True),
-    "mj_route_params_from_config": ([POINTER(S.MoeConfigC), POINTER(S.RouteParamsC)], True),
+    "mj_moe_config_glm5": ([POINTER(S.MoeConfigC)], STATUS),
+    "mj_moe_config_read": ([c_char_p, c_char_p, POINTER(S.MoeConfigC)], STATUS),
+    "mj_moe_config_validate": ([POINTER(S.MoeConfigC), c_int], STATUS),
+    "mj_route_params_from_config": ([POINTER(S.MoeConfigC), POINTER(S.RouteParamsC)], STATUS),
     # routing
-    "mj_route_ref": ([POINTER(S.RouteParamsC), _P, _P, c_int32, c_int32, _P, _P, _P, POINTER(S.RouteStatsC)], True),
-    "mj_route_dispatch_ref": ([_P, _P, c_int32, c_int32, c_int32, _P, _P, _P, _P, _P, _P], True),
-    "mj_route": ([_P, POINTER(S.RouteParamsC), _P, _P, c_int32, _P, POINTER(S.RouteOutputsC), _P], True),
-    "mj_k0_policy_parse": ([c_char_p, c_int32, POINTER(S.K0PolicyC)], True),
-    "mj_k0_policy_resolve": ([POINTER(S.K0PolicyC), c_int32, c_int32_p], True),
+    "mj_route_ref": ([POINTER(S.RouteParamsC), _P, _P, c_int32, c_int32, _P, _P, _P, POINTER(S.RouteStatsC)], STATUS),
+    "mj_route_dispatch_ref": ([_P, _P, c_int32, c_int32, c_int32, _P, _P, _P, _P, _P, _P], STATUS),
+    "mj_route": ([_P, POINTER(S.RouteParamsC), _P, _P, c_int32, _P, POINTER(S.RouteOutputsC), _P], STATUS),
+    "mj_k0_policy_parse": ([c_char_p, c_int32, POINTER(S.K0PolicyC)], STATUS),
+    "mj_k0_policy_resolve": ([POINTER(S.K0PolicyC), c_int32, c_int32_p], STATUS),
     # contexts
-    "mj_context_create": ([POINTER(S.ContextOptionsC), _PP], True),
-    "mj_context_destroy": ([_P], True),
-    "mj_context_stats": ([_P, POINTER(S.JitStatsC)], True),
-    "mj_context_backend": ([_P, POINTER(c_int), POINTER(c_char_p)], True),
+    "mj_context_create": ([POINTER(S.ContextOptionsC), _PP], STATUS),
+    "mj_context_destroy": ([_P], STATUS),
+    "mj_context_stats": ([_P, POINTER(S.JitStatsC)], STATUS),
+    "mj_context_backend": ([_P, POINTER(c_int), POINTER(c_char_p)], STATUS),
     # layers and checkpoints
-    "mj_layer_create_random": ([POINTER(S.MoeConfigC), c_uint64, _PP], True),
-    "mj_layer_shard": ([_P, c_int, c_int32, c_int32, _PP], True),
-    "mj_layer_free": ([_P], True),
-    "mj_moe_forward_ref": ([_P, c_int, _P, c_int32, c_int32, c_int32, _P, POINTER(S.RouteStatsC)], True),
-    "mj_router_ref": ([_P, _P, c_int32, _P], True),
-    "mj_checkpoint_open": ([c_char_p, _PP], True),
-    "mj_checkpoint_config": ([_P, POINTER(S.MoeConfigC)], True),
-    "mj_checkpoint_moe_layers": ([_P, c_int32_p, c_int32, c_int32_p], True),
-    "mj_layer_load": ([_P, c_int32, c_int, c_int32, c_int32, _PP], True),
-    "mj_checkpoint_close": ([_P], True),
-    "mj_checkpoint_make_plan": ([POINTER(S.CheckpointMakeOptionsC), POINTER(S.CheckpointMakeInfoC)], True),
-    "mj_checkpoint_make": ([POINTER(S.CheckpointMakeOptionsC)], True),
+    "mj_layer_create_random": ([POINTER(S.MoeConfigC), c_uint64, _PP], STATUS),
+    "mj_layer_shard": ([_P, c_int, c_int32, c_int32, _PP], STATUS),
+    "mj_layer_free": ([_P], STATUS),
+    "mj_moe_forward_ref": ([_P, c_int, _P, c_int32, c_int32, c_int32, _P, POINTER(S.RouteStatsC)], STATUS),
+    "mj_router_ref": ([_P, _P, c_int32, _P], STATUS),
+    "mj_checkpoint_open": ([c_char_p, _PP], STATUS),
+    "mj_checkpoint_config": ([_P, POINTER(S.MoeConfigC)], STATUS),
+    "mj_checkpoint_moe_layers": ([_P, c_int32_p, c_int32, c_int32_p], STATUS),
+    "mj_layer_load": ([_P, c_int32, c_int, c_int32, c_int32, _PP], STATUS),
+    "mj_checkpoint_close": ([_P], STATUS),
+    "mj_checkpoint_make_plan": ([POINTER(S.CheckpointMakeOptionsC), POINTER(S.CheckpointMakeInfoC)], STATUS),
+    "mj_checkpoint_make": ([POINTER(S.CheckpointMakeOptionsC)], STATUS),
     # communicators
-    "mj_comm_loopback_create": ([c_int32, _PP], True),
-    "mj_comm_nccl_unique_id": ([POINTER(S.CommIdC)], True),
-    "mj_comm_nccl_init_rank": ([POINTER(S.CommIdC), c_int32, c_int32, _PP], True),
-    "mj_comm_nccl_init_all": ([c_int32, c_int32_p, _PP], True),
-    "mj_comm_nccl_wrap": ([_P, _PP], True),
-    "mj_comm_info": ([_P, c_int32_p, c_int32_p], True),
-    "mj_comm_all_reduce_f32": ([_P, _P, _P, c_int64, _P], True),
-    "mj_comm_free": ([_P], True),
+    "mj_comm_loopback_create": ([c_int32, _PP], STATUS),
+    "mj_comm_nccl_unique_id": ([POINTER(S.CommIdC)], STATUS),
+    "mj_comm_nccl_init_rank": ([POINTER(S.CommIdC), c_int32, c_int32, _PP], STATUS),
+    "mj_comm_nccl_init_all": ([c_int32, c_int32_p, _PP], STATUS),
+    "mj_comm_nccl_wrap": ([_P, _PP], STATUS),
+    "mj_comm_info": ([_P, c_int32_p, c_int32_p], STATUS),
+    "mj_comm_all_reduce_f32": ([_P, _P, _P, c_int64, _P], STATUS),
+    "mj_comm_free": ([_P], STATUS),
     # the layer runtime
-    "mj_moe_create": ([_P, _P, POINTER(S.MoeOptionsC), _PP], True),
-    "mj_moe_prepare": ([_P, POINTER(S.MoePrepareOptionsC)], True),
-    "mj_moe_forward": ([_P, _P, c_int32, _P, _P, _P], True),
-    "mj_moe_batch_plan": ([_P, c_int32, c_int32_p, POINTER(c_int)], True),
-    "mj_moe_route_outputs": ([_P, POINTER(S.RouteOutputsC)], True),
-    "mj_moe_free": ([_P], True),
+    "mj_moe_create": ([_P, _P, POINTER(S.MoeOptionsC), _PP], STATUS),
+    "mj_moe_prepare": ([_P, POINTER(S.MoePrepareOptionsC)], STATUS),
+    "mj_moe_forward": ([_P, _P, c_int32, _P, _P, _P], STATUS),
+    "mj_moe_batch_plan": ([_P, c_int32, c_int32_p, POINTER(c_int)], STATUS),
+    "mj_moe_route_outputs": ([_P, POINTER(S.RouteOutputsC)], STATUS),
+    "mj_moe_free": ([_P], STATUS),
 }
 
 
@@ -217,15 +222,15 @@ C = _CFunctions()
 
 
 def _bind(lib):
-    for name, (argtypes, status) in _PROTOS.items():
+    for name, (argtypes, restype) in _PROTOS.items():
         f = getattr(lib, name)
         f.argtypes = argtypes
-        if status:
+        if restype is STATUS:
             f.restype = c_int
             f.errcheck = _check
+        else:
+            f.restype = restype
         setattr(C, name, _guard(name, f, argtypes))
-    lib.mj_status_string.restype = c_char_p
-    lib.mj_last_error.restype = c_char_p
     _state["bound"] = lib  # what last_error() reads, already during load()'s version check
 
 
