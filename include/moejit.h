@@ -25,10 +25,19 @@ extern "C" {
 #define MJ_API
 #endif
 
+/* The version: these three lines are its one source. CMakeLists.txt reads them for
+ * project(VERSION) (the library's file name and soname); python/moejit/_version.py repeats
+ * them for the package (installed apart from this header), and tests/python/test_lib.py
+ * fails when it disagrees. */
 #define MJ_VERSION_MAJOR 0
 #define MJ_VERSION_MINOR 1
 #define MJ_VERSION_PATCH 0
-#define MJ_VERSION_STRING "0.1.0"
+#define MJ_VERSION_STR_(x) #x
+#define MJ_VERSION_XSTR_(x) MJ_VERSION_STR_(x)
+/* "MAJOR.MINOR.PATCH", a string literal made of the three. */
+#define MJ_VERSION_STRING \
+    MJ_VERSION_XSTR_(MJ_VERSION_MAJOR) "." MJ_VERSION_XSTR_(MJ_VERSION_MINOR) "." \
+    MJ_VERSION_XSTR_(MJ_VERSION_PATCH)
 
 /* ---------------------------------------------------------------------------------------
  * Status and errors

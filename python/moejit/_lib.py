@@ -22,9 +22,8 @@ import threading
 from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_uint64, c_void_p
 
 from . import _structs as S
+from ._version import __version__
 from .errors import LibraryNotFoundError, LibraryVersionError, error_for
-
-__version__ = "0.1.0"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -270,7 +269,7 @@ def library_path():
 
 
 def library_version():
-    """The loaded library's version text ("0.1.0")."""
+    """The loaded library's version text ("MAJOR.MINOR.PATCH")."""
     c = lib()
     text = c_char_p()
     c.mj_version(None, None, None, ctypes.byref(text))

@@ -3,6 +3,7 @@ loader's path; what a missing, broken or mismatched library says; pip install of
 Each case runs in a fresh interpreter (the library is loaded once per process)."""
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ LOAD = "import moejit; print(moejit.library_path()); print(moejit.library_versio
 def test_import_needs_no_library():
     r = _run("import moejit; print(moejit.__version__)", {"MOEJIT_LIBRARY": "/nonexistent/libmoejit.so"})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "0.1.0"
+    assert r.stdout.strip() == _lib.__version__
 
 
 def test_moejit_library_missing_says_where_it_looked():
@@ -58,7 +59,7 @@ def test_library_beside_the_package_is_found(tmp_path):
     shutil.copy(_lib.load(), pkg / "moejit" / "libmoejit.so")
     r = _run(LOAD, path=str(pkg))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(pkg / "moejit" / "libmoejit.so"), "0.1.0"]
+    assert r.stdout.split() == [str(pkg / "moejit" / "libmoejit.so"), _lib.__version__]
 
 
 def test_checkout_build_is_found():
@@ -81,13 +82,15 @@ def test_version_mismatch_is_refused():
     code = "import moejit._lib as L; L.__version__ = '9.9.0'; L.load()"
     r = _run(code, {"MOEJIT_LIBRARY": _lib.load()})
     assert r.returncode != 0
-    assert "LibraryVersionError" in r.stderr and "is version 0.1.0" in r.stderr and "needs 9.9.x" in r.stderr
+    assert "LibraryVersionError" in r.stderr and "needs 9.9.x" in r.stderr
+    assert "is version %s;" % _lib.__version__ in r.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, reason="setuptools is not installed")
 def test_pip_install(tmp_path):
     """pip install of python/ (a copy, so the checkout gets no build/ or egg-info), offline,
-    then the installed package with the library copied beside it."""
+    then the installed package with the library copied beside it. Its metadata has the
+    version pyproject.toml reads from moejit/_version.py."""
     src = tmp_path / "src"
     shutil.copytree(os.path.join(REPO, "python"), src, ignore=shutil.ignore_patterns("__pycache__", "build",
                                                                                  "*.egg-info", "*.so*"))
@@ -96,17 +99,59 @@ def test_pip_install(tmp_path):
     r = subprocess.run([PY, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps", "--no-index",
                         "--target", str(target), str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert (target / ("moejit-%s.dist-info" % _lib.__version__)).is_dir(), sorted(os.listdir(target))
     r = _run(LOAD, path=str(target))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(target / "moejit" / "libmoejit.so"), "0.1.0"]
+    assert r.stdout.split() == [str(target / "moejit" / "libmoejit.so"), _lib.__version__]
 
 
-def test_versions_agree():
-    """The package's version (pyproject.toml, moejit.__version__) is the header's."""
-    import re
+def _header_version():
+    """include/moejit.h's MJ_VERSION_MAJOR.MINOR.PATCH, the version's one source."""
+    text = open(os.path.join(REPO, "include", "moejit.h")).read()
+    parts = [re.findall(r"^#define MJ_VERSION_%s +([0-9]+)$" % p, text, re.M) for p in ("MAJOR", "MINOR", "PATCH")]
+    assert all(len(p) == 1 for p in parts), parts
+    return ".".join(p[0] for p in parts)
+
+
+def test_versions_agree(tmp_path):
+    """Every place the version is written is the header's: MJ_VERSION_STRING as the compiler
+    makes it, the package (moejit/_version.py), pyproject.toml (which reads that file), the
+    loaded library, and CMake's project() (which reads the header): its CMakeCache.txt and the
+    library's file name, where the library is a build's."""
+    want = _header_version()
+    src = tmp_path / "version.c"
+    src.write_text('#include "moejit.h"\nconst char *v = MJ_VERSION_STRING;\n')
+    out = subprocess.run([os.environ.get("CC", "cc"), "-E", "-P", "-I", os.path.join(REPO, "include"), str(src)],
+                         check=True, capture_output=True, text=True).stdout
+    line = [x for x in out.splitlines() if "const char *v" in x][0]
+    assert "".join(re.findall(r'"([^"]*)"', line)) == want, line
+
     import moejit
-    header = open(os.path.join(REPO, "include", "moejit.h")).read()
-    pyproject = open(os.path.join(REPO, "python", "pyproject.toml")).read()
-    want = re.search(r'#define MJ_VERSION_STRING "([^"]+)"', header).group(1)
-    assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == want
-    assert moejit.__version__ == want == moejit.library_version()
+    from moejit import _version
+    assert moejit.__version__ == _lib.__version__ == _version.__version__ == want
+
+    with open(os.path.join(REPO, "python", "pyproject.toml"), "rb") as f:
+        text = f.read().decode()
+    try:
+        import tomllib
+        project = tomllib.loads(text)
+    except ImportError:  # Python < 3.11: the lines themselves
+        project = None
+    if project is not None:
+        assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+        assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "moejit._version.__version__"}
+    else:
+        assert not re.search(r"^version *=", text, re.M)
+        assert re.search(r'^version = \{attr = "moejit._version.__version__"\}$', text, re.M)
+
+    path = os.path.realpath(_lib.load())
+    assert moejit.library_version() == want
+    m = re.search(r"\.so\.([0-9.]+)$", path)
+    if m:
+        assert m.group(1) == want, path
+    cache = os.path.join(os.path.dirname(path), "CMakeCache.txt")
+    if os.path.exists(cache):
+        versions = re.findall(r"^CMAKE_PROJECT_VERSION:STATIC=(.*)$", open(cache).read(), re.M)
+        assert versions == [want], cache
+    cmake = open(os.path.join(REPO, "CMakeLists.txt")).read()
+    assert not re.search(r"project\(moejit VERSION [0-9]", cmake), "CMakeLists.txt writes the version itself"
