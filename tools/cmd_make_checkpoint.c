@@ -42,7 +42,7 @@ static const char k_help[] =
     "  -h, --help        this text\n"
     "  -V, --version     print the version\n"
     "\n"
-    "Load the result with mj_checkpoint_open and mj_layer_load (README: Checkpoints).\n";
+    "Load the result with mj_checkpoint_open and mj_layer_load (docs/checkpoints.md).\n";
 
 enum { OPT_CONFIG = 256, OPT_QUANT, OPT_OUT, OPT_SEED, OPT_LAYERS, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK,
        OPT_SHARD };

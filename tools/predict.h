@@ -6,7 +6,7 @@
  * predict_plan.c is the glue bench calls: the plan's kernels compiled (no GPU needed), their
  * cubins disassembled, their launches as runtime/experts.c and runtime/route.c make them.
  *
- * Every assumption is a field of pm_assume (printed with --predict, listed in README). */
+ * Every assumption is a field of pm_assume (printed with --predict, listed in docs/performance.md). */
 #ifndef MJ_PREDICT_H
 #define MJ_PREDICT_H
 

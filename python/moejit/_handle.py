@@ -1,7 +1,7 @@
 """Owning a C handle: freed once, by close() (or a with block), else by __del__; never while
 a call on it is in flight.
 
-The threading rule of the binding (the README's Python section says it to users):
+The threading rule of the binding (docs/python.md says it to users):
   - Every call that passes a handle to C holds it for the length of the call (_using):
     close() from another thread waits until those calls have returned, then frees it; calls
     that start after close() began raise ValueError ("... is closed").

@@ -20,7 +20,7 @@ class RouteResult:
     n_sel [T] int32         experts each token got (k0..k; 0 for padding rows)
     expert_counts [E] int32, expert_offsets [E + 1] int32, active_experts [E] int32 (ascending,
     then -1), n_active [1] int32, permutation [T, k] int32, row_index [T, k] int32: the dispatch
-    metadata (see the README's mj_route table); None when route(..., dispatch=False).
+    metadata (see mj_route_outputs in include/moejit.h); None when route(..., dispatch=False).
     k0: the k0 used. stats: mj_route_stats as a dict (backend "ref" only, else None).
     """
 

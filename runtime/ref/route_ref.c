@@ -1,8 +1,8 @@
 /* route_ref.c — the CPU reference of MoE routing: noaux_tc top-k and OEA.
  *
  * This file is the oracle every routing kernel is tested against, so it is written to be
- * read, not to be fast. It does, per token, what the README's routing contract describes
- * (noaux_tc top-k, then OEA), in fp32 as the GPU will:
+ * read, not to be fast. It does, per token, what the routing contract of docs/architecture.md
+ * describes (noaux_tc top-k, then OEA), in fp32 as the GPU will:
  *
  *   1. scores      s_e = sigmoid(logit_e), or the softmax of the token's logits;
  *   2. selection   c_e = s_e + bias_e (the bias only chooses experts; it never weighs them);

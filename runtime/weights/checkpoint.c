@@ -404,7 +404,7 @@ static mj_status ck_get(mj_checkpoint_t ck, const char *name, ck_ref *r) {
     const ck_entry *e = ck_lookup(ck, name);
     if (!e)
         return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s' is missing (a ModelOpt NVFP4 export of a "
-                            "DeepSeek/GLM-style MoE has it; the README's Checkpoints section lists the names moejit reads)",
+                            "DeepSeek/GLM-style MoE has it; include/moejit.h, \"Checkpoints\", lists the names moejit reads)",
                             ck->where, name);
     r->f = e->file;
     r->t = e->t;
