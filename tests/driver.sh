@@ -589,9 +589,45 @@ contains out "constraint K0 <= K  (phase 1 keeps at most top-k experts)"
 contains out "constraint H % 64 == 0  (the gate row splits"
 contains out "constraint MODE == 0 || SM >= 120"
 # The repository stands alone: nothing it ships points at documents outside it.
-if grep -rInE "(SPEC|DESIGN|STYLE)\.md|\.\./shared" "$SRC/include" "$SRC/README.md" "$SRC/base" \
+if grep -rInE "(SPEC|DESIGN|STYLE)\.md|\.\./shared" "$SRC/include" "$SRC/README.md" "$SRC/docs" "$SRC/base" \
         "$SRC/gen" "$SRC/cache" "$SRC/runtime" "$SRC/templates" "$SRC/tools" "$SRC/examples" >refs 2>&1
 then bad "references outside the repository: $(head -c 400 refs)"; else ok; fi
+# The documentation: README.md stays a front door (at most 200 lines) holding the test command
+# CI runs (.ci/run), and every relative link of README.md and docs/*.md names a file of the tree
+# (and, into a .md file, one of its headings).
+[ "$(wc -l <"$SRC/README.md")" -le 200 ] && ok || bad "README.md has $(wc -l <"$SRC/README.md") lines (at most 200)"
+grep -qxF "bash scripts/test.sh" "$SRC/README.md" && grep -qF "bash scripts/test.sh" "$SRC/.ci/run" && ok \
+    || bad "README.md's test command is not the one .ci/run runs"
+python3 - "$SRC" <<'PY' >links 2>&1 && ok || bad "documentation links: $(head -c 600 links)"
+import os, re, sys
+src = sys.argv[1]
+def slug(h):  # a heading's anchor as GitHub makes it
+    h = re.sub(r"[^\w\- ]", "", h.strip().lower())
+    return h.replace(" ", "-")
+def anchors(path):
+    text = re.sub(r"^```.*?^```", "", open(path, encoding="utf-8").read(), flags=re.M | re.S)
+    return {slug(m) for m in re.findall(r"^#+ (.*)$", text, flags=re.M)}
+docs = ["README.md"] + ["docs/" + f for f in sorted(os.listdir(os.path.join(src, "docs"))) if f.endswith(".md")]
+broken = []
+for doc in docs:
+    path = os.path.join(src, doc)
+    text = re.sub(r"^```.*?^```", "", open(path, encoding="utf-8").read(), flags=re.M | re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        full = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+        if not os.path.exists(full):
+            broken.append("%s: %s (no such file)" % (doc, target))
+        elif anchor and full.endswith(".md") and anchor not in anchors(full):
+            broken.append("%s: %s (no such heading)" % (doc, target))
+print("\n".join(broken))
+sys.exit(1 if broken else 0)
+PY
+# The README's C example compiles against today's header.
+awk '/^```c$/ {f = 1; next} /^```$/ {f = 0} f' "$SRC/README.md" >readme_example.c
+[ -s readme_example.c ] && ${CC:-cc} -std=c11 -Wall -Wextra -Werror -fsyntax-only -I"$SRC/include" readme_example.c 2>cc_err \
+    && ok || bad "README.md's C example does not compile: $(head -c 400 cc_err)"
 expect_rc 0 "$MJ" inspect --cache-dir "$C" list
 contains out "6 entries"; contains out "oea_route"; contains out "sm_80"
 key=$(awk 'NR>1 && $2=="router_gemm" && / sm_120a / {print $1; exit}' out)
