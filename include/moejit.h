@@ -133,7 +133,7 @@ MJ_API mj_status mj_moe_config_parse(const char *config_json, const char *quant_
 MJ_API mj_status mj_moe_config_validate(const mj_moe_config *cfg, int require_nvfp4);
 
 /* ---------------------------------------------------------------------------------------
- * NVFP4 on the host (the layout ModelOpt writes; README "Checkpoints")
+ * NVFP4 on the host (the layout ModelOpt writes; docs/checkpoints.md)
  *   weight        uint8 [N, K/2]  two E2M1 codes a byte, element 2i in the low nibble
  *   weight_scale  uint8 [N, K/16] E4M3 block scales, one per 16 consecutive K elements
  *   weight_scale_2 float scalar   amax(W) / (6 * 448)
@@ -201,6 +201,16 @@ typedef struct mj_route_stats {
 #define MJ_ROUTE_STATS_INIT {sizeof(mj_route_stats), 0, 0, 0.0, 0.0, 0}
 
 /* Route B tokens. logits [B, E] f32; bias [E] f32 or NULL (used for selection only).
+ * What it computes (the contract every routing kernel is tested against):
+ * - s = sigmoid(logit) (MJ_SCORING_SOFTMAX: softmax over the row); selection score c = s + bias;
+ * - with n_group > 1 only the topk_group best groups (scored by group_score) are eligible,
+ *   ties to the lower group id;
+ * - experts rank by c, descending, ties to the lower expert id, NaN below every number;
+ * - OEA phase 1 keeps each valid token's first k0; S_base is their union over the first
+ *   num_valid tokens; phase 2 walks each token's ranking past k0 and adds the experts that
+ *   are in S_base until it has k (k0 == k is plain top-k);
+ * - weights are the unbiased s of the chosen experts, divided by (their sum + 1e-20) when
+ *   renormalize is set, times routed_scaling_factor.
  * Rows at and past num_valid are padding: they get no experts and do not join S_base.
  * Outputs: ids [B, k] i32 and weights [B, k] f32 in ranking order; n_sel [B] the number of
  * experts each token got (k0..k; 0 for padding); slots past n_sel hold id -1, weight 0.
@@ -280,11 +290,14 @@ MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t
  * input_scale should be equal (ModelOpt fuses them); where they differ the larger is taken
  * and the other's block scales are re-rounded against it (lossy; a warning once per layer).
  * Shards must be regular files inside the directory (a symbolic link, FIFO, or a name with a
- * '/' is refused). Every error names the file and the tensor.
+ * '/' is refused: a Hugging Face cache snapshot, whose files are links into blobs/, is
+ * refused; download with --local-dir). Every error names the file and the tensor.
  * ------------------------------------------------------------------------------------- */
 typedef struct mj_checkpoint *mj_checkpoint_t;
 
-/* Open a checkpoint directory: read the configs, map the shards read-only and check their
+/* Open a checkpoint directory: read the configs, open the shards read-only (one file
+ * descriptor each, held until close: mind the process's limit; tensor bytes are read with
+ * pread, never mapped) and check their
  * headers (dtypes known, sizes matching shapes, offsets inside the file, no overlaps) and the
  * index (every tensor it names is in its shard). Tensor bytes are read by mj_layer_load. The
  * quantization must be NVFP4 (MJ_ERR_UNSUPPORTED otherwise). */
@@ -302,7 +315,7 @@ MJ_API mj_status mj_checkpoint_moe_layers(mj_checkpoint_t ck, int32_t *layers, i
  * threads (ranks) may load from one open checkpoint at once. */
 MJ_API mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int32_t rank,
                                int32_t n_ranks, mj_layer_t *out);
-/* Unmap the shards and free the handle (layers loaded from it stay valid). */
+/* Close the shards and free the handle (layers loaded from it stay valid). */
 MJ_API mj_status mj_checkpoint_close(mj_checkpoint_t ck);
 
 /* Writing a checkpoint of random layers (`moejit make-checkpoint`, tests): config.json (the
@@ -580,7 +593,7 @@ MJ_API mj_status mj_comm_info(mj_comm_t c, int32_t *rank, int32_t *n_ranks);
  * buffer) all get MJ_ERR_INVALID_ARG naming the counts; the group stays usable.
  * NCCL: ncclAllReduce(float32, sum) enqueued on stream (a CUstream; NULL: the legacy
  * default stream), device pointers, asynchronous, capturable in a CUDA graph; count 0
- * enqueues nothing. Its bits depend on NCCL's algorithm and protocol: see the README. */
+ * enqueues nothing. Its bits depend on NCCL's algorithm and protocol: see docs/architecture.md, "Determinism". */
 MJ_API mj_status mj_comm_all_reduce_f32(mj_comm_t c, const float *send, float *recv, int64_t count,
                                         void *stream);
 
