@@ -30,7 +30,8 @@
  *
  *   mj_registry.c  the tables of gen/registry.h, with every template's text and the CUDA
  *                  and sim preludes embedded as string literals (nothing reads templates at
- *                  run time);
+ *                  run time); a prelude's `#include "NAME"` lines (templates/prelude_fp.h,
+ *                  which both preludes share) are replaced by NAME's text;
  *   mj_kernels.h   MJ_TPL_<template> and MJ_KERNEL_<kernel> constants, and one typed
  *                  launch wrapper per kernel, mj_launch_<kernel>(fn, dims, params...).
  *
@@ -213,6 +214,70 @@ static char *read_whole_file(const char *path, size_t *len_out) {
         for (const char *p = b.data; p < nul; p++) line += *p == '\n';
         fail_at(path, line, "the file contains a NUL byte");
     }
+    *len_out = b.len;
+    return b.data;
+}
+
+/* A prelude as it is embedded: its text with every `#include "NAME"` line replaced by the
+ * text of NAME, a file in the prelude's own directory (templates/prelude_fp.h), expanded the
+ * same way. NVRTC and the interpreter's compiler get the prelude as a string and read no
+ * files, so nothing of it may be left to an include path; <...> includes stay (the sim's
+ * host compiler resolves those; NVRTC preludes have none). Anything after the closing
+ * quote on the line is dropped. */
+static char *read_prelude(const char *path, size_t *len_out, int depth) {
+    size_t len;
+    char *text = read_whole_file(path, &len);
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path) : 1;
+    const char *dir = slash ? path : ".";
+    strbuf b = {0};
+    unsigned line = 1;
+    for (const char *p = text, *end; p < text + len; p = end, line++) {
+        const char *eol = memchr(p, '\n', (size_t)(text + len - p));
+        end = eol ? eol + 1 : text + len;
+        const char *q = p;
+        while (q < end && (*q == ' ' || *q == '\t')) q++;
+        if (q < end && *q == '#') {
+            q++;
+            while (q < end && (*q == ' ' || *q == '\t')) q++;
+        } else {
+            q = end;
+        }
+        if (end - q < 7 || strncmp(q, "include", 7) != 0) {
+            sb_append(&b, p, (size_t)(end - p));
+            continue;
+        }
+        q += 7;
+        while (q < end && (*q == ' ' || *q == '\t')) q++;
+        if (q == end || *q != '"') {
+            sb_append(&b, p, (size_t)(end - p)); /* #include <...>: left to the compiler */
+            continue;
+        }
+        const char *name = ++q;
+        while (q < end && *q != '"' && *q != '\n') q++;
+        if (q == end || *q != '"' || q == name)
+            fail_at(path, line, "a malformed #include line (want #include \"NAME\")");
+        int name_len = (int)(q - name);
+        if (memchr(name, '/', (size_t)name_len))
+            fail_at(path, line, "#include \"%.*s\": a prelude includes only files beside it", name_len, name);
+        if (depth >= 8)
+            fail_at(path, line, "#include \"%.*s\": includes nest deeper than 8 (a file includes itself?)",
+                    name_len, name);
+        size_t inc_path_len = (size_t)dir_len + (size_t)name_len + 2;
+        char *inc_path = xmalloc(inc_path_len);
+        snprintf(inc_path, inc_path_len, "%.*s/%.*s", dir_len, dir, name_len, name);
+        FILE *f = fopen(inc_path, "rb");
+        if (!f) fail_at(path, line, "#include \"%.*s\": cannot read %s: %s", name_len, name, inc_path, strerror(errno));
+        fclose(f);
+        size_t inc_len;
+        char *inc = read_prelude(inc_path, &inc_len, depth + 1);
+        sb_append(&b, inc, inc_len);
+        if (inc_len && inc[inc_len - 1] != '\n') sb_append(&b, "\n", 1);
+        free(inc);
+        free(inc_path);
+    }
+    if (!b.data) sb_append(&b, "", 0);
+    free(text);
     *len_out = b.len;
     return b.data;
 }
@@ -1045,8 +1110,8 @@ int main(int argc, char **argv) {
     char *root_abs = absolute_path(o.root);
     char *prelude_abs = absolute_path(o.reflect_prelude);
     size_t prelude_len = 0, sim_len = 0;
-    char *prelude_cuda = o.prelude_cuda ? read_whole_file(o.prelude_cuda, &prelude_len) : xstrdup("");
-    char *prelude_sim = o.prelude_sim ? read_whole_file(o.prelude_sim, &sim_len) : xstrdup("");
+    char *prelude_cuda = o.prelude_cuda ? read_prelude(o.prelude_cuda, &prelude_len, 0) : xstrdup("");
+    char *prelude_sim = o.prelude_sim ? read_prelude(o.prelude_sim, &sim_len, 0) : xstrdup("");
 
     template *ts = xmalloc(sizeof(template) * (size_t)(o.n_templates ? o.n_templates : 1));
     CXIndex index = clang_createIndex(0, 0);

@@ -383,48 +383,7 @@ MJ_DEVICE uint4 mj_ld_stream(const void *p) {
     *mj_sim_self()->stream_bytes += 16;
     return *(const uint4 *)p;
 }
-/* Conversions to the FP4 / FP8 formats: round to nearest even, saturating (E2M1 at +-6,
- * E4M3 at +-448), the sign bit for x < 0 (-0.0 gives +0, as ModelOpt writes it). The C
- * definitions below are the reference's (runtime/ref/nvfp4.c) and the interpreter's. */
-/* Round to E4M3 (nearest, ties even, saturating at 448), as runtime/ref/nvfp4.c does. */
-MJ_DEVICE uint32_t mj_e4m3_enc_c(float x) {
-    uint32_t sign = x < 0.0f ? 0x80u : 0u;
-    float a = x < 0.0f ? -x : x;
-    if (a >= 464.0f) return sign | 0x7Eu;    /* 448 + half a step: saturate */
-    if (a < 0.015625f) {                      /* below 2^-6: subnormal steps of 2^-9 */
-        float q = a * 512.0f;
-        uint32_t n = (uint32_t)q;
-        float r = q - (float)n;
-        if (r > 0.5f || (r == 0.5f && (n & 1u))) n++;
-        return sign | n; /* n == 8 is 0x08 = 2^-6, the first normal: right */
-    }
-    union { float f; uint32_t u; } fb;
-    fb.f = a;
-    uint32_t u = fb.u;
-    uint32_t e = (u >> 23) - 127u + 7u, mant = (u >> 20) & 7u, rest = u & 0xFFFFFu;
-    if (rest > 0x80000u || (rest == 0x80000u && (mant & 1u))) {
-        mant++;
-        if (mant == 8u) mant = 0, e++;
-    }
-    uint32_t r = (e << 3) | mant;
-    return sign | (r > 0x7Eu ? 0x7Eu : r);
-}
-
-/* Round to E2M1 (nearest, ties to the even code, saturating at 6); sign as x < 0. */
-MJ_DEVICE uint32_t mj_e2m1_enc_c(float x) {
-    uint32_t sign = x < 0.0f ? 8u : 0u;
-    float a = x < 0.0f ? -x : x;
-    uint32_t c;
-    if (a <= 0.25f) c = 0;
-    else if (a < 0.75f) c = 1;
-    else if (a <= 1.25f) c = 2;
-    else if (a < 1.75f) c = 3;
-    else if (a <= 2.5f) c = 4;
-    else if (a < 3.5f) c = 5;
-    else if (a <= 5.0f) c = 6;
-    else c = 7;
-    return sign | c;
-}
+#include "prelude_fp.h"
 
 /* CUDA's __byte_perm: byte n of the result is byte (s >> 4n) & 7 of y:x (x bytes 0..3). */
 static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {

@@ -203,5 +203,43 @@ else
     ok good
 fi
 
+# The preludes are embedded with their `#include "NAME"` lines replaced by NAME's text
+# (templates/prelude_fp.h): NVRTC reads no files. A prelude naming a file that is not
+# beside it, or one that includes itself, is refused at the line of the #include.
+# prelude_case NAME REGEX: the prelude text comes on stdin ($work/NAME.h); good.cu is the
+# template; the tool must exit non-zero with stderr matching REGEX.
+prelude_case() {
+    local name=$1 regex=$2
+    cat >"$work/$name.h"
+    mkdir -p "$work/out"
+    if "$tool" --root "$work" --reflect-prelude "$src/gen/reflect_prelude.h" --prelude-cuda "$work/$name.h" \
+        --out-c "$work/out/p.c" --out-h "$work/out/p.h" "$work/good.cu" 2>"$work/$name.err" >/dev/null; then
+        bad "$name" "the tool accepted the prelude"
+    elif ! grep -Eq -- "$regex" "$work/$name.err"; then
+        bad "$name" "stderr does not match /$regex/"
+    else
+        ok "$name"
+    fi
+}
+prelude_case prelude_missing_include 'prelude_missing_include\.h:3: error: #include "no_such_fp\.h": cannot read' <<EOF
+/* a prelude */
+#define MJ_KERNEL
+#include "no_such_fp.h"
+EOF
+prelude_case prelude_self_include 'prelude_self_include\.h:2: error: #include "prelude_self_include\.h": includes nest deeper' <<EOF
+/* includes itself */
+#include "prelude_self_include.h"
+EOF
+prelude_case prelude_include_path 'prelude_include_path\.h:1: error: #include "\.\./x\.h": a prelude includes only files beside it' <<EOF
+#include "../x.h"
+EOF
+# The good run above embedded the project's CUDA prelude: prelude_fp.h's text, no #include.
+if ! grep -q 'mj_e4m3_enc_c' "$work/out/mj_registry.c" || ! grep -q 'mj_e2m1_enc_c' "$work/out/mj_registry.c" ||
+    grep -q 'include \\"prelude_fp' "$work/out/mj_registry.c"; then
+    bad prelude_inlined "the embedded CUDA prelude does not hold templates/prelude_fp.h's text in place of its #include"
+else
+    ok prelude_inlined
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
