@@ -151,7 +151,8 @@ MJ_API mj_status mj_nvfp4_dequantize(const uint8_t *weight, const uint8_t *weigh
 
 /* W4A4 activation quantization (as the sm_120 path does it): gs = 1/input_scale,
  * SF = e4m3(gs * blockmax / 6), q = e2m1(x * gs / SF). x [rows, k] -> q [rows, k/2],
- * sf [rows, k/16]. */
+ * sf [rows, k/16]. A code's sign bit is that of x * gs / SF, as the GPU's cvt gives it:
+ * -0.0 is code 8 (-0) here, where mj_nvfp4_quantize writes ModelOpt's code 0. */
 MJ_API mj_status mj_nvfp4_quantize_act(const float *x, int64_t rows, int64_t k,
                                        float input_scale, const char *name, uint8_t *q,
                                        uint8_t *sf);

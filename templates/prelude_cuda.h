@@ -81,30 +81,28 @@ MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
 }
 MJ_DEVICE void mj_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 #define mj_cp_async_wait(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
+/* Conversions to the FP4 / FP8 formats: the cvt.rn.satfinite instruction where the target
+ * has it, else prelude_fp.h's C, which follows the instruction's rule (nearest even, sign-
+ * preserving saturation, the code's sign bit x's: -0.0 gives -0; see there). */
 #include "prelude_fp.h"
-/* Two E2M1 codes, lo in bits 0..3. */
+/* Two E2M1 codes, lo in bits 0..3 (sm_100 and later: cvt.rn.satfinite.e2m1x2.f32). */
 MJ_DEVICE uint32_t mj_cvt_e2m1x2(float lo, float hi) {
 #if MJ_TARGET_SM >= 100
     uint32_t r;
     asm("{\n .reg .b8 t;\n cvt.rn.satfinite.e2m1x2.f32 t, %1, %2;\n mov.b32 %0, {t, t, t, t};\n}"
         : "=r"(r) : "f"(hi), "f"(lo));
-    r &= 0xFFu;
-    if (lo == 0.0f) r &= 0xF7u; /* -0.0: code 0, not 8 */
-    if (hi == 0.0f) r &= 0x7Fu;
-    return r;
+    return r & 0xFFu;
 #else
     return mj_e2m1_enc_c(lo) | mj_e2m1_enc_c(hi) << 4;
 #endif
 }
-/* An E4M3 byte. */
+/* An E4M3 byte (sm_89 and later: cvt.rn.satfinite.e4m3x2.f32). */
 MJ_DEVICE uint32_t mj_cvt_e4m3(float x) {
 #if MJ_TARGET_SM >= 89
     uint32_t r;
     asm("{\n .reg .b16 t, z;\n mov.b16 z, 0;\n cvt.rn.satfinite.e4m3x2.f32 t, %1, %2;\n mov.b32 %0, {t, z};\n}"
         : "=r"(r) : "f"(0.0f), "f"(x));
-    r &= 0xFFu;
-    if (x == 0.0f) r = 0; /* -0.0 */
-    return r;
+    return r & 0xFFu;
 #else
     return mj_e4m3_enc_c(x);
 #endif

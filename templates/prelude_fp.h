@@ -1,43 +1,57 @@
 /* ---- prelude: the FP8 (E4M3FN) and FP4 (E2M1) encoders, in C ---------------------------
  * One copy, included by prelude_cuda.h (the C that targets without the cvt instruction
- * run) and by prelude_sim.h (the interpreter). NVRTC and the interpreter's compiler read no
- * files: when gen/reflect.c embeds a prelude it replaces each `#include "..."` line naming
- * a file beside it by that file's text, so the rendered source holds this inline. Whoever
- * includes it has defined MJ_DEVICE and uint32_t. */
+ * run), by prelude_sim.h (the interpreter) and by runtime/ref/nvfp4.c (the CPU reference:
+ * mj_e4m3_encode and mj_e2m1_encode are these two). NVRTC and the interpreter's compiler
+ * read no files: when gen/reflect.c embeds a prelude it replaces each `#include "..."` line
+ * naming a file beside it by that file's text, so the rendered source holds this inline.
+ * Whoever includes it has defined MJ_DEVICE, uint32_t, mj_f32_bits and mj_f32_from_bits.
+ *
+ * The rule is the GPU's: that of cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.satfinite.e2m1x2.f32
+ * (PTX ISA, "Data Movement and Conversion Instructions: cvt"), which prelude_cuda.h uses
+ * where the target has them (E4M3 from sm_89, E2M1 from sm_100):
+ *   - round to nearest, ties to the even code (.rn);
+ *   - a magnitude past the largest finite value, Inf included, gives that value with the
+ *     sign of x (.satfinite: "sign-preserved MAX_NORM"): E4M3 +-448 = 0x7E / 0xFE, E2M1
+ *     +-6 = 7 / 15;
+ *   - the code's sign bit is x's sign bit, as IEEE rounding keeps the sign of a zero: +0.0
+ *     gives +0 (0x00 / 0); -0.0, and a negative x that rounds to zero, give -0 (0x80 / 8);
+ *   - NaN, which no caller passes: E4M3 0x7F (of either sign); E2M1 has no NaN: +6 (7).
+ * CUDA's own software conversions, __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) and
+ * __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest) of cuda_fp8.hpp / cuda_fp4.hpp (what
+ * those headers use where they cannot emit the cvt), give the same byte as these for every
+ * one of the 2^32 floats.
+ * ModelOpt's weight export takes the sign as x < 0 instead (-0.0 gives +0): the reference's
+ * weight quantizer, which writes ModelOpt's bytes, turns a -0.0 quotient into +0 first. */
 #ifndef MJ_PRELUDE_FP_H
 #define MJ_PRELUDE_FP_H
 
-/* Conversions to the FP4 / FP8 formats: round to nearest even, saturating (E2M1 at +-6,
- * E4M3 at +-448), the sign bit for x < 0 (-0.0 gives +0, as ModelOpt writes it). The C
- * definitions below are the reference's (runtime/ref/nvfp4.c) and the interpreter's. */
-/* Round to E4M3 (nearest, ties even, saturating at 448), as runtime/ref/nvfp4.c does. */
+/* Round to E4M3FN (1 sign, 4 exponent bits of bias 7, 3 mantissa bits; exponent 0 is
+ * subnormal, (m/8) 2^-6; 0x7F is NaN, so the largest finite value is 0x7E = 448). */
 MJ_DEVICE uint32_t mj_e4m3_enc_c(float x) {
-    uint32_t sign = x < 0.0f ? 0x80u : 0u;
-    float a = x < 0.0f ? -x : x;
-    if (a >= 464.0f) return sign | 0x7Eu;    /* 448 + half a step: saturate */
-    if (a < 0.015625f) {                      /* below 2^-6: subnormal steps of 2^-9 */
-        float q = a * 512.0f;
-        uint32_t n = (uint32_t)q;
-        float r = q - (float)n;
+    uint32_t u = mj_f32_bits(x), sign = (u >> 24) & 0x80u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return 0x7Fu;         /* NaN, of either sign */
+    if (a >= 0x43E80000u) return sign | 0x7Eu; /* |x| >= 464 = 448 + half a step, Inf: 448 */
+    if (a < 0x3C800000u) {                     /* |x| < 2^-6: subnormal steps of 2^-9 */
+        float q = mj_f32_from_bits(a) * 512.0f; /* exact: a power-of-two scale */
+        uint32_t n = (uint32_t)q;               /* 0..7 */
+        float r = q - (float)n;                 /* exact: the low bits of q */
         if (r > 0.5f || (r == 0.5f && (n & 1u))) n++;
         return sign | n; /* n == 8 is 0x08 = 2^-6, the first normal: right */
     }
-    union { float f; uint32_t u; } fb;
-    fb.f = a;
-    uint32_t u = fb.u;
-    uint32_t e = (u >> 23) - 127u + 7u, mant = (u >> 20) & 7u, rest = u & 0xFFFFFu;
-    if (rest > 0x80000u || (rest == 0x80000u && (mant & 1u))) {
-        mant++;
-        if (mant == 8u) mant = 0, e++;
-    }
-    uint32_t r = (e << 3) | mant;
-    return sign | (r > 0x7Eu ? 0x7Eu : r);
+    /* Keep 3 of the 23 mantissa bits, the 20 dropped rounded to nearest even; a carry out of
+     * the mantissa bumps the exponent, which is right. 448 < |x| < 464 rounds to 448. */
+    a += 0x7FFFFu + ((a >> 20) & 1u);
+    uint32_t c = (((a >> 23) - 120u) << 3) | ((a >> 20) & 7u); /* exponent - 127 + 7 */
+    return sign | (c > 0x7Eu ? 0x7Eu : c);
 }
 
-/* Round to E2M1 (nearest, ties to the even code, saturating at 6); sign as x < 0. */
+/* Round to E2M1 (1 sign, 2 exponent bits, 1 mantissa bit: magnitudes 0, 0.5, 1, 1.5, 2, 3,
+ * 4, 6 for codes 0..7). A magnitude on a midpoint goes to the even code: <= for the
+ * midpoints above an even code, < for those above an odd one. */
 MJ_DEVICE uint32_t mj_e2m1_enc_c(float x) {
-    uint32_t sign = x < 0.0f ? 8u : 0u;
-    float a = x < 0.0f ? -x : x;
+    uint32_t u = mj_f32_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 7u; /* NaN: +6 */
+    float a = mj_f32_from_bits(u & 0x7FFFFFFFu);
     uint32_t c;
     if (a <= 0.25f) c = 0;
     else if (a < 0.75f) c = 1;
@@ -46,8 +60,8 @@ MJ_DEVICE uint32_t mj_e2m1_enc_c(float x) {
     else if (a <= 2.5f) c = 4;
     else if (a < 3.5f) c = 5;
     else if (a <= 5.0f) c = 6;
-    else c = 7;
-    return sign | c;
+    else c = 7; /* past 5, Inf too: 6 */
+    return ((u >> 28) & 8u) | c;
 }
 
 #endif /* MJ_PRELUDE_FP_H */

@@ -383,6 +383,8 @@ MJ_DEVICE uint4 mj_ld_stream(const void *p) {
     *mj_sim_self()->stream_bytes += 16;
     return *(const uint4 *)p;
 }
+/* The FP4 / FP8 encoders (the conversion hooks below call them), on the rule of the
+ * cvt.rn.satfinite instructions prelude_cuda.h uses. */
 #include "prelude_fp.h"
 
 /* CUDA's __byte_perm: byte n of the result is byte (s >> 4n) & 7 of y:x (x bytes 0..3). */
@@ -406,6 +408,7 @@ MJ_DEVICE uint32_t mj_mul_bf16x2(uint32_t a, uint32_t b) {
     return mj_sim_f_bf16_(mj_sim_bf16_f_(a & 0xFFFFu) * mj_sim_bf16_f_(b & 0xFFFFu)) |
            mj_sim_f_bf16_(mj_sim_bf16_f_(a >> 16) * mj_sim_bf16_f_(b >> 16)) << 16;
 }
+/* The conversion hooks: two E2M1 codes (lo in bits 0..3), an E4M3 byte. */
 MJ_DEVICE uint32_t mj_cvt_e2m1x2(float lo, float hi) { return mj_e2m1_enc_c(lo) | mj_e2m1_enc_c(hi) << 4; }
 MJ_DEVICE uint32_t mj_cvt_e4m3(float x) { return mj_e4m3_enc_c(x); }
 #endif /* MJ_SIM_ABI_ONLY */

@@ -20,9 +20,11 @@
  * these bounds: the mutation tests break the packed weights in exactly those ways and the
  * checks must fail. Also: the whole forward against mj_experts_ref (relative L2), bytes of
  * weights read (each active expert's once), same bits run after run, a recorded launch
- * sequence replayed at several token counts, every specialization the dispatcher picks,
- * GLM-5-shaped experts, refusals, the SASS of the compiled kernels, and silu's division
- * (done without a division instruction) against IEEE's, bit for bit, on 4.3 million floats.
+ * sequence replayed at several token counts, W4A4's quantizer on -0.0, negatives that
+ * round to zero and saturating blocks (the GPU's sign rule), every specialization the
+ * dispatcher picks, GLM-5-shaped experts, refusals, the SASS of the compiled kernels, and
+ * silu's division (done without a division instruction) against IEEE's, bit for bit, on
+ * 4.3 million floats.
  */
 #include "experts.h"
 #include "sim/sim.h"
@@ -691,6 +693,83 @@ static void test_scale_bytes(mj_context_t ctx, uint64_t seed) {
     mj_layer_free(L);
 }
 
+/* W4A4's quantizer on the encoders' rule (templates/prelude_fp.h, the GPU's cvt.rn.satfinite):
+ * a code's sign bit is its value's, and past the largest finite value comes that value with
+ * the sign. Token 0's hidden row is crafted: block 0 holds A (its amax), -0.0, +0.0, -A/64 and
+ * +A/64 (6/64 of a unit after scaling: under E2M1's first midpoint, so zero), the rest 0;
+ * block 1 holds +-S, eight times past 6 * 448 input scales (its scale saturates at 448,
+ * 0x7E, and the codes at +-6), and a -0.0. Every quantized row of token 0 that
+ * experts_quant writes (on the interpreter) must read 7, 8, 0, 8, 0 and 7, 15, 8 there, and
+ * so must mj_nvfp4_quantize_act's (run_forward's quant stage also compares all bytes). */
+static void test_quant_signs(mj_context_t ctx, uint64_t seed) {
+    enum { B = 4, H = 256 };
+    mj_moe_config c = test_moe_cfg(H, 64, 8, 2, 1);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, seed, &L));
+    if (!L) return;
+    mj_experts_t ex = make_experts(ctx, L, B);
+    float in_lo = INFINITY, in_hi = 0;
+    for (int xi = 0; xi < L->n_local + (L->has_shared ? 1 : 0); xi++) {
+        const float in = expert_of(L, xi).w13->input_scale;
+        in_lo = fminf(in_lo, in), in_hi = fmaxf(in_hi, in);
+    }
+    const float A = mj_bf16_to_f32(mj_f32_to_bf16(448.0f * in_lo));
+    const float S = mj_bf16_to_f32(mj_f32_to_bf16(8 * 2688.0f * in_hi));
+    CHECK(in_hi < 100 * in_lo, "input scales %g .. %g: block 0's scale would leave E4M3's normal range", (double)in_lo,
+          (double)in_hi);
+    static uint16_t hidden[B * H];
+    uint64_t rng = seed + 1;
+    test_random_hidden(hidden, B * H, &rng);
+    for (int h = 0; h < 32; h++) hidden[h] = mj_f32_to_bf16(0.0f);
+    const float row0[] = {A, -0.0f, 0.0f, -A / 64, A / 64};
+    for (int h = 0; h < 5; h++) hidden[h] = mj_f32_to_bf16(row0[h]);
+    hidden[16] = mj_f32_to_bf16(S), hidden[17] = mj_f32_to_bf16(-S), hidden[18] = mj_f32_to_bf16(-0.0f);
+    CHECK(hidden[1] == 0x8000 && hidden[18] == 0x8000, "bf16 -0.0 is 0x8000");
+    static const int at[] = {0, 1, 2, 3, 4, 16, 17, 18};
+    static const uint8_t want[] = {7, 8, 0, 8, 0, 7, 15, 8};
+    routing r;
+    route_layer(L, hidden, B, B, 2, &r);
+    if (ex) run_forward(ctx, L, ex, MJ_MODE_W4A4, hidden, &r, "signs of zero and saturation");
+    mj_experts_view v;
+    if (ex) mj_experts_view_get(ex, &v);
+    float x[H];
+    uint8_t nat[H / 2], q[H / 2], sf[H / 16];
+    for (int h = 0; h < H; h++) x[h] = mj_bf16_to_f32(hidden[h]);
+    int rows = 0, bad_kernel = 0, bad_ref = 0;
+    for (int j = 0; ex && j <= v.K; j++) {
+        int xi, row;
+        if (j < v.K) {
+            if (j >= r.nsel[0]) continue;
+            xi = r.ids[j] - v.expert_begin;
+            if (xi < 0 || xi >= v.n_local) continue;
+            row = r.perm[j];
+        } else {
+            if (!v.nsub) continue;
+            xi = v.n_local, row = v.mb * v.K;
+        }
+        frag_to_nat(v.xq + (int64_t)row * H / 2, H, nat);
+        CHECK_OK(mj_nvfp4_quantize_act(x, 1, H, expert_of(L, xi).w13->input_scale, "x", q, sf));
+        for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+            const int s = 4 * (at[i] & 1), gk = (nat[at[i] / 2] >> s) & 15, gr = (q[at[i] / 2] >> s) & 15;
+            if (gk != want[i] && bad_kernel++ < 4)
+                fprintf(stderr, "  experts_quant: expert %d element %d (%g): code %d, want %d\n", xi, at[i],
+                        (double)x[at[i]], gk, want[i]);
+            if (gr != want[i] && bad_ref++ < 4)
+                fprintf(stderr, "  mj_nvfp4_quantize_act: expert %d element %d (%g): code %d, want %d\n", xi, at[i],
+                        (double)x[at[i]], gr, want[i]);
+        }
+        bad_kernel += v.xsf[(int64_t)row * H / 16 + 1] != 0x7E;
+        bad_ref += sf[1] != 0x7E;
+        rows++;
+    }
+    CHECK(rows >= 2, "token 0 was quantized for %d rows", rows);
+    CHECK(bad_kernel == 0, "experts_quant: %d codes of token 0 break the sign / saturation rule", bad_kernel);
+    CHECK(bad_ref == 0, "mj_nvfp4_quantize_act: %d codes of token 0 break the sign / saturation rule", bad_ref);
+    routing_free(&r);
+    mj_experts_free(ex);
+    mj_layer_free(L);
+}
+
 /* Broken packs must fail the stage checks: a lane's fragment swapped with its neighbour's,
  * the scales of rows g and g+8 swapped, a row's scales shifted by one k-group, gate and up
  * swapped for one k-step. */
@@ -1119,6 +1198,7 @@ int main(void) {
     TIMED(test_shards(ctx, seed + 200));
     TIMED(test_prefill(ctx, seed + 250));
     TIMED(test_scale_bytes(ctx, seed + 280));
+    TIMED(test_quant_signs(ctx, seed + 290));
     TIMED(test_mutations(ctx, seed + 300));
     TIMED(test_bytes(ctx, seed + 400));
     TIMED(test_replay(ctx, seed + 500));

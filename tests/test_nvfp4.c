@@ -54,7 +54,7 @@ static uint8_t ref_e4m3_encode(float x) {
 }
 
 static uint8_t ref_e2m1_encode(float x) {
-    uint8_t sign = x < 0.0f ? 8 : 0;
+    uint8_t sign = signbit(x) ? 8 : 0;
     return (uint8_t)(sign | ref_nearest(g_e2m1_mag, 8, fabs((double)x)));
 }
 
@@ -121,10 +121,7 @@ static void test_e2m1_encode(void) {
               (double)mid);
     }
     /* Every value encodes to its own code. */
-    for (int c = 0; c < 16; c++) {
-        if (c == 8) continue; /* -0.0 gives code 0 (see below) */
-        CHECK(mj_e2m1_encode(k_e2m1[c]) == c, "exact value of code %d", c);
-    }
+    for (int c = 0; c < 16; c++) CHECK(mj_e2m1_encode(k_e2m1[c]) == c, "exact value of code %d", c);
     /* Saturation. */
     CHECK(mj_e2m1_encode(7.0f) == 7, "7 -> 6");
     CHECK(mj_e2m1_encode(6.5f) == 7, "6.5 -> 6");
@@ -133,9 +130,9 @@ static void test_e2m1_encode(void) {
     CHECK(mj_e2m1_encode(INFINITY) == 7, "Inf -> 6");
     CHECK(mj_e2m1_encode(-7.0f) == 15, "-7 -> -6");
     CHECK(mj_e2m1_encode(-INFINITY) == 15, "-Inf -> -6");
-    /* Signs of zero: ModelOpt's sign is x < 0. */
+    /* Signs of zero: the code's sign bit is x's (cvt.rn.satfinite; templates/prelude_fp.h). */
     CHECK(mj_e2m1_encode(0.0f) == 0, "+0");
-    CHECK(mj_e2m1_encode(-0.0f) == 0, "-0.0 -> code 0");
+    CHECK(mj_e2m1_encode(-0.0f) == 8, "-0.0 -> code 8");
     CHECK(mj_e2m1_encode(-0.1f) == 8, "-0.1 -> code 8");
     CHECK(mj_e2m1_encode(-1e-30f) == 8, "tiny negative -> code 8");
     CHECK(mj_e2m1_encode(-FLT_TRUE_MIN) == 8, "smallest negative -> code 8");
@@ -250,6 +247,49 @@ static void test_e4m3_saturation_and_subnormals(void) {
         if (mj_e4m3_encode(-x) != ref_e4m3_encode(-x)) bad++;
     }
     CHECK(bad == 0, "%d sweep values disagree with the reference", bad);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Signs of zero and saturation: the GPU's rule (cvt.rn.satfinite; templates/prelude_fp.h)
+ * ------------------------------------------------------------------------------------- */
+
+/* Both encoders: a code's sign bit is x's, so +0.0 gives +0 and -0.0 or any negative that
+ * rounds to zero gives -0 (E4M3 0x80, E2M1 8); past the largest finite value, Inf included,
+ * comes that value with x's sign. Then the quantizers: activations as the kernels write
+ * them (gs 1: -0.0 and -0.2 give code 8; gs 2688: gs * amax / 6 saturates the scale at 448,
+ * x * gs / 448 = 6x the codes of +-6 at +-6, and -0.0 stays code 8), weights as ModelOpt
+ * writes them (its sign is x < 0: -0.0 gives code 0, -0.2 code 8). */
+static void test_zero_signs_and_saturation(void) {
+    static const struct { float x; uint8_t e4m3, e2m1; } k[] = {
+        {0.0f, 0x00, 0},      {-0.0f, 0x80, 8},     {FLT_TRUE_MIN, 0x00, 0}, {-FLT_TRUE_MIN, 0x80, 8},
+        {-1e-30f, 0x80, 8},   {-0x1p-11f, 0x80, 8}, {-0x1p-10f, 0x80, 8},    {-0.2f, 0xA5, 8},
+        {0.2f, 0x25, 0},      {-0.25f, 0xA8, 8},    {6.0f, 0x4C, 7},         {-6.0f, 0xCC, 15},
+        {7.0f, 0x4E, 7},      {-7.0f, 0xCE, 15},    {448.0f, 0x7E, 7},       {-448.0f, 0xFE, 15},
+        {464.0f, 0x7E, 7},    {-464.0f, 0xFE, 15},  {1e30f, 0x7E, 7},        {-1e30f, 0xFE, 15},
+        {FLT_MAX, 0x7E, 7},   {-FLT_MAX, 0xFE, 15}, {INFINITY, 0x7E, 7},     {-INFINITY, 0xFE, 15},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        CHECK(mj_e4m3_encode(k[i].x) == k[i].e4m3, "e4m3(%g) = 0x%02X want 0x%02X", (double)k[i].x,
+              mj_e4m3_encode(k[i].x), k[i].e4m3);
+        CHECK(mj_e2m1_encode(k[i].x) == k[i].e2m1, "e2m1(%g) = %d want %d", (double)k[i].x, mj_e2m1_encode(k[i].x),
+              k[i].e2m1);
+    }
+    float x[16] = {6.0f, -0.0f, 0.0f, -0.2f, 0.2f, -6.0f};
+    uint8_t q[8], sf;
+    CHECK_OK(mj_nvfp4_quantize_act(x, 1, 16, 1.0f, "signs", q, &sf));
+    CHECK(sf == 0x38 && q[0] == 0x87 && q[1] == 0x80 && q[2] == 0xF0 && q[3] == 0,
+          "activations, gs 1: scale 0x%02X codes %02X %02X %02X %02X, want 38: 87 80 F0 00", sf, q[0], q[1], q[2],
+          q[3]);
+    CHECK_OK(mj_nvfp4_quantize_act(x, 1, 16, 1.0f / 2688.0f, "saturating", q, &sf));
+    CHECK(sf == 0x7E && q[0] == 0x87 && q[1] == 0xA0 && q[2] == 0xF2 && q[3] == 0,
+          "activations, gs 2688: scale 0x%02X codes %02X %02X %02X %02X, want 7E: 87 A0 F2 00", sf, q[0], q[1], q[2],
+          q[3]);
+    uint8_t w[8], wsf;
+    float ws2;
+    CHECK_OK(mj_nvfp4_quantize(x, 1, 16, "signs", w, &wsf, &ws2));
+    CHECK(wsf == 0x7E && w[0] == 0x07 && w[1] == 0x80 && w[2] == 0xF0 && w[3] == 0,
+          "weights (ModelOpt): scale 0x%02X codes %02X %02X %02X %02X, want 7E: 07 80 F0 00", wsf, w[0], w[1], w[2],
+          w[3]);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -785,6 +825,7 @@ int main(void) {
     test_e4m3_roundtrip();
     test_e4m3_midpoints();
     test_e4m3_saturation_and_subnormals();
+    test_zero_signs_and_saturation();
     test_quantize_hand();
     test_quantize_zero();
     test_quantize_underflow();

@@ -10,6 +10,7 @@
 #include "test.h"
 #include "ref/ref.h"
 
+#include <float.h>
 #include <ftw.h>
 #include <stdlib.h>
 #include <string.h>
@@ -748,7 +749,7 @@ static void test_mma(mj_context_t c, uint64_t *rng) {
             CHECK_OK(mj_launch_fixture_cvt(fc, dims1(2, 64), xs, n, e2, e4));
             int bad = 0;
             for (int i = 0; i < n; i++) {
-                uint32_t want4 = xs[i] == 0.0f ? 0u : mj_e4m3_encode(xs[i]);
+                uint32_t want4 = mj_e4m3_encode(xs[i]);
                 if (e4[i] != want4 && bad++ < 3) fprintf(stderr, "  e4m3(%.9g) = 0x%02x want 0x%02x\n", (double)xs[i], e4[i], want4);
             }
             for (int i = 0; i < n / 2; i++) {
@@ -774,6 +775,47 @@ static void test_mma(mj_context_t c, uint64_t *rng) {
     CHECK(mj_sim_stream_bytes_take() == 0, "the count restarts after a take");
 }
 
+/* The conversion hooks (mj_cvt_e4m3, mj_cvt_e2m1x2) in a kernel on the interpreter, on the
+ * rule of templates/prelude_fp.h (the GPU's cvt.rn.satfinite): a code's sign bit is x's, so
+ * +0.0 gives +0 and -0.0 or a negative that rounds to zero gives -0 (E4M3 0x80, E2M1 8);
+ * past the largest finite value, Inf included, comes that value with x's sign. The
+ * reference's encoders (runtime/ref/nvfp4.c) must give the same bytes. Each value is
+ * converted in both nibbles of an E2M1 pair. */
+static void test_cvt_rule(mj_context_t c) {
+    static const struct { float x; uint32_t e4m3, e2m1; } k[] = {
+        {0.0f, 0x00, 0},          {-0.0f, 0x80, 8},        {FLT_TRUE_MIN, 0x00, 0},   {-FLT_TRUE_MIN, 0x80, 8},
+        {-1e-30f, 0x80, 8},       {-0x1p-11f, 0x80, 8},    {-0x1p-10f, 0x80, 8},     {-0.2f, 0xA5, 8},
+        {0.2f, 0x25, 0},          {-0.25f, 0xA8, 8},       {6.0f, 0x4C, 7},          {-6.0f, 0xCC, 15},
+        {7.0f, 0x4E, 7},          {-7.0f, 0xCE, 15},       {448.0f, 0x7E, 7},        {-448.0f, 0xFE, 15},
+        {464.0f, 0x7E, 7},        {-464.0f, 0xFE, 15},     {1e30f, 0x7E, 7},         {-1e30f, 0xFE, 15},
+        {FLT_MAX, 0x7E, 7},       {-FLT_MAX, 0xFE, 15},    {INFINITY, 0x7E, 7},      {-INFINITY, 0xFE, 15},
+    };
+    enum { N = sizeof k / sizeof k[0] };
+    float xs[2 * N];
+    uint32_t e2[N], e4[2 * N];
+    for (int i = 0; i < N; i++) xs[2 * i] = k[i].x, xs[2 * i + 1] = k[(i + 1) % N].x;
+    memset(e2, 0xEE, sizeof e2), memset(e4, 0xEE, sizeof e4);
+    const mj_function *fc = get(c, "fixture_sim_mma", (int32_t[MJ_MAX_KNOBS]){1});
+    if (!fc) return;
+    CHECK_OK(mj_launch_fixture_cvt(fc, dims1(1, 64), xs, 2 * N, e2, e4));
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const int n = (i + 1) % N;
+        const uint32_t w4[2] = {k[i].e4m3, k[n].e4m3}, w2 = k[i].e2m1 | k[n].e2m1 << 4;
+        for (int h = 0; h < 2; h++) {
+            const float x = xs[2 * i + h];
+            if ((e4[2 * i + h] != w4[h] || mj_e4m3_encode(x) != w4[h]) && bad++ < 6)
+                fprintf(stderr, "  e4m3(%g): kernel 0x%02x, reference 0x%02x, want 0x%02x\n", (double)x, e4[2 * i + h],
+                        mj_e4m3_encode(x), w4[h]);
+        }
+        const uint32_t r2 = mj_e2m1_encode(xs[2 * i]) | (uint32_t)mj_e2m1_encode(xs[2 * i + 1]) << 4;
+        if ((e2[i] != w2 || r2 != w2) && bad++ < 6)
+            fprintf(stderr, "  e2m1(%g, %g): kernel 0x%02x, reference 0x%02x, want 0x%02x\n", (double)xs[2 * i],
+                    (double)xs[2 * i + 1], e2[i], r2, w2);
+    }
+    CHECK(bad == 0, "%d conversions break the sign / saturation rule", bad);
+}
+
 int main(void) {
     char tmpl[] = "/tmp/mj-test-sim-XXXXXX";
     char *dir = mkdtemp(tmpl);
@@ -794,6 +836,7 @@ int main(void) {
         test_deadlocks(c);
         uint64_t rng = test_seed(77);
         test_mma(c, &rng);
+        test_cvt_rule(c);
         test_cache(dir, c);
         mj_jit_stats st;
         CHECK_OK(mj_context_stats(c, &st));

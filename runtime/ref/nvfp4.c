@@ -9,9 +9,11 @@
  *     the largest element is 6 * 448, i.e. the largest E2M1 times the largest E4M3.
  * So W = e2m1(code) * e4m3(block scale) * weight_scale_2.
  *
- * Both encoders round to nearest with ties to even, and saturate instead of overflowing, as
- * the GPU's `cvt.rn.satfinite` does. I wrote the E4M3 encoder with bit manipulation and the
- * test checks it against a brute-force nearest search, so the two are independent.
+ * The two encoders are the kernels' own, templates/prelude_fp.h (included below), and follow
+ * the GPU's `cvt.rn.satfinite`: nearest with ties to even, saturating instead of
+ * overflowing, the code's sign bit that of x (-0.0 gives -0; see there). The tests check
+ * them against a brute-force nearest search, so the two are independent. ModelOpt's weight
+ * export differs on one point, the sign of a zero quotient (see pack_block).
  *
  * Activations (the W4A4 path of sm_120) use the same element and block formats, but the
  * tensor scale is the checkpoint's calibrated input_scale: gs = 1 / input_scale,
@@ -27,6 +29,12 @@
 #include <math.h>
 #include <stdint.h>
 
+/* mj_e4m3_enc_c and mj_e2m1_enc_c: the one copy of the encoders, which the kernels' preludes
+ * embed too (it needs MJ_DEVICE, uint32_t and base.h's mj_f32_bits / mj_f32_from_bits). */
+#define MJ_DEVICE static inline
+#include "prelude_fp.h"
+#undef MJ_DEVICE
+
 /* ---------------------------------------------------------------------------------------
  * E2M1
  * ------------------------------------------------------------------------------------- */
@@ -38,23 +46,7 @@ float mj_e2m1_decode(uint8_t code) {
     return (code & 8u) ? -v : v;
 }
 
-/* The midpoint between magnitude codes c and c+1 is k_e2m1_mid[c]. A value exactly on it
- * goes to the even code: for c even that is c (stay), for c odd it is c+1 (go up). */
-static const float k_e2m1_mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-
-static uint8_t e2m1_encode_magnitude(float a) {
-    /* Each midpoint a value passes moves it up a code; on a midpoint it goes to the even
-     * code: past mid[c] for odd c only. Anything past 5 lands on 7: saturation at 6. */
-    return (uint8_t)((a > k_e2m1_mid[0]) + (a >= k_e2m1_mid[1]) + (a > k_e2m1_mid[2]) + (a >= k_e2m1_mid[3]) +
-                     (a > k_e2m1_mid[4]) + (a >= k_e2m1_mid[5]) + (a > k_e2m1_mid[6]));
-}
-
-uint8_t mj_e2m1_encode(float x) {
-    /* ModelOpt takes the sign as x < 0: -0.0 gives code 0, -0.1 gives code 8 (-0). */
-    uint8_t sign = x < 0.0f ? 8u : 0u;
-    if (isnan(x)) return 7u; /* not allowed by contract; pick something fixed (+6) */
-    return (uint8_t)(sign | e2m1_encode_magnitude(fabsf(x)));
-}
+uint8_t mj_e2m1_encode(float x) { return (uint8_t)mj_e2m1_enc_c(x); }
 
 /* ---------------------------------------------------------------------------------------
  * E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits. No infinities; 0x7F / 0xFF are NaN,
@@ -73,39 +65,7 @@ float mj_e4m3_decode(uint8_t b) {
     return (b & 0x80u) ? -v : v;
 }
 
-/* a in [0, 2^-6): count steps of 2^-9 and round the remainder to nearest even. */
-static uint8_t e4m3_encode_subnormal(float a) {
-    float q = a * 512.0f;          /* exact: a power-of-two scale, no overflow   */
-    uint32_t m = (uint32_t)q;      /* 0..7                                        */
-    float frac = q - (float)m;     /* exact: frac is just the low bits of q       */
-    if (frac > 0.5f || (frac == 0.5f && (m & 1u))) m++;
-    return (uint8_t)m;             /* m == 8 is 2^-6, which is byte 0x08: same    */
-}
-
-/* a in [2^-6, 448): keep 3 of the float's 23 mantissa bits, rounding the 20 dropped bits to
- * nearest even. A carry out of the mantissa bumps the exponent, which is exactly right. */
-static uint8_t e4m3_encode_normal(float a) {
-    uint32_t u = mj_f32_bits(a);
-    u += 0x7FFFFu + ((u >> 20) & 1u);
-    uint32_t e = (u >> 23) - 127u + 7u; /* >= 1 since a >= 2^-6 */
-    uint32_t m = (u >> 20) & 7u;
-    uint32_t code = (e << 3) | m;
-    return (uint8_t)(code > 0x7Eu ? 0x7Eu : code);
-}
-
-uint8_t mj_e4m3_encode(float x) {
-    if (isnan(x)) return 0x7Fu; /* not allowed by contract; NaN stays NaN */
-    uint8_t sign = signbit(x) ? 0x80u : 0x00u; /* like a float cast: -0.0 -> 0x80 */
-    float a = fabsf(x);
-    uint8_t mag;
-    if (a >= MJ_E4M3_MAX)
-        mag = 0x7Eu; /* satfinite: 448 and above (Inf too) */
-    else if (a < 0x1p-6f)
-        mag = e4m3_encode_subnormal(a);
-    else
-        mag = e4m3_encode_normal(a);
-    return (uint8_t)(sign | mag);
-}
+uint8_t mj_e4m3_encode(float x) { return (uint8_t)mj_e4m3_enc_c(x); }
 
 /* ---------------------------------------------------------------------------------------
  * Argument checks and the NaN scan shared by the four public calls
@@ -192,12 +152,16 @@ static float block_amax(const float *x) {
 }
 
 /* Encode 16 elements as the codes of (x * mul) / denom and pack them, element 2i in the low
- * nibble. Weights pass mul = 1 (x * 1 is x exactly); activations pass mul = gs. */
-static void pack_block(const float *x, float mul, float denom, uint8_t *out) {
+ * nibble. Weights pass mul = 1 (x * 1 is x exactly) and modelopt = 1: ModelOpt takes a
+ * code's sign as (x / denom) < 0, so a quotient of -0.0 (x = -0.0, or a tiny negative that
+ * underflows) is written +0 there, where the encoder, as the GPU's cvt, gives -0 (code 8).
+ * Activations pass mul = gs and modelopt = 0: the kernels' codes, -0.0 giving code 8. */
+static void pack_block(const float *x, float mul, float denom, int modelopt, uint8_t *out) {
     for (int j = 0; j < MJ_NVFP4_GROUP; j += 2) {
-        uint8_t lo = mj_e2m1_encode((x[j] * mul) / denom);
-        uint8_t hi = mj_e2m1_encode((x[j + 1] * mul) / denom);
-        out[j / 2] = (uint8_t)(lo | (hi << 4));
+        float a = (x[j] * mul) / denom, b = (x[j + 1] * mul) / denom;
+        if (modelopt && a == 0.0f) a = 0.0f;
+        if (modelopt && b == 0.0f) b = 0.0f;
+        out[j / 2] = (uint8_t)(mj_e2m1_encode(a) | (mj_e2m1_encode(b) << 4));
     }
 }
 
@@ -253,7 +217,7 @@ mj_status mj_nvfp4_quantize(const float *w, int64_t n, int64_t k, const char *na
             const float *blk = w + r * k + b * MJ_NVFP4_GROUP;
             uint8_t byte = weight_block_scale(block_amax(blk), ws2);
             weight_scale[r * kb + b] = byte;
-            pack_block(blk, 1.0f, mj_e4m3_decode(byte) * ws2, weight + r * (k / 2) + b * 8);
+            pack_block(blk, 1.0f, mj_e4m3_decode(byte) * ws2, 1, weight + r * (k / 2) + b * 8);
         }
     }
     *weight_scale_2 = ws2;
@@ -295,7 +259,7 @@ static void quantize_act_block(const float *x, float gs, uint8_t *q, uint8_t *sf
         memset(q, 0, MJ_NVFP4_GROUP / 2);
         return;
     }
-    pack_block(x, gs, scale, q);
+    pack_block(x, gs, scale, 0, q);
 }
 
 mj_status mj_nvfp4_quantize_act(const float *x, int64_t rows, int64_t k, float input_scale,

@@ -7,14 +7,19 @@
 #include "base.h"
 
 /* ---- NVFP4 bit-level helpers (runtime/ref/nvfp4.c) ---- */
+/* The encoders are the kernels' own (templates/prelude_fp.h) and follow the GPU's
+ * cvt.rn.satfinite.{e2m1x2,e4m3x2}.f32: nearest, ties to the even code; a magnitude past the
+ * largest finite value (Inf too) gives that value with x's sign; the code's sign bit is x's
+ * sign bit, so +0.0 gives +0 while -0.0, and a negative x that rounds to zero, give -0. */
 /* E2M1 code (low 4 bits; bit 3 = sign) -> value. */
 float mj_e2m1_decode(uint8_t code);
-/* Round to E2M1: nearest, ties to even code, saturating at +-6 (cvt.rn.satfinite).
- * A negative x that rounds to zero gives code 8 (-0). x must not be NaN. */
+/* Round to E2M1, saturating at +-6 (7 / 15); -0.0 and x in [-0.25, 0) give code 8 (-0).
+ * x must not be NaN (it gives 7). */
 uint8_t mj_e2m1_encode(float x);
 /* E4M3FN byte -> value (0x7F / 0xFF are NaN). */
 float mj_e4m3_decode(uint8_t b);
-/* Round a float to E4M3FN: nearest, ties to even, saturating at +-448. x must not be NaN. */
+/* Round to E4M3FN, saturating at +-448 (0x7E / 0xFE); -0.0 and x in [-2^-10, 0) give 0x80
+ * (-0). x must not be NaN (it gives 0x7F). */
 uint8_t mj_e4m3_encode(float x);
 
 #define MJ_E2M1_MAX 6.0f
