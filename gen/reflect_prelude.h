@@ -108,5 +108,9 @@ void mj_cp_async_commit(void);
 void mj_cp_async_wait(int n);
 uint32_t mj_cvt_e2m1x2(float lo, float hi);
 uint32_t mj_cvt_e4m3(float x);
+/* templates/prelude_fp.h, which both preludes include. */
+uint32_t mj_e4m3_enc_c(float x);
+uint32_t mj_e2m1_enc_c(float x);
+float mj_e4m3_dec_c(uint32_t b);
 uint32_t mj_mul_bf16x2(uint32_t a, uint32_t b);
 unsigned __byte_perm(unsigned x, unsigned y, unsigned s);

@@ -93,13 +93,6 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 /* ---- NVFP4 helpers ------------------------------------------------------------------------ */
 
 
-/* UE4M3 scale byte -> float: (m/8) 2^-6 for e = 0, else (1 + m/8) 2^(e-7). */
-MJ_DEVICE float e4m3_val(uint32_t b) {
-    uint32_t e = (b >> 3) & 15u, m = b & 7u;
-    float v = e ? mj_f32_from_bits(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
-    return (b & 0x80u) ? -v : v;
-}
-
 /* 16 values (v[0], v[stride], ..., in shared memory) -> NVFP4 with global scale gs: the
  * scale byte, and the 8 bytes of codes as two words (codes 0-7, 8-15; code j in nibble j),
  * as mj_nvfp4_quantize_act does (SF = e4m3(gs * amax / 6), q = e2m1(x * gs / SF)). Both
@@ -113,7 +106,7 @@ MJ_DEVICE uint32_t quant16(const float *v, int stride, float gs, uint32_t *w0, u
         amax = a > amax ? a : amax;
     }
     uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
-    float scale = e4m3_val(sf);
+    float scale = mj_e4m3_dec_c(sf); /* templates/prelude_fp.h */
     uint32_t lo = 0, hi = 0;
     MJ_NO_UNROLL
     for (int j = 0; j < 16; j += 2) {

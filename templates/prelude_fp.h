@@ -1,10 +1,11 @@
-/* ---- prelude: the FP8 (E4M3FN) and FP4 (E2M1) encoders, in C ---------------------------
+/* ---- prelude: the FP8 (E4M3FN) and FP4 (E2M1) encoders and the E4M3 decoder, in C -------
  * One copy, included by prelude_cuda.h (the C that targets without the cvt instruction
- * run), by prelude_sim.h (the interpreter) and by runtime/ref/nvfp4.c (the CPU reference:
- * mj_e4m3_encode and mj_e2m1_encode are these two). NVRTC and the interpreter's compiler
- * read no files: when gen/reflect.c embeds a prelude it replaces each `#include "..."` line
- * naming a file beside it by that file's text, so the rendered source holds this inline.
- * Whoever includes it has defined MJ_DEVICE, uint32_t, mj_f32_bits and mj_f32_from_bits.
+ * run, and the decoder the kernels use), by prelude_sim.h (the interpreter) and by
+ * runtime/ref/nvfp4.c (the CPU reference: mj_e4m3_encode, mj_e2m1_encode and
+ * mj_e4m3_decode are these). NVRTC and the interpreter's compiler read no files: when
+ * gen/reflect.c embeds a prelude it replaces each `#include "..."` line naming a file beside
+ * it by that file's text, so the rendered source holds this inline. Whoever includes it
+ * has defined MJ_DEVICE, uint32_t, mj_f32_bits and mj_f32_from_bits.
  *
  * The rule is the GPU's: that of cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.satfinite.e2m1x2.f32
  * (PTX ISA, "Data Movement and Conversion Instructions: cvt"), which prelude_cuda.h uses
@@ -62,6 +63,16 @@ MJ_DEVICE uint32_t mj_e2m1_enc_c(float x) {
     else if (a <= 5.0f) c = 6;
     else c = 7; /* past 5, Inf too: 6 */
     return ((u >> 28) & 8u) | c;
+}
+
+/* An E4M3FN byte's value: (m/8) 2^-6 for exponent 0, else (1 + m/8) 2^(e-7), placed as a
+ * float's exponent and top mantissa bits. The NaN bytes 0x7F / 0xFF read +-480 here: the
+ * kernels decode scales the cvt made or the checkpoint check passed, and the reference's
+ * mj_e4m3_decode tests for the NaN first. */
+MJ_DEVICE float mj_e4m3_dec_c(uint32_t b) {
+    uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float v = e ? mj_f32_from_bits(((e + 120u) << 23) | (m << 20)) : (float)m * 0.001953125f;
+    return (b & 0x80u) ? -v : v;
 }
 
 #endif /* MJ_PRELUDE_FP_H */

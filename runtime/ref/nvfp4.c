@@ -29,7 +29,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* mj_e4m3_enc_c and mj_e2m1_enc_c: the one copy of the encoders, which the kernels' preludes
+/* mj_e4m3_enc_c, mj_e2m1_enc_c and mj_e4m3_dec_c: the one copy, which the kernels' preludes
  * embed too (it needs MJ_DEVICE, uint32_t and base.h's mj_f32_bits / mj_f32_from_bits). */
 #define MJ_DEVICE static inline
 #include "prelude_fp.h"
@@ -54,16 +54,7 @@ uint8_t mj_e2m1_encode(float x) { return (uint8_t)mj_e2m1_enc_c(x); }
  * (m/8) * 2^-6, the smallest step being 2^-9.
  * ------------------------------------------------------------------------------------- */
 
-float mj_e4m3_decode(uint8_t b) {
-    uint32_t e = (b >> 3) & 0xFu, m = b & 7u;
-    float v;
-    if (e == 0xFu && m == 7u) return NAN;
-    if (e == 0)
-        v = (float)m * 0x1p-9f; /* (m/8) * 2^-6, exact */
-    else                        /* same exponent and leading mantissa bits as a float */
-        v = mj_f32_from_bits(((e - 7u + 127u) << 23) | (m << 20));
-    return (b & 0x80u) ? -v : v;
-}
+float mj_e4m3_decode(uint8_t b) { return (b & 0x7Fu) == 0x7Fu ? NAN : mj_e4m3_dec_c(b); }
 
 uint8_t mj_e4m3_encode(float x) { return (uint8_t)mj_e4m3_enc_c(x); }
 
