@@ -18,6 +18,11 @@
  * mj_set_error records the detail for mj_last_error() and returns s, so a failure path is
  * one line: `return mj_set_error(MJ_ERR_CONFIG, "...: %s", why);`. */
 mj_status mj_set_error(mj_status s, const char *fmt, ...) MJ_PRINTF(2, 3);
+/* Context for a failure passed up: keeps s and the calling thread's detail, prepending
+ * "<fmt...>: " to it (just the prefix when there is no detail). Returns s, so a caller adds
+ * where it was in one line: `return mj_error_prefix(st, "%s", path);`. The arguments may
+ * point into mj_last_error()'s text. */
+mj_status mj_error_prefix(mj_status s, const char *fmt, ...) MJ_PRINTF(2, 3);
 void mj_clear_error(void);
 /* A warning on stderr ("moejit: warning: ..."), unless $MOEJIT_QUIET is set. */
 void mj_warn(const char *fmt, ...) MJ_PRINTF(1, 2);

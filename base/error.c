@@ -41,6 +41,29 @@ mj_status mj_set_error(mj_status s, const char *fmt, ...) {
     return s;
 }
 
+mj_status mj_error_prefix(mj_status s, const char *fmt, ...) {
+    /* Both pieces are copied out first: the thread's buffer is then written once, and an
+     * argument that points into it (mj_last_error()) is read before it changes. */
+    char prefix[1024], detail[sizeof g_last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(detail, g_last_error, sizeof detail);
+    size_t n = strlen(prefix); /* < sizeof prefix, so it and ": " fit */
+    memcpy(g_last_error, prefix, n);
+    if (detail[0]) {
+        memcpy(g_last_error + n, ": ", 2);
+        n += 2;
+        size_t d = strlen(detail);
+        if (d > sizeof g_last_error - 1 - n) d = sizeof g_last_error - 1 - n; /* cut at the end */
+        memcpy(g_last_error + n, detail, d);
+        n += d;
+    }
+    g_last_error[n] = '\0';
+    return s;
+}
+
 void mj_clear_error(void) { g_last_error[0] = '\0'; }
 
 mj_status mj_version(int *major, int *minor, int *patch, const char **text) {

@@ -973,11 +973,7 @@ mj_status mj_cache_read_file(const char *path, mj_cache_entry *out) {
     }
     MJ_CHECK_GOTO(read_fd_all(fd, st.st_size, path, &buf, &len), ret, exit);
     ret = mj_cache_decode(buf, len, out);
-    if (ret != MJ_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", mj_last_error());
-        mj_set_error(ret, "%s: %s", path, why);
-    }
+    if (ret != MJ_OK) mj_error_prefix(ret, "%s", path);
 
 exit:
     if (fd >= 0) close(fd);

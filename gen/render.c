@@ -328,9 +328,7 @@ mj_status mj_spec_from_json(const char *line, const char *where, mj_spec *out) {
         }
     }
     if ((st = mj_spec_validate(&s)) != MJ_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", mj_last_error());
-        st = mj_set_error(st, "%s: %s", where, msg);
+        st = mj_error_prefix(st, "%s", where);
         goto exit;
     }
     *out = s;

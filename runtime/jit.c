@@ -172,11 +172,7 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
     mj_target want_target = MJ_TARGET_SM120A;
     if (opts->target) {
         mj_status ts = mj_target_parse(opts->target, &want_target);
-        if (ts != MJ_OK) {
-            char why[1024];
-            snprintf(why, sizeof why, "%s", mj_last_error());
-            return mj_set_error(ts, "mj_context_options.target: %s", why);
-        }
+        if (ts != MJ_OK) return mj_error_prefix(ts, "mj_context_options.target");
     }
     mj_context_t c = calloc(1, sizeof *c);
     if (!c) return mj_set_error(MJ_ERR_NOMEM, "out of memory creating a context");

@@ -22,11 +22,7 @@ mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out) {
     uint64_t d = 0;
     MJ_CHECK(mj_cuda_bind(device));
     mj_status st = mj_cuda_malloc(bytes ? bytes : 1, &d);
-    if (st != MJ_OK) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", mj_last_error());
-        return mj_set_error(st, "%s: %zu bytes of device memory: %s", what, bytes, why);
-    }
+    if (st != MJ_OK) return mj_error_prefix(st, "%s: %zu bytes of device memory", what, bytes);
     *out = (void *)(uintptr_t)d;
     atomic_fetch_add(&g_allocs, 1);
     return MJ_OK;

@@ -57,13 +57,6 @@ mj_status mj_moe_free(mj_moe_t m) {
     return MJ_OK;
 }
 
-/* Errors from a step keep their status and gain the call's name. */
-static mj_status fail_in(const char *fn, mj_status st) {
-    char why[1024];
-    snprintf(why, sizeof why, "%s", mj_last_error());
-    return mj_set_error(st, "%s: %s", fn, why);
-}
-
 mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options *opts_in, mj_moe_t *out) {
     if (!ctx || !layer || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_moe_create: NULL context, layer or output");
     *out = NULL;
@@ -72,7 +65,7 @@ mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options
         MJ_CHECK(mj_struct_load(opts_in, sizeof o, sizeof o, &o, "mj_moe_options", "MJ_MOE_OPTIONS_INIT"));
     int32_t il, nsub;
     mj_status st = mj_plan_rank_shape(&layer->cfg, o.parallel, o.rank, o.n_ranks, o.shared_expert != 0, &il, &nsub);
-    if (st != MJ_OK) return fail_in("mj_moe_create", st);
+    if (st != MJ_OK) return mj_error_prefix(st, "mj_moe_create");
     if (o.n_ranks > 1 && !o.comm)
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "mj_moe_create: %d ranks need a communicator to sum their outputs (mj_moe_options.comm: "
@@ -105,7 +98,7 @@ mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options
                             o.parallel == MJ_PAR_TP ? "TP" : o.parallel == MJ_PAR_EP ? "EP" : "none", o.n_ranks);
     if (whole && o.parallel != MJ_PAR_NONE) {
         if ((st = mj_layer_shard(layer, o.parallel, o.rank, o.n_ranks, &slice)) != MJ_OK)
-            return fail_in("mj_moe_create", st);
+            return mj_error_prefix(st, "mj_moe_create");
         L = slice;
     }
     /* Without the shared expert: the same slice, seen without it (a shallow copy). */
@@ -128,7 +121,7 @@ mj_status mj_moe_create(mj_context_t ctx, mj_layer_t layer, const mj_moe_options
     mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
     eo.max_batch = 1, eo.mode_policy = o.mode_policy;
     if ((st = mj_experts_create(ctx, L, &eo, &m->ex)) != MJ_OK) {
-        st = fail_in("mj_moe_create", st);
+        st = mj_error_prefix(st, "mj_moe_create");
         goto fail;
     }
     const size_t E = (size_t)m->cfg.n_experts, H = (size_t)m->cfg.hidden;
@@ -228,7 +221,7 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
 fail_ws:
     workspace_free(m);
 out:
-    if (st != MJ_OK) st = fail_in("mj_moe_prepare", st);
+    if (st != MJ_OK) st = mj_error_prefix(st, "mj_moe_prepare");
     mj_plan_free(&plan);
     free(bs), free(batch);
     return st;
@@ -264,16 +257,16 @@ mj_status mj_moe_forward(mj_moe_t m, const uint16_t *hidden, int32_t B, const in
     mj_status st;
     const mj_moe_config *c = &m->cfg;
     if ((st = mj_router_gemm(m->ctx, hidden, m->gate, B, c->hidden, c->n_experts, m->logits, stream)) != MJ_OK)
-        return fail_in("mj_moe_forward", st);
+        return mj_error_prefix(st, "mj_moe_forward");
     mj_route_params p = m->route;
     p.k0 = m->batch[B].k0;
     if ((st = mj_route(m->ctx, &p, m->logits, m->bias, B, num_valid, &m->r, stream)) != MJ_OK)
-        return fail_in("mj_moe_forward", st);
+        return mj_error_prefix(st, "mj_moe_forward");
     if ((st = mj_experts_forward(m->ctx, m->ex, (mj_weight_mode)m->batch[B].mode, hidden, &m->r, B, num_valid, out,
                                  stream)) != MJ_OK)
-        return fail_in("mj_moe_forward", st);
+        return mj_error_prefix(st, "mj_moe_forward");
     if (m->opt.n_ranks > 1 &&
         (st = mj_comm_all_reduce_f32(m->opt.comm, out, out, (int64_t)B * c->hidden, stream)) != MJ_OK)
-        return fail_in("mj_moe_forward", st);
+        return mj_error_prefix(st, "mj_moe_forward");
     return MJ_OK;
 }

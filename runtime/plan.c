@@ -95,9 +95,7 @@ mj_status mj_plan_build(mj_context_t ctx, const mj_plan_request *r, mj_plan *out
         if (r->k0) MJ_CHECK_GOTO(mj_k0_policy_resolve(r->k0, B, &rp.k0), st, fail);
         mj_knobs_oea_route kr;
         if ((st = mj_route_knobs(&rp, B, &kr)) != MJ_OK) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", mj_last_error());
-            st = mj_set_error(st, "batch size %d, k0 %d: %s", B, rp.k0, why);
+            st = mj_error_prefix(st, "batch size %d, k0 %d", B, rp.k0);
             goto fail;
         }
         mj_spec_oea_route(ctx, &kr, &s);

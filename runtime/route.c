@@ -186,11 +186,7 @@ static mj_status load_outputs(const mj_route_outputs *in, mj_route_outputs *out)
     if (!in) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_route: outputs are NULL");
     mj_status st = mj_struct_load(in, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof(mj_route_outputs), out,
                                   "mj_route_outputs", "MJ_ROUTE_OUTPUTS_INIT");
-    if (st != MJ_OK) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", mj_last_error());
-        return mj_set_error(st, "mj_route: %s", why);
-    }
+    if (st != MJ_OK) return mj_error_prefix(st, "mj_route");
     return MJ_OK;
 }
 

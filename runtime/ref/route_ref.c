@@ -66,11 +66,7 @@ mj_status mj_route_params_load(const mj_route_params *in, const char *fn, mj_rou
      * does not know keep their defaults from MJ_ROUTE_PARAMS_INIT (the top-2 sum). */
     mj_status st = mj_struct_load(in, MJ_ROUTE_PARAMS_V1_SIZE, sizeof(mj_route_params), out,
                                   "mj_route_params", "MJ_ROUTE_PARAMS_INIT");
-    if (st != MJ_OK) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", mj_last_error());
-        return mj_set_error(st, "%s: %s", fn, why);
-    }
+    if (st != MJ_OK) return mj_error_prefix(st, "%s", fn);
     return MJ_OK;
 }
 

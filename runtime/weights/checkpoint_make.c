@@ -151,11 +151,7 @@ static mj_status build_quant_and_cfg(plan *p) {
                             "tensors are: use a config without one, or an NVFP4 one", o->config_json);
     /* The kernels' own requirements (sizes multiples of 64, ...), before any work. */
     mj_status st = mj_moe_config_validate(&p->cfg, 1);
-    if (st != MJ_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", mj_last_error());
-        return mj_set_error(st, "%s: %s", label, why);
-    }
+    if (st != MJ_OK) return mj_error_prefix(st, "%s", label);
     return MJ_OK;
 }
 

@@ -392,9 +392,7 @@ static mj_status parse_texts(const char *cfg_text, size_t cfg_len, const char *c
     }
     st = mj_moe_config_validate(&c, 0);
     if (st != MJ_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", mj_last_error()); /* copy: the next call reuses it */
-        st = fail(st, cfg_label, "%s", why);
+        if (cfg_label) mj_error_prefix(st, "%s", cfg_label);
         goto done;
     }
     *out = c;
