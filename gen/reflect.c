@@ -47,6 +47,7 @@
 #endif
 
 #include "gen.h"
+#include "strbuf.h"
 
 #include <clang-c/Index.h>
 
@@ -156,43 +157,13 @@ static char *xstrdup(const char *s) {
     return memcpy(xmalloc(n), s, n);
 }
 
-/* ---- a growable output buffer -------------------------------------------------------- */
+/* ---- output text (base/strbuf.c) ------------------------------------------------------ */
 
-typedef struct strbuf {
-    char *data;
-    size_t len, cap;
-} strbuf;
-
-static void sb_append(strbuf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        while (b->len + n + 1 > b->cap) b->cap = b->cap ? 2 * b->cap : 4096;
-        b->data = xrealloc(b->data, b->cap);
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-}
-
-static void sb_puts(strbuf *b, const char *s) { sb_append(b, s, strlen(s)); }
-
-__attribute__((format(printf, 2, 3)))
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) fail("formatting output failed");
-    if ((size_t)n < sizeof small) {
-        sb_append(b, small, (size_t)n);
-        return;
-    }
-    char *big = xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb_append(b, big, (size_t)n);
-    free(big);
+/* The text built in b (b empty again), or exit when memory ran out while building it. */
+static char *sb_text(mj_strbuf *b) {
+    char *s = mj_sb_take(b);
+    if (!s) fail("out of memory");
+    return s;
 }
 
 /* ---- files and paths --------------------------------------------------------------- */
@@ -200,22 +171,22 @@ static void sb_printf(strbuf *b, const char *fmt, ...) {
 static char *read_whole_file(const char *path, size_t *len_out) {
     FILE *f = fopen(path, "rb");
     if (!f) fail("cannot read %s: %s", path, strerror(errno));
-    strbuf b = {0};
+    mj_strbuf b = MJ_STRBUF_INIT;
     char chunk[65536];
     size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) sb_append(&b, chunk, n);
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) mj_sb_append(&b, chunk, n);
     if (ferror(f)) fail("cannot read %s: %s", path, strerror(errno));
     fclose(f);
-    if (!b.data) sb_append(&b, "", 0);
+    *len_out = b.len;
+    char *text = sb_text(&b);
     /* The text is embedded as a C string: a NUL byte would cut it short. */
-    const char *nul = memchr(b.data, '\0', b.len);
+    const char *nul = memchr(text, '\0', *len_out);
     if (nul) {
         unsigned line = 1;
-        for (const char *p = b.data; p < nul; p++) line += *p == '\n';
+        for (const char *p = text; p < nul; p++) line += *p == '\n';
         fail_at(path, line, "the file contains a NUL byte");
     }
-    *len_out = b.len;
-    return b.data;
+    return text;
 }
 
 /* A prelude as it is embedded: its text with every `#include "NAME"` line replaced by the
@@ -300,7 +271,8 @@ static char *relative_to_root(const char *file, const char *root_abs) {
     return rel;
 }
 
-static void write_file(const char *path, const strbuf *b) {
+static void write_file(const char *path, const mj_strbuf *b) {
+    if (b->oom) fail("out of memory");
     size_t tmp_len = strlen(path) + 5;
     char *tmp = xmalloc(tmp_len);
     snprintf(tmp, tmp_len, "%s.tmp", path);
@@ -636,17 +608,16 @@ static bool is_scalar_kind(enum CXTypeKind k) {
 
 /* A type's spelling without const/volatile/restrict words and with _Bool written bool. */
 static char *spelling_without_qualifiers(const char *spelled, bool keep_const_volatile) {
-    strbuf b = {0};
+    mj_strbuf b = MJ_STRBUF_INIT;
     char *copy = xstrdup(spelled);
     for (char *word = strtok(copy, " "); word; word = strtok(NULL, " ")) {
         if (strcmp(word, "restrict") == 0 || strcmp(word, "__restrict") == 0) continue;
         if (!keep_const_volatile && (strcmp(word, "const") == 0 || strcmp(word, "volatile") == 0)) continue;
-        if (b.len) sb_puts(&b, " ");
-        sb_puts(&b, strcmp(word, "_Bool") == 0 ? "bool" : word);
+        if (b.len) mj_sb_puts(&b, " ");
+        mj_sb_puts(&b, strcmp(word, "_Bool") == 0 ? "bool" : word);
     }
     free(copy);
-    if (!b.data) sb_append(&b, "", 0);
-    return b.data;
+    return sb_text(&b);
 }
 
 /* Whether a type names a typedef that the template itself declares (a C wrapper outside
@@ -789,9 +760,9 @@ enum { PIECE_MAX = 1900 };  /* escaped characters per string literal piece */
 
 /* Append text as one or more adjacent C string literals: a new piece after every
  * newline and every PIECE_MAX characters, each further piece on a new line at indent. */
-static void sb_c_string(strbuf *b, const char *s, size_t n, const char *indent) {
+static void sb_c_string(mj_strbuf *b, const char *s, size_t n, const char *indent) {
     size_t piece = 0;
-    sb_puts(b, "\"");
+    mj_sb_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
         char esc[8];
@@ -803,201 +774,200 @@ static void sb_c_string(strbuf *b, const char *s, size_t n, const char *indent) 
         else if (ch == '?' && i > 0 && s[i - 1] == '?') strcpy(esc, "\\?"); /* no trigraphs */
         else if (ch >= 0x20 && ch < 0x7f) { esc[0] = (char)ch; esc[1] = '\0'; }
         else snprintf(esc, sizeof esc, "\\%03o", ch);
-        sb_puts(b, esc);
+        mj_sb_puts(b, esc);
         piece += strlen(esc);
         if (i + 1 < n && (ch == '\n' || piece >= PIECE_MAX)) {
-            sb_printf(b, "\"\n%s\"", indent);
+            mj_sb_printf(b, "\"\n%s\"", indent);
             piece = 0;
         }
     }
-    sb_puts(b, "\"");
+    mj_sb_puts(b, "\"");
 }
 
-static void sb_c_str(strbuf *b, const char *s) { sb_c_string(b, s, strlen(s), ""); }
+static void sb_c_str(mj_strbuf *b, const char *s) { sb_c_string(b, s, strlen(s), ""); }
 
 static char *targets_comment(uint32_t mask) {
-    strbuf b = {0};
+    mj_strbuf b = MJ_STRBUF_INIT;
     for (int i = 0; i < MJ_TARGET_COUNT; i++)
-        if (mask & (1u << i)) sb_printf(&b, "%s%s", b.len ? " " : "", target_names[i]);
-    if (!b.data) sb_append(&b, "", 0);
-    return b.data;
+        if (mask & (1u << i)) mj_sb_printf(&b, "%s%s", b.len ? " " : "", target_names[i]);
+    return sb_text(&b);
 }
 
-static void emit_knobs(strbuf *b, const template *t) {
+static void emit_knobs(mj_strbuf *b, const template *t) {
     if (t->n_knobs == 0) return;
-    sb_printf(b, "static const mj_knob_desc mj_knobs_%s[%d] = {\n", t->name, t->n_knobs);
+    mj_sb_printf(b, "static const mj_knob_desc mj_knobs_%s[%d] = {\n", t->name, t->n_knobs);
     for (int i = 0; i < t->n_knobs; i++) {
         const knob *k = &t->knobs[i];
-        sb_puts(b, "    {.name = ");
+        mj_sb_puts(b, "    {.name = ");
         sb_c_str(b, k->name);
-        sb_puts(b, ", .ctype = ");
+        mj_sb_puts(b, ", .ctype = ");
         sb_c_str(b, k->ctype);
-        sb_puts(b, ",\n     .doc = ");
+        mj_sb_puts(b, ",\n     .doc = ");
         sb_c_str(b, k->doc);
-        sb_printf(b, ",\n     .kind = %s, .lo = %d, .hi = %d, .n_values = %d",
+        mj_sb_printf(b, ",\n     .kind = %s, .lo = %d, .hi = %d, .n_values = %d",
                   k->kind == MJ_KNOB_KIND_SET ? "MJ_KNOB_KIND_SET" : "MJ_KNOB_KIND_RANGE",
                   (int)k->lo, (int)k->hi, (int)k->n_values);
         if (k->n_values) {
-            sb_puts(b, ", .values = {");
-            for (int v = 0; v < k->n_values; v++) sb_printf(b, "%s%d", v ? ", " : "", (int)k->values[v]);
-            sb_puts(b, "}");
+            mj_sb_puts(b, ", .values = {");
+            for (int v = 0; v < k->n_values; v++) mj_sb_printf(b, "%s%d", v ? ", " : "", (int)k->values[v]);
+            mj_sb_puts(b, "}");
         }
-        sb_puts(b, "},\n");
+        mj_sb_puts(b, "},\n");
     }
-    sb_puts(b, "};\n\n");
+    mj_sb_puts(b, "};\n\n");
 }
 
-static void emit_kernels(strbuf *b, const template *t) {
+static void emit_kernels(mj_strbuf *b, const template *t) {
     for (int i = 0; i < t->n_kernels; i++) {
         const kernel *k = &t->kernels[i];
         if (k->n_params == 0) continue;
-        sb_printf(b, "static const mj_param_desc mj_params_%s[%d] = {\n", k->name, k->n_params);
+        mj_sb_printf(b, "static const mj_param_desc mj_params_%s[%d] = {\n", k->name, k->n_params);
         for (int p = 0; p < k->n_params; p++) {
-            sb_puts(b, "    {.name = ");
+            mj_sb_puts(b, "    {.name = ");
             sb_c_str(b, k->params[p].name);
-            sb_puts(b, ", .ctype = ");
+            mj_sb_puts(b, ", .ctype = ");
             sb_c_str(b, k->params[p].ctype);
-            sb_printf(b, ", .size = %d},\n", k->params[p].size);
+            mj_sb_printf(b, ", .size = %d},\n", k->params[p].size);
         }
-        sb_puts(b, "};\n\n");
+        mj_sb_puts(b, "};\n\n");
     }
-    sb_printf(b, "static const mj_kernel_desc mj_kernels_%s[%d] = {\n", t->name, t->n_kernels);
+    mj_sb_printf(b, "static const mj_kernel_desc mj_kernels_%s[%d] = {\n", t->name, t->n_kernels);
     for (int i = 0; i < t->n_kernels; i++) {
         const kernel *k = &t->kernels[i];
-        sb_puts(b, "    {.name = ");
+        mj_sb_puts(b, "    {.name = ");
         sb_c_str(b, k->name);
-        if (k->n_params) sb_printf(b, ", .n_params = %d, .params = mj_params_%s},\n", k->n_params, k->name);
-        else sb_puts(b, ", .n_params = 0, .params = NULL},\n");
+        if (k->n_params) mj_sb_printf(b, ", .n_params = %d, .params = mj_params_%s},\n", k->n_params, k->name);
+        else mj_sb_puts(b, ", .n_params = 0, .params = NULL},\n");
     }
-    sb_puts(b, "};\n\n");
+    mj_sb_puts(b, "};\n\n");
 }
 
-static void emit_constraints(strbuf *b, const template *t) {
+static void emit_constraints(mj_strbuf *b, const template *t) {
     if (t->n_constraints == 0) return;
-    sb_printf(b, "static const mj_constraint_desc mj_constraints_%s[%d] = {\n", t->name, t->n_constraints);
+    mj_sb_printf(b, "static const mj_constraint_desc mj_constraints_%s[%d] = {\n", t->name, t->n_constraints);
     for (int i = 0; i < t->n_constraints; i++) {
-        sb_puts(b, "    {.expr = ");
+        mj_sb_puts(b, "    {.expr = ");
         sb_c_str(b, t->constraints[i].expr);
-        sb_puts(b, ", .doc = ");
+        mj_sb_puts(b, ", .doc = ");
         sb_c_str(b, t->constraints[i].doc);
-        sb_puts(b, "},\n");
+        mj_sb_puts(b, "},\n");
     }
-    sb_puts(b, "};\n\n");
+    mj_sb_puts(b, "};\n\n");
 }
 
-static void emit_template_entry(strbuf *b, const template *t) {
+static void emit_template_entry(mj_strbuf *b, const template *t) {
     char *targets = targets_comment(t->targets);
-    sb_puts(b, "    {\n        .name = ");
+    mj_sb_puts(b, "    {\n        .name = ");
     sb_c_str(b, t->name);
-    sb_puts(b, ",\n        .doc = ");
+    mj_sb_puts(b, ",\n        .doc = ");
     sb_c_str(b, t->doc);
-    sb_puts(b, ",\n        .file = ");
+    mj_sb_puts(b, ",\n        .file = ");
     sb_c_str(b, t->rel);
-    sb_printf(b, ",\n        .body = mj_body_%s,\n", t->name);
-    sb_printf(b, "        .targets = 0x%02xu, /* %s */\n", (unsigned)t->targets, targets);
-    sb_printf(b, "        .n_knobs = %d,\n", t->n_knobs);
-    if (t->n_knobs) sb_printf(b, "        .knobs = mj_knobs_%s,\n", t->name);
-    else sb_puts(b, "        .knobs = NULL,\n");
-    sb_printf(b, "        .n_constraints = %d,\n", t->n_constraints);
-    if (t->n_constraints) sb_printf(b, "        .constraints = mj_constraints_%s,\n", t->name);
-    else sb_puts(b, "        .constraints = NULL,\n");
-    sb_printf(b, "        .n_kernels = %d,\n", t->n_kernels);
-    sb_printf(b, "        .kernels = mj_kernels_%s,\n    },\n", t->name);
+    mj_sb_printf(b, ",\n        .body = mj_body_%s,\n", t->name);
+    mj_sb_printf(b, "        .targets = 0x%02xu, /* %s */\n", (unsigned)t->targets, targets);
+    mj_sb_printf(b, "        .n_knobs = %d,\n", t->n_knobs);
+    if (t->n_knobs) mj_sb_printf(b, "        .knobs = mj_knobs_%s,\n", t->name);
+    else mj_sb_puts(b, "        .knobs = NULL,\n");
+    mj_sb_printf(b, "        .n_constraints = %d,\n", t->n_constraints);
+    if (t->n_constraints) mj_sb_printf(b, "        .constraints = mj_constraints_%s,\n", t->name);
+    else mj_sb_puts(b, "        .constraints = NULL,\n");
+    mj_sb_printf(b, "        .n_kernels = %d,\n", t->n_kernels);
+    mj_sb_printf(b, "        .kernels = mj_kernels_%s,\n    },\n", t->name);
     free(targets);
 }
 
 /* The registry's C file. The library's table (`table` mj_registry) also carries the
  * preludes; an extension table (a test program's fixtures) instead registers itself at
  * start-up, numbered after the library's templates. */
-static void emit_registry_c(strbuf *b, const template *ts, int n, const char *table, bool extension,
+static void emit_registry_c(mj_strbuf *b, const template *ts, int n, const char *table, bool extension,
                             const char *prelude_text, size_t prelude_len, const char *sim_text,
                             size_t sim_len) {
-    sb_printf(b, "/* %s.c — generated by gen/reflect.c (mj_reflect) from %d kernel template%s;\n"
+    mj_sb_printf(b, "/* %s.c — generated by gen/reflect.c (mj_reflect) from %d kernel template%s;\n"
                  " * do not edit. The tables are described in gen/registry.h. */\n"
                  "#include \"%s\"\n\n#include <stddef.h>\n\n", table, n, n == 1 ? "" : "s",
               extension ? "gen.h" : "registry.h");
     for (int i = 0; i < n; i++) {
         const template *t = &ts[i];
-        sb_printf(b, "/* ---- %s: %s ---- */\n\n", t->name, t->rel);
-        sb_printf(b, "static const char mj_body_%s[] =\n    ", t->name);
+        mj_sb_printf(b, "/* ---- %s: %s ---- */\n\n", t->name, t->rel);
+        mj_sb_printf(b, "static const char mj_body_%s[] =\n    ", t->name);
         sb_c_string(b, t->body, t->body_len, "    ");
-        sb_puts(b, ";\n\n");
+        mj_sb_puts(b, ";\n\n");
         emit_knobs(b, t);
         emit_constraints(b, t);
         emit_kernels(b, t);
     }
-    sb_puts(b, "/* ---- the templates, sorted by name ---- */\n\n");
+    mj_sb_puts(b, "/* ---- the templates, sorted by name ---- */\n\n");
     if (n == 0) {
-        sb_printf(b, "/* No templates: C allows no empty array, so one unused entry. */\n"
+        mj_sb_printf(b, "/* No templates: C allows no empty array, so one unused entry. */\n"
                      "%sconst mj_template_desc %s_templates[1] = {{.name = NULL}};\n",
                   extension ? "static " : "", table);
     } else {
-        sb_printf(b, "%sconst mj_template_desc %s_templates[%d] = {\n", extension ? "static " : "", table, n);
+        mj_sb_printf(b, "%sconst mj_template_desc %s_templates[%d] = {\n", extension ? "static " : "", table, n);
         for (int i = 0; i < n; i++) emit_template_entry(b, &ts[i]);
-        sb_puts(b, "};\n");
+        mj_sb_puts(b, "};\n");
     }
     if (extension) {
-        sb_printf(b, "\n/* Linked into a program, this table joins the library's at start-up. */\n"
+        mj_sb_printf(b, "\n/* Linked into a program, this table joins the library's at start-up. */\n"
                      "__attribute__((constructor)) static void %s_register(void) {\n"
                      "    mj_registry_extend(%s_templates, %d);\n}\n", table, table, n);
         return;
     }
-    sb_printf(b, "const int32_t %s_n_templates = %d;\n\n", table, n);
-    sb_puts(b, "/* ---- templates/prelude_cuda.h ---- */\n\n");
-    sb_printf(b, "const char %s_prelude_cuda[] =\n    ", table);
+    mj_sb_printf(b, "const int32_t %s_n_templates = %d;\n\n", table, n);
+    mj_sb_puts(b, "/* ---- templates/prelude_cuda.h ---- */\n\n");
+    mj_sb_printf(b, "const char %s_prelude_cuda[] =\n    ", table);
     sb_c_string(b, prelude_text, prelude_len, "    ");
-    sb_puts(b, ";\n");
+    mj_sb_puts(b, ";\n");
     /* Without --prelude-sim the sim prelude is empty: rendering for the sim then fails. */
-    sb_puts(b, "\n/* ---- templates/prelude_sim.h ---- */\n\n");
-    sb_printf(b, "const char %s_prelude_sim[] =\n    ", table);
+    mj_sb_puts(b, "\n/* ---- templates/prelude_sim.h ---- */\n\n");
+    mj_sb_printf(b, "const char %s_prelude_sim[] =\n    ", table);
     sb_c_string(b, sim_text, sim_len, "    ");
-    sb_puts(b, ";\n");
+    mj_sb_puts(b, ";\n");
 }
 
 /* "int n, float a, const float *x" for comments: no space after a '*'. */
-static void sb_signature(strbuf *b, const kernel *k) {
+static void sb_signature(mj_strbuf *b, const kernel *k) {
     for (int p = 0; p < k->n_params; p++) {
         const param *q = &k->params[p];
         size_t len = strlen(q->wrapper_ctype);
         bool star = len > 0 && q->wrapper_ctype[len - 1] == '*';
-        sb_printf(b, "%s%s%s%s", p ? ", " : "", q->wrapper_ctype, star ? "" : " ", q->name);
+        mj_sb_printf(b, "%s%s%s%s", p ? ", " : "", q->wrapper_ctype, star ? "" : " ", q->name);
     }
-    if (k->n_params == 0) sb_puts(b, "void");
+    if (k->n_params == 0) mj_sb_puts(b, "void");
 }
 
-static void emit_wrapper(strbuf *b, const template *t, int kernel_index) {
+static void emit_wrapper(mj_strbuf *b, const template *t, int kernel_index) {
     const kernel *k = &t->kernels[kernel_index];
-    sb_printf(b, "/* %s(", k->name);
+    mj_sb_printf(b, "/* %s(", k->name);
     sb_signature(b, k);
-    sb_printf(b, ") — %s */\n", t->rel);
+    mj_sb_printf(b, ") — %s */\n", t->rel);
     char head[256];
     int indent = snprintf(head, sizeof head, "static inline mj_status mj_launch_%s(", k->name);
-    sb_printf(b, "%sconst mj_function *mj_fn, mj_launch_dims mj_dims", head);
+    mj_sb_printf(b, "%sconst mj_function *mj_fn, mj_launch_dims mj_dims", head);
     int column = 1000;  /* force a new line before the first parameter */
     for (int p = 0; p < k->n_params; p++) {
         const param *q = &k->params[p];
         int width = (int)(strlen(q->wrapper_ctype) + strlen(q->name) + 3);
         if (column + width > 96) {
-            sb_printf(b, ",\n%*s", indent, "");
+            mj_sb_printf(b, ",\n%*s", indent, "");
             column = indent;
         } else {
-            sb_puts(b, ", ");
+            mj_sb_puts(b, ", ");
         }
-        sb_printf(b, "%s %s", q->wrapper_ctype, q->name);
+        mj_sb_printf(b, "%s %s", q->wrapper_ctype, q->name);
         column += width;
     }
-    sb_puts(b, ") {\n");
+    mj_sb_puts(b, ") {\n");
     if (k->n_params == 0) {
-        sb_printf(b, "    return mj_function_launch(mj_fn, MJ_TPL_%s, %d /* kernel index within template */, "
+        mj_sb_printf(b, "    return mj_function_launch(mj_fn, MJ_TPL_%s, %d /* kernel index within template */, "
                      "mj_dims, NULL, 0);\n}\n\n", t->name, kernel_index);
         return;
     }
-    sb_printf(b, "    void *mj_args[%d] = {", k->n_params);
+    mj_sb_printf(b, "    void *mj_args[%d] = {", k->n_params);
     for (int p = 0; p < k->n_params; p++)
-        sb_printf(b, "%s%s&%s", p ? ", " : "", k->params[p].is_pointer ? "(void *)" : "",
+        mj_sb_printf(b, "%s%s&%s", p ? ", " : "", k->params[p].is_pointer ? "(void *)" : "",
                   k->params[p].name);
-    sb_puts(b, "};\n");
-    sb_printf(b, "    return mj_function_launch(mj_fn, MJ_TPL_%s, %d /* kernel index within template */, "
+    mj_sb_puts(b, "};\n");
+    mj_sb_printf(b, "    return mj_function_launch(mj_fn, MJ_TPL_%s, %d /* kernel index within template */, "
                  "mj_dims, mj_args, %d);\n}\n\n", t->name, kernel_index, k->n_params);
 }
 
@@ -1011,48 +981,48 @@ static void emit_wrapper(strbuf *b, const template *t, int kernel_index) {
  *   static inline void mj_spec_router_gemm(mj_context_t ctx, const mj_knobs_router_gemm *k,
  *                                          mj_spec *out);
  */
-static void emit_knob_struct(strbuf *b, const template *t) {
-    sb_printf(b, "/* ---- %s (%s) ---- */\n", t->name, t->rel);
-    sb_printf(b, "typedef struct mj_knobs_%s {\n", t->name);
-    if (t->n_knobs == 0) sb_puts(b, "    int32_t none_; /* no knobs */\n");
+static void emit_knob_struct(mj_strbuf *b, const template *t) {
+    mj_sb_printf(b, "/* ---- %s (%s) ---- */\n", t->name, t->rel);
+    mj_sb_printf(b, "typedef struct mj_knobs_%s {\n", t->name);
+    if (t->n_knobs == 0) mj_sb_puts(b, "    int32_t none_; /* no knobs */\n");
     for (int i = 0; i < t->n_knobs; i++) {
         const knob *k = &t->knobs[i];
-        sb_printf(b, "    int32_t %s; /* %s */\n", k->name, k->doc);
+        mj_sb_printf(b, "    int32_t %s; /* %s */\n", k->name, k->doc);
     }
-    sb_printf(b, "} mj_knobs_%s;\n", t->name);
+    mj_sb_printf(b, "} mj_knobs_%s;\n", t->name);
     for (int i = 0; i < t->n_knobs; i++) {
         const knob *k = &t->knobs[i];
-        sb_printf(b, "#define MJ_KNOB_%s_%s_MIN %d\n#define MJ_KNOB_%s_%s_MAX %d\n", t->name, k->name,
+        mj_sb_printf(b, "#define MJ_KNOB_%s_%s_MIN %d\n#define MJ_KNOB_%s_%s_MAX %d\n", t->name, k->name,
                   (int)k->lo, t->name, k->name, (int)k->hi);
     }
-    sb_printf(b, "static inline void mj_spec_%s(mj_context_t mj_ctx, const mj_knobs_%s *mj_k, mj_spec *mj_out) {\n",
+    mj_sb_printf(b, "static inline void mj_spec_%s(mj_context_t mj_ctx, const mj_knobs_%s *mj_k, mj_spec *mj_out) {\n",
               t->name, t->name);
     if (t->n_knobs == 0) {
-        sb_printf(b, "    (void)mj_k;\n    mj_context_spec_fill(mj_ctx, MJ_TPL_%s, NULL, 0, mj_out);\n}\n\n", t->name);
+        mj_sb_printf(b, "    (void)mj_k;\n    mj_context_spec_fill(mj_ctx, MJ_TPL_%s, NULL, 0, mj_out);\n}\n\n", t->name);
         return;
     }
-    sb_printf(b, "    const int32_t mj_v[%d] = {", t->n_knobs);
-    for (int i = 0; i < t->n_knobs; i++) sb_printf(b, "%smj_k->%s", i ? ", " : "", t->knobs[i].name);
-    sb_printf(b, "};\n    mj_context_spec_fill(mj_ctx, MJ_TPL_%s, mj_v, %d, mj_out);\n}\n\n", t->name, t->n_knobs);
+    mj_sb_printf(b, "    const int32_t mj_v[%d] = {", t->n_knobs);
+    for (int i = 0; i < t->n_knobs; i++) mj_sb_printf(b, "%smj_k->%s", i ? ", " : "", t->knobs[i].name);
+    mj_sb_printf(b, "};\n    mj_context_spec_fill(mj_ctx, MJ_TPL_%s, mj_v, %d, mj_out);\n}\n\n", t->name, t->n_knobs);
 }
 
-static void emit_kernels_h(strbuf *b, const template *ts, int n, const char *guard, const char *extends) {
-    sb_printf(b, "/* generated by gen/reflect.c (mj_reflect) from the kernel templates; do not edit.\n"
+static void emit_kernels_h(mj_strbuf *b, const template *ts, int n, const char *guard, const char *extends) {
+    mj_sb_printf(b, "/* generated by gen/reflect.c (mj_reflect) from the kernel templates; do not edit.\n"
                  " * MJ_TPL_<template> is a template's registry index; mj_knobs_<template> its knobs by\n"
                  " * name, mj_spec_<template> the specialization they select; mj_launch_<kernel> a typed\n"
                  " * launch of one kernel of a compiled mj_function. */\n"
                  "#ifndef %s\n#define %s\n\n", guard, guard);
-    if (extends) sb_printf(b, "#include \"%s\"\n\n", extends);
-    else sb_puts(b, "#include \"jit.h\"\n\n#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n\n");
-    sb_puts(b, "enum {\n");
+    if (extends) mj_sb_printf(b, "#include \"%s\"\n\n", extends);
+    else mj_sb_puts(b, "#include \"jit.h\"\n\n#include <stdbool.h>\n#include <stddef.h>\n#include <stdint.h>\n\n");
+    mj_sb_puts(b, "enum {\n");
     for (int i = 0; i < n; i++)
-        sb_printf(b, "    MJ_TPL_%s = %s%d,\n", ts[i].name, extends ? "MJ_N_TEMPLATES + " : "", i);
-    if (!extends) sb_printf(b, "    MJ_N_TEMPLATES = %d\n", n);
-    sb_puts(b, "};\n\n");
+        mj_sb_printf(b, "    MJ_TPL_%s = %s%d,\n", ts[i].name, extends ? "MJ_N_TEMPLATES + " : "", i);
+    if (!extends) mj_sb_printf(b, "    MJ_N_TEMPLATES = %d\n", n);
+    mj_sb_puts(b, "};\n\n");
     for (int i = 0; i < n; i++) emit_knob_struct(b, &ts[i]);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < ts[i].n_kernels; j++) emit_wrapper(b, &ts[i], j);
-    sb_puts(b, "#endif\n");
+    mj_sb_puts(b, "#endif\n");
 }
 
 /* ---- the command ------------------------------------------------------------------- */
@@ -1129,7 +1099,7 @@ int main(int argc, char **argv) {
     qsort(ts, (size_t)o.n_templates, sizeof(template), compare_templates);
     check_unique_names(ts, o.n_templates);
 
-    strbuf c = {0}, h = {0};
+    mj_strbuf c = MJ_STRBUF_INIT, h = MJ_STRBUF_INIT;
     char guard[256];
     snprintf(guard, sizeof guard, "%s_H_", o.table);
     for (char *g = guard; *g; g++) *g = (char)toupper((unsigned char)*g);

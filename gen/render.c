@@ -35,47 +35,11 @@
  * written, so no caller text ever reaches the source. Same spec, same bytes.
  */
 #include "gen.h"
+#include "strbuf.h"
 
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ---- a growing string buffer, the one output helper --------------------------------- */
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-MJ_PRINTF(2, 3) static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->p && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap <= b->len + (size_t)n) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_printf(b, "%s", s); }
 
 /* ---- templates and knobs ------------------------------------------------------------- */
 
@@ -170,20 +134,20 @@ static const char *backend_name(mj_backend b) {
 /* The sim's trampolines: mj_sim_entry_<kernel>(void **args) unpacks the launch arguments
  * (each args[i] points at parameter i, typed as the registry spells it) and calls the
  * kernel. */
-static void sim_entry_points(sbuf *b, const mj_template_desc *t) {
-    sb_puts(b, "\n#line 1 \"moejit sim entry points\"\n");
+static void sim_entry_points(mj_strbuf *b, const mj_template_desc *t) {
+    mj_sb_puts(b, "\n#line 1 \"moejit sim entry points\"\n");
     for (int32_t k = 0; k < t->n_kernels; k++) {
         const mj_kernel_desc *kd = &t->kernels[k];
-        sb_printf(b, "MJ_SIM_ENTRY void mj_sim_entry_%s(void **args) {\n", kd->name);
-        if (kd->n_params == 0) sb_puts(b, "    (void)args;\n");
-        sb_printf(b, "    %s(", kd->name);
+        mj_sb_printf(b, "MJ_SIM_ENTRY void mj_sim_entry_%s(void **args) {\n", kd->name);
+        if (kd->n_params == 0) mj_sb_puts(b, "    (void)args;\n");
+        mj_sb_printf(b, "    %s(", kd->name);
         for (int32_t p = 0; p < kd->n_params; p++) {
             const char *ct = kd->params[p].ctype;
             size_t n = strlen(ct);
             int star = n > 0 && ct[n - 1] == '*';
-            sb_printf(b, "%s*(%s%s*)args[%d]", p ? ", " : "", ct, star ? "" : " ", p);
+            mj_sb_printf(b, "%s*(%s%s*)args[%d]", p ? ", " : "", ct, star ? "" : " ", p);
         }
-        sb_puts(b, ");\n}\n");
+        mj_sb_puts(b, ");\n}\n");
     }
 }
 
@@ -191,22 +155,22 @@ mj_status mj_render(const mj_spec *s, char **source, size_t *len) {
     if (!source) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_render: NULL output");
     MJ_CHECK(mj_spec_validate(s));
     const mj_template_desc *t = mj_template_at(s->tpl);
-    sbuf b = {0};
-    sb_printf(&b, "// moejit: %s for %s (%s), from %s\n", t->name, mj_target_name(s->target),
+    mj_strbuf b = MJ_STRBUF_INIT;
+    mj_sb_printf(&b, "// moejit: %s for %s (%s), from %s\n", t->name, mj_target_name(s->target),
               backend_name(s->backend), t->file);
-    sb_printf(&b, "// %s\n", t->doc);
+    mj_sb_printf(&b, "// %s\n", t->doc);
     size_t w = 0;
     for (int32_t i = 0; i < t->n_knobs; i++)
         if (strlen(t->knobs[i].name) > w) w = strlen(t->knobs[i].name);
     for (int32_t i = 0; i < t->n_knobs; i++) {
         char allowed[256];
         knob_allowed(&t->knobs[i], allowed, sizeof allowed);
-        sb_printf(&b, "//   %-*s = %-6d %s (%s %s)\n", (int)w, t->knobs[i].name, s->knobs[i],
+        mj_sb_printf(&b, "//   %-*s = %-6d %s (%s %s)\n", (int)w, t->knobs[i].name, s->knobs[i],
                   t->knobs[i].doc, t->knobs[i].ctype, allowed);
     }
     const char *prelude = backend_prelude(s->backend);
     if (!prelude[0]) {
-        free(b.p);
+        mj_sb_free(&b);
         return mj_set_error(MJ_ERR_INTERNAL,
                             "rendering %s for the %s backend: this build has no %s prelude "
                             "(gen/reflect ran without --prelude-%s)",
@@ -214,20 +178,19 @@ mj_status mj_render(const mj_spec *s, char **source, size_t *len) {
                             backend_name(s->backend));
     }
     int sim = s->backend == MJ_BACKEND_SIM;
-    sb_printf(&b, "#define MJ_TARGET_SM %d\n", mj_target_sm(s->target));
-    if (sim) sb_puts(&b, prelude);
+    mj_sb_printf(&b, "#define MJ_TARGET_SM %d\n", mj_target_sm(s->target));
+    if (sim) mj_sb_puts(&b, prelude);
     for (int32_t i = 0; i < t->n_knobs; i++)
-        sb_printf(&b, "#define %s %d\n", t->knobs[i].name, s->knobs[i]);
-    if (!sim) sb_puts(&b, prelude);
-    sb_printf(&b, "#line 1 \"%s\"\n", t->file);
-    sb_puts(&b, t->body);
+        mj_sb_printf(&b, "#define %s %d\n", t->knobs[i].name, s->knobs[i]);
+    if (!sim) mj_sb_puts(&b, prelude);
+    mj_sb_printf(&b, "#line 1 \"%s\"\n", t->file);
+    mj_sb_puts(&b, t->body);
     if (sim) sim_entry_points(&b, t);
-    if (b.oom) {
-        free(b.p);
-        return mj_set_error(MJ_ERR_NOMEM, "out of memory rendering %s", t->name);
-    }
-    *source = b.p;
-    if (len) *len = b.len;
+    size_t n = b.len;
+    char *text = mj_sb_take(&b);
+    if (!text) return mj_set_error(MJ_ERR_NOMEM, "out of memory rendering %s", t->name);
+    *source = text;
+    if (len) *len = n;
     return MJ_OK;
 }
 

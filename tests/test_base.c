@@ -1,7 +1,8 @@
 /* test_base.c — the helpers every layer shares (base/): context added to an error as it is
- * passed up (mj_error_prefix).
+ * passed up (mj_error_prefix); the growable string (mj_strbuf).
  */
 #include "base.h"
+#include "strbuf.h"
 #include "test.h"
 
 #include <pthread.h>
@@ -55,7 +56,51 @@ static void test_error_prefix(void) {
     CHECK(!strcmp(mj_last_error(), "mine"), "this thread's detail: \"%s\"", mj_last_error());
 }
 
+/* ---- mj_strbuf ------------------------------------------------------------------------------ */
+
+static void test_strbuf(void) {
+    /* Nothing added: "" (not NULL). */
+    mj_strbuf b = MJ_STRBUF_INIT;
+    char *s = mj_sb_take(&b);
+    CHECK(s && !strcmp(s, ""), "an empty builder gives \"\"");
+    free(s);
+    CHECK(!b.data && !b.len && !b.cap && !b.oom, "take leaves the builder empty");
+
+    /* Appends and formats, across many reallocations; always NUL-terminated. */
+    mj_sb_puts(&b, "a");
+    mj_sb_append(&b, "bcd", 2);
+    mj_sb_printf(&b, "[%d]", 42);
+    CHECK(b.len == 7 && !strcmp(b.data, "abc[42]"), "appended: \"%s\" (%zu)", b.data ? b.data : "(null)", b.len);
+    size_t want = b.len;
+    for (int i = 0; i < 1000; i++) {
+        mj_sb_printf(&b, "%05d,", i);
+        want += 6;
+    }
+    CHECK(b.len == want && strlen(b.data) == want && !strncmp(b.data + 7, "00000,00001,", 12) &&
+              !strcmp(b.data + want - 6, "00999,"),
+          "1000 formats: %zu bytes (want %zu)", b.len, want);
+    /* One format longer than the room left (and than the first allocation). */
+    char big[3000];
+    memset(big, 'q', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    mj_sb_printf(&b, "<%s>", big);
+    want += sizeof big + 1;
+    CHECK(b.len == want && strlen(b.data) == want && b.data[want - 1] == '>' && b.data[want - 2] == 'q',
+          "a long format: %zu bytes (want %zu)", b.len, want);
+    mj_sb_free(&b);
+    CHECK(!b.data && !b.len, "free leaves the builder empty");
+
+    /* After a failed allocation every call does nothing and take gives NULL. */
+    mj_sb_puts(&b, "kept?");
+    b.oom = 1;
+    mj_sb_puts(&b, "more");
+    mj_sb_printf(&b, "%d", 7);
+    CHECK(b.len == 5 && !strcmp(b.data, "kept?"), "nothing added after oom: \"%s\"", b.data);
+    CHECK(mj_sb_take(&b) == NULL && !b.data && !b.oom, "take after oom: NULL, and the text freed");
+}
+
 int main(void) {
     test_error_prefix();
+    test_strbuf();
     return test_finish();
 }
