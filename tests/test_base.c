@@ -1,10 +1,15 @@
 /* test_base.c — the helpers every layer shares (base/): context added to an error as it is
- * passed up (mj_error_prefix); the growable string (mj_strbuf).
+ * passed up (mj_error_prefix); the growable string (mj_strbuf); the loader of the libraries
+ * dlopen'd at run time (mj_dl_lib, on libm: the environment variable, the search with
+ * $VAR/ candidates, a missing symbol, the library's own checks, once under many threads).
  */
 #include "base.h"
+#include "dl.h"
 #include "strbuf.h"
 #include "test.h"
 
+#include <dlfcn.h>
+#include <libgen.h>
 #include <pthread.h>
 
 /* ---- mj_error_prefix ------------------------------------------------------------------------ */
@@ -99,8 +104,127 @@ static void test_strbuf(void) {
     CHECK(mj_sb_take(&b) == NULL && !b.data && !b.oom, "take after oom: NULL, and the text freed");
 }
 
+/* ---- mj_dl_lib ------------------------------------------------------------------------------ */
+
+typedef struct m_table {
+    double (*cos)(double);
+    double (*sqrt)(double);
+} m_table;
+static m_table g_m;
+static const mj_dl_sym k_m_syms[] = {{"cos", offsetof(__typeof__(g_m), cos)}, {"sqrt", offsetof(__typeof__(g_m), sqrt)}};
+static const mj_dl_sym k_m_missing[] = {{"cos", offsetof(__typeof__(g_m), cos)},
+                                        {"no_such_symbol_anywhere", offsetof(__typeof__(g_m), sqrt)}};
+
+static atomic_int g_inits;
+static mj_status m_init_ok(mj_dl_lib *lib, void *h, char *err, size_t len) {
+    (void)lib, (void)h, (void)err, (void)len;
+    atomic_fetch_add(&g_inits, 1);
+    struct timespec t = {0, 20 * 1000 * 1000}; /* slow: the other threads must wait for it */
+    nanosleep(&t, NULL);
+    return MJ_OK;
+}
+static mj_status m_init_fails(mj_dl_lib *lib, void *h, char *err, size_t len) {
+    (void)h;
+    atomic_fetch_add(&g_inits, 1);
+    snprintf(err, len, "%s at %s is version 0", lib->what, lib->path);
+    return MJ_ERR_UNSUPPORTED;
+}
+
+static void *load_in_thread(void *arg) { return (void *)(intptr_t)mj_dl_load_once(arg); }
+
+static void test_dl(void) {
+    /* Where libm is, for a "$VAR/name" candidate. */
+    Dl_info info;
+    char dir[512] = "";
+    if (dladdr((void *)&cos, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
+        snprintf(dir, sizeof dir, "%s", info.dli_fname);
+        dirname(dir);
+    }
+    static const char *const k_none[] = {"/nonexistent/libm-a.so", "$MJ_TEST_DL_UNSET/libm.so.6", "", NULL};
+    static const char *const k_var[] = {"/nonexistent/libm-a.so", "$MJ_TEST_DL_UNSET/libm.so.6",
+                                        "$MJ_TEST_DL_DIR/libm.so.6", "libm.so.6", NULL};
+    unsetenv("MJ_TEST_DL_UNSET");
+    setenv("MJ_TEST_DL_DIR", dir, 1);
+    unsetenv("MJ_TEST_DL_LIB");
+
+    /* Nothing loads: the generic message, with what was tried; the status the lib says. */
+    static mj_dl_lib none = {.env = "MJ_TEST_DL_LIB", .what = "LIBM", .hint = "set MJ_TEST_DL_LIB=/path",
+                             .candidates = k_none, .missing = MJ_ERR_NO_DEVICE, .syms = k_m_syms, .n_syms = 2,
+                             .table = &g_m, .table_size = sizeof g_m, .lock = PTHREAD_MUTEX_INITIALIZER};
+    CHECK_STATUS(mj_dl_load_once(&none), MJ_ERR_NO_DEVICE);
+    CHECK(!strncmp(mj_last_error(), "LIBM not found (tried /nonexistent/libm-a.so; last error: ", 58) &&
+              strstr(mj_last_error(), "): set MJ_TEST_DL_LIB=/path"),
+          "not found, an unset $VAR and an empty candidate skipped: %s", mj_last_error());
+    mj_clear_error();
+    CHECK(mj_dl_status(&none) == MJ_ERR_NO_DEVICE && !mj_last_error()[0], "mj_dl_status sets no error");
+    CHECK_STATUS(mj_dl_load_once(&none), MJ_ERR_NO_DEVICE);
+    CHECK(strstr(mj_last_error(), "LIBM not found"), "the failure is replayed: %s", mj_last_error());
+
+    /* "$VAR/libm.so.6" with $VAR set, the symbols resolved; the second call loads nothing. */
+    static mj_dl_lib var = {.env = "MJ_TEST_DL_LIB", .what = "LIBM", .hint = "h", .candidates = k_var,
+                            .syms = k_m_syms, .n_syms = 2, .table = &g_m, .table_size = sizeof g_m,
+                            .init = m_init_ok, .lock = PTHREAD_MUTEX_INITIALIZER};
+    atomic_store(&g_inits, 0);
+    enum { N_THREADS = 8 };
+    pthread_t th[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) pthread_create(&th[i], NULL, load_in_thread, &var);
+    int all_ok = 1;
+    for (int i = 0; i < N_THREADS; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        all_ok &= (intptr_t)r == MJ_OK;
+    }
+    CHECK(all_ok && atomic_load(&g_inits) == 1, "%d threads: all loaded, init ran %d time(s)", N_THREADS,
+          atomic_load(&g_inits));
+    CHECK_OK(mj_dl_load_once(&var));
+    CHECK(atomic_load(&g_inits) == 1, "loaded once");
+    char want[600];
+    snprintf(want, sizeof want, "%s/libm.so.6", dir);
+    CHECK(dir[0] && !strcmp(var.path, want), "the $VAR candidate loaded: %s (want %s)", var.path, want);
+    CHECK(g_m.cos && g_m.cos(0.0) == 1.0 && g_m.sqrt && g_m.sqrt(4.0) == 2.0, "the table is filled");
+
+    /* $env names the file: it alone, no fallback to the search, even one that would load. */
+    setenv("MJ_TEST_DL_LIB", "/nonexistent/libm-env.so", 1);
+    static mj_dl_lib env = {.env = "MJ_TEST_DL_LIB", .what = "LIBM", .hint = "fix it", .candidates = k_var,
+                            .syms = k_m_syms, .n_syms = 2, .table = &g_m, .table_size = sizeof g_m,
+                            .lock = PTHREAD_MUTEX_INITIALIZER};
+    CHECK_STATUS(mj_dl_load_once(&env), MJ_ERR_LIBRARY);
+    CHECK(!strncmp(mj_last_error(),
+                   "LIBM not loaded: MJ_TEST_DL_LIB=/nonexistent/libm-env.so cannot be opened (tried "
+                   "/nonexistent/libm-env.so; last error: ", 105) &&
+              strstr(mj_last_error(), "): fix it"),
+          "env: %s", mj_last_error());
+
+    /* A symbol missing: named, the table zeroed. */
+    setenv("MJ_TEST_DL_LIB", "libm.so.6", 1);
+    m_table before = g_m;
+    static mj_dl_lib nosym = {.env = "MJ_TEST_DL_LIB", .what = "LIBM", .hint = "h", .syms = k_m_missing,
+                              .n_syms = 2, .table = &g_m, .table_size = sizeof g_m,
+                              .lock = PTHREAD_MUTEX_INITIALIZER};
+    CHECK_STATUS(mj_dl_load_once(&nosym), MJ_ERR_LIBRARY);
+    CHECK(!strcmp(mj_last_error(), "LIBM library libm.so.6 has no symbol no_such_symbol_anywhere (not LIBM, or too "
+                                   "old): h"),
+          "no symbol: %s", mj_last_error());
+    CHECK(!g_m.cos && !g_m.sqrt, "the table is zeroed");
+    g_m = before;
+
+    /* The library's own check fails: its status and words, on every call, checked once. */
+    atomic_store(&g_inits, 0);
+    static mj_dl_lib bad = {.env = "MJ_TEST_DL_LIB", .what = "LIBM", .hint = "h", .syms = k_m_syms, .n_syms = 2,
+                            .table = &g_m, .table_size = sizeof g_m, .init = m_init_fails,
+                            .lock = PTHREAD_MUTEX_INITIALIZER};
+    CHECK_STATUS(mj_dl_load_once(&bad), MJ_ERR_UNSUPPORTED);
+    CHECK(!strcmp(mj_last_error(), "LIBM at libm.so.6 is version 0"), "init's words: %s", mj_last_error());
+    mj_clear_error();
+    CHECK_STATUS(mj_dl_load_once(&bad), MJ_ERR_UNSUPPORTED);
+    CHECK(!strcmp(mj_last_error(), "LIBM at libm.so.6 is version 0") && atomic_load(&g_inits) == 1,
+          "replayed, init ran %d time(s): %s", atomic_load(&g_inits), mj_last_error());
+    unsetenv("MJ_TEST_DL_LIB");
+}
+
 int main(void) {
     test_error_prefix();
     test_strbuf();
+    test_dl();
     return test_finish();
 }

@@ -1,7 +1,7 @@
 /* nccl.c — the NCCL communicator: libnccl.so.2 dlopen'd at run time (never linked, so the
- * library works on machines without it), through the one loader in runtime/cuda/dl.c.
+ * library works on machines without it), through the one loader in base/dl.c.
  *
- * The library is loaded once per process (pthread_once) and never unloaded. $MOEJIT_NCCL
+ * The library is loaded once per process and never unloaded. $MOEJIT_NCCL
  * names the file to load instead of the search, with no fallback (as MOEJIT_NVRTC and
  * MOEJIT_LIBCUDA do). The types and constants used are spelled out in nccl_abi.h.
  *
@@ -13,8 +13,8 @@
 #include "comm/comm.h"
 #include "cuda/cudalibs.h"
 #include "comm/nccl_abi.h"
+#include "dl.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -31,38 +31,10 @@ static const mj_dl_sym k_syms[] = {
     "install NCCL 2 (Debian/Ubuntu: apt install libnccl2; pip: nvidia-nccl-cu13) or set "  \
     "MOEJIT_NCCL=/path/to/libnccl.so.2"
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static mj_status g_load_status = MJ_ERR_INTERNAL;
-static char g_load_error[2048];   /* the load failure, replayed into each caller's mj_last_error */
-static char g_lib_path[512];      /* what was loaded                                           */
-static int g_version;             /* ncclGetVersion's code                                     */
+static int g_version; /* ncclGetVersion's code */
 
-static void load_once(void) {
-    char home64[400] = "", home[400] = "";
-    const char *ch = getenv("CUDA_HOME");
-    if (ch && *ch) {
-        snprintf(home64, sizeof home64, "%s/lib64/libnccl.so.2", ch);
-        snprintf(home, sizeof home, "%s/lib/libnccl.so.2", ch);
-    }
-    const char *const cands[] = {
-        "libnccl.so.2", home64, home, "/usr/local/cuda/lib64/libnccl.so.2",
-        "/usr/local/cuda/lib/libnccl.so.2",
-    };
-    void *h = mj_dl_open_env("MOEJIT_NCCL", "NCCL", MJ_NCCL_HINT, cands, (int)(sizeof cands / sizeof cands[0]),
-                             g_lib_path, sizeof g_lib_path, g_load_error, sizeof g_load_error);
-    if (!h) {
-        g_load_status = MJ_ERR_LIBRARY;
-        return;
-    }
-    const char *missing = mj_dl_resolve(h, k_syms, sizeof k_syms / sizeof k_syms[0], &nc, sizeof nc);
-    if (missing) {
-        snprintf(g_load_error, sizeof g_load_error,
-                 "NCCL library %s has no symbol %s (not NCCL, or too old): " MJ_NCCL_HINT, g_lib_path,
-                 missing);
-        g_load_status = MJ_ERR_LIBRARY;
-        mj_dl_close(h);
-        return;
-    }
+/* Once the symbols resolve: the optional last-error call, and NCCL 2's interface. */
+static mj_status nccl_init(mj_dl_lib *lib, void *h, char *err, size_t err_len) {
     /* ncclGetLastError came with NCCL 2.13: without it, messages carry the error string only. */
     static const mj_dl_sym k_last = {"ncclGetLastError", 0};
     const char *(*last)(mj_nccl_comm) = NULL;
@@ -71,32 +43,41 @@ static void load_once(void) {
     mj_nccl_result r = nc.GetVersion(&g_version);
     /* The code is major*10000 + minor*100 + patch since 2.9, major*1000 + ... before. */
     int major = g_version >= 10000 ? g_version / 10000 : g_version / 1000;
-    if (r != MJ_NCCL_SUCCESS || major != 2) {
-        if (r != MJ_NCCL_SUCCESS)
-            snprintf(g_load_error, sizeof g_load_error, "NCCL library %s does not work: ncclGetVersion: %s",
-                     g_lib_path, nc.GetErrorString(r));
-        else
-            snprintf(g_load_error, sizeof g_load_error,
-                     "NCCL library %s is version code %d: moejit speaks NCCL 2's interface; "
-                     MJ_NCCL_HINT, g_lib_path, g_version);
-        memset(&nc, 0, sizeof nc);
-        g_load_status = MJ_ERR_LIBRARY;
-        mj_dl_close(h);
-        return;
-    }
-    g_load_status = MJ_OK;
+    if (r == MJ_NCCL_SUCCESS && major == 2) return MJ_OK;
+    if (r != MJ_NCCL_SUCCESS)
+        snprintf(err, err_len, "NCCL library %s does not work: ncclGetVersion: %s", lib->path, nc.GetErrorString(r));
+    else
+        snprintf(err, err_len, "NCCL library %s is version code %d: moejit speaks NCCL 2's interface; " MJ_NCCL_HINT,
+                 lib->path, g_version);
+    memset(&nc, 0, sizeof nc);
+    mj_dl_close(h);
+    return MJ_ERR_LIBRARY;
 }
 
-mj_status mj_nccl_load(void) {
-    pthread_once(&g_once, load_once);
-    if (g_load_status != MJ_OK) return mj_set_error(g_load_status, "%s", g_load_error);
-    return MJ_OK;
-}
+static const char *const k_candidates[] = {
+    "libnccl.so.2", "$CUDA_HOME/lib64/libnccl.so.2", "$CUDA_HOME/lib/libnccl.so.2",
+    "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2", NULL,
+};
+
+static mj_dl_lib g_lib = {
+    .env = "MOEJIT_NCCL",
+    .what = "NCCL",
+    .hint = MJ_NCCL_HINT,
+    .candidates = k_candidates,
+    .syms = k_syms,
+    .n_syms = sizeof k_syms / sizeof k_syms[0],
+    .table = &nc,
+    .table_size = sizeof nc,
+    .init = nccl_init,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+mj_status mj_nccl_load(void) { return mj_dl_load_once(&g_lib); }
 
 mj_status mj_nccl_version(int *code, const char **path) {
     MJ_CHECK(mj_nccl_load());
     if (code) *code = g_version;
-    if (path) *path = g_lib_path;
+    if (path) *path = g_lib.path;
     return MJ_OK;
 }
 

@@ -1,5 +1,5 @@
-/* cudalibs.h — the CUDA libraries moejit reaches at run time, never at link time: one dlopen
- * helper, NVRTC (compile generated source to a cubin), the driver (devices, modules,
+/* cudalibs.h — the CUDA libraries moejit reaches at run time, never at link time (loaded by
+ * base/dl.c): NVRTC (compile generated source to a cubin), the driver (devices, modules,
  * launches, memory). Not installed, not public. */
 #ifndef MJ_CUDALIBS_H
 #define MJ_CUDALIBS_H
@@ -8,28 +8,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* ---- loading a library (runtime/cuda/dl.c) --------------------------------------------- */
-/* One function pointer of a table: its exported name and its offset in the table. */
-typedef struct mj_dl_sym {
-    const char *name;
-    size_t offset;
-} mj_dl_sym;
-/* dlopen the first of candidates that loads (empty entries skipped); its name goes to
- * loaded (may be NULL). NULL when none loads, with "tried a, b; last error: ..." in err. */
-void *mj_dl_open(const char *const *candidates, int n, char *loaded, size_t loaded_len, char *err,
-                 size_t err_len);
-/* Resolve every symbol into table. Returns NULL, or the name of the first missing symbol
- * (the table is then zeroed). */
-const char *mj_dl_resolve(void *handle, const mj_dl_sym *syms, size_t n, void *table,
-                          size_t table_size);
-void mj_dl_close(void *handle);
-/* The library environment variable env names when it is set (an explicit choice is
- * authoritative: no silent fallback), else the first of candidates that loads. NULL when
- * none loads, with "<what> not loaded: ENV=path cannot be opened (why): <hint>" or
- * "<what> not found (why): <hint>" in err. */
-void *mj_dl_open_env(const char *env, const char *what, const char *hint, const char *const *candidates, int n,
-                     char *loaded, size_t loaded_len, char *err, size_t err_len);
 
 /* ---- NVRTC (runtime/cuda/nvrtc.c): dlopen'd, never linked ---------------------------------- */
 typedef struct mj_ptxas_report {

@@ -9,6 +9,7 @@
  * current on the calling thread; memory calls, launches and synchronize act in the calling
  * thread's current context. */
 #include "cuda/cudalibs.h"
+#include "dl.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -149,9 +150,6 @@ static int g_driver_version;
 #define MJ_NO_DRIVER_HINT "moejit can still compile with --arch"
 #define MJ_MAX_DEVICES 64
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static mj_status g_load_status = MJ_ERR_INTERNAL;
-static char g_load_error[2048];
 static int g_n_devices;
 static pthread_mutex_t g_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext g_ctx[MJ_MAX_DEVICES];
@@ -226,32 +224,26 @@ static mj_status cuda_fail(CUresult r, const char *what) {
                             : "");
 }
 
-static void load_once(void) {
-    const char *env = getenv("MOEJIT_LIBCUDA");
-    const char *path = (env && *env) ? env : "libcuda.so.1";
-    char why[1200];
-    void *h = mj_dl_open(&path, 1, NULL, 0, why, sizeof why);
-    if (!h) {
-        if (env && *env)
-            snprintf(g_load_error, sizeof g_load_error,
-                     "no CUDA driver (MOEJIT_LIBCUDA=%s cannot be opened: %s): " MJ_NO_DRIVER_HINT,
-                     env, why);
-        else
-            snprintf(g_load_error, sizeof g_load_error,
-                     "no CUDA driver (libcuda.so.1 not found: %s): " MJ_NO_DRIVER_HINT, why);
-        g_load_status = MJ_ERR_NO_DEVICE;
-        return;
-    }
-    const char *missing = mj_dl_resolve(h, k_syms, sizeof k_syms / sizeof k_syms[0], &cu, sizeof cu);
-    if (missing) {
-        snprintf(g_load_error, sizeof g_load_error,
+/* The driver's own words for not being there: "no CUDA driver" leads (callers and tests
+ * look for it), and the hint says compiling still works. */
+static void driver_explain(const mj_dl_lib *lib, mj_dl_failure f, const char *path, const char *detail, char *err,
+                           size_t len) {
+    (void)lib;
+    if (f == MJ_DL_ENV_UNOPENABLE)
+        snprintf(err, len, "no CUDA driver (MOEJIT_LIBCUDA=%s cannot be opened: %s): " MJ_NO_DRIVER_HINT, path,
+                 detail);
+    else if (f == MJ_DL_NOT_FOUND)
+        snprintf(err, len, "no CUDA driver (libcuda.so.1 not found: %s): " MJ_NO_DRIVER_HINT, detail);
+    else
+        snprintf(err, len,
                  "the CUDA driver %s has no symbol %s: it is too old for moejit or not the "
                  "driver (update the NVIDIA driver, or set MOEJIT_LIBCUDA=/path/to/libcuda.so.1)",
-                 path, missing);
-        g_load_status = MJ_ERR_LIBRARY;
-        mj_dl_close(h);
-        return;
-    }
+                 path, detail);
+}
+
+/* Once the symbols resolve: the optional ones, cuInit, the devices. */
+static mj_status driver_init(mj_dl_lib *lib, void *h, char *err, size_t err_len) {
+    (void)lib;
     for (size_t i = 0; i < sizeof k_ext_syms / sizeof k_ext_syms[0] && !g_ext_missing; i++) {
         const char *miss = k_ext_syms[i].names[0];
         for (int a = 0; a < 2 && miss; a++) {
@@ -271,30 +263,42 @@ static void load_once(void) {
     if (r != CUDA_SUCCESS) {
         char d[256];
         describe(r, d, sizeof d);
-        snprintf(g_load_error, sizeof g_load_error, "cuInit failed: %s: " MJ_NO_DRIVER_HINT, d);
-        g_load_status = MJ_ERR_NO_DEVICE;
-        return;
+        snprintf(err, err_len, "cuInit failed: %s: " MJ_NO_DRIVER_HINT, d);
+        return MJ_ERR_NO_DEVICE;
     }
     int n = 0;
     r = cu.DeviceGetCount(&n);
     if (r != CUDA_SUCCESS || n <= 0) {
         char d[256] = "0 devices";
         if (r != CUDA_SUCCESS) describe(r, d, sizeof d);
-        snprintf(g_load_error, sizeof g_load_error,
-                 "no CUDA device (cuDeviceGetCount: %s): " MJ_NO_DRIVER_HINT, d);
-        g_load_status = MJ_ERR_NO_DEVICE;
-        return;
+        snprintf(err, err_len, "no CUDA device (cuDeviceGetCount: %s): " MJ_NO_DRIVER_HINT, d);
+        return MJ_ERR_NO_DEVICE;
     }
     g_n_devices = n;
     if (cu.DriverGetVersion(&g_driver_version) != CUDA_SUCCESS) g_driver_version = 0;
-    g_load_status = MJ_OK;
-}
-
-mj_status mj_cuda_load(void) {
-    pthread_once(&g_once, load_once);
-    if (g_load_status != MJ_OK) return mj_set_error(g_load_status, "%s", g_load_error);
     return MJ_OK;
 }
+
+/* libcuda.so.1 only: never the toolkit's stub in lib64/stubs, which answers every call
+ * with CUDA_ERROR_STUB_LIBRARY. */
+static const char *const k_candidates[] = {"libcuda.so.1", NULL};
+
+static mj_dl_lib g_lib = {
+    .env = "MOEJIT_LIBCUDA",
+    .what = "the CUDA driver",
+    .hint = MJ_NO_DRIVER_HINT,
+    .candidates = k_candidates,
+    .missing = MJ_ERR_NO_DEVICE,
+    .syms = k_syms,
+    .n_syms = sizeof k_syms / sizeof k_syms[0],
+    .table = &cu,
+    .table_size = sizeof cu,
+    .init = driver_init,
+    .explain = driver_explain,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+mj_status mj_cuda_load(void) { return mj_dl_load_once(&g_lib); }
 
 mj_status mj_cuda_device_count(int *n) {
     if (!n) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_device_count: n is NULL");

@@ -1,14 +1,14 @@
 /* nvrtc.c — NVRTC, dlopen'd at run time (never linked): compile generated CUDA source
  * straight to a cubin, keeping the PTX and ptxas's resource report.
  *
- * The library is loaded once per process (pthread_once) and never unloaded. NVRTC itself
+ * The library is loaded once per process (base/dl.c) and never unloaded. NVRTC itself
  * is thread-safe as long as a program object is not shared, and each compile here makes
  * and destroys its own program, so mj_nvrtc_compile may run on many threads at once. */
 #include "cuda/cudalibs.h"
+#include "dl.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,63 +54,49 @@ static const mj_dl_sym k_syms[] = {
 #define MJ_NVRTC_HINT                                                                      \
     "install the CUDA toolkit's NVRTC (libnvrtc.so.13) or set MOEJIT_NVRTC=/path/to/libnvrtc.so"
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static mj_status g_load_status = MJ_ERR_INTERNAL;
-static char g_load_error[2048];   /* the load failure, replayed into each caller's mj_last_error */
-static char g_lib_path[512];      /* what was loaded                                           */
 static int g_major, g_minor;
 static int g_archs[64];
 static int g_n_archs;
 
-static void load_once(void) {
-    char cuda_home[400] = "";
-    const char *ch = getenv("CUDA_HOME");
-    if (ch && *ch) snprintf(cuda_home, sizeof cuda_home, "%s/lib64/libnvrtc.so", ch);
-    const char *const cands[] = {
-        "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", cuda_home,
-        "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so",
-    };
-    void *h = mj_dl_open_env("MOEJIT_NVRTC", "NVRTC", MJ_NVRTC_HINT, cands, (int)(sizeof cands / sizeof cands[0]),
-                             g_lib_path, sizeof g_lib_path, g_load_error, sizeof g_load_error);
-    if (!h) {
-        g_load_status = MJ_ERR_LIBRARY;
-        return;
-    }
-    const char *missing = mj_dl_resolve(h, k_syms, sizeof k_syms / sizeof k_syms[0], &nv, sizeof nv);
-    if (missing) {
-        snprintf(g_load_error, sizeof g_load_error,
-                 "NVRTC library %s has no symbol %s (not NVRTC, or too old): " MJ_NVRTC_HINT,
-                 g_lib_path, missing);
-        g_load_status = MJ_ERR_LIBRARY;
-        mj_dl_close(h);
-        return;
-    }
+/* Once the symbols resolve: the version, and the architectures it compiles for. */
+static mj_status nvrtc_init(mj_dl_lib *lib, void *handle, char *err, size_t err_len) {
+    (void)handle;
     nvrtcResult r = nv.Version(&g_major, &g_minor);
     int n = 0;
     if (r == NVRTC_SUCCESS) r = nv.GetNumSupportedArchs(&n);
     if (r == NVRTC_SUCCESS && (n < 0 || n > (int)(sizeof g_archs / sizeof g_archs[0]))) {
-        snprintf(g_load_error, sizeof g_load_error,
-                 "NVRTC %s reports %d supported architectures (more than moejit expects)",
-                 g_lib_path, n);
-        g_load_status = MJ_ERR_LIBRARY;
-        return;
+        snprintf(err, err_len, "NVRTC %s reports %d supported architectures (more than moejit expects)",
+                 lib->path, n);
+        return MJ_ERR_LIBRARY;
     }
     if (r == NVRTC_SUCCESS) r = nv.GetSupportedArchs(g_archs);
     if (r != NVRTC_SUCCESS) {
-        snprintf(g_load_error, sizeof g_load_error, "NVRTC %s does not work: %s", g_lib_path,
-                 nv.GetErrorString(r));
-        g_load_status = MJ_ERR_LIBRARY;
-        return;
+        snprintf(err, err_len, "NVRTC %s does not work: %s", lib->path, nv.GetErrorString(r));
+        return MJ_ERR_LIBRARY;
     }
     g_n_archs = n;
-    g_load_status = MJ_OK;
-}
-
-mj_status mj_nvrtc_load(void) {
-    pthread_once(&g_once, load_once);
-    if (g_load_status != MJ_OK) return mj_set_error(g_load_status, "%s", g_load_error);
     return MJ_OK;
 }
+
+static const char *const k_candidates[] = {
+    "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "$CUDA_HOME/lib64/libnvrtc.so",
+    "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so", NULL,
+};
+
+static mj_dl_lib g_lib = {
+    .env = "MOEJIT_NVRTC",
+    .what = "NVRTC",
+    .hint = MJ_NVRTC_HINT,
+    .candidates = k_candidates,
+    .syms = k_syms,
+    .n_syms = sizeof k_syms / sizeof k_syms[0],
+    .table = &nv,
+    .table_size = sizeof nv,
+    .init = nvrtc_init,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+mj_status mj_nvrtc_load(void) { return mj_dl_load_once(&g_lib); }
 
 mj_status mj_nvrtc_version(int *major, int *minor) {
     MJ_CHECK(mj_nvrtc_load());
@@ -159,12 +145,11 @@ static const char *const k_options_minimal[MJ_TARGET_COUNT] = {
 
 /* Whether the loaded NVRTC takes -minimal (12.4 and later). */
 static int nvrtc_has_minimal(void) {
-    return g_load_status == MJ_OK && (g_major > 12 || (g_major == 12 && g_minor >= 4));
+    return mj_dl_status(&g_lib) == MJ_OK && (g_major > 12 || (g_major == 12 && g_minor >= 4));
 }
 
 const char *mj_nvrtc_options(mj_target t) {
     if ((int)t < 0 || t >= MJ_TARGET_COUNT) return "";
-    pthread_once(&g_once, load_once);
     return nvrtc_has_minimal() ? k_options_minimal[t] : k_options[t];
 }
 
