@@ -43,6 +43,7 @@
  * store finds the directory read-only after all) is atomic too.
  */
 #include "cache.h"
+#include "file.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -173,32 +174,6 @@ static void became_unwritable(mj_cache *c, const char *what, int err) {
 }
 
 static int is_permission_error(int err) { return err == EACCES || err == EPERM || err == EROFS; }
-
-/* Read a whole open file of (fstat) size `size`. A file that ends early comes back short
- * (the decoder then rejects it). */
-static mj_status read_fd_all(int fd, off_t size, const char *what, uint8_t **buf, size_t *len) {
-    *buf = NULL;
-    *len = 0;
-    if (size < 0 || (uint64_t)size >= SIZE_MAX)
-        return mj_set_error(MJ_ERR_NOMEM, "%s: %lld bytes", what, (long long)size);
-    uint8_t *b = malloc((size_t)size + 1);
-    if (!b) return mj_set_error(MJ_ERR_NOMEM, "%s: %lld bytes", what, (long long)size);
-    size_t got = 0;
-    while (got < (size_t)size) {
-        ssize_t r = read(fd, b + got, (size_t)size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            int err = errno;
-            free(b);
-            return mj_set_error(MJ_ERR_IO, "%s: read: %s", what, strerror(err));
-        }
-        if (r == 0) break;
-        got += (size_t)r;
-    }
-    *buf = b;
-    *len = got;
-    return MJ_OK;
-}
 
 static int write_all(int fd, const uint8_t *p, size_t len) {
     while (len) {
@@ -597,53 +572,33 @@ static void quarantine(mj_cache *c, const char *name, const struct stat *seen) {
 static mj_status load_entry(mj_cache *c, const char *name, const char *key_text,
                             mj_cache_entry *e, int *ok, int *existed) {
     mj_status ret = MJ_OK;
-    uint8_t *buf = NULL;
+    char *buf = NULL;
     size_t len = 0;
     struct stat st;
     *ok = 0;
     *existed = 0;
     memset(e, 0, sizeof *e);
 
-    /* Only a regular file is ever opened: a FIFO would block open() until someone writes
-     * to it, a device could do anything, a socket cannot be opened at all. What is not a
-     * regular file is quarantined unopened. The open below is O_NONBLOCK in case one was
-     * swapped in since the lstat, and fstat checks the opened file again. */
-    int fd = -1;
-    if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        if (errno != ENOENT) *existed = 1;
-        goto exit;
+    /* Only a regular file is ever opened, never through a symbolic link (base/file.c): what
+     * is not one (a link, a FIFO, a device, a socket) is quarantined unopened. */
+    int err;
+    int fd = mj_file_open(c->sub_fd[SUB_ENTRIES], name, 0, &st, &err);
+    if (fd < 0) {
+        if (err == ENOENT) goto exit; /* a plain miss (or removed since it was listed) */
+        *existed = 1;
+        if (err == ELOOP || err == MJ_FILE_NOT_REGULAR) quarantine(c, name, &st);
+        goto exit; /* anything else we cannot open (EACCES): never used, left alone */
     }
     *existed = 1;
-    if (!S_ISREG(st.st_mode)) {
-        quarantine(c, name, &st);
-        goto exit;
-    }
-    fd = openat(c->sub_fd[SUB_ENTRIES], name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) { /* removed since the lstat: a plain miss */
-            *existed = 0;
-            goto exit;
-        }
-        /* A symlink (ELOOP) or something else swapped in that we cannot open: never use it. */
-        if (fstatat(c->sub_fd[SUB_ENTRIES], name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            !S_ISREG(st.st_mode))
-            quarantine(c, name, &st);
-        goto exit;
-    }
-    if (fstat(fd, &st) != 0) goto exit;
-    if (!S_ISREG(st.st_mode)) {
-        quarantine(c, name, &st);
-        goto exit;
-    }
-    ret = read_fd_all(fd, st.st_size, name, &buf, &len);
-    if (ret == MJ_ERR_IO) { /* a bad sector, say: the file is as good as corrupt */
+    ret = mj_file_read_fd(fd, &st, name, SIZE_MAX, &buf, &len);
+    if (ret == MJ_ERR_IO) { /* a bad sector, say, or cut short: the file is as good as corrupt */
         ret = MJ_OK;
         quarantine(c, name, &st);
         goto exit;
     }
     if (ret != MJ_OK) goto exit;
 
-    ret = mj_cache_decode(buf, len, e);
+    ret = mj_cache_decode((const uint8_t *)buf, len, e);
     if (ret == MJ_ERR_PARSE) {
         ret = MJ_OK;
         quarantine(c, name, &st);
@@ -949,34 +904,13 @@ mj_status mj_cache_list(mj_cache *c, mj_cache_item **items, int *n) {
 mj_status mj_cache_read_file(const char *path, mj_cache_entry *out) {
     if (out) memset(out, 0, sizeof *out);
     if (!path || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cache_read_file: NULL argument");
-    mj_status ret = MJ_OK;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    struct stat st;
-    /* O_NONBLOCK: a FIFO planted at an entry's name must not block us (it is then refused
-     * as not a regular file); O_NOFOLLOW: an entry is never a symbolic link. */
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        if (err == ELOOP) ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file (a symbolic link)", path);
-        else if (err == ENXIO) ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file (a socket?)", path);
-        else ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(err));
-        goto exit;
-    }
-    if (fstat(fd, &st) != 0) {
-        ret = mj_set_error(MJ_ERR_IO, "%s: %s", path, strerror(errno));
-        goto exit;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ret = mj_set_error(MJ_ERR_IO, "%s: not a regular file", path);
-        goto exit;
-    }
-    MJ_CHECK_GOTO(read_fd_all(fd, st.st_size, path, &buf, &len), ret, exit);
-    ret = mj_cache_decode(buf, len, out);
+    /* An entry is a regular file, never a symbolic link; a FIFO planted at an entry's name
+     * is refused without blocking (base/file.c). */
+    char *buf;
+    size_t len;
+    MJ_CHECK(mj_file_read(AT_FDCWD, path, path, SIZE_MAX, 0, &buf, &len));
+    mj_status ret = mj_cache_decode((const uint8_t *)buf, len, out);
     if (ret != MJ_OK) mj_error_prefix(ret, "%s", path);
-
-exit:
-    if (fd >= 0) close(fd);
     free(buf);
     return ret;
 }
@@ -1048,19 +982,19 @@ static int open_regular(int dir, const char *name, int flags, mode_t mode) {
 static json_t *read_totals(const mj_cache *c, int *present) {
     *present = 0;
     if (c->v_fd < 0) return json_object();
-    int fd = open_regular(c->v_fd, "stats.json", O_RDONLY, 0);
-    if (fd < 0) return json_object();
-    struct stat st;
+    /* Best effort and quiet: no stats.json yet (or a link, a FIFO: base/file.c) is no totals,
+     * with no error text left behind. */
     json_t *o = NULL;
-    if (fstat(fd, &st) == 0 && st.st_size < (1 << 20)) {
-        uint8_t *buf;
-        size_t len;
-        if (read_fd_all(fd, st.st_size, "stats.json", &buf, &len) == MJ_OK) {
-            o = json_loadb((const char *)buf, len, JSON_REJECT_DUPLICATES, NULL);
-            free(buf);
-        }
+    struct stat st;
+    int err;
+    int fd = mj_file_open(c->v_fd, "stats.json", 0, &st, &err);
+    char *buf;
+    size_t len;
+    if (fd >= 0 && mj_file_read_fd(fd, &st, "stats.json", 1u << 20, &buf, &len) == MJ_OK) {
+        o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, NULL);
+        free(buf);
     }
-    close(fd);
+    if (fd >= 0) close(fd);
     if (json_is_object(o)) *present = 1;
     else json_decref(o), o = json_object();
     return o;

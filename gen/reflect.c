@@ -47,12 +47,14 @@
 #endif
 
 #include "gen.h"
+#include "file.h"
 #include "strbuf.h"
 
 #include <clang-c/Index.h>
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -168,24 +170,23 @@ static char *sb_text(mj_strbuf *b) {
 
 /* ---- files and paths --------------------------------------------------------------- */
 
+/* The files named on the command line are the caller's: a symbolic link is followed (the
+ * rule in base/file.c), what it leads to must be a regular file, at most 64 MiB. */
+#define MJ_REFLECT_MAX_FILE (64u << 20)
+
 static char *read_whole_file(const char *path, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail("cannot read %s: %s", path, strerror(errno));
-    mj_strbuf b = MJ_STRBUF_INIT;
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) mj_sb_append(&b, chunk, n);
-    if (ferror(f)) fail("cannot read %s: %s", path, strerror(errno));
-    fclose(f);
-    *len_out = b.len;
-    char *text = sb_text(&b);
+    char *text;
+    size_t len;
+    if (mj_file_read(AT_FDCWD, path, path, MJ_REFLECT_MAX_FILE, MJ_FILE_FOLLOW, &text, &len) != MJ_OK)
+        fail("%s", mj_last_error());
     /* The text is embedded as a C string: a NUL byte would cut it short. */
-    const char *nul = memchr(text, '\0', *len_out);
+    const char *nul = memchr(text, '\0', len);
     if (nul) {
         unsigned line = 1;
         for (const char *p = text; p < nul; p++) line += *p == '\n';
         fail_at(path, line, "the file contains a NUL byte");
     }
+    *len_out = len;
     return text;
 }
 

@@ -118,7 +118,9 @@ MJ_API mj_status mj_moe_config_glm5(mj_moe_config *cfg);
 
 /* Read a Hugging Face config.json and, optionally, hf_quant_config.json (NULL: look for
  * `quantization_config` inside config.json; none at all means MJ_QUANT_NONE). On any
- * error *cfg is left untouched. */
+ * error *cfg is left untouched. A path may be a symbolic link (a Hugging Face cache
+ * snapshot's files are); it must lead to a regular file of at most 64 MiB (a FIFO is
+ * refused at once, MJ_ERR_IO). */
 MJ_API mj_status mj_moe_config_read(const char *config_json_path, const char *quant_json_path,
                                     mj_moe_config *cfg);
 
@@ -291,8 +293,9 @@ MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t
  * input_scale should be equal (ModelOpt fuses them); where they differ the larger is taken
  * and the other's block scales are re-rounded against it (lossy; a warning once per layer).
  * Shards must be regular files inside the directory (a symbolic link, FIFO, or a name with a
- * '/' is refused: a Hugging Face cache snapshot, whose files are links into blobs/, is
- * refused; download with --local-dir). Every error names the file and the tensor.
+ * '/' is refused), and so must config.json, hf_quant_config.json and the index (a symbolic
+ * link or FIFO is refused): a Hugging Face cache snapshot, whose files are links into blobs/,
+ * is refused; download with --local-dir. Every error names the file and the tensor.
  * ------------------------------------------------------------------------------------- */
 typedef struct mj_checkpoint *mj_checkpoint_t;
 
@@ -330,7 +333,8 @@ MJ_API mj_status mj_checkpoint_close(mj_checkpoint_t ck);
  * to out_dir when complete: on an error nothing is left behind. */
 typedef struct mj_checkpoint_make_options {
     uint32_t struct_size;      /* sizeof(mj_checkpoint_make_options): set by the initializer  */
-    const char *config_json;   /* the source config.json (required)                          */
+    const char *config_json;   /* the source config.json (required; a symbolic link to it is
+                                  followed, as for mj_moe_config_read and quant_json)         */
     const char *quant_json;    /* an NVFP4 hf_quant_config.json to copy, or NULL: a ModelOpt
                                   NVFP4 one (group 16) is written                             */
     const char *out_dir;       /* the directory to create: must not exist, or be empty      */

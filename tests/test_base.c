@@ -1,16 +1,23 @@
 /* test_base.c — the helpers every layer shares (base/): context added to an error as it is
  * passed up (mj_error_prefix); the growable string (mj_strbuf); the loader of the libraries
  * dlopen'd at run time (mj_dl_lib, on libm: the environment variable, the search with
- * $VAR/ candidates, a missing symbol, the library's own checks, once under many threads).
+ * $VAR/ candidates, a missing symbol, the library's own checks, once under many threads);
+ * the whole-file reader and its rule (mj_file_read: a symbolic link refused, or followed for
+ * a path the caller names; a FIFO, directory or device refused without blocking, a link to
+ * one too; the size cap; a missing file, optional or not; relative to a directory).
  */
 #include "base.h"
 #include "dl.h"
+#include "file.h"
 #include "strbuf.h"
 #include "test.h"
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <signal.h>
 
 /* ---- mj_error_prefix ------------------------------------------------------------------------ */
 
@@ -222,9 +229,152 @@ static void test_dl(void) {
     unsetenv("MJ_TEST_DL_LIB");
 }
 
+/* ---- mj_file_read --------------------------------------------------------------------------- */
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char m[] = "test_base: a read blocked (a FIFO opened?)\n";
+    ssize_t r = write(2, m, sizeof m - 1);
+    (void)r;
+    _exit(1);
+}
+
+static char *in(const char *dir, const char *name) {
+    char *p = NULL;
+    if (asprintf(&p, "%s/%s", dir, name) < 0) abort();
+    return p;
+}
+
+static void put(const char *path, const char *text, size_t n) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(text, 1, n, f) == n && fclose(f) == 0, "writing %s", path);
+}
+
+/* mj_file_read(AT_FDCWD, path, ...) must fail with MJ_ERR_IO, the message holding the path
+ * and want. */
+static void expect_refused(const char *what, const char *path, unsigned flags, size_t cap, const char *want) {
+    char *text = (char *)1;
+    size_t len = 1;
+    mj_status s = mj_file_read(AT_FDCWD, path, NULL, cap, flags, &text, &len);
+    CHECK(s == MJ_ERR_IO && text == NULL && len == 0, "%s: %s (want MJ_ERR_IO), text %p", what,
+          mj_status_string(s), (void *)text);
+    CHECK(strstr(mj_last_error(), path) && strstr(mj_last_error(), want), "%s: \"%s\" (want the path and \"%s\")",
+          what, mj_last_error(), want);
+}
+
+static void expect_read(const char *what, int dirfd, const char *name, unsigned flags, const char *want) {
+    char *text = NULL;
+    size_t len = 0;
+    mj_status s = mj_file_read(dirfd, name, "LABEL", 1 << 20, flags, &text, &len);
+    CHECK(s == MJ_OK && text && len == strlen(want) && !strcmp(text, want), "%s: %s, \"%s\": %s", what,
+          mj_status_string(s), text ? text : "(null)", s == MJ_OK ? "" : mj_last_error());
+    free(text);
+}
+
+static void test_file(void) {
+    char *dir = test_tmpdir("base-file");
+    CHECK(dir != NULL, "a temporary directory");
+    if (!dir) return;
+    signal(SIGALRM, on_alarm);
+    alarm(30); /* every FIFO below is refused at once: a blocked open would wait forever */
+
+    char *plain = in(dir, "plain.json"), *link = in(dir, "link.json"), *dangling = in(dir, "dangling.json");
+    char *fifo = in(dir, "fifo.json"), *fifo_link = in(dir, "fifo_link.json"), *sub = in(dir, "sub");
+    char *dev_link = in(dir, "null_link.json"), *big = in(dir, "big.json"), *missing = in(dir, "missing.json");
+    put(plain, "{\"a\": 1}", 8);
+    CHECK(symlink(plain, link) == 0, "symlink: %s", strerror(errno));
+    CHECK(symlink(missing, dangling) == 0, "symlink: %s", strerror(errno));
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
+    CHECK(symlink(fifo, fifo_link) == 0, "symlink: %s", strerror(errno));
+    CHECK(mkdir(sub, 0700) == 0, "mkdir: %s", strerror(errno));
+    CHECK(symlink("/dev/null", dev_link) == 0, "symlink: %s", strerror(errno));
+
+    /* A regular file: the text, NUL-terminated; by path, and relative to a directory. */
+    expect_read("a regular file", AT_FDCWD, plain, 0, "{\"a\": 1}");
+    expect_read("followed or not, a regular file is read", AT_FDCWD, plain, MJ_FILE_FOLLOW, "{\"a\": 1}");
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    CHECK(dfd >= 0, "open %s", dir);
+    expect_read("relative to a directory", dfd, "plain.json", 0, "{\"a\": 1}");
+
+    /* A symbolic link: refused where moejit finds the name, followed where the caller names
+     * it (to a regular file only). */
+    expect_refused("a link, not followed", link, 0, 1 << 20, "is a symbolic link: refused");
+    expect_read("a link the caller names, followed", AT_FDCWD, link, MJ_FILE_FOLLOW, "{\"a\": 1}");
+    char *text = NULL;
+    size_t len = 0;
+    CHECK(mj_file_read(dfd, "link.json", "the label", 1 << 20, 0, &text, &len) == MJ_ERR_IO && !text &&
+              !strcmp(mj_last_error(), "the label is a symbolic link: refused (a link moejit finds is never "
+                                       "followed: put the file itself there)"),
+          "relative to a directory, the label names it: %s", mj_last_error());
+    expect_refused("a dangling link, not followed", dangling, 0, 1 << 20, "is a symbolic link: refused");
+    expect_refused("a dangling link, followed", dangling, MJ_FILE_FOLLOW, 1 << 20, "No such file or directory");
+    CHECK(mj_file_read(AT_FDCWD, dangling, NULL, 1 << 20, MJ_FILE_FOLLOW | MJ_FILE_OPTIONAL, &text, &len) == MJ_OK &&
+              !text && !len,
+          "a dangling link, followed and optional: nothing");
+
+    /* Never a FIFO (without blocking), a directory or a device, directly or through a link. */
+    expect_refused("a FIFO", fifo, 0, 1 << 20, "is not a regular file (a FIFO): refused");
+    expect_refused("a FIFO, following", fifo, MJ_FILE_FOLLOW, 1 << 20, "is not a regular file (a FIFO): refused");
+    expect_refused("a link to a FIFO, followed", fifo_link, MJ_FILE_FOLLOW, 1 << 20,
+                   "is not a regular file (a FIFO): refused");
+    expect_refused("a link to a FIFO, not followed", fifo_link, 0, 1 << 20, "is a symbolic link: refused");
+    expect_refused("a directory", sub, MJ_FILE_FOLLOW, 1 << 20, "is not a regular file (a directory): refused");
+    expect_refused("a device", "/dev/null", MJ_FILE_FOLLOW, 1 << 20,
+                   "is not a regular file (a character device): refused");
+    expect_refused("a link to a device, followed", dev_link, MJ_FILE_FOLLOW, 1 << 20,
+                   "is not a regular file (a character device): refused");
+
+    /* mj_file_open says which, and what is there. */
+    struct stat st;
+    int err = 0;
+    CHECK(mj_file_open(AT_FDCWD, fifo, 0, &st, &err) == -1 && err == MJ_FILE_NOT_REGULAR && S_ISFIFO(st.st_mode),
+          "mj_file_open of a FIFO: err %d", err);
+    CHECK(mj_file_open(AT_FDCWD, link, 0, &st, &err) == -1 && err == ELOOP && S_ISLNK(st.st_mode),
+          "mj_file_open of a link: err %d", err);
+    CHECK(mj_file_open(AT_FDCWD, missing, 0, &st, &err) == -1 && err == ENOENT, "mj_file_open of nothing: err %d",
+          err);
+    int fd = mj_file_open(AT_FDCWD, link, MJ_FILE_FOLLOW, &st, &err);
+    CHECK(fd >= 0 && err == 0 && S_ISREG(st.st_mode) && st.st_size == 8, "mj_file_open following: fd %d, err %d",
+          fd, err);
+    if (fd >= 0) close(fd);
+
+    /* Missing: an error naming it, or nothing at all when optional. */
+    expect_refused("missing", missing, 0, 1 << 20, "cannot open");
+    text = (char *)1, len = 1;
+    CHECK(mj_file_read(AT_FDCWD, missing, NULL, 1 << 20, MJ_FILE_OPTIONAL, &text, &len) == MJ_OK && !text && !len,
+          "missing and optional: MJ_OK, no text");
+
+    /* The cap: a file of cap bytes is read, one byte more is refused before any is read. An
+     * empty file is "" (not NULL). */
+    static char body[4097];
+    memset(body, 'x', 4096);
+    put(big, body, 4096);
+    text = NULL;
+    CHECK(mj_file_read(AT_FDCWD, big, NULL, 4096, 0, &text, &len) == MJ_OK && text && len == 4096 &&
+              text[4096] == '\0',
+          "a file of exactly the cap: %s", mj_last_error());
+    free(text);
+    expect_refused("over the cap", big, 0, 4095, "is 4096 bytes, more than the 4095 bytes limit for this file");
+    expect_refused("over a round cap", big, 0, 2048, "more than the 2 KiB limit");
+    put(big, "", 0);
+    text = NULL;
+    CHECK(mj_file_read(AT_FDCWD, big, NULL, 4096, 0, &text, &len) == MJ_OK && text && !text[0] && !len,
+          "an empty file: \"\"");
+    free(text);
+
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    if (dfd >= 0) close(dfd);
+    free(plain), free(link), free(dangling), free(fifo), free(fifo_link), free(sub), free(dev_link), free(big);
+    free(missing);
+    test_rm_rf(dir);
+    free(dir);
+}
+
 int main(void) {
     test_error_prefix();
     test_strbuf();
     test_dl();
+    test_file();
     return test_finish();
 }

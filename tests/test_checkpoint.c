@@ -1021,6 +1021,49 @@ static int dir_entries(const char *dir) {
     return n;
 }
 
+/* base/file.c's rule for the JSON files: the writer's config and quantization files are paths
+ * the caller names, so a symbolic link there is followed (`make-checkpoint --config` on a
+ * Hugging Face cache snapshot's config.json, a link into blobs/); a link the loader finds
+ * inside a checkpoint directory is refused; a FIFO is refused at once either way. */
+static void test_writer_config_links(void) {
+    char *cfg_link = path2(g_root, "config_link.json"), *quant_link = path2(g_root, "quant_link.json");
+    CHECK(symlink(glm5_config(), cfg_link) == 0, "symlink: %s", strerror(errno));
+    CHECK(symlink(MJ_SOURCE_DIR "/tests/data/model/hf_quant_config.example.json", quant_link) == 0, "symlink: %s",
+          strerror(errno));
+    char *out = path2(g_root, "from_links");
+    mj_checkpoint_make_options o = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
+    o.config_json = cfg_link, o.quant_json = quant_link, o.out_dir = out, o.seed = 5;
+    o.hidden = 64, o.intermediate = 64, o.n_experts = 4, o.topk = 2;
+    CHECK_OK(mj_checkpoint_make(&o));
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(out, &ck));
+    mj_checkpoint_close(ck);
+
+    /* Inside the checkpoint directory, config.json as a link (to its own copy) is refused. */
+    char *cfg = path2(out, MJ_CK_CONFIG), *moved = path2(g_root, "from_links_config.json");
+    CHECK(rename(cfg, moved) == 0 && symlink(moved, cfg) == 0, "config.json -> a link: %s", strerror(errno));
+    expect_refused("config.json a link", out, MJ_ERR_IO, "config.json", "is a symbolic link: refused");
+
+    /* A FIFO as the writer's config, and a link to one: refused, never waited on. */
+    char *fifo = path2(g_root, "config_fifo.json"), *fifo_link = path2(g_root, "config_fifo_link.json");
+    CHECK(mkfifo(fifo, 0600) == 0 && symlink(fifo, fifo_link) == 0, "mkfifo: %s", strerror(errno));
+    char *out2 = path2(g_root, "from_fifo");
+    o.out_dir = out2, o.quant_json = NULL;
+    signal(SIGALRM, sigalrm);
+    alarm(20);
+    o.config_json = fifo;
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
+    CHECK(strstr(mj_last_error(), "config_fifo.json is not a regular file (a FIFO)"), "a FIFO config: %s",
+          mj_last_error());
+    o.config_json = fifo_link;
+    CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
+    CHECK(strstr(mj_last_error(), "config_fifo_link.json is not a regular file (a FIFO)"), "a link to a FIFO: %s",
+          mj_last_error());
+    alarm(0);
+    CHECK(access(out2, F_OK) != 0, "nothing written");
+    free(cfg_link), free(quant_link), free(out), free(cfg), free(moved), free(fifo), free(fifo_link), free(out2);
+}
+
 static void test_writer(void) {
     /* The plan says what is written, to the byte. */
     char *dir = path2(g_root, "planned");
@@ -1101,6 +1144,7 @@ static void test_writer(void) {
     bad = o, bad.config_json = NULL;
     CHECK_STATUS(mj_checkpoint_make(&bad), MJ_ERR_INVALID_ARG);
     free(dir), free(empty), free(link), free(fresh);
+    test_writer_config_links();
 }
 
 int main(void) {

@@ -12,7 +12,9 @@
 #include "base.h"
 #include "test.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -576,6 +578,75 @@ static void test_quant_errors(void) {
                       MJ_ERR_CONFIG, "'quantization_config'");
 }
 
+/* The files are read by base/file.c's rule. The paths are the caller's own, so a symbolic
+ * link is followed: a Hugging Face cache snapshot (snapshots/REV/config.json a link into
+ * blobs/) is read as it is. Never a FIFO: refused at once (a plain open would wait for a
+ * writer forever; SIGALRM fails the test then). A file over the 64 MiB cap is refused. */
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char m[] = "test_config: reading a FIFO config blocked\n";
+    ssize_t r = write(2, m, sizeof m - 1);
+    (void)r;
+    _exit(1);
+}
+
+static char *in(const char *dir, const char *name) {
+    char *p = NULL;
+    if (asprintf(&p, "%s/%s", dir, name) < 0) abort();
+    return p;
+}
+
+static int copy_file(const char *from, const char *to) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    char buf[4096];
+    size_t n;
+    int ok = a && b;
+    while (ok && (n = fread(buf, 1, sizeof buf, a)) > 0) ok = fwrite(buf, 1, n, b) == n;
+    if (a) fclose(a);
+    if (b && fclose(b) != 0) ok = 0;
+    return ok ? 0 : -1;
+}
+
+static void test_io_rule(void) {
+    char *dir = test_tmpdir("config-io");
+    CHECK(dir != NULL, "a temporary directory");
+    if (!dir) return;
+    char *blobs = in(dir, "blobs"), *snaps = in(dir, "snapshots"), *rev = in(dir, "snapshots/rev1");
+    char *blob_cfg = in(dir, "blobs/1f0e"), *blob_q = in(dir, "blobs/9a7c");
+    char *cfg = in(dir, "snapshots/rev1/config.json"), *q = in(dir, "snapshots/rev1/hf_quant_config.json");
+    CHECK(mkdir(blobs, 0700) == 0 && mkdir(snaps, 0700) == 0 && mkdir(rev, 0700) == 0, "mkdir: %s",
+          strerror(errno));
+    CHECK(copy_file(MODEL_DATA "glm5_moe_config.json", blob_cfg) == 0 &&
+              copy_file(MODEL_DATA "hf_quant_config.example.json", blob_q) == 0,
+          "copying the GLM-5 config");
+    CHECK(symlink("../../blobs/1f0e", cfg) == 0 && symlink("../../blobs/9a7c", q) == 0, "symlink: %s",
+          strerror(errno));
+    mj_moe_config want, got;
+    CHECK_OK(mj_moe_config_read(MODEL_DATA "glm5_moe_config.json", MODEL_DATA "hf_quant_config.example.json", &want));
+    CHECK_OK(mj_moe_config_read(cfg, q, &got));
+    CHECK(!memcmp(&want, &got, sizeof want), "a Hugging Face snapshot's links read as the files");
+
+    char *fifo = in(dir, "fifo.json"), *fifo_link = in(dir, "fifo_link.json"), *big = in(dir, "big.json");
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
+    CHECK(symlink(fifo, fifo_link) == 0, "symlink: %s", strerror(errno));
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    expect_read_fail("a FIFO as config.json", fifo, NULL, MJ_ERR_IO, "is not a regular file (a FIFO)");
+    expect_read_fail("a link to a FIFO as config.json", fifo_link, NULL, MJ_ERR_IO, "fifo_link.json");
+    expect_read_fail("a FIFO as the quantization file", cfg, fifo, MJ_ERR_IO, "is not a regular file (a FIFO)");
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+
+    /* Over the cap (sparse: nothing is written, nothing is read). */
+    FILE *f = fopen(big, "wb");
+    CHECK(f && fclose(f) == 0 && truncate(big, (64 << 20) + 1) == 0, "a 64 MiB + 1 file: %s", strerror(errno));
+    expect_read_fail("a config over the cap", big, NULL, MJ_ERR_IO, "more than the 64 MiB limit");
+
+    test_rm_rf(dir);
+    free(dir), free(blobs), free(snaps), free(rev), free(blob_cfg), free(blob_q), free(cfg), free(q);
+    free(fifo), free(fifo_link), free(big);
+}
+
 static void test_io(void) {
     expect_read_fail("missing config", FIXTURES "no_such_config.json", NULL, MJ_ERR_IO,
                      "no_such_config.json");
@@ -584,6 +655,7 @@ static void test_io(void) {
     expect_read_fail("missing quant file", MODEL_DATA "glm5_moe_config.json",
                      FIXTURES "no_such_quant.json", MJ_ERR_IO, "no_such_quant.json");
     expect_read_fail("directory", FIXTURES, NULL, MJ_ERR_IO, "tests/data/config");
+    test_io_rule();
 }
 
 static void test_validate(void) {

@@ -179,6 +179,22 @@ else
     ok duplicate_kernel
 fi
 
+# A FIFO named as a template: refused at once by base/file.c's rule (a plain open would wait
+# for a writer forever; timeout turns that into a failure here).
+mkfifo "$work/fifo.cu"
+mkdir -p "$work/out"
+if timeout 60 "$tool" --root "$work" --reflect-prelude "$src/gen/reflect_prelude.h" \
+        --prelude-cuda "$src/templates/prelude_cuda.h" \
+        --out-c "$work/out/mj_registry.c" --out-h "$work/out/mj_kernels.h" "$work/fifo.cu" \
+        2>"$work/fifo.err" >/dev/null; then
+    bad fifo "the tool accepted a FIFO"
+elif ! grep -Eq 'fifo\.cu is not a regular file \(a FIFO\): refused' "$work/fifo.err"; then
+    bad fifo "stderr does not say the template is a FIFO"
+else
+    ok fifo
+fi
+rm -f "$work/fifo.cu"
+
 # A good template: accepted, and the outputs name it.
 cat >"$work/good.cu" <<EOF
 $head
@@ -239,6 +255,18 @@ if ! grep -q 'mj_e4m3_enc_c' "$work/out/mj_registry.c" || ! grep -q 'mj_e2m1_enc
     bad prelude_inlined "the embedded CUDA prelude does not hold templates/prelude_fp.h's text in place of its #include"
 else
     ok prelude_inlined
+fi
+
+# The templates are named on the command line: a symbolic link there is followed (the rule in
+# base/file.c), and the registry names the file it leads to.
+mkdir -p "$work/linked"
+ln -s ../good.cu "$work/linked/alias.cu"
+if ! reflect "$work/linked/alias.cu" 2>"$work/linked.err"; then
+    bad linked "the tool refused a template named through a symbolic link"
+elif ! grep -q '.file = "good.cu"' "$work/out/mj_registry.c"; then
+    bad linked "the registry does not name the file the link leads to"
+else
+    ok linked
 fi
 
 echo "$passed passed, $failed failed"

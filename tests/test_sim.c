@@ -594,6 +594,57 @@ static void test_cache(const char *dir, mj_context_t first) {
     mj_context_destroy(c2);
 }
 
+/* The compiled object is read from the temporary directory made for it, never through a
+ * symbolic link (base/file.c): a compiler ($CC, here a wrapper) that leaves a link there has
+ * not produced a usable kernel, and the error says so. */
+static void test_compile_output_link(void) {
+    char *dir = test_tmpdir("sim-cc");
+    CHECK(dir != NULL, "a temporary directory");
+    if (!dir) return;
+    char script[600], real[600], cc[700];
+    snprintf(script, sizeof script, "%s/cc_link.sh", dir);
+    snprintf(real, sizeof real, "%s/real.so", dir);
+    FILE *f = fopen(script, "w");
+    CHECK(f != NULL, "writing %s", script);
+    if (!f) return;
+    fprintf(f, "out=; prev=\n"
+               "for a in \"$@\"; do [ \"$prev\" = -o ] && out=$a; prev=$a; done\n"
+               "${MJ_TEST_REAL_CC:-cc} \"$@\" || exit $?\n"
+               "[ -z \"$out\" ] || { mv \"$out\" '%s' && ln -s '%s' \"$out\"; }\n",
+            real, real);
+    fclose(f);
+    const char *old = getenv("CC");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("MJ_TEST_REAL_CC", saved && *saved ? saved : "cc", 1);
+    snprintf(cc, sizeof cc, "sh %s", script);
+    setenv("CC", cc, 1);
+    mj_compile_result r;
+    mj_status st = mj_sim_compile("int mj_test_linked = 1;\n", "linked_fixture", &r);
+    if (saved) setenv("CC", saved, 1);
+    else unsetenv("CC");
+    unsetenv("MJ_TEST_REAL_CC");
+    const char *e = mj_last_error();
+    CHECK(st == MJ_ERR_COMPILE && r.cubin == NULL, "a symbolic link as the compiled object: %s: %s",
+          mj_status_string(st), st == MJ_OK ? "(loaded through the link)" : e);
+    CHECK(st != MJ_ERR_COMPILE || (strstr(e, "exit status 0, but its output is not usable") &&
+                                   strstr(e, "kernel.so is a symbolic link: refused")),
+          "the error says why: %s", e);
+    CHECK(access(real, F_OK) == 0, "the wrapper ran (%s)", real);
+    const char *kept = st == MJ_ERR_COMPILE ? strstr(e, "source kept at ") : NULL;
+    if (kept) { /* the sim's own temporary directory, kept for the source */
+        char path[600];
+        kept += strlen("source kept at ");
+        snprintf(path, sizeof path, "%.*s", (int)strcspn(kept, ";"), kept);
+        char *slash = strrchr(path, '/');
+        if (slash) *slash = '\0';
+        if (strstr(path, "moejit-sim-")) test_rm_rf(path);
+    }
+    mj_compile_result_free(&r);
+    free(saved);
+    test_rm_rf(dir);
+    free(dir);
+}
+
 static void test_compile_error(void) {
     mj_compile_result r;
     CHECK_STATUS(mj_sim_compile("int broken = ;\n", "broken_fixture", &r), MJ_ERR_COMPILE);
@@ -611,6 +662,7 @@ static void test_compile_error(void) {
         if (strstr(path, "moejit-sim-")) test_rm_rf(path);
     }
     mj_compile_result_free(&r);
+    test_compile_output_link();
 }
 
 /* ---- the MMA hooks against CuTe's layouts -----------------------------------------------

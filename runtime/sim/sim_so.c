@@ -12,6 +12,7 @@
  *            the kernels' trampolines.
  */
 #include "sim/sim.h"
+#include "file.h"
 
 #define MJ_SIM_ABI_ONLY
 #include "prelude_sim.h"
@@ -225,20 +226,19 @@ static int write_file(const char *path, const void *data, size_t len, int mode) 
     return close(fd);
 }
 
+/* The compiled kernel, from the temporary directory made for it: a regular file, never
+ * through a symbolic link (base/file.c), not empty. */
+#define MJ_SIM_SO_MAX (256u << 20)
 static int read_file(const char *path, uint8_t **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size <= 0) {
-        fclose(f);
+    char *text;
+    if (mj_file_read(AT_FDCWD, path, NULL, MJ_SIM_SO_MAX, 0, &text, len) != MJ_OK) return -1;
+    if (*len == 0) {
+        free(text);
+        mj_set_error(MJ_ERR_COMPILE, "%s is empty", path);
         return -1;
     }
-    *len = (size_t)st.st_size;
-    *data = malloc(*len);
-    int ok = *data && fread(*data, 1, *len, f) == *len;
-    fclose(f);
-    if (!ok) free(*data), *data = NULL;
-    return ok ? 0 : -1;
+    *data = (uint8_t *)text;
+    return 0;
 }
 
 mj_status mj_sim_compile(const char *source, const char *name, mj_compile_result *out) {
@@ -281,6 +281,9 @@ mj_status mj_sim_compile(const char *source, const char *name, mj_compile_result
         unlink(so), unlink(src), rmdir(dir);
         return MJ_OK;
     }
+    /* Exit status 0 with no usable output: say what is wrong with it. */
+    char output[480] = "";
+    if (status == 0) snprintf(output, sizeof output, ", but its output is not usable: %.400s", mj_last_error());
     unlink(so);
     size_t n = strlen(log), keep = n;
     int cut = n > MJ_LOG_IN_ERROR;
@@ -289,9 +292,9 @@ mj_status mj_sim_compile(const char *source, const char *name, mj_compile_result
         while (keep > MJ_LOG_IN_ERROR / 2 && log[keep - 1] != '\n') keep--;
     }
     return mj_set_error(MJ_ERR_COMPILE,
-                        "the host C compiler (%s) could not compile %s (exit status %d%s); "
+                        "the host C compiler (%s) could not compile %s (exit status %d%s%s); "
                         "source kept at %s; log:\n%.*s%s",
-                        cc_command(), name, status, status == 127 ? ": compiler not found?" : "", src,
+                        cc_command(), name, status, status == 127 ? ": compiler not found?" : "", output, src,
                         (int)keep, log, cut ? "\n[... log truncated: the full log is in the compile result]" : "");
 }
 

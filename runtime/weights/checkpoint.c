@@ -28,53 +28,15 @@
 
 /* ---- small files --------------------------------------------------------------------------- */
 
-mj_status mj_ck_read_text(int dirfd, const char *name, const char *label, size_t cap, int optional,
+mj_status mj_ck_read_text(int dirfd, const char *name, const char *label, size_t cap, unsigned flags,
                           char **text, size_t *len) {
-    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ENOENT && optional) {
-            *text = NULL;
-            *len = 0;
-            return MJ_OK;
-        }
-        if (e == ELOOP) return mj_set_error(MJ_ERR_IO, "%s is a symbolic link: refused (use the file itself)", label);
-        return mj_set_error(MJ_ERR_IO, "cannot open %s: %s", label, strerror(e));
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return mj_set_error(MJ_ERR_IO, "%s is not a regular file: refused", label);
-    }
-    if ((uint64_t)sb.st_size > cap) {
-        close(fd);
-        return mj_set_error(MJ_ERR_IO, "%s is %lld bytes, more than the %zu MiB a JSON file here may be", label,
-                            (long long)sb.st_size, cap >> 20);
-    }
-    size_t n = (size_t)sb.st_size, got = 0;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return mj_set_error(MJ_ERR_NOMEM, "out of memory reading %s", label);
-    }
-    while (got < n) {
-        ssize_t k = read(fd, buf + got, n - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(fd);
-    if (got != n) {
-        free(buf);
-        return mj_set_error(MJ_ERR_IO, "cannot read %s: it changed size while being read", label);
-    }
-    buf[n] = '\0';
-    if (memchr(buf, '\0', n)) {
-        free(buf);
+    MJ_CHECK(mj_file_read(dirfd, name, label, cap, flags, text, len));
+    if (*text && memchr(*text, '\0', *len)) {
+        free(*text);
+        *text = NULL;
+        *len = 0;
         return mj_set_error(MJ_ERR_PARSE, "%s contains a NUL byte: not a JSON file", label);
     }
-    *text = buf;
-    *len = n;
     return MJ_OK;
 }
 
@@ -327,8 +289,9 @@ mj_status mj_checkpoint_open(const char *dir, mj_checkpoint_t *out) {
     }
     /* The config: the model's shape and its quantization, which must be NVFP4. */
     MJ_CHECK_GOTO(mj_ck_read_text(dirfd, MJ_CK_CONFIG, cfg_label, MJ_CK_CONFIG_MAX, 0, &cfg_text, &cfg_len), st, fail);
-    MJ_CHECK_GOTO(mj_ck_read_text(dirfd, MJ_CK_QUANT, quant_label, MJ_CK_CONFIG_MAX, 1, &quant_text, &quant_len), st,
-                  fail);
+    MJ_CHECK_GOTO(mj_ck_read_text(dirfd, MJ_CK_QUANT, quant_label, MJ_CK_CONFIG_MAX, MJ_FILE_OPTIONAL, &quant_text,
+                                  &quant_len),
+                  st, fail);
     MJ_CHECK_GOTO(mj_moe_config_parse(cfg_text, quant_text, cfg_label, &ck->cfg), st, fail);
     if (ck->cfg.quant != MJ_QUANT_NVFP4) {
         st = mj_set_error(MJ_ERR_UNSUPPORTED, "%s: the checkpoint is not NVFP4-quantized (no %s and no "
@@ -341,8 +304,9 @@ mj_status mj_checkpoint_open(const char *dir, mj_checkpoint_t *out) {
         st = mj_set_error(MJ_ERR_NOMEM, "out of memory opening %s", dir);
         goto fail;
     }
-    MJ_CHECK_GOTO(mj_ck_read_text(dirfd, MJ_CK_INDEX, ck->where, MJ_CK_INDEX_MAX, 1, &index_text, &index_len), st,
-                  fail);
+    MJ_CHECK_GOTO(mj_ck_read_text(dirfd, MJ_CK_INDEX, ck->where, MJ_CK_INDEX_MAX, MJ_FILE_OPTIONAL, &index_text,
+                                  &index_len),
+                  st, fail);
     if (index_text) {
         MJ_CHECK_GOTO(read_index(ck, dirfd, index_text, index_len), st, fail);
     } else {

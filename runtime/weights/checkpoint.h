@@ -4,6 +4,7 @@
 #define MJ_CHECKPOINT_H
 
 #include "base.h"
+#include "file.h"
 #include "weights/safetensors.h"
 
 /* File names of a Hugging Face checkpoint directory. */
@@ -17,11 +18,12 @@
 #define MJ_CK_CONFIG_MAX (64u << 20)
 #define MJ_CK_INDEX_MAX (512u << 20)
 
-/* Read a small text file `name` in dirfd (AT_FDCWD: a path) whole, refusing a symbolic link,
- * a FIFO or anything not a regular file (without blocking), a file larger than cap, and a
- * NUL byte inside. `label` names it in errors. optional: a missing file gives MJ_OK and
+/* Read a JSON file `name` in dirfd (AT_FDCWD: a path) whole by base/file.c's rule (a regular
+ * file only, never blocking on a FIFO; a symbolic link refused unless flags has
+ * MJ_FILE_FOLLOW, for a path the caller named; at most cap bytes), and refuse a NUL byte
+ * inside. `label` names it in errors. MJ_FILE_OPTIONAL: a missing file gives MJ_OK and
  * *text = NULL. *text is malloc'd and NUL-terminated. */
-mj_status mj_ck_read_text(int dirfd, const char *name, const char *label, size_t cap, int optional,
+mj_status mj_ck_read_text(int dirfd, const char *name, const char *label, size_t cap, unsigned flags,
                           char **text, size_t *len);
 
 /* The layer structure of a config.json (its "text_config" when the model's keys are nested

@@ -84,7 +84,9 @@ static mj_status build_config(plan *p) {
     const mj_checkpoint_make_options *o = &p->o;
     char *text = NULL;
     size_t len;
-    MJ_CHECK(mj_ck_read_text(AT_FDCWD, o->config_json, o->config_json, MJ_CK_CONFIG_MAX, 0, &text, &len));
+    /* A path the caller names: a link is followed (base/file.c). */
+    MJ_CHECK(mj_ck_read_text(AT_FDCWD, o->config_json, o->config_json, MJ_CK_CONFIG_MAX, MJ_FILE_FOLLOW, &text,
+                             &len));
     json_error_t jerr;
     json_t *root = json_loadb(text, len, 0, &jerr);
     free(text);
@@ -132,7 +134,8 @@ static mj_status build_quant_and_cfg(plan *p) {
     const mj_checkpoint_make_options *o = &p->o;
     size_t len;
     if (o->quant_json) {
-        MJ_CHECK(mj_ck_read_text(AT_FDCWD, o->quant_json, o->quant_json, MJ_CK_CONFIG_MAX, 0, &p->quant_text, &len));
+        MJ_CHECK(mj_ck_read_text(AT_FDCWD, o->quant_json, o->quant_json, MJ_CK_CONFIG_MAX, MJ_FILE_FOLLOW,
+                                 &p->quant_text, &len));
     } else if (!(p->quant_text = strdup(k_default_quant))) {
         return mj_set_error(MJ_ERR_NOMEM, "out of memory");
     }

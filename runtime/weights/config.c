@@ -18,8 +18,9 @@
  *      as a bf16 model.
  */
 #include "base.h"
+#include "file.h"
 
-#include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
@@ -418,49 +419,6 @@ mj_status mj_moe_config_parse(const char *config_json, const char *quant_json,
  * Reading files
  * ------------------------------------------------------------------------------------- */
 
-/* Read a whole file into a malloc'd buffer (NUL-terminated for convenience). */
-static mj_status read_file(const char *path, char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    size_t cap = 4096, n = 0;
-    char *buf;
-    if (!f) return fail(MJ_ERR_IO, NULL, "cannot open '%s': %s", path, strerror(errno));
-    buf = malloc(cap);
-    if (!buf) {
-        fclose(f);
-        return fail(MJ_ERR_NOMEM, NULL, "out of memory reading '%s'", path);
-    }
-    for (;;) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (ferror(f)) {
-            int e = errno;
-            free(buf);
-            fclose(f);
-            return fail(MJ_ERR_IO, NULL, "cannot read '%s': %s", path, strerror(e));
-        }
-        if (feof(f)) break;
-        if (cap >= MJ_CONFIG_MAX_BYTES) {
-            free(buf);
-            fclose(f);
-            return fail(MJ_ERR_IO, NULL,
-                        "'%s' is larger than %u MiB; is it really a JSON config?", path,
-                        MJ_CONFIG_MAX_BYTES >> 20);
-        }
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) {
-            free(buf);
-            fclose(f);
-            return fail(MJ_ERR_NOMEM, NULL, "out of memory reading '%s'", path);
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    fclose(f);
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return MJ_OK;
-}
-
 mj_status mj_moe_config_read(const char *config_path, const char *quant_path,
                              mj_moe_config *cfg) {
     char *cfg_text = NULL, *quant_text = NULL;
@@ -469,8 +427,13 @@ mj_status mj_moe_config_read(const char *config_path, const char *quant_path,
     if (!config_path || !cfg)
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "mj_moe_config_read: config_json_path and cfg must not be NULL");
-    MJ_CHECK(read_file(config_path, &cfg_text, &cfg_len));
-    if (quant_path) MJ_CHECK_GOTO(read_file(quant_path, &quant_text, &quant_len), st, done);
+    /* Paths the caller names: a link is followed (a Hugging Face cache snapshot's config.json
+     * is one), to a regular file only (base/file.c). */
+    MJ_CHECK(mj_file_read(AT_FDCWD, config_path, NULL, MJ_CONFIG_MAX_BYTES, MJ_FILE_FOLLOW, &cfg_text, &cfg_len));
+    if (quant_path)
+        MJ_CHECK_GOTO(mj_file_read(AT_FDCWD, quant_path, NULL, MJ_CONFIG_MAX_BYTES, MJ_FILE_FOLLOW, &quant_text,
+                                   &quant_len),
+                      st, done);
     st = parse_texts(cfg_text, cfg_len, config_path, quant_text, quant_len,
                      quant_path ? quant_path : "", cfg);
 done:

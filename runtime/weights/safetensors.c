@@ -22,6 +22,7 @@
  * was checked at open, its data is whatever is there).
  */
 #include "weights/safetensors.h"
+#include "file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -315,29 +316,17 @@ static mj_status read_at(int fd, const char *label, uint64_t at, uint64_t len, v
 
 mj_status mj_st_open(int dirfd, const char *name, const char *label, mj_st_file **out) {
     if (!name || !label || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_st_open: NULL argument");
-    /* O_NONBLOCK: a FIFO with no writer must not hang the open; only a regular file is read. */
-    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    /* Only a regular file, never through a symbolic link, never blocking on a FIFO
+     * (base/file.c). */
+    struct stat sb;
+    int err;
+    int fd = mj_file_open(dirfd, name, 0, &sb, &err);
     if (fd < 0) {
-        int e = errno;
-        if (e == ELOOP)
+        if (err == ELOOP && S_ISLNK(sb.st_mode))
             return mj_set_error(MJ_ERR_IO, "%s is a symbolic link: refused (a shard must be a regular file "
                                 "inside the checkpoint directory; a Hugging Face cache snapshot is links: "
                                 "download with --local-dir to get the files themselves)", label);
-        return mj_set_error(MJ_ERR_IO, "cannot open %s: %s", label, strerror(e));
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return mj_set_error(MJ_ERR_IO, "cannot stat %s: %s", label, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return mj_set_error(MJ_ERR_IO, "%s is not a regular file (a %s): refused", label,
-                            S_ISFIFO(sb.st_mode)  ? "FIFO"
-                            : S_ISDIR(sb.st_mode) ? "directory"
-                            : S_ISSOCK(sb.st_mode) ? "socket"
-                                                   : "device");
+        return mj_file_open_error(label, err, &sb);
     }
     if (sb.st_size < 8) {
         close(fd);
