@@ -19,6 +19,9 @@ int mj_target_sm(mj_target t);                          /* 120                  
 int mj_target_smem_max(mj_target t);
 /* Compute capability -> target: 12.0 -> sm_120a, 9.0 -> sm_90a, 8.6 -> sm_86 ... */
 mj_status mj_target_from_cc(int major, int minor, mj_target *out);
+/* The target kernels are built for when nothing names one: a context with neither a target
+ * in its options nor a device (runtime/jit.c), and the `moejit` command's --arch default. */
+#define MJ_DEFAULT_TARGET MJ_TARGET_SM120A
 
 /* ---- the registry (gen/registry.c) ----------------------------------------------------
  * The library carries the product templates (build/gen/mj_registry.c). A test program

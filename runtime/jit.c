@@ -169,7 +169,7 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
         return mj_set_error(MJ_ERR_INVALID_ARG,
                             "mj_context_options.backend is %d: use MJ_BACKEND_CUDA, MJ_BACKEND_SIM "
                             "or MJ_BACKEND_AUTO", opts->backend);
-    mj_target want_target = MJ_TARGET_SM120A;
+    mj_target want_target = MJ_DEFAULT_TARGET;
     if (opts->target) {
         mj_status ts = mj_target_parse(opts->target, &want_target);
         if (ts != MJ_OK) return mj_error_prefix(ts, "mj_context_options.target");
@@ -209,7 +209,7 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
     c->backend = opts->backend == MJ_BACKEND_AUTO
                      ? (c->device != MJ_DEVICE_NONE ? MJ_BACKEND_CUDA : MJ_BACKEND_SIM)
                      : (mj_backend)opts->backend;
-    c->target = opts->target ? want_target : c->device != MJ_DEVICE_NONE ? c->dev.target : MJ_TARGET_SM120A;
+    c->target = opts->target ? want_target : c->device != MJ_DEVICE_NONE ? c->dev.target : MJ_DEFAULT_TARGET;
     /* Grid-stride kernels: enough blocks to fill the GPU several times over; on the
      * interpreter, a few per worker (each block costs a fiber set-up). */
     c->max_blocks = c->backend == MJ_BACKEND_SIM ? 64

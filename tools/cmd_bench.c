@@ -25,15 +25,8 @@
  * making the layer >= 1.4x faster than k0 = 8 at B = 32). */
 #include "tools.h"
 
+#include "moejit_private.h"
 #include "predict.h"
-#include "cuda/cudalibs.h"
-#include "base.h"
-#include "jit.h"
-#include "mem.h"
-#include "plan.h"
-#include "sim/sim.h"
-#include "weights/pack.h"
-#include "weights/layer.h"
 
 #include <ftw.h>
 #include <getopt.h>
@@ -699,11 +692,14 @@ static int bench_gpu(bench *b) {
         free(h);
         TRY("the input sets", st);
     }
+    const uint16_t *gate;
+    const float *bias;
+    TRY("the router", mj_layer_router(L, &gate, &bias));
     TRY("the router", mj_mem_alloc(0, 2 * (size_t)g->E * (size_t)g->H, "bench", (void **)&g->gate));
-    TRY("the router", mj_mem_put(0, g->gate, L->gate, 2 * (size_t)g->E * (size_t)g->H));
-    if (L->bias) {
+    TRY("the router", mj_mem_put(0, g->gate, gate, 2 * (size_t)g->E * (size_t)g->H));
+    if (bias) {
         TRY("the router", mj_mem_alloc(0, 4 * (size_t)g->E, "bench", (void **)&g->bias));
-        TRY("the router", mj_mem_put(0, g->bias, L->bias, 4 * (size_t)g->E));
+        TRY("the router", mj_mem_put(0, g->bias, bias, 4 * (size_t)g->E));
     }
     TRY("the logits", mj_mem_alloc(0, 4 * (size_t)g->maxB * (size_t)g->E, "bench", (void **)&g->logits));
     TRY("the output", mj_mem_alloc(0, 4 * (size_t)g->maxB * (size_t)g->H, "bench", (void **)&g->out));

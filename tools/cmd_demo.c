@@ -2,10 +2,7 @@
 #include "tools.h"
 
 #include "compare.h"
-
-#include "cuda/cudalibs.h"
-#include "base.h"
-#include "weights/pack.h"
+#include "moejit_private.h"
 
 #include <ftw.h>
 #include <getopt.h>

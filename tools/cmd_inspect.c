@@ -1,9 +1,7 @@
 /* cmd_inspect.c — `moejit inspect`: what is in the kernel cache, and why. */
 #include "tools.h"
 
-#include "cache.h"
-#include "jit.h"
-#include "weights/pack.h"
+#include "moejit_private.h"
 
 #include <dirent.h>
 #include <errno.h>

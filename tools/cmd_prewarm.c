@@ -4,9 +4,7 @@
  * (runtime/plan.c). Works with no GPU: NVRTC needs none. */
 #include "tools.h"
 
-#include "cache.h"
-#include "jit.h"
-#include "plan.h"
+#include "moejit_private.h"
 
 #include <errno.h>
 #include <getopt.h>

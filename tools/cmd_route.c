@@ -1,7 +1,7 @@
 /* cmd_route.c — `moejit route`: noaux_tc / OEA routing of logits from a .npy file. */
 #include "tools.h"
 
-#include "jit.h"
+#include "moejit_private.h"
 
 #include <getopt.h>
 #include <inttypes.h>

@@ -3,9 +3,7 @@
 #include "tools.h"
 
 #include "compare.h"
-
-#include "cuda/cudalibs.h"
-#include "base.h"
+#include "moejit_private.h"
 
 #include <getopt.h>
 #include <math.h>

@@ -1,14 +1,10 @@
 /* moe_run.c — one MoE layer forward on N ranks, for `moejit run` and `moejit demo`: each
- * rank a thread with its own context and mj_moe handle, its slice of the layer (cut from a
- * whole layer, or loaded from a checkpoint by the rank itself), the partial outputs summed
- * by a loopback communicator on the interpreter or by NCCL on GPUs. */
+ * rank a thread with its own context and mj_moe handle, its slice of the layer loaded from a
+ * checkpoint by the rank itself, the partial outputs summed by a loopback communicator on
+ * the interpreter or by NCCL on GPUs. */
 #include "tools.h"
 
-#include "comm/comm.h"
-#include "jit.h"
-#include "mem.h"
-#include "sim/sim.h"
-#include "weights/layer.h"
+#include "moejit_private.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -50,6 +46,7 @@ typedef struct rank_state {
     rank_meet *meet;
     int skipped;                 /* ready, but another rank was not: no forward ran          */
     int rank;
+    int64_t H;                   /* the model's hidden size                                  */
     mj_comm_t comm;
     mj_status st;
     char err[1024];
@@ -82,17 +79,13 @@ static void *rank_main(void *arg) {
     co.cache_dir = j->cache_dir, co.backend = j->backend, co.device = sim ? MJ_DEVICE_NONE : dev;
     co.target = sim ? j->sim_target : NULL;
     STEP("creating the context", mj_context_create(&co, &ctx));
-    mj_layer_t L = j->full;
-    if (!L) {
-        STEP("loading the layer", mj_layer_load(j->ck, j->layer, j->par, j->par == MJ_PAR_NONE ? 0 : rs->rank,
-                                                j->n_ranks, &slice));
-        L = slice;
-    }
-    const int64_t H = L->cfg.hidden, B = j->B;
+    STEP("loading the layer", mj_layer_load(j->ck, j->layer, j->par, j->par == MJ_PAR_NONE ? 0 : rs->rank,
+                                            j->n_ranks, &slice));
+    const int64_t H = rs->H, B = j->B;
     mj_moe_options o = MJ_MOE_OPTIONS_INIT;
     o.parallel = j->par, o.rank = rs->rank, o.n_ranks = j->n_ranks, o.comm = j->n_ranks > 1 ? rs->comm : NULL;
     o.mode_policy = j->mode_policy;
-    STEP("creating the layer", mj_moe_create(ctx, L, &o, &moe));
+    STEP("creating the layer", mj_moe_create(ctx, slice, &o, &moe));
     mj_layer_free(slice), slice = NULL;
     mj_moe_prepare_options po = MJ_MOE_PREPARE_OPTIONS_INIT;
     po.batches = &j->B, po.n_batches = 1, po.k0_policy = j->k0_policy, po.mode = j->mode;
@@ -128,7 +121,7 @@ done:
         if (!met) {
             /* Failed before the meeting: say so there (the others wait for it). */
             meet_all(rs->meet, 1);
-        } else if (rs->comm && mj_comm_kind(rs->comm) == MJ_COMM_LOOPBACK) {
+        } else if (rs->comm && sim) { /* a loopback group (NCCL's cannot be aborted here) */
             /* Failed in the forward: release the ranks waiting for this one in the
              * all-reduce at once, with this rank's reason. */
             mj_comm_abort(rs->comm, rs->err);
@@ -147,7 +140,9 @@ int tool_moe_run(tool_moe_job *j) {
     mj_comm_t comms[MJ_MAX_RANKS] = {0};
     rank_state rs[MJ_MAX_RANKS];
     pthread_t th[MJ_MAX_RANKS];
-    mj_status st = MJ_OK;
+    mj_moe_config cfg;
+    mj_status st = mj_checkpoint_config(j->ck, &cfg);
+    if (st != MJ_OK) return tool_fail_status("the checkpoint's config", st);
     if (n > 1) {
         st = j->backend == MJ_BACKEND_SIM ? mj_comm_loopback_create(n, comms) : mj_comm_nccl_init_all(n, NULL, comms);
         if (st != MJ_OK) return tool_fail_status("making the communicator", st);
@@ -156,7 +151,7 @@ int tool_moe_run(tool_moe_job *j) {
     int started = 0;
     for (int r = 0; r < n; r++) {
         memset(&rs[r], 0, sizeof rs[r]);
-        rs[r].job = j, rs[r].rank = r, rs[r].comm = comms[r], rs[r].meet = &meet;
+        rs[r].job = j, rs[r].rank = r, rs[r].H = cfg.hidden, rs[r].comm = comms[r], rs[r].meet = &meet;
         if (pthread_create(&th[r], NULL, rank_main, &rs[r]) != 0) break;
         started++;
     }

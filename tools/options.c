@@ -1,7 +1,7 @@
 /* options.c — the plan that `moejit bench` and `moejit prewarm` list: their --batch, --k0-policy
  * and --mode, parsed the same way, then mj_plan_build. */
 #include "tools.h"
-#include "plan.h"
+#include "moejit_private.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -19,12 +19,7 @@
  *                 walks ceil(items / NW2) items (an expert's 4 k-steps of w2, 2304 bytes),
  *                 2 in flight. */
 #include "predict.h"
-
-#include "experts.h"
-#include "weights/pack.h"
-#include "base.h"
-#include "jit.h"
-#include "plan.h"
+#include "moejit_private.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -18,8 +18,7 @@ int cmd_bench(int argc, char **argv);
 
 /* One layer forward on n_ranks ranks (threads), for run and demo (tools/moe_run.c). */
 typedef struct tool_moe_job {
-    mj_layer_t full;             /* the whole layer, or NULL: each rank loads its slice     */
-    mj_checkpoint_t ck;          /* from here (with full NULL)                              */
+    mj_checkpoint_t ck;          /* each rank loads its slice of the layer from here        */
     int32_t layer;
     mj_parallel par;
     int n_ranks;

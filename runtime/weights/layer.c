@@ -9,6 +9,7 @@
  */
 #include "weights/layer.h"
 #include "ref/ref.h"
+#include "moejit_private.h" /* mj_layer_router, defined here */
 
 #include <math.h>
 #include <stdlib.h>
@@ -46,6 +47,13 @@ mj_status mj_layer_free(mj_layer_t L) {
     free(L->gate);
     free(L->bias);
     free(L);
+    return MJ_OK;
+}
+
+mj_status mj_layer_router(mj_layer_t L, const uint16_t **gate, const float **bias) {
+    if (!L || !gate || !bias) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_layer_router: a NULL argument");
+    *gate = L->gate;
+    *bias = L->bias;
     return MJ_OK;
 }
 
