@@ -29,7 +29,6 @@
 #include "predict.h"
 
 #include <ftw.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -39,7 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char k_help[] =
+static const char k_usage[] =
     "usage: moejit bench [options]\n"
     "\n"
     "What a model's MoE layer costs, measured where it can be. Without a GPU: the kernel\n"
@@ -51,43 +50,57 @@ static const char k_help[] =
     "the GPU timings are cold-L2 (before each timed call, outside its events, a write of\n"
     "twice the L2 evicts the weights the last call left there, so they come from DRAM).\n"
     "Plain text, or JSON with --json.\n"
-    "\n"
-    "the model and its split (as `moejit prewarm --config`):\n"
-    "  --config F       a Hugging Face config.json (default: GLM-5's MoE layer)\n"
-    "  --quant F        its hf_quant_config.json (default: the one beside config.json)\n"
-    "  --checkpoint DIR take the config and the layer's weights (its first MoE layer, or this\n"
-    "                   rank's slice of it with --tp/--ep) from a ModelOpt NVFP4 checkpoint;\n"
-    "                   rank 0's is loaded (validated) first, with or without a GPU\n"
-    "  --hidden H, --intermediate I, --experts E, --topk K\n"
-    "                   override the config's sizes (a small, quick run)\n"
-    "  --tp N, --ep N   the split (default --tp 8; with --checkpoint, one rank holds the layer);\n"
-    "                   the measurements are of rank 0 (interpreter and GPU: TP or one rank)\n"
-    "  --batch B        the plan's batch sizes (default 1-256)\n"
-    "  --k0-policy P    the plan's k0 by batch size (default \"1-3:8,4-:4\", its k0 at most top-k;\n"
-    "                   \"none\": plain top-k)\n"
-    "  --mode M         w4a16, w4a4 or a policy (default: the target's)\n"
-    "  --arch A         the plan's target (default sm_120a; with a GPU, the GPU's)\n"
-    "what to measure:\n"
-    "  --bench-batch L  batch sizes of the measured tables (default 1,2,4,8,16,32,64; at most 256)\n"
-    "  --k0 L           k0 values of the tables (default 8,6,4,3; those above top-k are left out)\n"
-    "  --reps N         cold compiles per specialization, the median reported (default 3)\n"
-    "  --iters N        timed calls per row (default 50)\n"
-    "  --sim-intermediate N  expert rows on the interpreter (default 64)\n"
-    "  --copy-mb N      the copy-bandwidth buffer, MiB (default 512)\n"
-    "  --no-compile     list the plan without compiling it\n"
-    "  --no-gpu         skip the GPU measurements even with a GPU\n"
-    "  --no-sim         skip the interpreter's measurements (launch path, bytes)\n"
-    "  --predict GPU    also the performance model (no GPU needed): each kernel of a forward\n"
-    "                   compiled for GPU's target (unless --arch), its SASS's hot loop, its\n"
-    "                   launch and occupancy, predicted us with its bound (memory, issue,\n"
-    "                   latency, waves), and the layer against its floor, for each B x k0\n"
-    "                   (GPU: rtx-pro-6000, rtx-5090, gb10, b200, h200, h100, a100, l40s, rtx-4090)\n"
-    "  --cache-dir D    the kernel cache of the interpreter and GPU runs (cold compiles use\n"
-    "                   temporary ones)\n"
-    "  --json           one JSON object on stdout (progress on stderr)\n"
-    "  -q, --quiet      no progress on stderr\n"
-    "  -h, --help       this text\n"
-    "  -V, --version    print the version\n";
+    "\n";
+
+enum { OPT_CK = 256, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_BB, OPT_K0, OPT_REPS, OPT_ITERS, OPT_SIMI,
+       OPT_COPY, OPT_NOCOMPILE, OPT_NOGPU, OPT_NOSIM, OPT_JSON, OPT_PREDICT };
+
+static const tool_opt k_opts[] = {
+    TOOL_HEADING("the model and its split (as `moejit prewarm --config`):"),
+    TOOL_SHARED(TOOL_OPT_CONFIG, "default: GLM-5's MoE layer"),
+    TOOL_SHARED(TOOL_OPT_QUANT, NULL),
+    {.name = "checkpoint", .id = OPT_CK, .has_arg = 1, .arg = "DIR",
+     .help = "take the config and the layer's weights (its first MoE layer, or this\n"
+             "rank's slice of it with --tp/--ep) from a ModelOpt NVFP4 checkpoint;\n"
+             "rank 0's is loaded (validated) first, with or without a GPU"},
+    {.name = "hidden", .id = OPT_HIDDEN, .has_arg = 1, .arg = "H",
+     .synopsis = "--hidden H, --intermediate I, --experts E, --topk K",
+     .help = "override the config's sizes (a small, quick run)"},
+    {.name = "intermediate", .id = OPT_INTER, .has_arg = 1, .arg = "I"},
+    {.name = "experts", .id = OPT_EXPERTS, .has_arg = 1, .arg = "E"},
+    {.name = "topk", .id = OPT_TOPK, .has_arg = 1, .arg = "K"},
+    TOOL_SHARED(TOOL_OPT_TP, "default --tp 8 (with --checkpoint, one rank holds the layer); the\n"
+                             "measurements are of rank 0 (interpreter and GPU: TP or one rank)"),
+    TOOL_SHARED(TOOL_OPT_EP, NULL),
+    TOOL_SHARED(TOOL_OPT_BATCH, "the plan's (default 1-256)"),
+    TOOL_SHARED(TOOL_OPT_K0_POLICY, "the plan's (default \"1-3:8,4-:4\", its k0 at most top-k; \"none\":\n"
+                                    "plain top-k)"),
+    TOOL_SHARED(TOOL_OPT_MODE, NULL),
+    TOOL_SHARED(TOOL_OPT_ARCH, "the plan's (default: the GPU's, else --predict's GPU's, else {target})"),
+    TOOL_HEADING("what to measure:"),
+    {.name = "bench-batch", .id = OPT_BB, .has_arg = 1, .arg = "L",
+     .help = "batch sizes of the measured tables (default 1,2,4,8,16,32,64; at most 256)"},
+    {.name = "k0", .id = OPT_K0, .has_arg = 1, .arg = "L",
+     .help = "k0 values of the tables (default 8,6,4,3; those above top-k are left out)"},
+    {.name = "reps", .id = OPT_REPS, .has_arg = 1, .arg = "N",
+     .help = "cold compiles per specialization, the median reported (default 3)"},
+    {.name = "iters", .id = OPT_ITERS, .has_arg = 1, .arg = "N", .help = "timed calls per row (default 50)"},
+    {.name = "sim-intermediate", .id = OPT_SIMI, .has_arg = 1, .arg = "N",
+     .help = "expert rows on the interpreter (default 64)"},
+    {.name = "copy-mb", .id = OPT_COPY, .has_arg = 1, .arg = "N", .help = "the copy-bandwidth buffer, MiB (default 512)"},
+    {.name = "no-compile", .id = OPT_NOCOMPILE, .help = "list the plan without compiling it"},
+    {.name = "no-gpu", .id = OPT_NOGPU, .help = "skip the GPU measurements even with a GPU"},
+    {.name = "no-sim", .id = OPT_NOSIM, .help = "skip the interpreter's measurements (launch path, bytes)"},
+    {.name = "predict", .id = OPT_PREDICT, .has_arg = 1, .arg = "GPU",
+     .help = "also the performance model (no GPU needed): each kernel of a forward\n"
+             "compiled for GPU's target (unless --arch), its SASS's hot loop, its\n"
+             "launch and occupancy, predicted us with its bound (memory, issue,\n"
+             "latency, waves), and the layer against its floor, for each B x k0\n"
+             "(GPU: {gpus})"},
+    TOOL_SHARED(TOOL_OPT_CACHE_DIR, "of the interpreter and GPU runs (cold compiles use temporary ones)"),
+    {.name = "json", .id = OPT_JSON, .help = "one JSON object on stdout (progress on stderr)"},
+    TOOL_SHARED(TOOL_OPT_QUIET, NULL),
+    {0}};
 
 #define NSETS 4       /* input sets rotated through on the GPU                                 */
 #define MAX_LIST 64
@@ -913,59 +926,23 @@ static int read_config(bench *b) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    enum { OPT_CONFIG = 256, OPT_QUANT, OPT_CK, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_TP, OPT_EP,
-           OPT_BATCH, OPT_K0P, OPT_MODE, OPT_ARCH, OPT_BB, OPT_K0, OPT_REPS, OPT_ITERS, OPT_SIMI, OPT_COPY,
-           OPT_NOCOMPILE, OPT_NOGPU, OPT_NOSIM, OPT_CACHE, OPT_JSON, OPT_PREDICT };
-    static const struct option opts[] = {
-        {"config", required_argument, 0, OPT_CONFIG},  {"quant", required_argument, 0, OPT_QUANT},
-        {"checkpoint", required_argument, 0, OPT_CK},  {"hidden", required_argument, 0, OPT_HIDDEN},
-        {"intermediate", required_argument, 0, OPT_INTER}, {"experts", required_argument, 0, OPT_EXPERTS},
-        {"topk", required_argument, 0, OPT_TOPK},      {"tp", required_argument, 0, OPT_TP},
-        {"ep", required_argument, 0, OPT_EP},          {"batch", required_argument, 0, OPT_BATCH},
-        {"k0-policy", required_argument, 0, OPT_K0P},  {"mode", required_argument, 0, OPT_MODE},
-        {"arch", required_argument, 0, OPT_ARCH},      {"bench-batch", required_argument, 0, OPT_BB},
-        {"k0", required_argument, 0, OPT_K0},          {"reps", required_argument, 0, OPT_REPS},
-        {"iters", required_argument, 0, OPT_ITERS},    {"sim-intermediate", required_argument, 0, OPT_SIMI},
-        {"copy-mb", required_argument, 0, OPT_COPY},   {"no-compile", no_argument, 0, OPT_NOCOMPILE},
-        {"no-gpu", no_argument, 0, OPT_NOGPU},         {"no-sim", no_argument, 0, OPT_NOSIM},
-        {"cache-dir", required_argument, 0, OPT_CACHE}, {"predict", required_argument, 0, OPT_PREDICT},
-        {"json", no_argument, 0, OPT_JSON},            {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
     bench_args a;
     memset(&a, 0, sizeof a);
-    a.batch = "1-256", a.k0_policy = "1-3:8,4-:4", a.par = MJ_PAR_TP, a.n_ranks = 8;
     a.reps = 3, a.iters = 50, a.sim_I = 64, a.copy_mb = 512;
     static const int32_t dbb[] = {1, 2, 4, 8, 16, 32, 64}, dk0[] = {8, 6, 4, 3};
     memcpy(a.bb, dbb, sizeof dbb), a.n_bb = 7;
     memcpy(a.k0s, dk0, sizeof dk0), a.n_k0 = 4;
-    int c, k0p_given = 0;
+    int c, cli_rc;
     char k0p_default[32];
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "qhV", opts, NULL)) != -1) {
+    tool_shared so = TOOL_SHARED_INIT;
+    tool_cli cli = {.cmd = "bench", .usage = k_usage, .opts = k_opts, .sh = &so};
+    while ((c = tool_cli_next(&cli, argc, argv, &cli_rc)) != 0) {
         switch (c) {
-        case OPT_CONFIG: a.config = optarg; break;
-        case OPT_QUANT: a.quant = optarg; break;
         case OPT_CK: a.checkpoint = optarg; break;
         case OPT_HIDDEN: if (tool_parse_int("bench", "--hidden", optarg, 64, 1 << 16, &a.hidden)) return 2; break;
         case OPT_INTER: if (tool_parse_int("bench", "--intermediate", optarg, 64, 1 << 16, &a.intermediate)) return 2; break;
         case OPT_EXPERTS: if (tool_parse_int("bench", "--experts", optarg, 1, 4096, &a.experts)) return 2; break;
         case OPT_TOPK: if (tool_parse_int("bench", "--topk", optarg, 1, 64, &a.topk)) return 2; break;
-        case OPT_TP:
-        case OPT_EP:
-            if (tool_parse_split("bench", c == OPT_TP, optarg, a.split_given, &a.par, &a.n_ranks)) return 2;
-            a.split_given = 1;
-            break;
-        case OPT_BATCH: a.batch = optarg; break;
-        case OPT_K0P: a.k0_policy = !strcmp(optarg, "none") ? NULL : optarg, k0p_given = 1; break;
-        case OPT_MODE: a.mode = optarg; break;
-        case OPT_ARCH: {
-            mj_target t;
-            if (mj_target_parse(optarg, &t) != MJ_OK) return tool_usage("bench", "--arch: %s", mj_last_error());
-            a.arch = mj_target_name(t);
-            break;
-        }
         case OPT_BB: if (parse_list("--bench-batch", optarg, 1, 256, a.bb, &a.n_bb)) return 2; break;
         case OPT_K0:
             if (parse_list("--k0", optarg, 1, 64, a.k0s, &a.n_k0)) return 2;
@@ -981,23 +958,23 @@ int cmd_bench(int argc, char **argv) {
         case OPT_NOCOMPILE: a.no_compile = 1; break;
         case OPT_NOGPU: a.no_gpu = 1; break;
         case OPT_NOSIM: a.no_sim = 1; break;
-        case OPT_CACHE: a.cache_dir = optarg; break;
         case OPT_PREDICT:
             if (!(a.predict = tool_gpu_find(optarg)))
                 return tool_usage("bench", "--predict: unknown GPU '%s' (known: %s)", optarg, tool_gpu_names());
             break;
         case OPT_JSON: a.json = 1; break;
-        case 'q': a.quiet = 1; break;
-        case 'h': fputs(k_help, stdout); return 0;
-        case 'V': {
-            const char *ver;
-            mj_version(NULL, NULL, NULL, &ver);
-            printf("moejit %s\n", ver);
-            return 0;
-        }
-        default: return tool_usage("bench", "unknown option '%s'", argv[optind - 1]);
+        case TOOL_CLI_EXIT: return cli_rc;
         }
     }
+    /* The shared options, with bench's defaults: TP 8 (one rank with a checkpoint), batch sizes
+     * 1-256, k0 "1-3:8,4-:4" ("none": plain top-k). */
+    a.config = so.config, a.quant = so.quant, a.mode = so.mode, a.cache_dir = so.cache_dir, a.quiet = so.quiet;
+    a.arch = so.n_arch ? so.arch[so.n_arch - 1] : NULL;
+    a.batch = so.batch ? so.batch : "1-256";
+    const int k0p_given = so.k0_policy != NULL;
+    a.k0_policy = !k0p_given ? "1-3:8,4-:4" : strcmp(so.k0_policy, "none") ? so.k0_policy : NULL;
+    a.split_given = so.split_given;
+    a.par = so.split_given ? so.par : MJ_PAR_TP, a.n_ranks = so.split_given ? so.n_ranks : 8;
     if (optind < argc) return tool_usage("bench", "unexpected argument '%s'", argv[optind]);
     if (a.checkpoint && !a.split_given) a.par = MJ_PAR_NONE, a.n_ranks = 1;
     if (a.n_ranks == 1) a.par = MJ_PAR_NONE;
@@ -1063,7 +1040,10 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!have_gpu || a.par == MJ_PAR_EP) mj_layer_free(b.ck_L), b.ck_L = NULL;
     }
-    const char *arch = a.arch ? a.arch : have_gpu ? mj_target_name(di.target) : a.predict ? a.predict->arch : "sm_120a";
+    const char *arch = a.arch ? a.arch
+                       : have_gpu ? mj_target_name(di.target)
+                       : a.predict ? a.predict->arch
+                       : mj_target_name(MJ_DEFAULT_TARGET);
     {
         const char *ver;
         mj_version(NULL, NULL, NULL, &ver);

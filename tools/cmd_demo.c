@@ -5,7 +5,6 @@
 #include "moejit_private.h"
 
 #include <ftw.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char k_help[] =
+static const char k_usage[] =
     "usage: moejit demo [options]\n"
     "\n"
     "The whole pipeline on a small GLM-5-shaped model: write a random ModelOpt NVFP4\n"
@@ -27,20 +26,29 @@ static const char k_help[] =
     "cache, unique experts, weight bytes read, and the time that read takes at the memory\n"
     "bandwidth of an RTX PRO 6000. Exit status 1 if any check fails.\n"
     "\n"
-    "options:\n"
-    "  --seed N          seed of the checkpoint and the batch (default 1)\n"
-    "  --batch B         tokens in the batch, 1..256 (default 16)\n"
-    "  --k0 K0           OEA phase-1 experts (default 4)\n"
-    "  --hidden H        hidden size, a multiple of 64 (default 512)\n"
-    "  --intermediate I  expert intermediate size, a multiple of 512 so TP 8 splits it\n"
-    "                    (default 512)\n"
-    "  --experts E       routed experts, a multiple of 8 (default 256)\n"
-    "  --topk K          experts per token (default 8)\n"
-    "  --mode M          w4a16 (default) or w4a4 (activations in NVFP4, as on sm_120)\n"
-    "  --keep DIR        write the checkpoint to DIR (new) and keep it\n"
-    "  --cache-dir D     the kernel cache (default $MOEJIT_CACHE_DIR, ~/.cache/moejit)\n"
-    "  -h, --help        this text\n"
-    "  -V, --version     print the version\n";
+    "options:\n";
+
+enum { OPT_SEED = 256, OPT_BATCH, OPT_K0, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_MODE, OPT_KEEP };
+
+static const tool_opt k_opts[] = {
+    {.name = "seed", .id = OPT_SEED, .has_arg = 1, .arg = "N",
+     .help = "seed of the checkpoint and the batch (default 1)"},
+    {.name = "batch", .id = OPT_BATCH, .has_arg = 1, .arg = "B", .help = "tokens in the batch, 1..256 (default 16)"},
+    {.name = "k0", .id = OPT_K0, .has_arg = 1, .arg = "K0", .help = "OEA phase-1 experts (default 4)"},
+    {.name = "hidden", .id = OPT_HIDDEN, .has_arg = 1, .arg = "H",
+     .help = "hidden size, a multiple of 64 (default 512)"},
+    {.name = "intermediate", .id = OPT_INTER, .has_arg = 1, .arg = "I",
+     .help = "expert intermediate size, a multiple of 512 so TP 8 splits it\n"
+             "(default 512)"},
+    {.name = "experts", .id = OPT_EXPERTS, .has_arg = 1, .arg = "E",
+     .help = "routed experts, a multiple of 8 (default 256)"},
+    {.name = "topk", .id = OPT_TOPK, .has_arg = 1, .arg = "K", .help = "experts per token (default 8)"},
+    {.name = "mode", .id = OPT_MODE, .has_arg = 1, .arg = "M",
+     .help = "w4a16 (default) or w4a4 (activations in NVFP4, as on sm_120)"},
+    {.name = "keep", .id = OPT_KEEP, .has_arg = 1, .arg = "DIR",
+     .help = "write the checkpoint to DIR (new) and keep it"},
+    TOOL_SHARED(TOOL_OPT_CACHE_DIR, NULL),
+    {0}};
 
 /* GLM-5's MoE configuration (config.json, the keys moejit reads). */
 static const char k_glm5_config[] =
@@ -77,23 +85,13 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
 /* The temporary directory this command made (mkdtemp), without following links. */
 static void rm_tree(const char *dir) { nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
 
-enum { OPT_SEED = 256, OPT_BATCH, OPT_K0, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK, OPT_MODE, OPT_KEEP, OPT_CACHE };
-
 int cmd_demo(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"seed", required_argument, 0, OPT_SEED},     {"batch", required_argument, 0, OPT_BATCH},
-        {"k0", required_argument, 0, OPT_K0},         {"hidden", required_argument, 0, OPT_HIDDEN},
-        {"intermediate", required_argument, 0, OPT_INTER}, {"experts", required_argument, 0, OPT_EXPERTS},
-        {"topk", required_argument, 0, OPT_TOPK},     {"mode", required_argument, 0, OPT_MODE},
-        {"keep", required_argument, 0, OPT_KEEP},     {"cache-dir", required_argument, 0, OPT_CACHE},
-        {"help", no_argument, 0, 'h'},                {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
-    int seed = 1, batch = 16, k0 = 4, hidden = 512, inter = 512, experts = 256, topk = 8, c;
-    const char *keep = NULL, *cache_dir = NULL;
+    int seed = 1, batch = 16, k0 = 4, hidden = 512, inter = 512, experts = 256, topk = 8, c, cli_rc;
+    const char *keep = NULL;
     mj_weight_mode mode = MJ_MODE_W4A16;
-    optind = 1;
-    opterr = 0; /* we report bad options ourselves, in one line */
-    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+    tool_shared so = TOOL_SHARED_INIT;
+    tool_cli cli = {.cmd = "demo", .usage = k_usage, .opts = k_opts, .sh = &so};
+    while ((c = tool_cli_next(&cli, argc, argv, &cli_rc)) != 0) {
         switch (c) {
         case OPT_SEED: if (tool_parse_int("demo", "--seed", optarg, 0, 2147483647L, &seed)) return 2; break;
         case OPT_BATCH: if (tool_parse_int("demo", "--batch", optarg, 1, 256, &batch)) return 2; break;
@@ -108,12 +106,10 @@ int cmd_demo(int argc, char **argv) {
             else return tool_usage("demo", "--mode wants w4a16 or w4a4, got '%s'", optarg);
             break;
         case OPT_KEEP: keep = optarg; break;
-        case OPT_CACHE: cache_dir = optarg; break;
-        case 'h': fputs(k_help, stdout); return 0;
-        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
-        default: return tool_usage("demo", "unknown option or missing value: '%s'", argv[optind - 1]);
+        case TOOL_CLI_EXIT: return cli_rc;
         }
     }
+    const char *cache_dir = so.cache_dir;
     if (optind != argc) return tool_usage("demo", "unexpected argument '%s'", argv[optind]);
     if (k0 > topk) return tool_usage("demo", "--k0 %d exceeds --topk %d", k0, topk);
     if (hidden % 64) return tool_usage("demo", "--hidden %d is not a multiple of 64", hidden);
@@ -174,8 +170,7 @@ int cmd_demo(int argc, char **argv) {
     for (size_t i = 0; i < n; i++) h[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
     const tool_gpu *gpu = tool_gpu_find("rtx-pro-6000");
     const double glm5_expert = (double)mj_pack_expert_bytes(6144, 2048);
-    int gpus = 0;
-    if (mj_cuda_load() == MJ_OK) mj_cuda_device_count(&gpus);
+    const int gpus = tool_gpus_present();
     printf("batch: %d tokens, %s; kernels on the interpreter (8 loopback ranks)%s\n\n", batch,
            mode == MJ_MODE_W4A4 ? "W4A4" : "W4A16", gpus ? " and on GPU 0 (the whole layer)" : "; no GPU here");
     printf("%-22s %7s %9s %12s %13s %9s %s\n", "run", "experts", "compiled", "MB read/rank", "floor/rank us",
@@ -196,7 +191,8 @@ int cmd_demo(int argc, char **argv) {
         tool_moe_job j;
         memset(&j, 0, sizeof j);
         j.ck = ck, j.layer = info.layer_first, j.par = par, j.n_ranks = ranks;
-        j.backend = on_gpu ? MJ_BACKEND_CUDA : MJ_BACKEND_SIM, j.sim_target = "sm_120a", j.cache_dir = cache_dir;
+        j.backend = on_gpu ? MJ_BACKEND_CUDA : MJ_BACKEND_SIM, j.sim_target = mj_target_name(MJ_DEFAULT_TARGET);
+        j.cache_dir = cache_dir;
         j.k0_policy = k0s, j.mode = mode, j.hidden = h, j.B = batch, j.num_valid = batch, j.out = out;
         if (tool_moe_run(&j)) goto done;
         if ((st = mj_moe_forward_ref(full, mode, h, batch, batch, k, want, NULL)) != MJ_OK) {

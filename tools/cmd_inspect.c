@@ -5,7 +5,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char k_help[] =
+static const char k_usage[] =
     "usage: moejit inspect [options] list\n"
     "       moejit inspect [options] show KEY|PREFIX [--source|--ptx|--sass|--log|--json]\n"
     "                                                [--roofline GPU]\n"
@@ -31,7 +30,7 @@ static const char k_help[] =
     "             the compile log, --json the metadata as JSON. For an expert GEMM\n"
     "             (moe_experts) it says the bytes a forward reads per active expert, and with\n"
     "             --roofline GPU the floor that puts on a forward's time on that GPU\n"
-    "             (rtx-pro-6000, rtx-5090, gb10, b200, h200, h100, a100, l40s, rtx-4090)\n"
+    "             ({gpus})\n"
     "  templates  the kernel templates built into moejit, their knobs and targets\n"
     "  gc         evict least-recently-used entries down to the size cap (or --max-bytes)\n"
     "  verify     check every entry's checksum and format; move bad ones to quarantine\n"
@@ -45,11 +44,22 @@ static const char k_help[] =
     "inspect creates nothing: a cache directory that does not exist is an error, and list,\n"
     "show and --stats write nothing (not even last-used stamps).\n"
     "\n"
-    "options:\n"
-    "  --cache-dir D   the cache directory (default $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,\n"
-    "                  ~/.cache/moejit)\n"
-    "  -h, --help      this text\n"
-    "  -V, --version   print the version\n";
+    "options:\n";
+
+enum { OPT_STATS = 256, OPT_SOURCE, OPT_PTX, OPT_SASS, OPT_LOG, OPT_JSON, OPT_MAX, OPT_ROOF };
+
+/* The subcommands' own options are described with them, above. */
+static const tool_opt k_opts[] = {
+    {.name = "stats", .id = OPT_STATS},
+    {.name = "source", .id = OPT_SOURCE},
+    {.name = "ptx", .id = OPT_PTX},
+    {.name = "sass", .id = OPT_SASS},
+    {.name = "log", .id = OPT_LOG},
+    {.name = "json", .id = OPT_JSON},
+    {.name = "max-bytes", .id = OPT_MAX, .has_arg = 1, .arg = "N"},
+    {.name = "roofline", .id = OPT_ROOF, .has_arg = 1, .arg = "GPU"},
+    TOOL_SHARED(TOOL_OPT_CACHE_DIR, NULL),
+    {0}};
 
 static const char *ago(int64_t ns, char *buf, size_t len) {
     double s = (double)time(NULL) - (double)ns / 1e9;
@@ -309,24 +319,14 @@ static int cmd_stats(mj_cache *c) {
 }
 
 int cmd_inspect(int argc, char **argv) {
-    enum { OPT_CACHE = 256, OPT_STATS, OPT_SOURCE, OPT_PTX, OPT_SASS, OPT_LOG, OPT_JSON, OPT_MAX, OPT_ROOF };
-    static const struct option opts[] = {
-        {"cache-dir", required_argument, 0, OPT_CACHE}, {"stats", no_argument, 0, OPT_STATS},
-        {"source", no_argument, 0, OPT_SOURCE},         {"ptx", no_argument, 0, OPT_PTX},
-        {"sass", no_argument, 0, OPT_SASS},             {"log", no_argument, 0, OPT_LOG},
-        {"json", no_argument, 0, OPT_JSON},             {"max-bytes", required_argument, 0, OPT_MAX},
-        {"roofline", required_argument, 0, OPT_ROOF},
-        {"help", no_argument, 0, 'h'},                  {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
-    const char *dir = NULL, *what = "summary";
+    const char *what = "summary";
     const tool_gpu *gpu = NULL;
-    int stats = 0, c;
+    int stats = 0, c, cli_rc;
     long long max_bytes = -1;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+    tool_shared so = TOOL_SHARED_INIT;
+    tool_cli cli = {.cmd = "inspect", .usage = k_usage, .opts = k_opts, .sh = &so};
+    while ((c = tool_cli_next(&cli, argc, argv, &cli_rc)) != 0) {
         switch (c) {
-        case OPT_CACHE: dir = optarg; break;
         case OPT_STATS: stats = 1; break;
         case OPT_SOURCE: what = "source"; break;
         case OPT_PTX: what = "ptx"; break;
@@ -344,11 +344,10 @@ int cmd_inspect(int argc, char **argv) {
             if (errno || *end || max_bytes < 0) return tool_usage("inspect", "--max-bytes wants a byte count, got '%s'", optarg);
             break;
         }
-        case 'h': fputs(k_help, stdout); return 0;
-        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
-        default: return tool_usage("inspect", "unknown option or missing value: '%s'", argv[optind - 1]);
+        case TOOL_CLI_EXIT: return cli_rc;
         }
     }
+    const char *dir = so.cache_dir;
     const char *sub = optind < argc ? argv[optind] : NULL;
     if (!sub && !stats) return tool_usage("inspect", "expected list, show, templates, gc, verify or --stats");
     if (sub && !strcmp(sub, "templates")) return cmd_templates();

@@ -3,11 +3,10 @@
 #include "tools.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char k_help[] =
+static const char k_usage[] =
     "usage: moejit make-checkpoint --config CONFIG.json --out DIR --seed N [options]\n"
     "\n"
     "Write a Hugging Face checkpoint directory in the layout of a ModelOpt NVFP4 export of a\n"
@@ -23,29 +22,38 @@ static const char k_help[] =
     "so a test can rebuild them. The planned size is printed first; a checkpoint that will not fit\n"
     "the file system's free space is refused. Files are written into a new directory beside DIR,\n"
     "which is renamed to DIR when complete: on an error nothing is left behind. DIR must not\n"
-    "exist, or be an empty directory.\n"
+    "exist, or be an empty directory. Load the result with mj_checkpoint_open and mj_layer_load\n"
+    "(docs/checkpoints.md).\n"
     "\n"
-    "options:\n"
-    "  --config FILE     the source config.json (required); a quantization_config in it must be NVFP4\n"
-    "  --quant FILE      an NVFP4 hf_quant_config.json to copy (default: one written by moejit,\n"
-    "                    NVFP4 with group size 16)\n"
-    "  --out DIR         the checkpoint directory to create (required)\n"
-    "  --seed N          the seed of the random layers (required; 0..2^64-1)\n"
-    "  --layers A-B      the MoE layers A..B to write, dense ones between skipped (or one layer: A;\n"
-    "                    default: the first MoE layer, from first_k_dense_replace and moe_layer_freq)\n"
-    "  --hidden H        override hidden_size (a multiple of 64)\n"
-    "  --intermediate I  override moe_intermediate_size (a multiple of 64)\n"
-    "  --experts E       override n_routed_experts (num_experts in Qwen-style configs)\n"
-    "  --topk K          override num_experts_per_tok\n"
-    "  --shard-mb M      tensor data per shard, in MB of 10^6 bytes, fractions allowed (default 5000,\n"
-    "                    Hugging Face's \"5GB\"); a larger tensor gets a shard of its own\n"
-    "  -h, --help        this text\n"
-    "  -V, --version     print the version\n"
-    "\n"
-    "Load the result with mj_checkpoint_open and mj_layer_load (docs/checkpoints.md).\n";
+    "options:\n";
 
 enum { OPT_CONFIG = 256, OPT_QUANT, OPT_OUT, OPT_SEED, OPT_LAYERS, OPT_HIDDEN, OPT_INTER, OPT_EXPERTS, OPT_TOPK,
        OPT_SHARD };
+
+/* --config and --quant name the source's files (to copy), not the shared model options, whose
+ * config must already be NVFP4-quantized. */
+static const tool_opt k_opts[] = {
+    {.name = "config", .id = OPT_CONFIG, .has_arg = 1, .arg = "FILE",
+     .help = "the source config.json (required); a quantization_config in it must be NVFP4"},
+    {.name = "quant", .id = OPT_QUANT, .has_arg = 1, .arg = "FILE",
+     .help = "an NVFP4 hf_quant_config.json to copy (default: one written by moejit,\n"
+             "NVFP4 with group size 16)"},
+    {.name = "out", .id = OPT_OUT, .has_arg = 1, .arg = "DIR", .help = "the checkpoint directory to create (required)"},
+    {.name = "seed", .id = OPT_SEED, .has_arg = 1, .arg = "N",
+     .help = "the seed of the random layers (required; 0..2^64-1)"},
+    {.name = "layers", .id = OPT_LAYERS, .has_arg = 1, .arg = "A-B",
+     .help = "the MoE layers A..B to write, dense ones between skipped (or one layer: A;\n"
+             "default: the first MoE layer, from first_k_dense_replace and moe_layer_freq)"},
+    {.name = "hidden", .id = OPT_HIDDEN, .has_arg = 1, .arg = "H", .help = "override hidden_size (a multiple of 64)"},
+    {.name = "intermediate", .id = OPT_INTER, .has_arg = 1, .arg = "I",
+     .help = "override moe_intermediate_size (a multiple of 64)"},
+    {.name = "experts", .id = OPT_EXPERTS, .has_arg = 1, .arg = "E",
+     .help = "override n_routed_experts (num_experts in Qwen-style configs)"},
+    {.name = "topk", .id = OPT_TOPK, .has_arg = 1, .arg = "K", .help = "override num_experts_per_tok"},
+    {.name = "shard-mb", .id = OPT_SHARD, .has_arg = 1, .arg = "M",
+     .help = "tensor data per shard, in MB of 10^6 bytes, fractions allowed (default 5000,\n"
+             "Hugging Face's \"5GB\"); a larger tensor gets a shard of its own"},
+    {0}};
 
 /* "A" or "A-B", each 0..INT32_MAX. */
 static int parse_layers(const char *text, int32_t *a, int32_t *b) {
@@ -66,21 +74,12 @@ static int parse_layers(const char *text, int32_t *a, int32_t *b) {
 }
 
 int cmd_make_checkpoint(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"config", required_argument, 0, OPT_CONFIG},  {"quant", required_argument, 0, OPT_QUANT},
-        {"out", required_argument, 0, OPT_OUT},        {"seed", required_argument, 0, OPT_SEED},
-        {"layers", required_argument, 0, OPT_LAYERS},  {"hidden", required_argument, 0, OPT_HIDDEN},
-        {"intermediate", required_argument, 0, OPT_INTER}, {"experts", required_argument, 0, OPT_EXPERTS},
-        {"topk", required_argument, 0, OPT_TOPK},      {"shard-mb", required_argument, 0, OPT_SHARD},
-        {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
     const char *cmd = "make-checkpoint";
     mj_checkpoint_make_options o = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
-    int have_seed = 0, c, v;
+    int have_seed = 0, c, v, cli_rc;
     float mb;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+    tool_cli cli = {.cmd = cmd, .usage = k_usage, .opts = k_opts};
+    while ((c = tool_cli_next(&cli, argc, argv, &cli_rc)) != 0) {
         switch (c) {
         case OPT_CONFIG: o.config_json = optarg; break;
         case OPT_QUANT: o.quant_json = optarg; break;
@@ -112,9 +111,7 @@ int cmd_make_checkpoint(int argc, char **argv) {
                 return tool_usage(cmd, "--shard-mb wants at least one byte (1e-6) and at most 9e12, got '%s'", optarg);
             o.shard_bytes = (int64_t)((double)mb * 1e6);
             break;
-        case 'h': fputs(k_help, stdout); return 0;
-        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
-        default: return tool_usage(cmd, "unknown option or missing value: '%s'", argv[optind - 1]);
+        case TOOL_CLI_EXIT: return cli_rc;
         }
     }
     if (optind != argc) return tool_usage(cmd, "unexpected argument '%s'", argv[optind]);

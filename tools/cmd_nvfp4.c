@@ -147,7 +147,7 @@ int cmd_nvfp4(int argc, char **argv) {
         return 0;
     }
     if (argc >= 2 && (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version"))) {
-        printf("moejit %s\n", MJ_VERSION_STRING);
+        tool_print_version();
         return 0;
     }
     if (argc >= 3 && (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help"))) {

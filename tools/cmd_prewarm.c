@@ -7,7 +7,6 @@
 #include "moejit_private.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char k_help[] =
+static const char k_usage[] =
     "usage: moejit prewarm [options] MANIFEST...\n"
     "       moejit prewarm [options] --config CONFIG.json [--quant HF_QUANT.json] [--arch A]\n"
     "                      [--tp N | --ep N] [--batch B] [--k0-policy P] [--mode M]\n"
@@ -33,33 +32,32 @@ static const char k_help[] =
     "\n"
     "With --config, the list is what mj_moe_prepare asks for on every rank of that model and\n"
     "split, for those batch sizes, k0 policy and mode: the same planner serves both, so a\n"
-    "server that prepares with the same settings (in strict mode, even) compiles nothing.\n"
-    "  --config F       a Hugging Face config.json (its MoE part; quantization_config inside\n"
-    "                   it, or --quant)\n"
-    "  --quant F        its hf_quant_config.json (default: the one beside config.json,\n"
-    "                   when config.json has no quantization_config)\n"
-    "  --tp N, --ep N   the split over N ranks (default: one rank holds the layer)\n"
-    "  --batch B        batch sizes: \"1-256\" (default), \"1,2,4,8\" or both (\"1-8,16,32\")\n"
-    "  --k0-policy P    OEA's k0 by batch size: \"4\" or \"1-3:8,4-:4\" (default: k0 = top-k,\n"
-    "                   plain top-k); above 256 tokens k0 must be top-k\n"
-    "  --mode M         w4a16, w4a4, or a policy by batch size (\"1-8:w4a16,9-:w4a4\");\n"
-    "                   default: that policy where W4A4 exists (sm_120a, sm_121a), else w4a16\n"
-    "  --no-shared-expert  the engine runs the shared expert itself\n"
-    "  --backend B      cuda: GPU kernels (default); sim: the interpreter's objects, what\n"
-    "                   'moejit run --backend sim' and the demo use\n"
-    "  --dry-run        print the plan as manifest lines on stdout; compile nothing\n"
-    "  --arch A         the target (repeatable; default sm_120a)\n"
-    "\n"
-    "options:\n"
-    "  --arch A         compile each manifest line for target A instead of its own \"arch\"\n"
-    "                   (repeatable: sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a)\n"
-    "  -j N             parallel compiles (default: $MOEJIT_COMPILE_THREADS, else the CPUs\n"
-    "                   this process may run on)\n"
-    "  --cache-dir D    the cache directory (default $MOEJIT_CACHE_DIR, $XDG_CACHE_HOME/moejit,\n"
-    "                   ~/.cache/moejit)\n"
-    "  -q, --quiet      only the summary\n"
-    "  -h, --help       this text\n"
-    "  -V, --version    print the version\n";
+    "server that prepares with the same settings (in strict mode, even) compiles nothing.\n";
+
+enum { OPT_NOSHARED = 256, OPT_DRY, OPT_BACKEND };
+
+static const tool_opt k_opts[] = {
+    TOOL_SHARED(TOOL_OPT_CONFIG, NULL),
+    TOOL_SHARED(TOOL_OPT_QUANT, NULL),
+    TOOL_SHARED(TOOL_OPT_TP, "default: one rank holds the layer"),
+    TOOL_SHARED(TOOL_OPT_EP, NULL),
+    TOOL_SHARED(TOOL_OPT_BATCH, "default 1-256"),
+    TOOL_SHARED(TOOL_OPT_K0_POLICY, "default: k0 = top-k (plain top-k); above 256 tokens k0 must be top-k"),
+    TOOL_SHARED(TOOL_OPT_MODE, NULL),
+    {.name = "no-shared-expert", .id = OPT_NOSHARED, .help = "the engine runs the shared expert itself"},
+    {.name = "backend", .id = OPT_BACKEND, .has_arg = 1, .arg = "B",
+     .help = "cuda: GPU kernels (default); sim: the interpreter's objects, what\n"
+             "'moejit run --backend sim' and the demo use"},
+    {.name = "dry-run", .id = OPT_DRY, .help = "print the plan as manifest lines on stdout; compile nothing"},
+    TOOL_HEADING("\noptions:"),
+    TOOL_SHARED(TOOL_OPT_ARCH, "repeatable: with --config, the plan for each (default {target});\n"
+                               "with manifests, each line compiled for each instead of its own \"arch\""),
+    {.id = 'j', .has_arg = 1, .arg = "N",
+     .help = "parallel compiles (default: $MOEJIT_COMPILE_THREADS, else the CPUs\n"
+             "this process may run on)"},
+    TOOL_SHARED(TOOL_OPT_CACHE_DIR, NULL),
+    TOOL_SHARED(TOOL_OPT_QUIET, "(failures and the summary still print)"),
+    {0}};
 
 typedef struct job {
     char *line;         /* the manifest line, arch set                                   */
@@ -243,47 +241,14 @@ out:
 }
 
 int cmd_prewarm(int argc, char **argv) {
-    enum { OPT_ARCH = 256, OPT_CACHE, OPT_CONFIG, OPT_QUANT, OPT_TP, OPT_EP, OPT_BATCH, OPT_K0, OPT_MODE, OPT_NOSHARED,
-           OPT_DRY, OPT_BACKEND };
-    static const struct option opts[] = {
-        {"arch", required_argument, 0, OPT_ARCH},     {"cache-dir", required_argument, 0, OPT_CACHE},
-        {"config", required_argument, 0, OPT_CONFIG}, {"quant", required_argument, 0, OPT_QUANT},
-        {"tp", required_argument, 0, OPT_TP},         {"ep", required_argument, 0, OPT_EP},
-        {"batch", required_argument, 0, OPT_BATCH},   {"k0-policy", required_argument, 0, OPT_K0},
-        {"mode", required_argument, 0, OPT_MODE},     {"no-shared-expert", no_argument, 0, OPT_NOSHARED},
-        {"dry-run", no_argument, 0, OPT_DRY},         {"quiet", no_argument, 0, 'q'},
-        {"backend", required_argument, 0, OPT_BACKEND},
-        {"help", no_argument, 0, 'h'},                {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
+    tool_shared so = TOOL_SHARED_INIT;
+    tool_cli cli = {.cmd = "prewarm", .usage = k_usage, .opts = k_opts, .sh = &so};
     plan_args pa = {NULL, NULL, "1-256", NULL, NULL, MJ_PAR_NONE, 1, 1, 0, MJ_BACKEND_CUDA};
     int backend_given = 0;
-    const char *archs[MJ_TARGET_COUNT * 4];
-    int n_archs = 0, jobs_n = 0 /* -j not given: the context's compile threads */, quiet = 0, c;
-    const char *cache_dir = NULL;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "j:qhV", opts, NULL)) != -1) {
+    int jobs_n = 0 /* -j not given: the context's compile threads */, c, cli_rc;
+    while ((c = tool_cli_next(&cli, argc, argv, &cli_rc)) != 0) {
         switch (c) {
-        case OPT_ARCH: {
-            mj_target t;
-            if (mj_target_parse(optarg, &t) != MJ_OK)
-                return tool_usage("prewarm", "--arch: %s", mj_last_error());
-            if (n_archs == (int)(sizeof archs / sizeof *archs)) return tool_usage("prewarm", "too many --arch");
-            archs[n_archs++] = mj_target_name(t);
-            break;
-        }
         case 'j': if (tool_parse_int("prewarm", "-j", optarg, 1, 256, &jobs_n)) return 2; break;
-        case OPT_CACHE: cache_dir = optarg; break;
-        case OPT_CONFIG: pa.config = optarg; break;
-        case OPT_QUANT: pa.quant = optarg; break;
-        case OPT_TP:
-        case OPT_EP:
-            if (tool_parse_split("prewarm", c == OPT_TP, optarg, pa.par != MJ_PAR_NONE, &pa.par, &pa.n_ranks))
-                return 2;
-            break;
-        case OPT_BATCH: pa.batch = optarg; break;
-        case OPT_K0: pa.k0 = optarg; break;
-        case OPT_MODE: pa.mode = optarg; break;
         case OPT_NOSHARED: pa.shared = 0; break;
         case OPT_DRY: pa.dry_run = 1; break;
         case OPT_BACKEND:
@@ -293,12 +258,16 @@ int cmd_prewarm(int argc, char **argv) {
                                               "interpreter, for 'moejit run --backend sim')", optarg);
             backend_given = 1;
             break;
-        case 'q': quiet = 1; break;
-        case 'h': fputs(k_help, stdout); return 0;
-        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
-        default: return tool_usage("prewarm", "unknown option or missing value: '%s'", argv[optind - 1]);
+        case TOOL_CLI_EXIT: return cli_rc;
         }
     }
+    pa.config = so.config, pa.quant = so.quant, pa.par = so.par, pa.n_ranks = so.n_ranks;
+    if (so.batch) pa.batch = so.batch;
+    pa.k0 = so.k0_policy, pa.mode = so.mode;
+    const char **archs = so.arch;
+    int n_archs = so.n_arch;
+    const int quiet = so.quiet;
+    const char *cache_dir = so.cache_dir;
     if (pa.config && optind < argc)
         return tool_usage("prewarm", "give MANIFEST files or --config, not both");
     if (!pa.config && (pa.quant || pa.par != MJ_PAR_NONE || pa.k0 || pa.mode || !pa.shared || pa.dry_run ||
@@ -313,7 +282,7 @@ int cmd_prewarm(int argc, char **argv) {
     int cap = 0, rc = 0;
     for (int i = optind; i < argc && !rc; i++) rc = read_manifest(argv[i], archs, n_archs, &w.jobs, &w.n, &cap);
     if (pa.config) {
-        if (!n_archs) archs[n_archs++] = "sm_120a";
+        if (!n_archs) archs[n_archs++] = mj_target_name(MJ_DEFAULT_TARGET);
         for (int a = 0; a < n_archs && !rc; a++) rc = plan_jobs(&pa, archs[a], cache_dir, &w.jobs, &w.n, &cap);
         if (pa.dry_run) goto done;
     }

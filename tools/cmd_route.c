@@ -3,14 +3,13 @@
 
 #include "moejit_private.h"
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char k_help[] =
+static const char k_usage[] =
     "usage: moejit route [options] LOGITS.npy\n"
     "\n"
     "Route tokens with the noaux_tc router (DeepSeek-V3 / GLM-5) and OEA. LOGITS.npy is\n"
@@ -20,30 +19,42 @@ static const char k_help[] =
     "experts it got, and for the batch the unique experts before/after OEA, the mean experts\n"
     "per token, the retained routing mass and the count of NaN logits.\n"
     "\n"
-    "options:\n"
-    "  --bias FILE          e_score_correction_bias, float32 [E] (selection only)\n"
-    "  --config FILE        a model's config.json: top-k, scaling factor, renorm, scoring,\n"
-    "                       groups and the group score (from topk_method) come from it\n"
-    "                       (flags below override)\n"
-    "  --topk K             experts per token (default 8, or the model's)\n"
-    "  --k0 K0              OEA phase-1 experts, 1..K (default K: plain top-k)\n"
-    "  --rsf X              routed scaling factor, a positive number (default 1.0, or the\n"
-    "                       model's)\n"
-    "  --no-renorm          do not renormalize the chosen weights to sum 1\n"
-    "  --scoring S          sigmoid (default) or softmax\n"
-    "  --n-group G          expert groups for group-limited routing (default 1)\n"
-    "  --topk-group G       groups kept per token (default 1)\n"
-    "  --group-score R      how a group is scored when --n-group > 1: top2-sum, the sum of\n"
-    "                       its two best selection scores (noaux_tc: DeepSeek-V3, GLM-5), or\n"
-    "                       max, its best one (group_limited_greedy: DeepSeek-V2); default\n"
-    "                       top2-sum, or what the model's topk_method says\n"
-    "  --valid N            only the first N rows are real tokens; the rest are padding that\n"
-    "                       gets no experts and does not join OEA's shared set (default B)\n"
-    "  --k0-policy P        k0 from the batch size: \"1-3:8,4-15:6,16-:4\" (instead of --k0)\n"
-    "  --backend B          ref (the CPU reference), sim (the generated kernels on the CPU\n"
-    "                       interpreter) or cuda (on GPU 0); default sim, cuda with a GPU\n"
-    "  -h, --help           this text\n"
-    "  -V, --version        print the version\n";
+    "options:\n";
+
+enum { OPT_BIAS = 256, OPT_CONFIG, OPT_TOPK, OPT_K0, OPT_RSF, OPT_NORENORM, OPT_SCORING,
+       OPT_NGROUP, OPT_TOPKGROUP, OPT_GSCORE, OPT_VALID, OPT_BACKEND };
+
+static const tool_opt k_opts[] = {
+    {.name = "bias", .id = OPT_BIAS, .has_arg = 1, .arg = "FILE",
+     .help = "e_score_correction_bias, float32 [E] (selection only)"},
+    {.name = "config", .id = OPT_CONFIG, .has_arg = 1, .arg = "FILE",
+     .help = "a model's config.json: top-k, scaling factor, renorm, scoring,\n"
+             "groups and the group score (from topk_method) come from it\n"
+             "(flags below override)"},
+    {.name = "topk", .id = OPT_TOPK, .has_arg = 1, .arg = "K", .help = "experts per token (default 8, or the model's)"},
+    {.name = "k0", .id = OPT_K0, .has_arg = 1, .arg = "K0",
+     .help = "OEA phase-1 experts, 1..K (default K: plain top-k)"},
+    {.name = "rsf", .id = OPT_RSF, .has_arg = 1, .arg = "X",
+     .help = "routed scaling factor, a positive number (default 1.0, or the\n"
+             "model's)"},
+    {.name = "no-renorm", .id = OPT_NORENORM, .help = "do not renormalize the chosen weights to sum 1"},
+    {.name = "scoring", .id = OPT_SCORING, .has_arg = 1, .arg = "S", .help = "sigmoid (default) or softmax"},
+    {.name = "n-group", .id = OPT_NGROUP, .has_arg = 1, .arg = "G",
+     .help = "expert groups for group-limited routing (default 1)"},
+    {.name = "topk-group", .id = OPT_TOPKGROUP, .has_arg = 1, .arg = "G", .help = "groups kept per token (default 1)"},
+    {.name = "group-score", .id = OPT_GSCORE, .has_arg = 1, .arg = "R",
+     .help = "how a group is scored when --n-group > 1: top2-sum, the sum of\n"
+             "its two best selection scores (noaux_tc: DeepSeek-V3, GLM-5), or\n"
+             "max, its best one (group_limited_greedy: DeepSeek-V2); default\n"
+             "top2-sum, or what the model's topk_method says"},
+    {.name = "valid", .id = OPT_VALID, .has_arg = 1, .arg = "N",
+     .help = "only the first N rows are real tokens; the rest are padding that\n"
+             "gets no experts and does not join OEA's shared set (default B)"},
+    TOOL_SHARED(TOOL_OPT_K0_POLICY, "the batch size is the valid tokens' (--valid); instead of --k0"),
+    {.name = "backend", .id = OPT_BACKEND, .has_arg = 1, .arg = "B",
+     .help = "ref (the CPU reference), sim (the generated kernels on the CPU\n"
+             "interpreter) or cuda (on GPU 0); default sim, cuda with a GPU"},
+    {0}};
 
 /* What the command routes in one call, checked on the file's int64 shape before narrowing
  * to int. The route kernel (sim and cuda backends) takes 8..1024 experts (runtime/route.c);
@@ -52,9 +63,6 @@ static const char k_help[] =
 #define ROUTE_KERNEL_MAX_EXPERTS 1024
 #define ROUTE_REF_MAX_EXPERTS 65536
 #define ROUTE_MAX_TOKENS (1 << 24)
-
-enum { OPT_BIAS = 256, OPT_CONFIG, OPT_TOPK, OPT_K0, OPT_RSF, OPT_NORENORM, OPT_SCORING,
-       OPT_NGROUP, OPT_TOPKGROUP, OPT_GSCORE, OPT_VALID, OPT_BACKEND, OPT_POLICY };
 
 static json_t *route_json(const mj_route_params *p, int B, int V, const int32_t *ids,
                           const float *w, const int32_t *nsel, const mj_route_stats *st) {
@@ -137,24 +145,14 @@ static mj_status route_on_backend(const char *backend, const mj_route_params *p,
 }
 
 int cmd_route(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"bias", required_argument, 0, OPT_BIAS},      {"config", required_argument, 0, OPT_CONFIG},
-        {"topk", required_argument, 0, OPT_TOPK},      {"k0", required_argument, 0, OPT_K0},
-        {"rsf", required_argument, 0, OPT_RSF},        {"no-renorm", no_argument, 0, OPT_NORENORM},
-        {"scoring", required_argument, 0, OPT_SCORING}, {"n-group", required_argument, 0, OPT_NGROUP},
-        {"topk-group", required_argument, 0, OPT_TOPKGROUP}, {"group-score", required_argument, 0, OPT_GSCORE},
-        {"valid", required_argument, 0, OPT_VALID},
-        {"backend", required_argument, 0, OPT_BACKEND}, {"k0-policy", required_argument, 0, OPT_POLICY},
-        {"help", no_argument, 0, 'h'},                 {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
-    const char *bias_path = NULL, *config_path = NULL, *backend = NULL, *policy = NULL;
+    const char *bias_path = NULL, *config_path = NULL, *backend = NULL;
     int topk = -1, k0 = -1, no_renorm = 0, n_group = -1, topk_group = -1, valid = -1;
     int scoring = -1, gscore = -1;
     float rsf = 0.0f;
-    int have_rsf = 0, c;
-    optind = 1;
-    opterr = 0; /* we report bad options ourselves, in one line */
-    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+    int have_rsf = 0, c, cli_rc;
+    tool_shared so = TOOL_SHARED_INIT;
+    tool_cli cli = {.cmd = "route", .usage = k_usage, .opts = k_opts, .sh = &so};
+    while ((c = tool_cli_next(&cli, argc, argv, &cli_rc)) != 0) {
         switch (c) {
         case OPT_BIAS: bias_path = optarg; break;
         case OPT_CONFIG: config_path = optarg; break;
@@ -180,12 +178,10 @@ int cmd_route(int argc, char **argv) {
                 return tool_usage("route", "--backend wants ref, sim or cuda, got '%s'", optarg);
             backend = optarg;
             break;
-        case OPT_POLICY: policy = optarg; break;
-        case 'h': fputs(k_help, stdout); return 0;
-        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
-        default: return tool_usage("route", "unknown option or missing value: '%s'", argv[optind - 1]);
+        case TOOL_CLI_EXIT: return cli_rc;
         }
     }
+    const char *policy = so.k0_policy;
     if (optind + 1 != argc) return tool_usage("route", "expected one LOGITS.npy file");
 
     mj_route_params p = MJ_ROUTE_PARAMS_INIT;

@@ -5,12 +5,11 @@
 #include "compare.h"
 #include "moejit_private.h"
 
-#include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char k_help[] =
+static const char k_usage[] =
     "usage: moejit run --checkpoint DIR --input X.npy --output Y.npy [options]\n"
     "\n"
     "Run one MoE layer of a ModelOpt NVFP4 checkpoint on a batch: X is float32 [B, H] (rounded\n"
@@ -18,50 +17,42 @@ static const char k_help[] =
     "[B, H], written atomically. The layer runs through the generated kernels on the ranks\n"
     "asked for (--tp/--ep), or through the CPU reference (--backend ref).\n"
     "\n"
-    "options:\n"
-    "  --checkpoint DIR  the checkpoint (config.json, hf_quant_config.json, safetensors)\n"
-    "  --layer L         the MoE layer (default: the first the checkpoint holds)\n"
-    "  --input X.npy     float32 [B, H]\n"
-    "  --output Y.npy    float32 [B, H]\n"
-    "  --num-valid N     rows past N are padding (output 0); default B\n"
-    "  --backend B       cuda (GPUs), sim (the CPU interpreter running the same kernels), ref\n"
-    "                    (the CPU reference) or auto (default: cuda when there are GPUs for\n"
-    "                    every rank, else sim, whose ranks are loopback threads)\n"
-    "  --tp N, --ep N    split the layer over N ranks: tensor or expert parallel (default one\n"
-    "                    rank). On cuda, rank r runs on GPU r, summed by NCCL\n"
-    "  --k0 K            OEA with k0 = K (default: plain top-k)\n"
-    "  --k0-policy P     k0 by batch size (\"1-3:8,4-:4\")\n"
-    "  --mode M          w4a16, w4a4 (sm_120a/sm_121a and the interpreter), or a policy by\n"
-    "                    batch size (\"1-8:w4a16,9-:w4a4\"); default: that policy where W4A4\n"
-    "                    exists, else w4a16. The reference takes w4a16 (default) or w4a4\n"
-    "  --arch A          the interpreter's target (default sm_120a)\n"
-    "  --check           also run the CPU reference and print the relative error; exit 1 if\n"
-    "                    it is above the kernels' tolerance (2e-3 W4A16, 5e-2 W4A4)\n"
-    "  --cache-dir D     the kernel cache (default $MOEJIT_CACHE_DIR, ~/.cache/moejit)\n"
-    "  -h, --help        this text\n"
-    "  -V, --version     print the version\n";
+    "options:\n";
+
+enum { OPT_CK = 256, OPT_LAYER, OPT_IN, OPT_OUT, OPT_NV, OPT_BACKEND, OPT_K0, OPT_CHECK };
+
+static const tool_opt k_opts[] = {
+    {.name = "checkpoint", .id = OPT_CK, .has_arg = 1, .arg = "DIR",
+     .help = "the checkpoint (config.json, hf_quant_config.json, safetensors)"},
+    {.name = "layer", .id = OPT_LAYER, .has_arg = 1, .arg = "L",
+     .help = "the MoE layer (default: the first the checkpoint holds)"},
+    {.name = "input", .id = OPT_IN, .has_arg = 1, .arg = "X.npy", .help = "float32 [B, H]"},
+    {.name = "output", .id = OPT_OUT, .has_arg = 1, .arg = "Y.npy", .help = "float32 [B, H]"},
+    {.name = "num-valid", .id = OPT_NV, .has_arg = 1, .arg = "N",
+     .help = "rows past N are padding (output 0); default B"},
+    {.name = "backend", .id = OPT_BACKEND, .has_arg = 1, .arg = "B",
+     .help = "cuda (GPUs), sim (the CPU interpreter running the same kernels), ref\n"
+             "(the CPU reference) or auto (default: cuda when there are GPUs for\n"
+             "every rank, else sim, whose ranks are loopback threads)"},
+    TOOL_SHARED(TOOL_OPT_TP, "default: one rank; on cuda rank r runs on GPU r, summed by NCCL"),
+    TOOL_SHARED(TOOL_OPT_EP, NULL),
+    {.name = "k0", .id = OPT_K0, .has_arg = 1, .arg = "K", .help = "OEA with k0 = K (default: plain top-k)"},
+    TOOL_SHARED(TOOL_OPT_K0_POLICY, "instead of --k0"),
+    TOOL_SHARED(TOOL_OPT_MODE, "the reference takes w4a16 (default) or w4a4"),
+    TOOL_SHARED(TOOL_OPT_ARCH, "the interpreter's (default {target}; a GPU builds for its own)"),
+    {.name = "check", .id = OPT_CHECK,
+     .help = "also run the CPU reference and print the relative error; exit 1 if\n"
+             "it is above the kernels' tolerance (2e-3 W4A16, 5e-2 W4A4)"},
+    TOOL_SHARED(TOOL_OPT_CACHE_DIR, NULL),
+    {0}};
 
 int cmd_run(int argc, char **argv) {
-    enum { OPT_CK = 256, OPT_LAYER, OPT_IN, OPT_OUT, OPT_NV, OPT_BACKEND, OPT_TP, OPT_EP, OPT_K0, OPT_K0P, OPT_MODE,
-           OPT_ARCH, OPT_CHECK, OPT_CACHE };
-    static const struct option opts[] = {
-        {"checkpoint", required_argument, 0, OPT_CK}, {"layer", required_argument, 0, OPT_LAYER},
-        {"input", required_argument, 0, OPT_IN},      {"output", required_argument, 0, OPT_OUT},
-        {"num-valid", required_argument, 0, OPT_NV},  {"backend", required_argument, 0, OPT_BACKEND},
-        {"tp", required_argument, 0, OPT_TP},         {"ep", required_argument, 0, OPT_EP},
-        {"k0", required_argument, 0, OPT_K0},         {"k0-policy", required_argument, 0, OPT_K0P},
-        {"mode", required_argument, 0, OPT_MODE},     {"arch", required_argument, 0, OPT_ARCH},
-        {"check", no_argument, 0, OPT_CHECK},         {"cache-dir", required_argument, 0, OPT_CACHE},
-        {"help", no_argument, 0, 'h'},                {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
-    const char *ck_dir = NULL, *in_path = NULL, *out_path = NULL, *backend = "auto", *k0_policy = NULL;
-    const char *mode_text = NULL, *arch = "sm_120a", *cache_dir = NULL;
-    int layer = -1, nv = -1, n_ranks = 1, k0 = 0, check = 0, c;
-    mj_parallel par = MJ_PAR_NONE;
+    const char *ck_dir = NULL, *in_path = NULL, *out_path = NULL, *backend = "auto";
+    int layer = -1, nv = -1, k0 = 0, check = 0, c, cli_rc;
     char k0_text[16];
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
+    tool_shared so = TOOL_SHARED_INIT;
+    tool_cli cli = {.cmd = "run", .usage = k_usage, .opts = k_opts, .sh = &so};
+    while ((c = tool_cli_next(&cli, argc, argv, &cli_rc)) != 0) {
         switch (c) {
         case OPT_CK: ck_dir = optarg; break;
         case OPT_LAYER: if (tool_parse_int("run", "--layer", optarg, 0, 100000, &layer)) return 2; break;
@@ -73,21 +64,16 @@ int cmd_run(int argc, char **argv) {
                 return tool_usage("run", "--backend wants cuda, sim, ref or auto, got '%s'", optarg);
             backend = optarg;
             break;
-        case OPT_TP:
-        case OPT_EP:
-            if (tool_parse_split("run", c == OPT_TP, optarg, par != MJ_PAR_NONE, &par, &n_ranks)) return 2;
-            break;
         case OPT_K0: if (tool_parse_int("run", "--k0", optarg, 1, 64, &k0)) return 2; break;
-        case OPT_K0P: k0_policy = optarg; break;
-        case OPT_MODE: mode_text = optarg; break;
-        case OPT_ARCH: arch = optarg; break;
         case OPT_CHECK: check = 1; break;
-        case OPT_CACHE: cache_dir = optarg; break;
-        case 'h': fputs(k_help, stdout); return 0;
-        case 'V': printf("moejit %s\n", MJ_VERSION_STRING); return 0;
-        default: return tool_usage("run", "unknown option or missing value: '%s'", argv[optind - 1]);
+        case TOOL_CLI_EXIT: return cli_rc;
         }
     }
+    const mj_parallel par = so.par;
+    const int n_ranks = so.n_ranks;
+    const char *k0_policy = so.k0_policy, *mode_text = so.mode, *cache_dir = so.cache_dir;
+    /* The interpreter's target: the last --arch (checked as it was parsed), else the default. */
+    const char *arch = so.n_arch ? so.arch[so.n_arch - 1] : mj_target_name(MJ_DEFAULT_TARGET);
     if (optind != argc) return tool_usage("run", "unexpected argument '%s'", argv[optind]);
     if (!ck_dir || !in_path || !out_path) return tool_usage("run", "--checkpoint, --input and --output are required");
     if (k0 && k0_policy) return tool_usage("run", "give --k0 or --k0-policy, not both");
@@ -100,13 +86,11 @@ int cmd_run(int argc, char **argv) {
     const char *mode_policy;
     const mj_weight_mode mode = tool_mode_parse(mode_text, &mode_policy);
     if (ref && mode_policy) return tool_usage("run", "the reference takes --mode w4a16 or w4a4");
-    mj_target tgt;
-    if (mj_target_parse(arch, &tgt) != MJ_OK) return tool_usage("run", "--arch: %s", mj_last_error());
 
     /* The backend: cuda needs a GPU per rank. */
     int backend_id = MJ_BACKEND_SIM, gpus = 0;
     if (!ref && strcmp(backend, "sim")) {
-        if (mj_cuda_load() == MJ_OK) mj_cuda_device_count(&gpus);
+        gpus = tool_gpus_present();
         if (gpus >= n_ranks) {
             backend_id = MJ_BACKEND_CUDA;
         } else if (!strcmp(backend, "cuda")) {
@@ -209,7 +193,7 @@ int cmd_run(int argc, char **argv) {
         tool_moe_job j;
         memset(&j, 0, sizeof j);
         j.ck = ck, j.layer = layer, j.par = par, j.n_ranks = n_ranks, j.backend = backend_id;
-        j.sim_target = mj_target_name(tgt), j.cache_dir = cache_dir, j.k0_policy = k0_policy, j.mode = mode;
+        j.sim_target = arch, j.cache_dir = cache_dir, j.k0_policy = k0_policy, j.mode = mode;
         j.mode_policy = mode_policy, j.hidden = hidden, j.B = B, j.num_valid = nv, j.out = y;
         if (tool_moe_run(&j)) goto done;
         ref_mode = j.mode_used;

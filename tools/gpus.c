@@ -27,6 +27,7 @@
  *     assumed a little slower (700 ns); LPDDR5x (GB10) 800 ns. */
 #include "tools.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const tool_gpu k_gpus[] = {
@@ -54,7 +55,11 @@ const tool_gpu *tool_gpu_find(const char *name) {
 }
 
 const char *tool_gpu_names(void) {
-    return "rtx-pro-6000, rtx-5090, gb10, b200, h200, h100, a100, l40s, rtx-4090";
+    static char names[256];
+    if (!names[0])
+        for (size_t i = 0, n = 0; i < sizeof k_gpus / sizeof k_gpus[0] && n < sizeof names; i++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", k_gpus[i].name);
+    return names;
 }
 
 int tool_gpu_count(void) { return (int)(sizeof k_gpus / sizeof k_gpus[0]); }

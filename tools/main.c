@@ -2,7 +2,6 @@
 #include "tools.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,45 +55,6 @@ int tool_fail_status(const char *what, mj_status s) {
     return tool_fail("%s: %s: %s", what, mj_status_string(s), mj_last_error());
 }
 
-int tool_parse_int(const char *cmd, const char *opt, const char *text, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < lo || v > hi) {
-        tool_usage(cmd, "%s wants an integer in %ld..%ld, got '%s'", opt, lo, hi, text);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
-
-int tool_parse_split(const char *cmd, int tp, const char *text, int already, mj_parallel *par, int *n_ranks) {
-    if (already) return tool_usage(cmd, "give one of --tp and --ep, once");
-    if (tool_parse_int(cmd, tp ? "--tp" : "--ep", text, 1, MJ_MAX_RANKS, n_ranks)) return 2;
-    *par = tp ? MJ_PAR_TP : MJ_PAR_EP;
-    return 0;
-}
-
-mj_weight_mode tool_mode_parse(const char *text, const char **policy) {
-    *policy = NULL;
-    if (text && !strcmp(text, "w4a16")) return MJ_MODE_W4A16;
-    if (text && !strcmp(text, "w4a4")) return MJ_MODE_W4A4;
-    *policy = text;
-    return MJ_MODE_AUTO;
-}
-
-int tool_parse_positive_float(const char *cmd, const char *opt, const char *text, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(text, &end);
-    if (errno || end == text || *end || !isfinite(v) || !(v > 0.0f)) {
-        tool_usage(cmd, "%s wants a positive finite number, got '%s'", opt, text);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int run(int argc, char **argv) {
     if (argc < 2) {
         fputs(k_usage, stderr);
@@ -106,9 +66,7 @@ static int run(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
-        const char *v;
-        mj_version(NULL, NULL, NULL, &v);
-        printf("moejit %s\n", v);
+        tool_print_version();
         return 0;
     }
     if (!strcmp(cmd, "route")) return cmd_route(argc - 1, argv + 1);
