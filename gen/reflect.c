@@ -202,7 +202,7 @@ static char *read_prelude(const char *path, size_t *len_out, int depth) {
     const char *slash = strrchr(path, '/');
     int dir_len = slash ? (int)(slash - path) : 1;
     const char *dir = slash ? path : ".";
-    strbuf b = {0};
+    mj_strbuf b = MJ_STRBUF_INIT;
     unsigned line = 1;
     for (const char *p = text, *end; p < text + len; p = end, line++) {
         const char *eol = memchr(p, '\n', (size_t)(text + len - p));
@@ -216,13 +216,13 @@ static char *read_prelude(const char *path, size_t *len_out, int depth) {
             q = end;
         }
         if (end - q < 7 || strncmp(q, "include", 7) != 0) {
-            sb_append(&b, p, (size_t)(end - p));
+            mj_sb_append(&b, p, (size_t)(end - p));
             continue;
         }
         q += 7;
         while (q < end && (*q == ' ' || *q == '\t')) q++;
         if (q == end || *q != '"') {
-            sb_append(&b, p, (size_t)(end - p)); /* #include <...>: left to the compiler */
+            mj_sb_append(&b, p, (size_t)(end - p)); /* #include <...>: left to the compiler */
             continue;
         }
         const char *name = ++q;
@@ -243,15 +243,16 @@ static char *read_prelude(const char *path, size_t *len_out, int depth) {
         fclose(f);
         size_t inc_len;
         char *inc = read_prelude(inc_path, &inc_len, depth + 1);
-        sb_append(&b, inc, inc_len);
-        if (inc_len && inc[inc_len - 1] != '\n') sb_append(&b, "\n", 1);
+        mj_sb_append(&b, inc, inc_len);
+        if (inc_len && inc[inc_len - 1] != '\n') mj_sb_append(&b, "\n", 1);
         free(inc);
         free(inc_path);
     }
-    if (!b.data) sb_append(&b, "", 0);
     free(text);
     *len_out = b.len;
-    return b.data;
+    char *out = mj_sb_take(&b);
+    if (!out) fail("out of memory");
+    return out;
 }
 
 static char *absolute_path(const char *path) {

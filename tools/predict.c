@@ -27,7 +27,7 @@ const char *const pm_bound_names[4] = {"memory", "issue", "latency", "waves"};
 
 void pm_assume_default(pm_assume *a) {
     /* Calibrated against the H200 run of 2026-12-04 (bench/results/2026-12-04-h200-predict/
-     * README.md says how): a kernel's fixed cost, one warp's issue interval and the routing
+     * docs/performance.md says how): a kernel's fixed cost, one warp's issue interval and the routing
      * kernel's counts; the rates are the CUDA guide's throughput table per scheduler. */
     a->launch_us = 2.5;
     a->warp_cpi = 6.0;
