@@ -8,6 +8,7 @@
 
 #include "jit.h"
 
+#include <fnmatch.h>
 #include <ftw.h>
 #include <inttypes.h>
 #include <math.h>
@@ -124,6 +125,140 @@ static inline const char *test_shared_cache(void) {
     if (env && *env) return env;
     if (!test_private_cache_ && (test_private_cache_ = test_tmpdir("cache"))) atexit(test_private_cache_rm_);
     return test_private_cache_;
+}
+
+/* ---- cases: a program's tests, each run by name ---------------------------------------------
+ * A program lists its cases in a table, one TEST_CASE a line, and its main hands the table
+ * to test_main (as ggml's test-backend-ops -o picks ops):
+ *
+ *     static void test_hash(void) { CHECK(...); }
+ *     static const test_case cases[] = {
+ *         TEST_CASE("hash", test_hash),
+ *         TEST_CASE("round_trip", test_round_trip),
+ *     };
+ *     int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }
+ *
+ *   test_x                 every case, in table order (`test_x all` the same)
+ *   test_x NAME...         the cases NAME matches, in table order: a case's name or a shell
+ *   test_x -o NAME[,NAME]  glob ("store_*", "*stub*"; fnmatch), as many as wanted
+ *   test_x --list          the names, one a line
+ * A NAME that matches no case is an error: exit 2, the names printed. A program's own flags
+ * (test_moe_gpu --stub) are taken out of argv first (test_take_flag). Each case is announced
+ * as it starts ("== name") and ends ("ok name: N checks, T ms", or "FAILED name: ..."); then
+ * the failed cases are named and test_finish prints "N passed, N failed".
+ *
+ * What the cases share, setup makes (a temporary directory, a context, the seed): it runs once
+ * before the first case and returns 0, or the code to exit with at once (77: skipped, no GPU);
+ * teardown runs after the last, and may check too (nothing left behind). Either may be NULL.
+ * A case must pass when it runs alone: what it needs from another (a checkpoint written, a
+ * kernel compiled) it makes itself when that one has not run (a getter that makes it once).
+ *
+ * ctest runs each case as a test of its own, PROG.NAME (`ctest -R test_cache` runs a program's
+ * cases, `ctest -L test_cache` too): CMakeLists.txt reads the names from the TEST_CASE lines of
+ * tests/PROG.c, so write each entry on a line of its own, the name a literal of letters, digits
+ * and '_' (the test case_names checks the list against --list). */
+typedef struct test_case {
+    const char *name;
+    void (*fn)(void);
+} test_case;
+#define TEST_CASE(name, fn) {name, fn}
+#define TEST_N(table) ((int)(sizeof(table) / sizeof((table)[0])))
+
+/* 1 when argv holds flag, then taken out of argv (and *argc), so test_main does not see it. */
+static inline int test_take_flag(int *argc, char **argv, const char *flag) {
+    int found = 0, j = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (!strcmp(argv[i], flag)) found = 1;
+        else argv[j++] = argv[i];
+    }
+    *argc = j;
+    argv[j] = NULL;
+    return found;
+}
+
+static inline void test_list_(FILE *f, const test_case *cases, int n) {
+    for (int i = 0; i < n; i++) fprintf(f, "%s\n", cases[i].name);
+}
+
+/* Mark the cases pattern matches; 0 when it matches none. */
+static inline int test_select_(const char *pattern, const test_case *cases, int n, char *sel) {
+    int hit = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(pattern, "all") || fnmatch(pattern, cases[i].name, 0) == 0) sel[i] = 1, hit = 1;
+    return hit;
+}
+
+static inline int test_main(int argc, char **argv, const test_case *cases, int n, int (*setup)(void),
+                            void (*teardown)(void)) {
+    const char *prog = argc > 0 && argv[0] ? strrchr(argv[0], '/') : NULL;
+    prog = prog ? prog + 1 : argc > 0 && argv[0] ? argv[0] : "test";
+    char *sel = calloc((size_t)n + 1, 1);
+    int any = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--list")) {
+            test_list_(stdout, cases, n);
+            free(sel);
+            return 0;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: %s [NAME... | -o NAME[,NAME...] | --list]: the cases NAME (a name or a glob) "
+                   "matches, or all; the cases:\n", prog);
+            test_list_(stdout, cases, n);
+            free(sel);
+            return 0;
+        }
+        if (!strcmp(a, "-o") && i + 1 < argc) {
+            /* -o a,b,c: each name in turn */
+            char *list = strdup(argv[++i]), *save = NULL;
+            for (char *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+                if (!test_select_(p, cases, n, sel)) {
+                    fprintf(stderr, "%s: no case %s; the cases:\n", prog, p);
+                    test_list_(stderr, cases, n);
+                    free(list), free(sel);
+                    return 2;
+                }
+            }
+            free(list);
+            any = 1;
+            continue;
+        }
+        if (a[0] == '-' || !test_select_(a, cases, n, sel)) {
+            fprintf(stderr, "%s: %s %s; the cases:\n", prog, a[0] == '-' ? "unknown option" : "no case", a);
+            test_list_(stderr, cases, n);
+            free(sel);
+            return 2;
+        }
+        any = 1;
+    }
+    if (!any) memset(sel, 1, (size_t)n);
+    const int rc = setup ? setup() : 0;
+    if (rc) {
+        free(sel);
+        return rc;
+    }
+    char failed[4096] = "";
+    for (int i = 0; i < n; i++) {
+        if (!sel[i]) continue;
+        printf("== %s\n", cases[i].name);
+        fflush(stdout);
+        const int pass0 = g_pass, fail0 = g_fail;
+        const double t0 = test_now_ms();
+        cases[i].fn();
+        const int p = g_pass - pass0, f = g_fail - fail0;
+        if (f) {
+            printf("FAILED %s: %d of %d checks failed, %.0f ms\n", cases[i].name, f, p + f, test_now_ms() - t0);
+            if (strlen(failed) + strlen(cases[i].name) + 2 < sizeof failed)
+                strcat(strcat(failed, " "), cases[i].name);
+        } else {
+            printf("ok %s: %d checks, %.0f ms\n", cases[i].name, p, test_now_ms() - t0);
+        }
+        fflush(stdout);
+    }
+    if (teardown) teardown();
+    if (failed[0]) printf("failed cases:%s\n", failed);
+    free(sel);
+    return test_finish();
 }
 
 /* ---- contexts, layers and numbers ------------------------------------------------------------ */

@@ -2216,7 +2216,7 @@ static void plant_temps(const char *dir, const char *prefix) {
 
 /* Temp names nobody can predict: files planted at every name the store and the totals would
  * have used under a pid.tid.counter scheme (the first 64 counter values of this process) do
- * not make a store fail. Run first in main, so the counter is still below 64. */
+ * not make a store fail. The first case, so the counter is still below 64. */
 static void test_planted_temps(void) {
     char scratch[PATH_BUF], dir[PATH_BUF], path[PATH_BUF];
     make_temp_dir(scratch, "planted");
@@ -2247,31 +2247,37 @@ static void test_planted_temps(void) {
     rm_rf(scratch);
 }
 
-int main(void) {
+/* umask 022 for the modes the cases check; no quiet switch or cap from the caller. */
+static int setup(void) {
     umask(022);
     unsetenv("MOEJIT_QUIET");
     unsetenv("MOEJIT_CACHE_MAX_BYTES");
-    test_planted_temps();
-    test_hash();
-    test_round_trip();
-    test_decode_errors();
-    test_store_lookup();
-    test_truncation();
-    test_flipped_bytes();
-    test_wrong_magic_version_key();
-    test_unsafe();
-    test_read_only();
-    test_eviction();
-    test_killed_writer();
-    test_temp_cleanup();
-    test_processes();
-    test_threads();
-    test_special_entries();
-    test_stats_file();
-    test_lock_files();
-    test_store_failures();
-    test_cap();
-    test_open_flags();
-    test_default_dir();
-    return test_finish();
+    return 0;
 }
+
+static const test_case cases[] = {
+    TEST_CASE("planted_temps", test_planted_temps),
+    TEST_CASE("hash", test_hash),
+    TEST_CASE("round_trip", test_round_trip),
+    TEST_CASE("decode_errors", test_decode_errors),
+    TEST_CASE("store_lookup", test_store_lookup),
+    TEST_CASE("truncation", test_truncation),
+    TEST_CASE("flipped_bytes", test_flipped_bytes),
+    TEST_CASE("wrong_magic_version_key", test_wrong_magic_version_key),
+    TEST_CASE("unsafe", test_unsafe),
+    TEST_CASE("read_only", test_read_only),
+    TEST_CASE("eviction", test_eviction),
+    TEST_CASE("killed_writer", test_killed_writer),
+    TEST_CASE("temp_cleanup", test_temp_cleanup),
+    TEST_CASE("processes", test_processes),
+    TEST_CASE("threads", test_threads),
+    TEST_CASE("special_entries", test_special_entries),
+    TEST_CASE("stats_file", test_stats_file),
+    TEST_CASE("lock_files", test_lock_files),
+    TEST_CASE("store_failures", test_store_failures),
+    TEST_CASE("cap", test_cap),
+    TEST_CASE("open_flags", test_open_flags),
+    TEST_CASE("default_dir", test_default_dir),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, NULL); }

@@ -23,6 +23,7 @@ enum { H = 128, I = 256, E = 8, TOPK = 2 };
 
 static char *g_root;           /* this run's temporary directory */
 static uint64_t g_seed;
+static char *g_single, *g_sharded_good; /* the good checkpoints, once written: single() and sharded() */
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
@@ -58,6 +59,23 @@ static mj_status make_ck(const char *config, const char *out, int32_t first, int
     o.hidden = H, o.intermediate = I, o.n_experts = E, o.topk = TOPK;
     o.shard_bytes = shard_bytes;
     return mj_checkpoint_make(&o);
+}
+
+/* The good checkpoints the cases read and edit, written on first use: GLM-5's layer 3 in one
+ * file, and layers 3 and 4 in 60 KB shards (many: the tensors of one expert span two). */
+static const char *single(void) {
+    if (!g_single) {
+        g_single = path2(g_root, "single");
+        CHECK_OK(make_ck(glm5_config(), g_single, -1, -1, 0));
+    }
+    return g_single;
+}
+static const char *sharded(void) {
+    if (!g_sharded_good) {
+        g_sharded_good = path2(g_root, "sharded");
+        CHECK_OK(make_ck(glm5_config(), g_sharded_good, 3, 4, 60000));
+    }
+    return g_sharded_good;
 }
 
 /* The layer the checkpoint's layer L must be. */
@@ -375,9 +393,8 @@ static void test_round_trip_single(const char *dir) {
 }
 
 static void test_round_trip_sharded(void) {
-    char *dir = path2(g_root, "sharded");
     /* One layer is ~500 KB: 60 KB shards make many, and tensors of one expert span two. */
-    CHECK_OK(make_ck(glm5_config(), dir, 3, 4, 60000));
+    const char *dir = sharded();
     int shards = count_files(dir, ".safetensors");
     CHECK(shards >= 8 && count_files(dir, ".index.json") == 1, "%d shards and an index", shards);
     mj_checkpoint_t ck = NULL;
@@ -398,7 +415,6 @@ static void test_round_trip_sharded(void) {
         mj_layer_free(want), mj_layer_free(have), mj_layer_free(l3), mj_layer_free(l4), mj_layer_free(ref4);
         mj_checkpoint_close(ck);
     }
-    free(dir);
 }
 
 /* n_shared > 1: one shared_experts MLP of n_shared * I rows, as mj_layer_create_random has it. */
@@ -879,8 +895,6 @@ static void test_sibling_scales(const char *good) {
 
 /* ---- shards and the index ---------------------------------------------------------------------- */
 
-static char *g_sharded_good;
-
 static char *shard_name(const char *dir, int i) {
     char name[64];
     snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", i, count_files(dir, ".safetensors"));
@@ -907,7 +921,7 @@ static void sigalrm(int s) {
 }
 
 static void test_malformed_sharded(void) {
-    const char *good = g_sharded_good;
+    const char *good = sharded();
     char gw[MJ_CK_NAME_MAX];
     mj_ck_tensor_name(gw, sizeof gw, 3, 0, "gate_proj", "weight");
     char *d, *p, *q;
@@ -1147,27 +1161,40 @@ static void test_writer(void) {
     test_writer_config_links();
 }
 
-int main(void) {
+static int setup(void) {
     g_seed = test_seed(20240611);
     g_root = test_tmpdir("ckpt");
     if (!g_root) return 1;
     setenv("MOEJIT_QUIET", "1", 1); /* the sibling test captures its warning itself */
-    char *single = path2(g_root, "single");
-    CHECK_OK(make_ck(glm5_config(), single, -1, -1, 0));
-    test_round_trip_single(single);
-    test_round_trip_sharded();
-    g_sharded_good = path2(g_root, "sharded");
-    test_two_shared();
-    test_slice_reads(single);
-    test_parallel_load(single);
-    test_malformed_single(single);
-    test_alternative_encodings(single);
-    test_gate_up_swapped(single);
-    test_sibling_scales(single);
-    test_malformed_sharded();
-    test_writer();
-    free(single), free(g_sharded_good);
+    return 0;
+}
+
+static void teardown(void) {
+    free(g_single), free(g_sharded_good);
     test_rm_rf(g_root);
     free(g_root);
-    return test_finish();
 }
+
+static void case_round_trip_single(void) { test_round_trip_single(single()); }
+static void case_slice_reads(void) { test_slice_reads(single()); }
+static void case_parallel_load(void) { test_parallel_load(single()); }
+static void case_malformed_single(void) { test_malformed_single(single()); }
+static void case_alternative_encodings(void) { test_alternative_encodings(single()); }
+static void case_gate_up_swapped(void) { test_gate_up_swapped(single()); }
+static void case_sibling_scales(void) { test_sibling_scales(single()); }
+
+static const test_case cases[] = {
+    TEST_CASE("round_trip_single", case_round_trip_single),
+    TEST_CASE("round_trip_sharded", test_round_trip_sharded),
+    TEST_CASE("two_shared", test_two_shared),
+    TEST_CASE("slice_reads", case_slice_reads),
+    TEST_CASE("parallel_load", case_parallel_load),
+    TEST_CASE("malformed_single", case_malformed_single),
+    TEST_CASE("alternative_encodings", case_alternative_encodings),
+    TEST_CASE("gate_up_swapped", case_gate_up_swapped),
+    TEST_CASE("sibling_scales", case_sibling_scales),
+    TEST_CASE("malformed_sharded", test_malformed_sharded),
+    TEST_CASE("writer", test_writer),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

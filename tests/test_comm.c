@@ -593,21 +593,24 @@ static void test_nccl_loading(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--child-nccl")) return child_nccl();
-    if (argc > 1 && !strcmp(argv[1], "--child-default")) return child_default();
+static uint64_t g_seed;
+
+static int setup(void) {
     alarm(120); /* a hang is a failure, not a stuck CI job */
-    uint64_t seed = test_seed(20240611);
+    g_seed = test_seed(20240611);
+    return 0;
+}
 
-    test_loopback_args();
+static void case_loopback_sum(void) {
     const int sizes[] = {1, 2, 4, 8, 64};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) test_loopback_sum(sizes[i], seed);
-    test_loopback_many_calls(2, 2000, seed);
-    test_loopback_many_calls(8, 300, seed);
-    test_loopback_disagree();
-    test_loopback_no_hang();
-
-    test_nccl_loading();
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) test_loopback_sum(sizes[i], g_seed);
+}
+static void case_loopback_many_calls(void) {
+    test_loopback_many_calls(2, 2000, g_seed);
+    test_loopback_many_calls(8, 300, g_seed);
+}
+/* The communicator on the stub NCCL and the stub driver, logging to a temporary directory. */
+static void case_nccl_stub(void) {
     char *dir = test_tmpdir("comm");
     snprintf(g_log, sizeof g_log, "%s/stub.log", dir ? dir : "/tmp");
     setenv("MJ_STUB_LOG", g_log, 1);
@@ -617,5 +620,20 @@ int main(int argc, char **argv) {
     unlink(g_log);
     if (dir) rmdir(dir);
     free(dir);
-    return test_finish();
+}
+
+static const test_case cases[] = {
+    TEST_CASE("loopback_args", test_loopback_args),
+    TEST_CASE("loopback_sum", case_loopback_sum),
+    TEST_CASE("loopback_many_calls", case_loopback_many_calls),
+    TEST_CASE("loopback_disagree", test_loopback_disagree),
+    TEST_CASE("loopback_no_hang", test_loopback_no_hang),
+    TEST_CASE("nccl_loading", test_nccl_loading),
+    TEST_CASE("nccl_stub", case_nccl_stub),
+};
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--child-nccl")) return child_nccl();
+    if (argc > 1 && !strcmp(argv[1], "--child-default")) return child_default();
+    return test_main(argc, argv, cases, TEST_N(cases), setup, NULL);
 }

@@ -725,17 +725,18 @@ static void test_null_args(void) {
                  MJ_ERR_INVALID_ARG);
 }
 
-int main(void) {
-    test_glm5();
-    test_other_models();
-    test_defaults_and_aliases();
-    test_malformed();
-    test_missing();
-    test_mistyped();
-    test_impossible();
-    test_quant_errors();
-    test_io();
-    test_validate();
-    test_null_args();
-    return test_finish();
-}
+static const test_case cases[] = {
+    TEST_CASE("glm5", test_glm5),
+    TEST_CASE("other_models", test_other_models),
+    TEST_CASE("defaults_and_aliases", test_defaults_and_aliases),
+    TEST_CASE("malformed", test_malformed),
+    TEST_CASE("missing", test_missing),
+    TEST_CASE("mistyped", test_mistyped),
+    TEST_CASE("impossible", test_impossible),
+    TEST_CASE("quant_errors", test_quant_errors),
+    TEST_CASE("io", test_io),
+    TEST_CASE("validate", test_validate),
+    TEST_CASE("null_args", test_null_args),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

@@ -325,24 +325,32 @@ static void test_device(int ordinal) {
     CHECK_STATUS(mj_cuda_device_info(count, &info), MJ_ERR_INVALID_ARG);
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--child-load") == 0) return child_mode();
-    test_targets();
-    test_bad_args();
-    test_load_failures();
-
+/* The driver on this machine: each device's tests, or, with none, what a machine without one
+ * answers. */
+static void test_devices(void) {
     mj_status s = mj_cuda_load();
     if (s != MJ_OK) {
         printf("SKIP: no CUDA device (%s)\n", mj_last_error());
         /* Where no driver is installed at all, that is MJ_ERR_NO_DEVICE. */
         if (!getenv("MOEJIT_LIBCUDA")) CHECK(s == MJ_ERR_NO_DEVICE, "load: %s", mj_status_string(s));
         test_no_device(s);
-        return test_finish();
+        return;
     }
     int n = 0;
     CHECK_OK(mj_cuda_device_count(&n));
     CHECK(n > 0, "%d devices", n);
     printf("%d CUDA device%s\n", n, n == 1 ? "" : "s");
     for (int i = 0; i < n; i++) test_device(i);
-    return test_finish();
+}
+
+static const test_case cases[] = {
+    TEST_CASE("targets", test_targets),
+    TEST_CASE("bad_args", test_bad_args),
+    TEST_CASE("load_failures", test_load_failures),
+    TEST_CASE("devices", test_devices),
+};
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--child-load") == 0) return child_mode();
+    return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL);
 }

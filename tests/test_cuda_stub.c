@@ -91,33 +91,56 @@ static void test_streams_events_graphs(const mj_function *f) {
     free(test_take_log(g_log));
 }
 
-int main(void) {
-    char *dir = test_tmpdir("stub");
-    snprintf(g_log, sizeof g_log, "%s.log", dir);
+/* The stub driver, its log in a temporary file; a context on it, and fixture_saxpy loaded in
+ * it (made on first use: ctx_saxpy). */
+static char *g_dir;
+static mj_context_t g_ctx;
+static const mj_function *g_saxpy;
+
+static int setup(void) {
+    g_dir = test_tmpdir("stub");
+    snprintf(g_log, sizeof g_log, "%s.log", g_dir);
     setenv("MOEJIT_LIBCUDA", MJ_STUB_LIBCUDA, 1);
     setenv("MJ_STUB_LOG", g_log, 1);
     unlink(g_log);
+    return 0;
+}
 
+static void teardown(void) {
+    mj_context_destroy(g_ctx);
+    test_rm_rf(g_dir);
+    free(g_dir);
+    unlink(g_log);
+}
+
+/* The context on the stub device (sm_120a) and fixture_saxpy in it, its module loaded. */
+static const mj_function *ctx_saxpy(void) {
+    if (g_ctx) return g_saxpy;
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
     o.cache_dir = test_shared_cache();
-    mj_context_t ctx = NULL;
-    CHECK_OK(mj_context_create(&o, &ctx));
-    if (!ctx) return test_finish();
+    CHECK_OK(mj_context_create(&o, &g_ctx));
+    if (!g_ctx) return NULL;
     mj_backend b;
     const char *target;
-    CHECK_OK(mj_context_backend(ctx, &b, &target));
+    CHECK_OK(mj_context_backend(g_ctx, &b, &target));
     CHECK(b == MJ_BACKEND_CUDA && !strcmp(target, "sm_120a"), "stub device: backend %d target %s", (int)b, target);
 
     mj_knobs_fixture_saxpy kn = {.BLOCK = 128, .VEC = 1};
     mj_spec s;
-    const mj_function *f = NULL;
-    mj_spec_fixture_saxpy(ctx, &kn, &s);
-    CHECK_OK(mj_jit_get(ctx, &s, &f));
-    if (!f) return test_finish();
+    mj_spec_fixture_saxpy(g_ctx, &kn, &s);
+    CHECK_OK(mj_jit_get(g_ctx, &s, &g_saxpy));
+    if (!g_saxpy) return NULL;
     char *log = test_take_log(g_log);
     CHECK(strstr(log, "cuModuleLoadData") != NULL, "module not loaded: %s", log);
     free(log);
+    return g_saxpy;
+}
 
+/* Dynamic shared memory: opted in past 48 KiB, once a size, up to the target's limit. */
+static void test_smem(void) {
+    const mj_function *f = ctx_saxpy();
+    if (!f) return;
+    char *log;
     /* Up to 48 KiB: no opt-in needed. */
     mj_launch_dims d = {{4, 1, 1}, {128, 1, 1}, 48 * 1024, NULL};
     CHECK_OK(mj_launch_fixture_saxpy(f, d, 512, 2.0f, NULL, NULL));
@@ -148,17 +171,26 @@ int main(void) {
     log = test_take_log(g_log);
     CHECK(log[0] == '\0', "a refused launch reached the driver: %s", log);
     free(log);
+}
 
-    /* Device memory needs a current context: a thread that bound the device has one. */
+/* Device memory needs a current context: a thread that bound the device has one. */
+static void test_device_memory(void) {
+    if (!ctx_saxpy()) return;
     uint64_t p = 0;
     CHECK_OK(mj_cuda_bind(0));
     CHECK_OK(mj_cuda_malloc(256, &p));
     CHECK_OK(mj_cuda_free(p));
-
-    test_streams_events_graphs(f);
-    mj_context_destroy(ctx);
-    test_rm_rf(dir);
-    free(dir);
-    unlink(g_log);
-    return test_finish();
 }
+
+static void case_streams_events_graphs(void) {
+    const mj_function *f = ctx_saxpy();
+    if (f) test_streams_events_graphs(f);
+}
+
+static const test_case cases[] = {
+    TEST_CASE("smem", test_smem),
+    TEST_CASE("device_memory", test_device_memory),
+    TEST_CASE("streams_events_graphs", case_streams_events_graphs),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -334,17 +334,22 @@ static void test_blank_tmpdir(void) {
     rm_rf(dir);
 }
 
-int main(void) {
-    /* No driver, whatever the machine: compile-only. */
+/* No driver, whatever the machine: compile-only; none of the caller's switches. */
+static int setup(void) {
     setenv("MOEJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
     unsetenv("MOEJIT_QUIET");
     unsetenv("MOEJIT_CACHE_MAX_BYTES");
     unsetenv("MOEJIT_RECORD");
     unsetenv("MOEJIT_STRICT");
-    test_stats_fifo();
-    test_lock_symlink();
-    test_store_fails();
-    test_transient();
-    test_blank_tmpdir();
-    return test_finish();
+    return 0;
 }
+
+static const test_case cases[] = {
+    TEST_CASE("stats_fifo", test_stats_fifo),
+    TEST_CASE("lock_symlink", test_lock_symlink),
+    TEST_CASE("store_fails", test_store_fails),
+    TEST_CASE("transient", test_transient),
+    TEST_CASE("blank_tmpdir", test_blank_tmpdir),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, NULL); }

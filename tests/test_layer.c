@@ -88,20 +88,37 @@ static double rel_err(const float *a, const float *b, size_t n) {
     return r > 0 ? m / r : m;
 }
 
-int main(void) {
+/* The layer the cases share (setup): small_config's, random; a batch of B random tokens; the
+ * outputs y, y2, ref and sum, n = B * H floats each. */
+enum { B = 12 };
+static mj_moe_config cfg;
+static mj_layer_t L;
+static int H;
+static size_t n;
+static uint16_t *hidden;
+static float *y, *y2, *ref, *sum;
+
+static int setup(void) {
     uint64_t seed = test_seed(20261202);
-    mj_moe_config cfg = small_config();
-    mj_layer_t L;
+    cfg = small_config();
     CHECK_OK(mj_layer_create_random(&cfg, seed, &L));
     if (g_fail) return test_finish();
-    const int B = 12, H = cfg.hidden;
+    H = cfg.hidden;
     uint64_t rng = seed + 1;
-    uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)(B * H));
+    hidden = malloc(sizeof(uint16_t) * (size_t)(B * H));
     test_random_hidden(hidden, (size_t)(B * H), &rng);
-    size_t n = (size_t)(B * H);
-    float *y = malloc(sizeof(float) * n), *y2 = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
-    float *sum = malloc(sizeof(float) * n);
+    n = (size_t)(B * H);
+    y = malloc(sizeof(float) * n), y2 = malloc(sizeof(float) * n), ref = malloc(sizeof(float) * n);
+    sum = malloc(sizeof(float) * n);
+    return 0;
+}
 
+static void teardown(void) {
+    mj_layer_free(L);
+    free(hidden), free(y), free(y2), free(ref), free(sum);
+}
+
+static void test_naive(void) {
     /* 1. W4A16 equals the naive forward; swapping gate/up is caught. */
     for (int k0 = cfg.topk; k0 >= 1; k0 -= 3) {
         mj_route_stats st = MJ_ROUTE_STATS_INIT;
@@ -116,22 +133,31 @@ int main(void) {
         CHECK(es > 0.1, "k0=%d: swapping gate/up should change the output a lot, rel %.3g", k0, es);
         CHECK(st.unique_after <= st.unique_before, "unique after %d > before %d", st.unique_after, st.unique_before);
     }
+}
+
+static void test_k0_zero(void) {
     /* 2. k0 = 0 means top-k. */
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, 0, y, NULL));
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, cfg.topk, y2, NULL));
     CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "k0=0 differs from k0=topk");
+}
 
+static void test_deterministic(void) {
     /* 3. Deterministic: same bits twice. */
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A4, hidden, B, B, 2, y, NULL));
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A4, hidden, B, B, 2, y2, NULL));
     CHECK(memcmp(y, y2, n * sizeof(float)) == 0, "W4A4 forward not deterministic");
+}
 
+static void test_w4a4(void) {
     /* 4. W4A4 is close to W4A16 but not equal (the activations really are quantized). */
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, cfg.topk, ref, NULL));
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A4, hidden, B, B, cfg.topk, y, NULL));
     double e44 = rel_err(y, ref, n);
     CHECK(e44 > 1e-4 && e44 < 0.35, "W4A4 vs W4A16 rel err %.3g should be small but nonzero", e44);
+}
 
+static void test_oea(void) {
     /* 5. OEA with k0 < k changes the output but not wildly; unique experts fall. */
     mj_route_stats sp = MJ_ROUTE_STATS_INIT, so = MJ_ROUTE_STATS_INIT;
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, B, cfg.topk, ref, &sp));
@@ -141,7 +167,9 @@ int main(void) {
     CHECK(sp.retained_mass == 1.0, "plain retained mass %.17g", sp.retained_mass);
     double eo = rel_err(y, ref, n);
     CHECK(eo > 1e-3 && eo < 2.0, "OEA k0=1 vs plain rel %.3g", eo);
+}
 
+static void test_padding(void) {
     /* 6. Padding: rows past num_valid are zero and do not change the valid rows. */
     const int V = 7;
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, B, V, 2, y, NULL));
@@ -150,7 +178,9 @@ int main(void) {
     int nz = 0;
     for (size_t i = (size_t)(V * H); i < n; i++) nz += y[i] != 0.0f;
     CHECK(nz == 0, "%d nonzero values in padding rows", nz);
+}
 
+static void test_splits(void) {
     /* 7. Splits: for n in {1,2,4,8}, TP and EP, both modes, the ranks' partials sum to the
      *    unsplit output. */
     for (int mode = 0; mode < 2; mode++) {
@@ -161,7 +191,7 @@ int main(void) {
                 for (int r = 0; r < nr; r++) {
                     mj_layer_t S;
                     CHECK_OK(mj_layer_shard(L, (mj_parallel)par, r, nr, &S));
-                    if (g_fail) return test_finish();
+                    if (g_fail) return;
                     if (par == MJ_PAR_TP) {
                         CHECK(S->i_local == cfg.intermediate / nr && S->w13[0].n_out == 2 * S->i_local &&
                               S->w2[0].k_in == S->i_local && S->n_local == cfg.n_experts,
@@ -196,7 +226,9 @@ int main(void) {
         CHECK_STATUS(mj_layer_shard(S, MJ_PAR_TP, 0, 2, &T), MJ_ERR_INVALID_ARG);
         mj_layer_free(S);
     }
+}
 
+static void test_refusals(void) {
     /* 8. Impossible splits and bad arguments. */
     mj_layer_t bad = NULL;
     CHECK_STATUS(mj_layer_shard(L, MJ_PAR_TP, 0, 3, &bad), MJ_ERR_CONFIG);
@@ -218,8 +250,17 @@ int main(void) {
     CHECK_STATUS(mj_layer_create_random(&c2, 1, &bad), MJ_ERR_UNSUPPORTED);
     /* B = 0 is a valid empty batch. */
     CHECK_OK(mj_moe_forward_ref(L, MJ_MODE_W4A16, hidden, 0, 0, 1, y, NULL));
-
-    mj_layer_free(L);
-    free(hidden), free(y), free(y2), free(ref), free(sum);
-    return test_finish();
 }
+
+static const test_case cases[] = {
+    TEST_CASE("naive", test_naive),
+    TEST_CASE("k0_zero", test_k0_zero),
+    TEST_CASE("deterministic", test_deterministic),
+    TEST_CASE("w4a4", test_w4a4),
+    TEST_CASE("oea", test_oea),
+    TEST_CASE("padding", test_padding),
+    TEST_CASE("splits", test_splits),
+    TEST_CASE("refusals", test_refusals),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -74,8 +74,42 @@ static void on_alarm(int sig) {
     _exit(1);
 }
 
-int main(void) {
+/* What the cases write: v in (2, 3) files, w in (3,) ones. */
+static const float v[6] = {1, 2, 3, 4, 5, 6}, w[3] = {7, 8, 9};
+static const int64_t shape[1] = {3};
+static char link_name[512]; /* the old predictable temporary name of out.npy */
+
+static int setup(void) {
     CHECK(mkdtemp(g_dir) != NULL, "mkdtemp: %s", strerror(errno));
+    snprintf(link_name, sizeof link_name, "%s.tmp.%ld", in_dir("out.npy"), (long)getpid());
+    return 0;
+}
+
+/* Everything the cases left in the directory, then it: nothing else may be there. */
+static void teardown(void) {
+    const char *names[] = {"huge.npy", "huge2.npy", "hdr.npy", "ok.npy", "short.npy", "over.npy", "empty.npy",
+                           "fifo.npy", "target", "out.npy", "null.npy", "chr.npy", "tlink.npy", "stdout.npy"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) unlink(in_dir(names[i]));
+    unlink(link_name);
+    rmdir(in_dir("dir.npy"));
+    CHECK(rmdir(g_dir) == 0, "%s not empty after the test (a temporary left?): %s", g_dir, strerror(errno));
+}
+
+/* A file the case uses that an earlier case makes, when that one did not run: the directory
+ * dir.npy, the FIFO fifo.npy, target (v in a (2, 3) file). */
+static void need_dir(void) {
+    if (access(in_dir("dir.npy"), F_OK) != 0) CHECK(mkdir(in_dir("dir.npy"), 0700) == 0, "mkdir: %s", strerror(errno));
+}
+static void need_fifo(void) {
+    if (access(in_dir("fifo.npy"), F_OK) != 0) CHECK(mkfifo(in_dir("fifo.npy"), 0600) == 0, "mkfifo: %s", strerror(errno));
+}
+static void need_target(void) {
+    if (access(in_dir("target"), F_OK) != 0) write_npy(in_dir("target"), "<f4", "(2, 3)", v, sizeof v);
+}
+
+/* The reader never asks for more than the file holds, and refuses a file shorter or longer
+ * than its header says. */
+static void test_truncated(void) {
     char err[512];
     npy_array a;
 
@@ -103,7 +137,6 @@ int main(void) {
     CHECK(g_max_request < 4096, "npy_load asked for %zu bytes for a 12-byte file", g_max_request);
 
     /* A file that holds what it promises loads, and asks for about that much. */
-    float v[6] = {1, 2, 3, 4, 5, 6};
     write_npy(in_dir("ok.npy"), "<f4", "(2, 3)", v, sizeof v);
     CHECK(watched_load(in_dir("ok.npy"), "<f4", &a, err, sizeof err) == 0, "err: %s", err);
     CHECK(a.ndim == 2 && a.shape[0] == 2 && a.shape[1] == 3 && a.count == 6, "shape");
@@ -123,6 +156,11 @@ int main(void) {
     CHECK(npy_load(in_dir("empty.npy"), "<f4", &a, err, sizeof err) == 0, "err: %s", err);
     CHECK(a.count == 0 && a.shape[1] == INT64_C(4294967304), "shape");
     npy_free(&a);
+}
+
+static void test_not_numeric(void) {
+    char err[512];
+    npy_array a;
 
     /* An object array (np.save of a list of mixed things) is named as one, not as a byte
      * order problem; a string array too. */
@@ -133,6 +171,11 @@ int main(void) {
     CHECK(npy_load(in_dir("str.npy"), NULL, &a, err, sizeof err) == -1 && strstr(err, "not a numeric array"),
           "err: %s", err);
     unlink(in_dir("obj.npy")), unlink(in_dir("str.npy"));
+}
+
+static void test_not_regular(void) {
+    char err[512];
+    npy_array a;
 
     /* A directory is named as one, not 'bad magic'. */
     CHECK(mkdir(in_dir("dir.npy"), 0700) == 0, "mkdir: %s", strerror(errno));
@@ -149,14 +192,17 @@ int main(void) {
     /* A character device too. */
     CHECK(npy_load("/dev/zero", "<f4", &a, err, sizeof err) == -1 && strstr(err, "not a regular file"),
           "err: %s", err);
+}
+
+static void test_temp_link(void) {
+    char err[512];
+    npy_array a;
+    struct stat st;
+    need_dir();
 
     /* npy_save: a link planted at the old predictable temporary name is left alone. */
-    char link_name[512];
-    snprintf(link_name, sizeof link_name, "%s.tmp.%ld", in_dir("out.npy"), (long)getpid());
     write_npy(in_dir("target"), "<f4", "(2, 3)", v, sizeof v);
     CHECK(symlink(in_dir("target"), link_name) == 0, "symlink: %s", strerror(errno));
-    int64_t shape[1] = {3};
-    float w[3] = {7, 8, 9};
     CHECK(npy_save(in_dir("out.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == 0, "err: %s", err);
     CHECK(npy_load(in_dir("target"), "<f4", &a, err, sizeof err) == 0 && a.count == 6 && !memcmp(a.data, v, sizeof v),
           "the link's target changed");
@@ -164,12 +210,19 @@ int main(void) {
     CHECK(npy_load(in_dir("out.npy"), "<f4", &a, err, sizeof err) == 0 && a.count == 3 && !memcmp(a.data, w, sizeof w),
           "out.npy does not hold what was saved");
     npy_free(&a);
-    struct stat st;
     CHECK(lstat(in_dir("out.npy"), &st) == 0 && S_ISREG(st.st_mode), "out.npy is not a regular file");
     CHECK(lstat(link_name, &st) == 0 && S_ISLNK(st.st_mode), "the planted link was moved");
     /* Saving over a directory fails and leaves no temporary. */
     CHECK(npy_save(in_dir("dir.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1 && strstr(err, "directory"),
           "err: %s", err);
+}
+
+static void test_special_outputs(void) {
+    char err[512];
+    struct stat st;
+    npy_array a;
+    need_fifo();
+    need_target();
 
     /* A special file at the output path is refused, and stays what it was: rename would
      * replace a FIFO, a device node or a link to one (as root, /dev/null) with a regular
@@ -203,7 +256,9 @@ int main(void) {
     CHECK(npy_save(in_dir("stdout.npy"), "<f4", 4, 1, shape, w, err, sizeof err) == -1, "saved over /proc/self/fd/1");
     CHECK(strstr(err, "symbolic link"), "err: %s", err);
     CHECK(lstat(in_dir("stdout.npy"), &st) == 0 && S_ISLNK(st.st_mode), "the link to /proc/self/fd/1 was replaced");
+}
 
+static void test_signals(void) {
     /* A signal while an output is being written (SIGINT, SIGTERM, SIGHUP) removes the
      * temporary and still ends the process by that signal. The child is killed between
      * writing its temporary and renaming it. */
@@ -228,13 +283,15 @@ int main(void) {
         if (d) closedir(d);
         CHECK(left == 0, "signal %d: %d file(s) sig.npy* left behind", sigs[i], left);
     }
-
-    /* Clean up: everything in the directory, then it. */
-    const char *names[] = {"huge.npy", "huge2.npy", "hdr.npy", "ok.npy", "short.npy", "over.npy", "empty.npy",
-                           "fifo.npy", "target", "out.npy", "null.npy", "chr.npy", "tlink.npy", "stdout.npy"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) unlink(in_dir(names[i]));
-    unlink(link_name);
-    rmdir(in_dir("dir.npy"));
-    CHECK(rmdir(g_dir) == 0, "%s not empty after the test (a temporary left?): %s", g_dir, strerror(errno));
-    return test_finish();
 }
+
+static const test_case cases[] = {
+    TEST_CASE("truncated", test_truncated),
+    TEST_CASE("not_numeric", test_not_numeric),
+    TEST_CASE("not_regular", test_not_regular),
+    TEST_CASE("temp_link", test_temp_link),
+    TEST_CASE("special_outputs", test_special_outputs),
+    TEST_CASE("signals", test_signals),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -816,25 +816,35 @@ static void test_act_errors(void) {
     CHECK_STATUS(mj_nvfp4_dequantize_act(q, sf, 2, 16, 1.0f, back), MJ_ERR_NONFINITE);
 }
 
-int main(void) {
-    uint64_t seed = test_seed(20240607);
+static uint64_t g_seed;
+
+static int setup(void) {
+    g_seed = test_seed(20240607);
     init_refs();
-    test_e2m1_decode();
-    test_e4m3_decode();
-    test_e2m1_encode();
-    test_e4m3_roundtrip();
-    test_e4m3_midpoints();
-    test_e4m3_saturation_and_subnormals();
-    test_zero_signs_and_saturation();
-    test_quantize_hand();
-    test_quantize_zero();
-    test_quantize_underflow();
-    test_quantize_errors();
-    test_quantize_order();
-    test_quantize_random(seed);
-    test_act_hand();
-    test_act_roundtrip(seed);
-    test_act_order();
-    test_act_errors();
-    return test_finish();
+    return 0;
 }
+
+static void case_quantize_random(void) { test_quantize_random(g_seed); }
+static void case_act_roundtrip(void) { test_act_roundtrip(g_seed); }
+
+static const test_case cases[] = {
+    TEST_CASE("e2m1_decode", test_e2m1_decode),
+    TEST_CASE("e4m3_decode", test_e4m3_decode),
+    TEST_CASE("e2m1_encode", test_e2m1_encode),
+    TEST_CASE("e4m3_roundtrip", test_e4m3_roundtrip),
+    TEST_CASE("e4m3_midpoints", test_e4m3_midpoints),
+    TEST_CASE("e4m3_saturation_and_subnormals", test_e4m3_saturation_and_subnormals),
+    TEST_CASE("zero_signs_and_saturation", test_zero_signs_and_saturation),
+    TEST_CASE("quantize_hand", test_quantize_hand),
+    TEST_CASE("quantize_zero", test_quantize_zero),
+    TEST_CASE("quantize_underflow", test_quantize_underflow),
+    TEST_CASE("quantize_errors", test_quantize_errors),
+    TEST_CASE("quantize_order", test_quantize_order),
+    TEST_CASE("quantize_random", case_quantize_random),
+    TEST_CASE("act_hand", test_act_hand),
+    TEST_CASE("act_roundtrip", case_act_roundtrip),
+    TEST_CASE("act_order", test_act_order),
+    TEST_CASE("act_errors", test_act_errors),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, NULL); }

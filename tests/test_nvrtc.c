@@ -457,27 +457,26 @@ static void test_threads(void) {
               mj_target_name(jobs[i].t), mj_status_string(jobs[i].s), jobs[i].err);
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1 && strcmp(argv[1], "--child-load") == 0) return child_mode();
+/* Failure dumps go to a private directory, not the shared /tmp: TMPDIR for the whole run,
+ * empty again at the end. */
+static char g_tmpdir[512];
 
-    /* Failure dumps go to a private directory, not the shared /tmp. */
+static int setup(void) {
     const char *base = getenv("TMPDIR");
-    char tmpdir[512];
-    snprintf(tmpdir, sizeof tmpdir, "%s/moejit-test-nvrtc-XXXXXX", base && *base ? base : "/tmp");
-    CHECK(mkdtemp(tmpdir) != NULL, "mkdtemp %s: %s", tmpdir, strerror(errno));
-    setenv("TMPDIR", tmpdir, 1);
+    snprintf(g_tmpdir, sizeof g_tmpdir, "%s/moejit-test-nvrtc-XXXXXX", base && *base ? base : "/tmp");
+    CHECK(mkdtemp(g_tmpdir) != NULL, "mkdtemp %s: %s", g_tmpdir, strerror(errno));
+    setenv("TMPDIR", g_tmpdir, 1);
+    return 0;
+}
 
-    test_parse();
-    test_missing_library();
-    test_options();
+static void teardown(void) { CHECK(rmdir(g_tmpdir) == 0, "nothing left in %s (%s)", g_tmpdir, strerror(errno)); }
 
+/* NVRTC loads here (the CUDA toolkit is required), 12 or later, and says what it supports. */
+static void test_load(void) {
     mj_status s = mj_nvrtc_load();
     CHECK(s == MJ_OK, "NVRTC must load on this machine (the CUDA toolkit is required): %s",
           mj_last_error());
-    if (s != MJ_OK) {
-        rmdir(tmpdir);
-        return test_finish();
-    }
+    if (s != MJ_OK) return;
     CHECK_OK(mj_nvrtc_load()); /* again: cached */
     int major = 0, minor = 0;
     CHECK_OK(mj_nvrtc_version(&major, &minor));
@@ -496,13 +495,23 @@ int main(int argc, char **argv) {
     CHECK_OK(mj_nvrtc_supports(MJ_TARGET_SM80, &sup80));
     CHECK_OK(mj_nvrtc_supports(MJ_TARGET_SM120A, &sup120));
     CHECK(sup80 && sup120, "sm_80 and sm_120a are supported");
+}
 
-    test_compile_targets();
-    test_spill();
-    test_compile_error(tmpdir);
-    test_bad_args();
-    test_threads();
+static void case_compile_error(void) { test_compile_error(g_tmpdir); }
 
-    CHECK(rmdir(tmpdir) == 0, "nothing left in %s (%s)", tmpdir, strerror(errno));
-    return test_finish();
+static const test_case cases[] = {
+    TEST_CASE("parse", test_parse),
+    TEST_CASE("missing_library", test_missing_library),
+    TEST_CASE("options", test_options),
+    TEST_CASE("load", test_load),
+    TEST_CASE("compile_targets", test_compile_targets),
+    TEST_CASE("spill", test_spill),
+    TEST_CASE("compile_error", case_compile_error),
+    TEST_CASE("bad_args", test_bad_args),
+    TEST_CASE("threads", test_threads),
+};
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--child-load") == 0) return child_mode();
+    return test_main(argc, argv, cases, TEST_N(cases), setup, teardown);
 }

@@ -1067,18 +1067,30 @@ static void test_params_from_config(void) {
     CHECK_STATUS(mj_route_params_from_config(&cfg, NULL), MJ_ERR_INVALID_ARG);
 }
 
-int main(void) {
-    uint64_t seed = test_seed(20240611);
-    test_params_from_config();
-    test_hand_examples();
-    test_identical_and_agreeing(seed ^ 0x1111);
-    test_padding(seed ^ 0x2222);
-    test_ties_and_bias();
-    test_nan_and_inf();
-    test_hot_expert(seed ^ 0x3333);
-    test_group_rules();
-    test_old_params_size();
-    test_invalid();
-    test_random(seed);
-    return test_finish();
+static uint64_t g_seed;
+
+static int setup(void) {
+    g_seed = test_seed(20240611);
+    return 0;
 }
+
+static void case_identical_and_agreeing(void) { test_identical_and_agreeing(g_seed ^ 0x1111); }
+static void case_padding(void) { test_padding(g_seed ^ 0x2222); }
+static void case_hot_expert(void) { test_hot_expert(g_seed ^ 0x3333); }
+static void case_random(void) { test_random(g_seed); }
+
+static const test_case cases[] = {
+    TEST_CASE("params_from_config", test_params_from_config),
+    TEST_CASE("hand_examples", test_hand_examples),
+    TEST_CASE("identical_and_agreeing", case_identical_and_agreeing),
+    TEST_CASE("padding", case_padding),
+    TEST_CASE("ties_and_bias", test_ties_and_bias),
+    TEST_CASE("nan_and_inf", test_nan_and_inf),
+    TEST_CASE("hot_expert", case_hot_expert),
+    TEST_CASE("group_rules", test_group_rules),
+    TEST_CASE("old_params_size", test_old_params_size),
+    TEST_CASE("invalid", test_invalid),
+    TEST_CASE("random", case_random),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, NULL); }
