@@ -1179,39 +1179,62 @@ static void test_compile(const char *cache) {
     }
 }
 
-int main(void) {
-    uint64_t seed = test_seed(2026);
-    const char *cache = test_shared_cache();
-    mj_context_t ctx = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
-    if (!ctx) return test_finish();
-    double t0 = test_now_ms(), t = t0;
-#define TIMED(call)                                                                      \
-    do {                                                                                 \
-        call;                                                                            \
-        printf("  %-28s %6.0f ms\n", #call, test_now_ms() - t);                          \
-        t = test_now_ms();                                                               \
-    } while (0)
-    TIMED(test_pack(seed));
-    TIMED(test_silu(ctx));
-    TIMED(test_dequant(ctx));
-    TIMED(test_small(ctx, seed));
-    TIMED(test_shards(ctx, seed + 200));
-    TIMED(test_prefill(ctx, seed + 250));
-    TIMED(test_scale_bytes(ctx, seed + 280));
-    TIMED(test_quant_signs(ctx, seed + 290));
-    TIMED(test_mutations(ctx, seed + 300));
-    TIMED(test_bytes(ctx, seed + 400));
-    TIMED(test_replay(ctx, seed + 500));
-    TIMED(test_batch_invariance(ctx, seed + 550));
-    TIMED(test_refusals(ctx, cache));
-    TIMED(test_glm5_shapes(ctx, seed + 600));
+/* The cases' seed, the kernel cache and a context on the interpreter (setup). */
+static uint64_t g_seed;
+static const char *g_cache;
+static mj_context_t g_ctx;
+
+static int setup(void) {
+    g_seed = test_seed(2026);
+    g_cache = test_shared_cache();
+    g_ctx = test_new_context(g_cache, MJ_BACKEND_SIM, "sm_120a", 0);
+    return g_ctx ? 0 : test_finish();
+}
+
+static void teardown(void) { mj_context_destroy(g_ctx); }
+
+/* The dispatcher's choices the forwards saw: every bucket, split-K width and down width. */
+static void check_seen(void) {
     CHECK(g_seen_tpe[8] && g_seen_tpe[16] && g_seen_tpe[32] && g_seen_tpe[64], "every token bucket reached");
     CHECK(g_seen_nw1[1] && g_seen_nw1[2] && g_seen_nw1[4] && g_seen_nw1[8], "every split-K width reached");
     CHECK(g_seen_nw2[4] && g_seen_nw2[2], "both down block widths the planner picks reached (4 warps; 2 past TPE 16)");
     CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");
-    mj_context_destroy(ctx);
-    TIMED(test_specs(cache));
-    TIMED(test_compile(cache));
-    printf("experts tests: %.0f ms\n", test_now_ms() - t0);
-    return test_finish();
 }
+
+static void case_pack(void) { test_pack(g_seed); }
+static void case_silu(void) { test_silu(g_ctx); }
+static void case_dequant(void) { test_dequant(g_ctx); }
+static void case_small(void) { test_small(g_ctx, g_seed); check_seen(); }
+static void case_shards(void) { test_shards(g_ctx, g_seed + 200); }
+static void case_prefill(void) { test_prefill(g_ctx, g_seed + 250); }
+static void case_scale_bytes(void) { test_scale_bytes(g_ctx, g_seed + 280); }
+static void case_quant_signs(void) { test_quant_signs(g_ctx, g_seed + 290); }
+static void case_mutations(void) { test_mutations(g_ctx, g_seed + 300); }
+static void case_bytes(void) { test_bytes(g_ctx, g_seed + 400); }
+static void case_replay(void) { test_replay(g_ctx, g_seed + 500); }
+static void case_batch_invariance(void) { test_batch_invariance(g_ctx, g_seed + 550); }
+static void case_refusals(void) { test_refusals(g_ctx, g_cache); }
+static void case_glm5_shapes(void) { test_glm5_shapes(g_ctx, g_seed + 600); }
+static void case_specs(void) { test_specs(g_cache); }
+static void case_compile(void) { test_compile(g_cache); }
+
+static const test_case cases[] = {
+    TEST_CASE("pack", case_pack),
+    TEST_CASE("silu", case_silu),
+    TEST_CASE("dequant", case_dequant),
+    TEST_CASE("small", case_small),
+    TEST_CASE("shards", case_shards),
+    TEST_CASE("prefill", case_prefill),
+    TEST_CASE("scale_bytes", case_scale_bytes),
+    TEST_CASE("quant_signs", case_quant_signs),
+    TEST_CASE("mutations", case_mutations),
+    TEST_CASE("bytes", case_bytes),
+    TEST_CASE("replay", case_replay),
+    TEST_CASE("batch_invariance", case_batch_invariance),
+    TEST_CASE("refusals", case_refusals),
+    TEST_CASE("glm5_shapes", case_glm5_shapes),
+    TEST_CASE("specs", case_specs),
+    TEST_CASE("compile", case_compile),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

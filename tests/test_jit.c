@@ -48,24 +48,63 @@ static void *thr_get(void *p) {
     return NULL;
 }
 
-int main(void) {
+/* What the cases share (setup): no driver; the kernel cache in dir, and a second one in dir2
+ * (fresh directories: the compiles are this run's own); MOEJIT_RECORD in record. Made on
+ * first use: ctx on dir (jit_ctx), s = fixture_saxpy BLOCK 256 VEC 4 for sm_120a with its
+ * source src1 of l1 bytes (saxpy_256), and s compiled in ctx, f1 (saxpy_fn). */
+static char *dir, *dir2;
+static char record[4200];
+static mj_context_t ctx;
+static mj_spec s;
+static char *src1;
+static size_t l1;
+static const mj_function *g_f1;
+static int g_n_compiled; /* the template x target builds of compile_all */
+
+static int setup(void) {
     /* No driver, whatever the machine: the compile-only and no-device paths are tested here
      * (a GPU machine runs the GPU tests). */
     setenv("MOEJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
-    char *dir = test_tmpdir("jit");
+    dir = test_tmpdir("jit");
     CHECK(dir != NULL, "mkdtemp failed");
     if (!dir) return test_finish();
-    char record[4200];
+    dir2 = test_tmpdir("jit");
     snprintf(record, sizeof record, "%s.record.jsonl", dir);
     unlink(record);
     setenv("MOEJIT_RECORD", record, 1);
+    return 0;
+}
 
+static void teardown(void) {
+    mj_context_destroy(ctx);
+    free(src1);
+    test_rm_rf(dir), test_rm_rf(dir2);
+    unlink(record);
+    free(dir), free(dir2);
+}
+
+static mj_context_t jit_ctx(void) {
+    if (!ctx) ctx = test_new_context(dir, MJ_BACKEND_AUTO, NULL, 0);
+    return ctx;
+}
+static void saxpy_256(void) {
+    if (src1) return;
+    s = saxpy_spec(256, 4, MJ_TARGET_SM120A);
+    CHECK_OK(mj_render(&s, &src1, &l1));
+}
+static const mj_function *saxpy_fn(void) {
+    saxpy_256();
+    if (!g_f1 && jit_ctx()) CHECK_OK(mj_jit_get(ctx, &s, &g_f1));
+    return g_f1;
+}
+
+static void test_registry(void) {
     /* 1. The registry holds the fixtures as reflected from their files. */
     int32_t isax = -1, isum = -1;
     const mj_template_desc *sax = mj_template_find("fixture_saxpy", &isax);
     const mj_template_desc *sum = mj_template_find("fixture_block_sum", &isum);
     CHECK(sax && sum, "fixtures missing from the registry (%d templates)", mj_registry_count());
-    if (!sax || !sum) return test_finish();
+    if (!sax || !sum) return;
     CHECK(sax->n_knobs == 2 && !strcmp(sax->knobs[0].name, "BLOCK") && sax->knobs[0].lo == 32 &&
           sax->knobs[0].hi == 1024 && sax->knobs[1].kind == MJ_KNOB_KIND_SET && sax->knobs[1].n_values == 3 &&
           sax->knobs[1].values[2] == 4, "saxpy knobs");
@@ -74,12 +113,13 @@ int main(void) {
     CHECK(sum->n_kernels == 2 && !strcmp(sum->kernels[1].name, "fixture_block_sum_final"), "block_sum kernels");
     CHECK(sax->targets == (1u << MJ_TARGET_COUNT) - 1, "saxpy declares all targets: %#x", sax->targets);
     CHECK(strstr(sax->body, "MJ_KERNEL void fixture_saxpy") != NULL, "body embedded");
+}
 
+static void test_render(void) {
     /* 2. Rendering is deterministic and says what it is. */
-    mj_spec s = saxpy_spec(256, 4, MJ_TARGET_SM120A);
-    char *src1 = NULL, *src2 = NULL;
-    size_t l1 = 0, l2 = 0;
-    CHECK_OK(mj_render(&s, &src1, &l1));
+    saxpy_256();
+    char *src2 = NULL;
+    size_t l2 = 0;
     CHECK_OK(mj_render(&s, &src2, &l2));
     CHECK(src1 && src2 && l1 == l2 && !memcmp(src1, src2, l1), "render not deterministic");
     CHECK(src1 && strstr(src1, "#define BLOCK 256\n") && strstr(src1, "#define VEC 4\n") &&
@@ -91,7 +131,10 @@ int main(void) {
     CHECK_OK(mj_render(&s2, &src3, NULL));
     CHECK(src3 && strcmp(src1, src3) != 0, "a knob change must change the source");
     free(src3);
+    free(src2);
+}
 
+static void test_knob_refusals(void) {
     /* 3. Knobs out of range are refused before anything is rendered. */
     char *bad_src = NULL;
     mj_spec b = saxpy_spec(16, 4, MJ_TARGET_SM120A);
@@ -111,8 +154,11 @@ int main(void) {
     b = saxpy_spec(256, 4, (mj_target)42);
     CHECK_STATUS(mj_render(&b, &bad_src, NULL), MJ_ERR_INVALID_ARG);
     CHECK(bad_src == NULL, "refused render wrote output");
+}
 
+static void test_keys(void) {
     /* 4. Every key input changes the key. */
+    saxpy_256();
     const char *opts = mj_nvrtc_options(MJ_TARGET_SM120A);
     char *k0 = NULL, *k1 = NULL;
     char h0[MJ_KEY_HEX_LEN + 1], h1[MJ_KEY_HEX_LEN + 1];
@@ -153,10 +199,12 @@ int main(void) {
     }
     CHECK(strcmp(mj_nvrtc_options(MJ_TARGET_SM120A), mj_nvrtc_options(MJ_TARGET_SM90A)) != 0,
           "options must name the target");
+    free(k0);
+}
 
+static void test_compile_all(void) {
     /* 5. Every template compiles for every target it declares, with 0 spills. */
-    mj_context_t ctx = test_new_context(dir, MJ_BACKEND_AUTO, NULL, 0);
-    if (!ctx) return test_finish();
+    if (!jit_ctx()) return;
     int n_compiled = 0;
     for (int32_t t = 0; t < mj_registry_count(); t++)
         for (int a = 0; a < MJ_TARGET_COUNT; a++) {
@@ -173,17 +221,24 @@ int main(void) {
         }
     printf("compiled %d template x target combinations\n", n_compiled);
     CHECK(n_compiled >= 2 * MJ_TARGET_COUNT, "only %d compiled", n_compiled);
+    g_n_compiled = n_compiled;
     /* A bigger specialization of each fixture too. */
     mj_spec big = saxpy_spec(1024, 4, MJ_TARGET_SM120A);
     const mj_function *fbig = NULL;
     CHECK_OK(mj_jit_get(ctx, &big, &fbig));
-    mj_spec bs = default_spec(isum, MJ_TARGET_SM120A);
+    int32_t isum = -1;
+    mj_template_find("fixture_block_sum", &isum);
+    mj_spec bs = default_spec(isum < 0 ? 0 : isum, MJ_TARGET_SM120A);
     bs.knobs[0] = 512, bs.knobs[1] = 8, bs.knobs[2] = 4096;
     const mj_function *fsum = NULL;
     CHECK_OK(mj_jit_get(ctx, &bs, &fsum));
     if (fsum) CHECK(mj_function_report(fsum)->smem_static == 4096 * 4, "static smem %d", mj_function_report(fsum)->smem_static);
+}
 
+static void test_memory_hits(void) {
     /* 6. Memory hits: same pointer, no compile. */
+    if (!jit_ctx()) return;
+    saxpy_256();
     mj_jit_stats st0, st1;
     CHECK_OK(mj_context_stats(ctx, &st0));
     const mj_function *f1 = NULL, *f2 = NULL;
@@ -194,13 +249,20 @@ int main(void) {
     CHECK(st1.compiles == st0.compiles + 1 && st1.mem_hits == st0.mem_hits + 1, "compiles %lld->%lld hits %lld->%lld",
           (long long)st0.compiles, (long long)st1.compiles, (long long)st0.mem_hits, (long long)st1.mem_hits);
     if (f1) CHECK(strcmp(mj_function_source(f1), src1) == 0, "stored source is the rendered one");
+    g_f1 = f1;
+}
 
+static void test_launch_refused(void) {
     /* 7. A launch in a compile-only context is refused through the typed wrapper. */
+    const mj_function *f1 = saxpy_fn();
     mj_launch_dims d = {{1, 1, 1}, {256, 1, 1}, 0, NULL};
     CHECK_STATUS(mj_launch_fixture_saxpy(f1, d, 16, 2.0f, NULL, NULL), MJ_ERR_NO_DEVICE);
     CHECK_STATUS(mj_launch_fixture_block_sum(f1, d, NULL, 16, NULL), MJ_ERR_INVALID_ARG);
+}
 
+static void test_disk_hits(void) {
     /* 8. A second context on the same directory loads from disk and compiles nothing. */
+    const mj_function *f1 = saxpy_fn(); /* s on disk in dir */
     mj_context_t ctx2 = test_new_context(dir, MJ_BACKEND_AUTO, NULL, 0);
     const mj_function *g = NULL;
     CHECK_OK(mj_jit_get(ctx2, &s, &g));
@@ -209,11 +271,13 @@ int main(void) {
     CHECK(st2.disk_hits == 1 && st2.compiles == 0, "disk hits %lld compiles %lld", (long long)st2.disk_hits,
           (long long)st2.compiles);
     if (g && f1) CHECK(!strcmp(mj_function_key(g), mj_function_key(f1)), "same key across contexts");
-    if (g) CHECK(mj_function_report(g)->registers == mj_function_report(f1)->registers, "report restored from metadata");
+    if (g && f1) CHECK(mj_function_report(g)->registers == mj_function_report(f1)->registers, "report restored from metadata");
     mj_context_destroy(ctx2);
+}
 
+static void test_strict(void) {
     /* 9. Strict mode: a miss is an error naming the key; a hit is fine. */
-    char *dir2 = test_tmpdir("jit");
+    saxpy_fn(); /* s in dir, for MOEJIT_STRICT below */
     mj_context_t strict = test_new_context(dir2, MJ_BACKEND_AUTO, NULL, 1);
     const mj_function *h = NULL;
     CHECK_STATUS(mj_jit_get(strict, &s, &h), MJ_ERR_CACHE_MISS);
@@ -243,7 +307,9 @@ int main(void) {
     CHECK_STATUS(mj_jit_get(strict, &unseen, &h), MJ_ERR_CACHE_MISS);
     mj_context_destroy(strict);
     unsetenv("MOEJIT_STRICT");
+}
 
+static void test_concurrent(void) {
     /* 10. Concurrent requests for one spec in one process: compiled once. */
     mj_context_t cc = test_new_context(dir2, MJ_BACKEND_AUTO, NULL, 0);
     thr_arg args[4];
@@ -259,7 +325,9 @@ int main(void) {
     for (int i = 0; i < 4; i++) CHECK(args[i].st == MJ_OK && args[i].fn == args[0].fn, "thread %d", i);
     CHECK(cst.compiles == 1, "4 threads compiled %lld times", (long long)cst.compiles);
     mj_context_destroy(cc);
+}
 
+static void test_pool(void) {
     /* 10b. Many specs at once (mj_jit_get_many, what mj_moe_prepare fetches a plan with): a
      * pool of $MOEJIT_COMPILE_THREADS workers, never more at once; every spec tried, the first
      * failure in order reported, a spec listed twice built once; a bad setting is the CPU
@@ -330,8 +398,11 @@ int main(void) {
         unsetenv("MOEJIT_COMPILE_THREADS");
         if (dir3) test_rm_rf(dir3), free(dir3);
     }
+}
 
+static void test_manifest(void) {
     /* 11. Manifest lines: round trip and refusals. */
+    saxpy_256();
     char *line = NULL;
     CHECK_OK(mj_spec_to_json(&s, &line));
     CHECK(line && !strcmp(line, "{\"template\":\"fixture_saxpy\",\"knobs\":{\"BLOCK\":256,\"VEC\":4},\"arch\":\"sm_120a\"}"),
@@ -358,21 +429,25 @@ int main(void) {
     CHECK_STATUS(mj_spec_from_json("{\"template\":\"evil\\n\\u001b[31mred\",\"knobs\":{},\"arch\":\"sm_80\"}", "m:10", &back), MJ_ERR_INVALID_ARG);
     CHECK(!strchr(mj_last_error(), '\n') && !strchr(mj_last_error(), 0x1b) && strstr(mj_last_error(), "evil\\x0a\\x1b[31mred"),
           "unsafe name in message: %s", mj_last_error());
+}
 
+static void test_named_knobs(void) {
     /* 11b. Knobs by name: the generated struct maps each value to its knob whatever the
      * order they are written in (a launcher cannot swap two knobs by position). */
     {
         mj_knobs_fixture_saxpy kn = {.VEC = 4, .BLOCK = 128};
         mj_spec ns;
         char *nsrc = NULL;
-        mj_spec_fixture_saxpy(ctx, &kn, &ns);
+        mj_spec_fixture_saxpy(jit_ctx(), &kn, &ns);
         CHECK_OK(mj_render(&ns, &nsrc, NULL));
         CHECK(nsrc && strstr(nsrc, "#define BLOCK 128\n") && strstr(nsrc, "#define VEC 4\n"), "named knobs rendered wrong");
         free(nsrc);
         CHECK(MJ_KNOB_fixture_saxpy_BLOCK_MIN == 32 && MJ_KNOB_fixture_saxpy_BLOCK_MAX == 1024 &&
                   MJ_KNOB_fixture_saxpy_VEC_MAX == 4, "knob limits from the registry");
     }
+}
 
+static void test_constraints(void) {
     /* 11c. The constraint evaluator: C's precedence and operators, and its refusals. */
     {
         const char *names[] = {"A", "B", "C"};
@@ -400,8 +475,24 @@ int main(void) {
                   "\"%s\": %s (want %s)", bad_cases[i].e, err, bad_cases[i].why);
         }
     }
+}
 
+static void test_record(void) {
     /* 12. MOEJIT_RECORD got one line per compile (and per strict miss), each replayable. */
+    if (!g_n_compiled) { /* alone: a compile (unless s was) and two strict misses of its own */
+        saxpy_fn();
+        char *d = test_tmpdir("jit");
+        mj_context_t sc = d ? test_new_context(d, MJ_BACKEND_AUTO, NULL, 1) : NULL;
+        const mj_function *h = NULL;
+        mj_spec a = saxpy_spec(64, 2, MJ_TARGET_SM80), b = saxpy_spec(64, 4, MJ_TARGET_SM80);
+        if (sc) {
+            CHECK_STATUS(mj_jit_get(sc, &a, &h), MJ_ERR_CACHE_MISS);
+            CHECK_STATUS(mj_jit_get(sc, &b, &h), MJ_ERR_CACHE_MISS);
+        }
+        mj_context_destroy(sc);
+        if (d) test_rm_rf(d), free(d);
+    }
+    const int n_compiled = g_n_compiled;
     FILE *fp = fopen(record, "r");
     CHECK(fp != NULL, "no record file %s", record);
     int n_lines = 0, n_ok = 0;
@@ -413,7 +504,9 @@ int main(void) {
     }
     if (fp) fclose(fp);
     CHECK(n_lines >= n_compiled + 3 && n_ok == n_lines, "record: %d lines, %d valid (compiled %d)", n_lines, n_ok, n_compiled);
+}
 
+static void test_bad_context(void) {
     /* 13. Bad context options. */
     mj_context_options bo = MJ_CONTEXT_OPTIONS_INIT;
     bo.struct_size = 3;
@@ -424,11 +517,25 @@ int main(void) {
     bo.cache_dir = dir2;
     CHECK_STATUS(mj_context_create(&bo, &bc), MJ_ERR_NO_DEVICE);
     CHECK(strstr(mj_last_error(), "no CUDA driver") != NULL, "device 0 without a driver: %s", mj_last_error());
-
-    mj_context_destroy(ctx);
-    free(k0), free(src1), free(src2);
-    test_rm_rf(dir), test_rm_rf(dir2);
-    unlink(record);
-    free(dir), free(dir2);
-    return test_finish();
 }
+
+static const test_case cases[] = {
+    TEST_CASE("registry", test_registry),
+    TEST_CASE("render", test_render),
+    TEST_CASE("knob_refusals", test_knob_refusals),
+    TEST_CASE("keys", test_keys),
+    TEST_CASE("compile_all", test_compile_all),
+    TEST_CASE("memory_hits", test_memory_hits),
+    TEST_CASE("launch_refused", test_launch_refused),
+    TEST_CASE("disk_hits", test_disk_hits),
+    TEST_CASE("strict", test_strict),
+    TEST_CASE("concurrent", test_concurrent),
+    TEST_CASE("pool", test_pool),
+    TEST_CASE("manifest", test_manifest),
+    TEST_CASE("named_knobs", test_named_knobs),
+    TEST_CASE("constraints", test_constraints),
+    TEST_CASE("record", test_record),
+    TEST_CASE("bad_context", test_bad_context),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -510,23 +510,30 @@ static void test_refusals(mj_context_t ctx, uint64_t seed) {
     mj_layer_free(L);
 }
 
-int main(void) {
-    uint64_t seed = test_seed(2027);
-    mj_context_t ctx = test_new_context(test_shared_cache(), MJ_BACKEND_SIM, "sm_120a", 0);
-    if (!ctx) return test_finish();
-    double t0 = test_now_ms(), t = t0;
-#define TIMED(call)                                                                      \
-    do {                                                                                 \
-        call;                                                                            \
-        printf("  %-36s %6.0f ms\n", #call, test_now_ms() - t);                          \
-        t = test_now_ms();                                                               \
-    } while (0)
-    TIMED(test_refusals(ctx, seed));
-    TIMED(test_bytes_and_options(ctx, seed + 100));
-    TIMED(test_graph(ctx, seed + 200));
-    TIMED(test_plan_strict(seed + 300));
-    TIMED(test_splits(seed + 400));
-    mj_context_destroy(ctx);
-    printf("moe tests: %.0f ms\n", test_now_ms() - t0);
-    return test_finish();
+/* The cases' seed and their context on the interpreter (setup). */
+static uint64_t g_seed;
+static mj_context_t g_ctx;
+
+static int setup(void) {
+    g_seed = test_seed(2027);
+    g_ctx = test_new_context(test_shared_cache(), MJ_BACKEND_SIM, "sm_120a", 0);
+    return g_ctx ? 0 : test_finish();
 }
+
+static void teardown(void) { mj_context_destroy(g_ctx); }
+
+static void case_refusals(void) { test_refusals(g_ctx, g_seed); }
+static void case_bytes_and_options(void) { test_bytes_and_options(g_ctx, g_seed + 100); }
+static void case_graph(void) { test_graph(g_ctx, g_seed + 200); }
+static void case_plan_strict(void) { test_plan_strict(g_seed + 300); }
+static void case_splits(void) { test_splits(g_seed + 400); }
+
+static const test_case cases[] = {
+    TEST_CASE("refusals", case_refusals),
+    TEST_CASE("bytes_and_options", case_bytes_and_options),
+    TEST_CASE("graph", case_graph),
+    TEST_CASE("plan_strict", case_plan_strict),
+    TEST_CASE("splits", case_splits),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -2,7 +2,7 @@
  * reference, and a CUDA graph of mj_moe_forward replayed for several token counts. Exit 77
  * (ctest: skipped) without a GPU.
  *
- *   test_moe_gpu [experts|layer|graph|silu|dequant|all] [--stub | --sim]
+ *   test_moe_gpu [experts|layer|graph|silu|dequant|all] [--stub | --sim]   (cases: test.h)
  *
  * experts  mj_experts_forward on the reference's routing (W4A16 everywhere, W4A4 where the
  *          target has it: sm_120a/sm_121a; elsewhere its refusal is checked), against
@@ -475,42 +475,55 @@ static void test_dequant(mj_context_t ctx) {
     free(words), free(scales), free(out);
 }
 
-int main(int argc, char **argv) {
-    const char *which = "all";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--stub")) g_values = 0;
-        else if (!strcmp(argv[i], "--sim")) g_dev = 0;
-        else which = argv[i];
-    }
-    if (strcmp(which, "all") && strcmp(which, "experts") && strcmp(which, "layer") && strcmp(which, "graph") &&
-        strcmp(which, "silu") && strcmp(which, "dequant")) {
-        fprintf(stderr, "usage: test_moe_gpu [experts|layer|graph|silu|dequant|all] [--stub | --sim]\n");
-        return 2;
-    }
+/* What the cases share (setup): the seed and a context on the GPU (or, with --sim, on the
+ * interpreter; exit 77 without a GPU); with --stub, the stub driver and its log, checked at
+ * the end (teardown). */
+static uint64_t g_seed;
+static mj_context_t g_ctx;
+
+static int setup(void) {
     if (!g_values) { /* the host path on the stand-in driver */
         setenv("MOEJIT_LIBCUDA", MJ_STUB_LIBCUDA, 1);
         setenv("MOEJIT_QUIET", "1", 1);
         test_stub_log_begin();
     }
-    uint64_t seed = test_seed(20261203);
+    g_seed = test_seed(20261203);
     if (g_dev) {
         const int rc = test_gpu_or_skip("runs the experts and the layer on a GPU");
         if (rc) return rc;
     }
-    mj_context_t ctx = gpu_context();
-    if (!ctx) return test_finish();
+    g_ctx = gpu_context();
+    if (!g_ctx) return test_finish();
     mj_device_info di;
     memset(&di, 0, sizeof di);
     snprintf(di.name, sizeof di.name, "the interpreter");
-    mj_context_device(ctx, &di);
-    printf("%s (%s)%s\n", di.name, mj_target_name(mj_context_target(ctx)),
+    mj_context_device(g_ctx, &di);
+    printf("%s (%s)%s\n", di.name, mj_target_name(mj_context_target(g_ctx)),
            g_values ? "" : ": host path only (stub driver)");
-    if (!strcmp(which, "all") || !strcmp(which, "experts")) test_experts(ctx, seed);
-    if (!strcmp(which, "all") || !strcmp(which, "layer")) test_layer(ctx, seed, 0);
-    if (!strcmp(which, "all") || !strcmp(which, "graph")) test_layer(ctx, seed, 1);
-    if (!strcmp(which, "all") || !strcmp(which, "silu")) test_silu(ctx);
-    if (!strcmp(which, "all") || !strcmp(which, "dequant")) test_dequant(ctx);
-    mj_context_destroy(ctx);
+    return 0;
+}
+
+static void teardown(void) {
+    mj_context_destroy(g_ctx);
     if (!g_values) test_stub_log_end();
-    return test_finish();
+}
+
+static void case_experts(void) { test_experts(g_ctx, g_seed); }
+static void case_layer(void) { test_layer(g_ctx, g_seed, 0); }
+static void case_graph(void) { test_layer(g_ctx, g_seed, 1); }
+static void case_silu(void) { test_silu(g_ctx); }
+static void case_dequant(void) { test_dequant(g_ctx); }
+
+static const test_case cases[] = {
+    TEST_CASE("experts", case_experts),
+    TEST_CASE("layer", case_layer),
+    TEST_CASE("graph", case_graph),
+    TEST_CASE("silu", case_silu),
+    TEST_CASE("dequant", case_dequant),
+};
+
+int main(int argc, char **argv) {
+    if (test_take_flag(&argc, argv, "--stub")) g_values = 0;
+    if (test_take_flag(&argc, argv, "--sim")) g_dev = 0;
+    return test_main(argc, argv, cases, TEST_N(cases), setup, teardown);
 }

@@ -5,8 +5,9 @@
  * when it allows them checks their sum. Exit 77 without a GPU, or without libnccl.so.2 (the
  * message says what to install or set: MOEJIT_NCCL).
  *
- *   test_nccl_gpu [--stub]    --stub: the host path on the stub driver and stub NCCL
- *                             (values unchecked where the stubs do not compute them) */
+ *   test_nccl_gpu [CASE...] [--stub]   --stub: the host path on the stub driver and stub NCCL
+ *                                      (values unchecked where the stubs do not compute them);
+ *                                      CASE: init_all, init_rank, two_ranks (test.h) */
 #include "test.h"
 
 #include <errno.h>
@@ -98,9 +99,13 @@ static void *two_main(void *arg) {
     return NULL;
 }
 
-int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--stub")) {
-        g_values = 0;
+/* What the cases share (setup): a GPU (with --stub, the stub driver and stub NCCL, and the
+ * stub's log, checked at the end) and NCCL; exit 77 without either. Whether NCCL is there is
+ * asked by making one rank with init_all(1): g_all, the first case's communicator. */
+static mj_comm_t g_all;
+
+static int setup(void) {
+    if (!g_values) {
         setenv("MOEJIT_LIBCUDA", MJ_STUB_LIBCUDA, 1);
         setenv("MOEJIT_NCCL", MJ_STUB_LIBNCCL, 1);
         test_stub_log_begin();
@@ -114,16 +119,40 @@ int main(int argc, char **argv) {
         return 77;
     }
     CHECK_OK(st);
-    if (all[0]) {
+    g_all = all[0];
+    return 0;
+}
+
+/* The probe's communicator, when the first case did not take it: freed before another is made
+ * (one communicator at a time, as when every case runs) and at the end. */
+static void drop_probe(void) {
+    if (g_all) CHECK_OK(mj_comm_free(g_all));
+    g_all = NULL;
+}
+
+static void teardown(void) {
+    drop_probe();
+    if (!g_values) test_stub_log_end();
+}
+
+/* One rank made by init_all(1): its all-reduce out of place, in place and from a CUDA graph. */
+static void test_init_all(void) {
+    if (g_all) {
         int32_t r = -1, nr = -1;
-        CHECK_OK(mj_comm_info(all[0], &r, &nr));
+        CHECK_OK(mj_comm_info(g_all, &r, &nr));
         CHECK(r == 0 && nr == 1, "init_all(1): rank %d of %d", (int)r, (int)nr);
-        check_all_reduce(all[0], 0, 1, NULL, "init_all(1)");
-        check_graph(all[0]);
-        CHECK_OK(mj_comm_free(all[0]));
+        check_all_reduce(g_all, 0, 1, NULL, "init_all(1)");
+        check_graph(g_all);
+        CHECK_OK(mj_comm_free(g_all));
+        g_all = NULL;
         printf("one rank (init_all): all-reduce out of place, in place and from a CUDA graph: %s\n",
                g_values ? "checked" : "run (stub)");
     }
+}
+
+/* One rank made by unique_id + init_rank: its all-reduce on a stream. */
+static void test_init_rank(void) {
+    drop_probe();
     mj_comm_id id;
     mj_comm_t c = NULL;
     CHECK_OK(mj_comm_nccl_unique_id(&id));
@@ -136,7 +165,10 @@ int main(int argc, char **argv) {
         CHECK_OK(mj_comm_free(c));
         printf("one rank (unique_id + init_rank): all-reduce on a stream: %s\n", g_values ? "checked" : "run (stub)");
     }
+}
 
+static void test_two_ranks(void) {
+    drop_probe();
     /* Two ranks on the one GPU: refused (the usual answer) or, if this NCCL allows it, summed. */
     two t[2];
     memset(t, 0, sizeof t);
@@ -169,6 +201,15 @@ int main(int argc, char **argv) {
         CHECK(t[0].st == MJ_ERR_COMM || t[1].st == MJ_ERR_COMM, "the refusal is MJ_ERR_COMM with NCCL's text");
     }
     for (int r = 0; r < 2; r++) mj_comm_free(t[r].c);
-    if (!g_values) test_stub_log_end();
-    return test_finish();
+}
+
+static const test_case cases[] = {
+    TEST_CASE("init_all", test_init_all),
+    TEST_CASE("init_rank", test_init_rank),
+    TEST_CASE("two_ranks", test_two_ranks),
+};
+
+int main(int argc, char **argv) {
+    if (test_take_flag(&argc, argv, "--stub")) g_values = 0;
+    return test_main(argc, argv, cases, TEST_N(cases), setup, teardown);
 }

@@ -725,44 +725,67 @@ static void test_refusals(mj_context_t ctx) {
     CHECK(strstr(mj_last_error(), "MJ_ROUTE_STATS_INIT") != NULL, "%s", mj_last_error());
 }
 
-int main(void) {
-    uint64_t seed = test_seed(4242);
-    const char *dir = test_shared_cache();
-    if (!ROUTE_TEST_GPU) {
-        test_policy();
-        test_compile(dir);
-    }
+/* What the cases share (setup): the seed, the kernel cache, and a context on the interpreter,
+ * or on device 0 for test_route_gpu (exit 77, skipped, without one). */
+static uint64_t g_seed;
+static const char *g_dir;
+static mj_context_t g_ctx;
+
+static int setup(void) {
+    g_seed = test_seed(4242);
+    g_dir = test_shared_cache();
     mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
-    o.cache_dir = dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM;
+    o.cache_dir = g_dir, o.device = MJ_DEVICE_NONE, o.backend = MJ_BACKEND_SIM;
     if (ROUTE_TEST_GPU) {
         /* The same table on a real GPU, when there is one. */
         const int rc = test_gpu_or_skip("runs the routing table on a GPU");
         if (rc) return rc;
         o.device = 0, o.backend = MJ_BACKEND_CUDA;
     }
-    mj_context_t ctx = NULL;
-    CHECK_OK(mj_context_create(&o, &ctx));
-    if (!ctx) return test_finish();
-    test_router(ctx, seed);
+    CHECK_OK(mj_context_create(&o, &g_ctx));
+    return g_ctx ? 0 : test_finish();
+}
 
+static void teardown(void) { mj_context_destroy(g_ctx); }
+
+static void case_router(void) { test_router(g_ctx, g_seed); }
+
+/* The table against the reference; on the interpreter, the kernels it must have built. */
+static void case_table(void) {
     static rcase table[512];
     int n = build_table(table), n_ok = 0;
     double t_glm = 0;
     for (int i = 0; i < n; i++) {
         double t0 = test_now_ms();
-        n_ok += run_case(ctx, &table[i], seed + (uint64_t)i * 7919, i);
+        n_ok += run_case(g_ctx, &table[i], g_seed + (uint64_t)i * 7919, i);
         if (table[i].B == 256 && table[i].E == 256 && table[i].k == 8 && table[i].k0 < 8 && t_glm == 0)
             t_glm = test_now_ms() - t0;
     }
     printf("%d of %d routing cases match the reference; B=256 E=256 k=8 OEA case: %.1f ms on the %s\n",
            n_ok, n, t_glm, ROUTE_TEST_GPU ? "GPU (with copies)" : "interpreter");
-    if (!ROUTE_TEST_GPU) {
-        test_branches_reached(ctx);
-        test_replay(ctx, seed);
-        test_constraints(ctx);
-    }
-    test_group_rules_and_old_params(ctx);
-    test_refusals(ctx);
-    mj_context_destroy(ctx);
-    return test_finish();
+    if (!ROUTE_TEST_GPU) test_branches_reached(g_ctx);
+}
+
+static void case_group_rules(void) { test_group_rules_and_old_params(g_ctx); }
+static void case_refusals(void) { test_refusals(g_ctx); }
+static void case_compile(void) { test_compile(g_dir); }
+static void case_replay(void) { test_replay(g_ctx, g_seed); }
+static void case_constraints(void) { test_constraints(g_ctx); }
+
+/* The cases a GPU runs first (test_route_gpu: the first N_GPU_CASES), then the interpreter's
+ * own. */
+static const test_case cases[] = {
+    TEST_CASE("router", case_router),
+    TEST_CASE("table", case_table),
+    TEST_CASE("group_rules", case_group_rules),
+    TEST_CASE("refusals", case_refusals),
+    TEST_CASE("policy", test_policy),
+    TEST_CASE("compile", case_compile),
+    TEST_CASE("replay", case_replay),
+    TEST_CASE("constraints", case_constraints),
+};
+enum { N_GPU_CASES = 4 };
+
+int main(int argc, char **argv) {
+    return test_main(argc, argv, cases, ROUTE_TEST_GPU ? N_GPU_CASES : TEST_N(cases), setup, teardown);
 }

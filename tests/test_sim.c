@@ -868,35 +868,82 @@ static void test_cvt_rule(mj_context_t c) {
     CHECK(bad == 0, "%d conversions break the sign / saturation rule", bad);
 }
 
-int main(void) {
-    char tmpl[] = "/tmp/mj-test-sim-XXXXXX";
-    char *dir = mkdtemp(tmpl);
+/* What the cases share (setup): a fresh kernel cache directory (the compiles are this run's
+ * own), and a context on it, made on first use (sim_ctx). */
+static char g_dir[] = "/tmp/mj-test-sim-XXXXXX";
+static mj_context_t g_ctx;
+static double g_t0;
+
+static int setup(void) {
+    char *dir = mkdtemp(g_dir);
     CHECK(dir != NULL, "mkdtemp failed");
     if (!dir) return test_finish();
     unsetenv("MOEJIT_RECORD");
     unsetenv("MOEJIT_STRICT");
-    double t0 = test_now_ms();
-    test_context(dir);
-    test_render_and_keys();
-    mj_context_t c = test_new_context(dir, MJ_BACKEND_SIM, NULL, 0);
-    if (c) {
-        test_jit_fixtures(c);
-        test_sync(c);
-        test_warp(c);
-        test_atomics(c);
-        test_cp_async(c);
-        test_deadlocks(c);
-        uint64_t rng = test_seed(77);
-        test_mma(c, &rng);
-        test_cvt_rule(c);
-        test_cache(dir, c);
-        mj_jit_stats st;
-        CHECK_OK(mj_context_stats(c, &st));
-        printf("sim: %lld compiles, %.0f ms in the host compiler\n", (long long)st.compiles, st.compile_ms);
-        mj_context_destroy(c);
-    }
-    test_compile_error();
-    printf("sim tests: %.0f ms\n", test_now_ms() - t0);
-    test_rm_rf(dir);
-    return test_finish();
+    g_t0 = test_now_ms();
+    return 0;
 }
+
+static void teardown(void) {
+    if (g_ctx) {
+        mj_jit_stats st;
+        CHECK_OK(mj_context_stats(g_ctx, &st));
+        printf("sim: %lld compiles, %.0f ms in the host compiler\n", (long long)st.compiles, st.compile_ms);
+        mj_context_destroy(g_ctx);
+    }
+    printf("sim tests: %.0f ms\n", test_now_ms() - g_t0);
+    test_rm_rf(g_dir);
+}
+
+static mj_context_t sim_ctx(void) {
+    if (!g_ctx) g_ctx = test_new_context(g_dir, MJ_BACKEND_SIM, NULL, 0);
+    return g_ctx;
+}
+
+static void case_context(void) { test_context(g_dir); }
+static void case_jit_fixtures(void) {
+    if (sim_ctx()) test_jit_fixtures(g_ctx);
+}
+static void case_sync(void) {
+    if (sim_ctx()) test_sync(g_ctx);
+}
+static void case_warp(void) {
+    if (sim_ctx()) test_warp(g_ctx);
+}
+static void case_atomics(void) {
+    if (sim_ctx()) test_atomics(g_ctx);
+}
+static void case_cp_async(void) {
+    if (sim_ctx()) test_cp_async(g_ctx);
+}
+static void case_deadlocks(void) {
+    if (sim_ctx()) test_deadlocks(g_ctx);
+}
+static void case_mma(void) {
+    if (!sim_ctx()) return;
+    uint64_t rng = test_seed(77);
+    test_mma(g_ctx, &rng);
+}
+static void case_cvt_rule(void) {
+    if (sim_ctx()) test_cvt_rule(g_ctx);
+}
+static void case_cache(void) {
+    if (sim_ctx()) test_cache(g_dir, g_ctx);
+}
+
+static const test_case cases[] = {
+    TEST_CASE("context", case_context),
+    TEST_CASE("render_and_keys", test_render_and_keys),
+    TEST_CASE("jit_fixtures", case_jit_fixtures),
+    TEST_CASE("sync", case_sync),
+    TEST_CASE("warp", case_warp),
+    TEST_CASE("atomics", case_atomics),
+    TEST_CASE("cp_async", case_cp_async),
+    TEST_CASE("deadlocks", case_deadlocks),
+    TEST_CASE("mma", case_mma),
+    TEST_CASE("cvt_rule", case_cvt_rule),
+    TEST_CASE("cache", case_cache),
+    TEST_CASE("compile_error", test_compile_error),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }
