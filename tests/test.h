@@ -1,6 +1,7 @@
 /* test.h — what every test shares: the assertions, the seed, temporary directories, timing,
- * contexts on no device, small MoE configs and random inputs, running this program again as
- * a child, guarded buffers (poisoned, with sentinels) and the stub driver's log.
+ * the case table and its runner (cases run by name), contexts on no device, small MoE configs
+ * and random inputs, running this program again as a child, guarded buffers (poisoned, with
+ * sentinels) and the stub driver's log.
  * A failed CHECK prints where and what, the run goes on, and test_finish() prints
  * "N passed, N failed" and returns the exit code. */
 #ifndef MJ_TEST_H
