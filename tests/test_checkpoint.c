@@ -27,7 +27,9 @@ static char *g_single, *g_sharded_good; /* the good checkpoints, once written: s
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-static char *path2(const char *a, const char *b) {
+/* noinline: inlined, gcc 12 takes the asprintf result for a pointer to the local p (a false
+ * -Wdangling-pointer in the callers). */
+__attribute__((noinline)) static char *path2(const char *a, const char *b) {
     char *p = NULL;
     if (asprintf(&p, "%s/%s", a, b) < 0) abort();
     return p;
