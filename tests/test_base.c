@@ -371,10 +371,11 @@ static void test_file(void) {
     free(dir);
 }
 
-int main(void) {
-    test_error_prefix();
-    test_strbuf();
-    test_dl();
-    test_file();
-    return test_finish();
-}
+static const test_case cases[] = {
+    TEST_CASE("error_prefix", test_error_prefix),
+    TEST_CASE("strbuf", test_strbuf),
+    TEST_CASE("dl", test_dl),
+    TEST_CASE("file", test_file),
+};
+
+int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }
