@@ -725,9 +725,51 @@ static void test_null_args(void) {
                  MJ_ERR_INVALID_ARG);
 }
 
+/* Families read as their modeling code defines them (the table in runtime/weights/config.c),
+ * on their published config.json (tests/data/config/families/). */
+#define FAMILIES FIXTURES "families/"
+static void test_families(void) {
+    mj_moe_config c, want;
+    /* GLM-4.5-Air (glm4_moe) names neither scoring_func nor topk_method: HF's Glm4MoeTopkRouter
+     * is sigmoid with e_score_correction_bias always, not the generic softmax top-k. */
+    want = (mj_moe_config){.hidden = 4096, .intermediate = 1408, .n_experts = 128, .topk = 8,
+                           .n_shared = 1, .n_group = 1, .topk_group = 1,
+                           .scoring = MJ_SCORING_SIGMOID, .routed_scaling_factor = 1.0f,
+                           .norm_topk_prob = 1, .has_correction_bias = 1, .activation = MJ_ACT_SILU,
+                           .group_score = MJ_GROUP_SCORE_TOP2_SUM, .quant = MJ_QUANT_NONE, .quant_group_size = 0};
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "GLM-4.5-Air.json", NULL, &c));
+    check_same("GLM-4.5-Air", &c, &want);
+    /* The published Qwen3-30B-A3B: softmax top-8 of 128, renormalized, no bias. */
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "Qwen3-30B-A3B.json", NULL, &c));
+    CHECK(c.scoring == MJ_SCORING_SOFTMAX && !c.has_correction_bias && c.norm_topk_prob == 1 && c.n_experts == 128 &&
+              c.topk == 8 && c.intermediate == 768 && c.n_shared == 0,
+          "Qwen3-30B-A3B: scoring %d bias %d norm %d E %d k %d I %d shared %d", (int)c.scoring, c.has_correction_bias,
+          c.norm_topk_prob, c.n_experts, c.topk, c.intermediate, c.n_shared);
+    /* Refused with the reason, not with a missing field: the gated shared expert (Qwen2-MoE,
+     * Qwen3-Next), expert tensors not read yet (Mixtral, MiniMax-M2), routing that scales the
+     * input (Llama-4), biases / clamped SwiGLU / MXFP4 (gpt-oss). */
+    static const struct { const char *file, *needle; } refused[] = {
+        {"Qwen2-57B-A14B.json", "shared_expert_gate"},
+        {"Qwen3-Next-80B-A3B-Thinking.json", "shared_expert_gate"},
+        {"Mixtral-8x7B-v0.1.json", "'mixtral' (Mixtral) is not supported"},
+        {"MiniMax-M2.5.abridged.json", "'minimax_m2' (MiniMax-M2) is not supported"},
+        {"Llama-4-Scout-17B-16E-Instruct.abridged.json", "scales each token's input"},
+        {"gpt-oss-20b.json", "clamped SwiGLU"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s%s", FAMILIES, refused[i].file);
+        expect_read_fail(refused[i].file, path, NULL, MJ_ERR_UNSUPPORTED, refused[i].needle);
+        CHECK(!mentions("missing field"), "%s: refused for a missing field: %s", refused[i].file, mj_last_error());
+    }
+}
+
 static const test_case cases[] = {
     TEST_CASE("glm5", test_glm5),
     TEST_CASE("other_models", test_other_models),
+    TEST_CASE("families", test_families),
     TEST_CASE("defaults_and_aliases", test_defaults_and_aliases),
     TEST_CASE("malformed", test_malformed),
     TEST_CASE("missing", test_missing),

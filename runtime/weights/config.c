@@ -176,6 +176,84 @@ static const json_t *model_section(const json_t *root) {
     return root;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Model families
+ *
+ * What a family's modeling code assumes for the routing keys its config.json leaves out,
+ * and the families moejit cannot run, with why (transformers 5.25 and SGLang 0.5.23:
+ * models/<family>/modeling_<family>.py, configuration_<family>.py). A model_type not listed
+ * reads with the generic defaults (softmax, greedy, no renormalization): the keys decide.
+ *   deepseek_v3, glm4_moe  sigmoid scores, e_score_correction_bias for selection, groups by
+ *                          their top-2 sum, norm_topk_prob true: the router is hard-coded so
+ *                          (DeepseekV3TopkRouter / Glm4MoeTopkRouter); GLM-4.5/4.6's
+ *                          config.json names neither scoring_func nor topk_method.
+ *   deepseek_v2, qwen3_moe softmax, plain top-k unless the keys say otherwise.
+ *   qwen2_moe              the same, when it has no shared expert (see parse_family).
+ * ------------------------------------------------------------------------------------- */
+typedef struct mj_family {
+    const char *model_type;
+    const char *name;          /* for messages                                            */
+    const char *scoring;       /* scoring_func when the config has none                  */
+    const char *method;        /* topk_method when the config has none                   */
+    int norm;                  /* norm_topk_prob when the config has none                */
+    const char *refused;       /* NULL, or why moejit cannot run the family              */
+} mj_family;
+
+static const mj_family k_families[] = {
+    {"deepseek_v3", "DeepSeek-V3/R1, Kimi-K2", "sigmoid", "noaux_tc", 1, NULL},
+    {"glm4_moe", "GLM-4.5/4.6", "sigmoid", "noaux_tc", 1, NULL},
+    {"deepseek_v2", "DeepSeek-V2", "softmax", "greedy", 0, NULL},
+    {"qwen3_moe", "Qwen3-MoE", "softmax", "greedy", 0, NULL},
+    {"qwen2_moe", "Qwen1.5/Qwen2-MoE", "softmax", "greedy", 0, NULL},
+    {"qwen3_next", "Qwen3-Next", NULL, NULL, 0,
+     "its shared expert is scaled by a sigmoid gate (mlp.shared_expert_gate), which moejit does not "
+     "apply yet; running without it would give wrong outputs"},
+    {"mixtral", "Mixtral", NULL, NULL, 0,
+     "its experts are block_sparse_moe.experts.N.w1/w2/w3 of width intermediate_size, which moejit "
+     "does not read yet"},
+    {"minimax_m2", "MiniMax-M2", NULL, NULL, 0,
+     "its experts are block_sparse_moe.experts.N.w1/w2/w3 and its routing bias sits on the block "
+     "(block_sparse_moe.e_score_correction_bias), which moejit does not read yet"},
+    {"llama4", "Llama-4", NULL, NULL, 0,
+     "its router scales each token's input by the expert's score before the expert (top-1, "
+     "sigmoid), where moejit's experts weight their outputs"},
+    {"llama4_text", "Llama-4", NULL, NULL, 0,
+     "its router scales each token's input by the expert's score before the expert (top-1, "
+     "sigmoid), where moejit's experts weight their outputs"},
+    {"gpt_oss", "gpt-oss", NULL, NULL, 0,
+     "its experts have biases, a clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1)) and "
+     "MXFP4 weights; moejit's are bias-free SwiGLU in NVFP4"},
+};
+
+/* The family of a config (its model_type, or the language model's in text_config), or NULL;
+ * a family moejit cannot run is refused here, before any field is read, naming the reason. */
+static mj_status parse_family(const json_t *root, const json_t *m, const char *label, const mj_family **out) {
+    *out = NULL;
+    const json_t *types[2] = {json_object_get(root, "model_type"), json_object_get(m, "model_type")};
+    for (int t = 0; t < 2; t++) {
+        const char *mt = json_string_value(types[t]);
+        if (!mt) continue;
+        for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++) {
+            const mj_family *f = &k_families[i];
+            if (strcmp(mt, f->model_type) != 0) continue;
+            if (f->refused)
+                return fail(MJ_ERR_UNSUPPORTED, label, "model_type '%s' (%s) is not supported: %s", mt, f->name,
+                            f->refused);
+            if (!*out) *out = f;
+        }
+    }
+    /* Qwen2-MoE's shared expert is gated: out += sigmoid(x . shared_expert_gate) *
+     * shared_expert(x). Dropping it, or running it ungated, is wrong. */
+    const json_t *sis = json_object_get(m, "shared_expert_intermediate_size");
+    if (*out && !strcmp((*out)->model_type, "qwen2_moe") && json_is_integer(sis) && json_integer_value(sis) > 0)
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "model_type 'qwen2_moe' (%s) with shared_expert_intermediate_size %lld is not supported: its "
+                    "shared expert is scaled by a sigmoid gate (mlp.shared_expert_gate), which moejit does not "
+                    "apply yet; running without it would give wrong outputs",
+                    (*out)->name, (long long)json_integer_value(sis));
+    return MJ_OK;
+}
+
 static mj_status parse_sizes(const json_t *m, const char *label, mj_moe_config *c) {
     /* DeepSeek/GLM call the expert count n_routed_experts; Qwen-MoE calls it num_experts. */
     const char *ekey = "n_routed_experts";
@@ -200,9 +278,10 @@ static mj_status parse_sizes(const json_t *m, const char *label, mj_moe_config *
     return MJ_OK;
 }
 
-static mj_status parse_routing(const json_t *m, const char *label, mj_moe_config *c) {
+static mj_status parse_routing(const json_t *m, const mj_family *fam, const char *label, mj_moe_config *c) {
     const char *scoring, *method, *act;
-    MJ_CHECK(get_string(m, "scoring_func", "scoring_func", "softmax", label, &scoring));
+    MJ_CHECK(get_string(m, "scoring_func", "scoring_func", fam && fam->scoring ? fam->scoring : "softmax", label,
+                        &scoring));
     if (strcmp(scoring, "sigmoid") == 0) {
         c->scoring = MJ_SCORING_SIGMOID;
     } else if (strcmp(scoring, "softmax") == 0) {
@@ -215,7 +294,7 @@ static mj_status parse_routing(const json_t *m, const char *label, mj_moe_config
     }
     MJ_CHECK(get_pos_float(m, "routed_scaling_factor", "routed_scaling_factor", 1.0f, label,
                            &c->routed_scaling_factor));
-    MJ_CHECK(get_bool(m, "norm_topk_prob", "norm_topk_prob", 0, label, &c->norm_topk_prob));
+    MJ_CHECK(get_bool(m, "norm_topk_prob", "norm_topk_prob", fam ? fam->norm : 0, label, &c->norm_topk_prob));
     /* topk_method decides the bias and, with n_group > 1, how a group is scored:
      *   noaux_tc             (DeepSeek-V3, GLM-5) e_score_correction_bias added to the scores
      *                        for selection; a group scores the sum of its top-2;
@@ -224,7 +303,8 @@ static mj_status parse_routing(const json_t *m, const char *label, mj_moe_config
      *                        configs are) no bias, no groups: plain top-k.
      * Anything else is a router we do not know: routing it as one of these would pick other
      * experts than the model was trained with, so it is refused. */
-    MJ_CHECK(get_string(m, "topk_method", "topk_method", "greedy", label, &method));
+    MJ_CHECK(get_string(m, "topk_method", "topk_method", fam && fam->method ? fam->method : "greedy", label,
+                        &method));
     if (strcmp(method, "noaux_tc") == 0) {
         c->has_correction_bias = 1;
         c->group_score = MJ_GROUP_SCORE_TOP2_SUM;
@@ -382,8 +462,10 @@ static mj_status parse_texts(const char *cfg_text, size_t cfg_len, const char *c
     json_t *root = load_object(cfg_text, cfg_len, cfg_label, &st);
     if (!root) return st;
     const json_t *model = model_section(root);
+    const mj_family *fam;
+    MJ_CHECK_GOTO(parse_family(root, model, cfg_label, &fam), st, done);
     MJ_CHECK_GOTO(parse_sizes(model, cfg_label, &c), st, done);
-    MJ_CHECK_GOTO(parse_routing(model, cfg_label, &c), st, done);
+    MJ_CHECK_GOTO(parse_routing(model, fam, cfg_label, &c), st, done);
     if (quant_text) {
         quant_root = load_object(quant_text, quant_len, quant_label, &st);
         if (!quant_root) goto done;
