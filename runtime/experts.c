@@ -175,8 +175,11 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
     if (I % 64 || I < 64 || I > MJ_KNOB_moe_experts_I_MAX)
         return mj_set_error(MJ_ERR_UNSUPPORTED,
                             "mj_experts_create: the intermediate size held here (%d) must be a multiple of 64 in "
-                            "64..%d: split the layer into fewer TP ranks",
-                            I, MJ_KNOB_moe_experts_I_MAX);
+                            "64..%d: %s",
+                            I, MJ_KNOB_moe_experts_I_MAX,
+                            I > MJ_KNOB_moe_experts_I_MAX
+                                ? "split the layer into more TP ranks (each holds moe_intermediate_size / TP)"
+                                : "split the layer into fewer TP ranks, or use EP");
     if (cfg->topk > MJ_KNOB_moe_experts_K_MAX)
         return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: top-k %d; the kernels take up to %d", cfg->topk,
                             MJ_KNOB_moe_experts_K_MAX);

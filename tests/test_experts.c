@@ -1202,6 +1202,21 @@ static void check_seen(void) {
     CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");
 }
 
+/* An expert wider than the kernels take per rank needs MORE TP ranks (each holds I / TP); one
+ * below 64 or off the 64 grid needs fewer (or EP). The hint must point the right way. */
+static void test_wide_expert(void) {
+    mj_moe_config c = test_moe_cfg(64, MJ_KNOB_moe_experts_I_MAX + 64, 2, 1, 0);
+    mj_layer_t L = NULL;
+    CHECK_OK(mj_layer_create_random(&c, 7, &L));
+    if (!L) return;
+    mj_experts_t ex = NULL;
+    mj_experts_options eo = MJ_EXPERTS_OPTIONS_INIT;
+    CHECK_STATUS(mj_experts_create(g_ctx, L, &eo, &ex), MJ_ERR_UNSUPPORTED);
+    CHECK(strstr(mj_last_error(), "more TP ranks") != NULL, "a wide expert's hint: %s", mj_last_error());
+    CHECK(ex == NULL, "nothing made");
+    mj_layer_free(L);
+}
+
 static void case_pack(void) { test_pack(g_seed); }
 static void case_silu(void) { test_silu(g_ctx); }
 static void case_dequant(void) { test_dequant(g_ctx); }
@@ -1233,6 +1248,7 @@ static const test_case cases[] = {
     TEST_CASE("replay", case_replay),
     TEST_CASE("batch_invariance", case_batch_invariance),
     TEST_CASE("refusals", case_refusals),
+    TEST_CASE("wide_expert", test_wide_expert),
     TEST_CASE("glm5_shapes", case_glm5_shapes),
     TEST_CASE("specs", case_specs),
     TEST_CASE("compile", case_compile),
