@@ -9,8 +9,10 @@
 
 #include "jit.h"
 
+#include <float.h>
 #include <fnmatch.h>
 #include <ftw.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -113,6 +115,49 @@ static inline char *test_tmpdir(const char *tag) {
     }
     return dir;
 }
+
+/* dir/name (malloc'd; aborts when out of memory). Out of line: inlined, gcc 12 takes the
+ * asprintf result for a pointer to the local (a false -Wdangling-pointer in the callers). */
+__attribute__((noinline, unused)) static char *test_path(const char *dir, const char *name) {
+    char *p = NULL;
+    if (asprintf(&p, "%s/%s", dir, name) < 0) abort();
+    return p;
+}
+
+/* A watchdog for calls that must never block (an open() of a FIFO waits for a writer
+ * forever): test_watchdog(s, what) fails the program (exit 1, what named on stderr) if it is
+ * still running s seconds later; test_watchdog(0, NULL) disarms it. */
+static const char *test_watchdog_what_;
+static inline void test_watchdog_fire_(int sig) {
+    (void)sig;
+    static const char m[] = "test: blocked past the watchdog: ";
+    ssize_t r = write(2, m, sizeof m - 1);
+    if (test_watchdog_what_) r = write(2, test_watchdog_what_, strlen(test_watchdog_what_));
+    r = write(2, "\n", 1);
+    (void)r;
+    _exit(1);
+}
+static inline void test_watchdog(unsigned seconds, const char *what) {
+    test_watchdog_what_ = what;
+    signal(SIGALRM, seconds ? test_watchdog_fire_ : SIG_DFL);
+    alarm(seconds);
+}
+
+/* Values through the FP8 / FP4 encoders and what the GPU's cvt.rn.satfinite gives for them
+ * (templates/prelude_fp.h): a code's sign bit is x's (+0.0 gives +0, -0.0 or a negative that
+ * rounds to zero -0: E4M3 0x80, E2M1 8); past the largest finite value, Inf included, comes
+ * that value with x's sign. The reference's encoders (test_nvfp4) and the interpreter's
+ * conversion hooks (test_sim) check the same table. */
+typedef struct test_cvt_case { float x; uint8_t e4m3, e2m1; } test_cvt_case;
+static const test_cvt_case test_cvt_cases[] = {
+    {0.0f, 0x00, 0},      {-0.0f, 0x80, 8},     {FLT_TRUE_MIN, 0x00, 0}, {-FLT_TRUE_MIN, 0x80, 8},
+    {-1e-30f, 0x80, 8},   {-0x1p-11f, 0x80, 8}, {-0x1p-10f, 0x80, 8},    {-0.2f, 0xA5, 8},
+    {0.2f, 0x25, 0},      {-0.25f, 0xA8, 8},    {6.0f, 0x4C, 7},         {-6.0f, 0xCC, 15},
+    {7.0f, 0x4E, 7},      {-7.0f, 0xCE, 15},    {448.0f, 0x7E, 7},       {-448.0f, 0xFE, 15},
+    {464.0f, 0x7E, 7},    {-464.0f, 0xFE, 15},  {1e30f, 0x7E, 7},        {-1e30f, 0xFE, 15},
+    {FLT_MAX, 0x7E, 7},   {-FLT_MAX, 0xFE, 15}, {INFINITY, 0x7E, 7},     {-INFINITY, 0xFE, 15},
+};
+#define TEST_CVT_N ((int)(sizeof test_cvt_cases / sizeof test_cvt_cases[0]))
 
 /* The kernel cache the interpreter-heavy tests share within one build: compiled kernel
  * objects are reused across tests and runs instead of rebuilt in a fresh directory each

@@ -231,20 +231,6 @@ static void test_dl(void) {
 
 /* ---- mj_file_read --------------------------------------------------------------------------- */
 
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char m[] = "test_base: a read blocked (a FIFO opened?)\n";
-    ssize_t r = write(2, m, sizeof m - 1);
-    (void)r;
-    _exit(1);
-}
-
-static char *in(const char *dir, const char *name) {
-    char *p = NULL;
-    if (asprintf(&p, "%s/%s", dir, name) < 0) abort();
-    return p;
-}
-
 static void put(const char *path, const char *text, size_t n) {
     FILE *f = fopen(path, "wb");
     CHECK(f && fwrite(text, 1, n, f) == n && fclose(f) == 0, "writing %s", path);
@@ -275,12 +261,11 @@ static void test_file(void) {
     char *dir = test_tmpdir("base-file");
     CHECK(dir != NULL, "a temporary directory");
     if (!dir) return;
-    signal(SIGALRM, on_alarm);
-    alarm(30); /* every FIFO below is refused at once: a blocked open would wait forever */
+    test_watchdog(30, "test_base: a read (a FIFO opened?)"); /* every FIFO below is refused at once: a blocked open would wait forever */
 
-    char *plain = in(dir, "plain.json"), *link = in(dir, "link.json"), *dangling = in(dir, "dangling.json");
-    char *fifo = in(dir, "fifo.json"), *fifo_link = in(dir, "fifo_link.json"), *sub = in(dir, "sub");
-    char *dev_link = in(dir, "null_link.json"), *big = in(dir, "big.json"), *missing = in(dir, "missing.json");
+    char *plain = test_path(dir, "plain.json"), *link = test_path(dir, "link.json"), *dangling = test_path(dir, "dangling.json");
+    char *fifo = test_path(dir, "fifo.json"), *fifo_link = test_path(dir, "fifo_link.json"), *sub = test_path(dir, "sub");
+    char *dev_link = test_path(dir, "null_link.json"), *big = test_path(dir, "big.json"), *missing = test_path(dir, "missing.json");
     put(plain, "{\"a\": 1}", 8);
     CHECK(symlink(plain, link) == 0, "symlink: %s", strerror(errno));
     CHECK(symlink(missing, dangling) == 0, "symlink: %s", strerror(errno));
@@ -362,8 +347,7 @@ static void test_file(void) {
           "an empty file: \"\"");
     free(text);
 
-    alarm(0);
-    signal(SIGALRM, SIG_DFL);
+    test_watchdog(0, NULL);
     if (dfd >= 0) close(dfd);
     free(plain), free(link), free(dangling), free(fifo), free(fifo_link), free(sub), free(dev_link), free(big);
     free(missing);

@@ -27,14 +27,6 @@ static char *g_single, *g_sharded_good; /* the good checkpoints, once written: s
 
 /* ---- helpers -------------------------------------------------------------------------------- */
 
-/* noinline: inlined, gcc 12 takes the asprintf result for a pointer to the local p (a false
- * -Wdangling-pointer in the callers). */
-__attribute__((noinline)) static char *path2(const char *a, const char *b) {
-    char *p = NULL;
-    if (asprintf(&p, "%s/%s", a, b) < 0) abort();
-    return p;
-}
-
 static const char *glm5_config(void) { return MJ_SOURCE_DIR "/tests/data/model/glm5_moe_config.json"; }
 
 /* GLM-5's config with n_shared_experts set, written under the run's directory. */
@@ -45,7 +37,7 @@ static char *config_with_shared(int n_shared) {
     json_object_set_new(root, "n_shared_experts", json_integer(n_shared));
     char name[64];
     snprintf(name, sizeof name, "config_shared%d.json", n_shared);
-    char *p = path2(g_root, name);
+    char *p = test_path(g_root, name);
     if (json_dump_file(root, p, JSON_INDENT(2))) abort();
     json_decref(root);
     return p;
@@ -67,14 +59,14 @@ static mj_status make_ck(const char *config, const char *out, int32_t first, int
  * file, and layers 3 and 4 in 60 KB shards (many: the tensors of one expert span two). */
 static const char *single(void) {
     if (!g_single) {
-        g_single = path2(g_root, "single");
+        g_single = test_path(g_root, "single");
         CHECK_OK(make_ck(glm5_config(), g_single, -1, -1, 0));
     }
     return g_single;
 }
 static const char *sharded(void) {
     if (!g_sharded_good) {
-        g_sharded_good = path2(g_root, "sharded");
+        g_sharded_good = test_path(g_root, "sharded");
         CHECK_OK(make_ck(glm5_config(), g_sharded_good, 3, 4, 60000));
     }
     return g_sharded_good;
@@ -203,13 +195,13 @@ static void copy_file(const char *src, const char *dst) {
 
 /* A fresh copy of checkpoint src, named name under the run's directory (malloc'd path). */
 static char *copy_ck(const char *src, const char *name) {
-    char *dst = path2(g_root, name);
+    char *dst = test_path(g_root, name);
     if (mkdir(dst, 0755)) abort();
     DIR *d = opendir(src);
     struct dirent *de;
     while ((de = readdir(d))) {
         if (de->d_name[0] == '.') continue;
-        char *a = path2(src, de->d_name), *b = path2(dst, de->d_name);
+        char *a = test_path(src, de->d_name), *b = test_path(dst, de->d_name);
         copy_file(a, b);
         free(a), free(b);
     }
@@ -421,7 +413,7 @@ static void test_round_trip_sharded(void) {
 
 /* n_shared > 1: one shared_experts MLP of n_shared * I rows, as mj_layer_create_random has it. */
 static void test_two_shared(void) {
-    char *cfg = config_with_shared(2), *dir = path2(g_root, "shared2");
+    char *cfg = config_with_shared(2), *dir = test_path(g_root, "shared2");
     CHECK_OK(make_ck(cfg, dir, -1, -1, 0));
     mj_checkpoint_t ck = NULL;
     CHECK_OK(mj_checkpoint_open(dir, &ck));
@@ -556,7 +548,7 @@ static void test_malformed_single(const char *good) {
     mj_ck_tensor_name(sg, sizeof sg, 3, MJ_CK_SHARED, "gate_proj", "weight");
 
     /* A tensor missing. */
-    char *d = copy_ck(good, "missing_tensor"), *p = path2(d, MJ_CK_SINGLE);
+    char *d = copy_ck(good, "missing_tensor"), *p = test_path(d, MJ_CK_SINGLE);
     st_load(p, &f);
     json_object_del(f.hdr, tname(3, 1, "up_proj", "weight_scale"));
     st_save(p, &f);
@@ -570,7 +562,7 @@ static void test_malformed_single(const char *good) {
     for (int i = 0; i < 3; i++) {
         char name[32];
         snprintf(name, sizeof name, "dtype%d", i);
-        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        d = copy_ck(good, name), p = test_path(d, MJ_CK_SINGLE);
         char tn[MJ_CK_NAME_MAX];
         snprintf(tn, sizeof tn, "%s", dt_cases[i][0]);
         st_load(p, &f);
@@ -581,13 +573,13 @@ static void test_malformed_single(const char *good) {
     }
 
     /* Wrong shapes (the same byte count, so the header itself is consistent). */
-    d = copy_ck(good, "shape"), p = path2(d, MJ_CK_SINGLE);
+    d = copy_ck(good, "shape"), p = test_path(d, MJ_CK_SINGLE);
     st_load(p, &f);
     st_set_shape(&f, gw, 2, H / 2, I);
     st_save(p, &f);
     expect_refused("wrong shape", d, MJ_ERR_PARSE, gw, "expected [256, 64]");
     free(d), free(p);
-    d = copy_ck(good, "shape_router"), p = path2(d, MJ_CK_SINGLE);
+    d = copy_ck(good, "shape_router"), p = test_path(d, MJ_CK_SINGLE);
     st_load(p, &f);
     st_set_shape(&f, tname(3, MJ_CK_ROUTER, NULL, "weight"), 2, H, E);
     st_save(p, &f);
@@ -595,7 +587,7 @@ static void test_malformed_single(const char *good) {
     free(d), free(p);
 
     /* A truncated shard. */
-    d = copy_ck(good, "truncated"), p = path2(d, MJ_CK_SINGLE);
+    d = copy_ck(good, "truncated"), p = test_path(d, MJ_CK_SINGLE);
     struct stat sb;
     stat(p, &sb);
     CHECK(truncate(p, sb.st_size - 1000) == 0, "truncate");
@@ -603,7 +595,7 @@ static void test_malformed_single(const char *good) {
     free(d), free(p);
 
     /* The header length past the end of the file. */
-    d = copy_ck(good, "header_len"), p = path2(d, MJ_CK_SINGLE);
+    d = copy_ck(good, "header_len"), p = test_path(d, MJ_CK_SINGLE);
     stat(p, &sb);
     {
         int fd = open(p, O_WRONLY);
@@ -618,7 +610,7 @@ static void test_malformed_single(const char *good) {
     for (int i = 0; i < 3; i++) {
         char name[32];
         snprintf(name, sizeof name, "offsets%d", i);
-        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        d = copy_ck(good, name), p = test_path(d, MJ_CK_SINGLE);
         st_load(p, &f);
         uint64_t b = st_off(&f, gw, 0), e = st_off(&f, gw, 1);
         if (i == 0) st_set_off(&f, gu, b + 32, e + 32); /* overlaps gate's bytes */
@@ -631,7 +623,7 @@ static void test_malformed_single(const char *good) {
     }
 
     /* A duplicate JSON key: the gate's entry written twice. */
-    d = copy_ck(good, "dupkey"), p = path2(d, MJ_CK_SINGLE);
+    d = copy_ck(good, "dupkey"), p = test_path(d, MJ_CK_SINGLE);
     st_load(p, &f);
     {
         char *entry = json_dumps(st_entry(&f, gw), JSON_COMPACT), *all = json_dumps(f.hdr, JSON_COMPACT), *text = NULL;
@@ -647,7 +639,7 @@ static void test_malformed_single(const char *good) {
      * loads): the load is an error naming the file (MJ_ERR_IO), never SIGBUS; the layers of a
      * TP slice (strided reads of down) and a whole one alike; and the handle stays usable. */
     for (int i = 0; i < 2; i++) {
-        d = copy_ck(good, i ? "cut_while_open_tp" : "cut_while_open"), p = path2(d, MJ_CK_SINGLE);
+        d = copy_ck(good, i ? "cut_while_open_tp" : "cut_while_open"), p = test_path(d, MJ_CK_SINGLE);
         mj_checkpoint_t ck = NULL;
         CHECK_OK(mj_checkpoint_open(d, &ck));
         struct stat cut;
@@ -666,7 +658,7 @@ static void test_malformed_single(const char *good) {
     for (int i = 0; i < 4; i++) {
         char name[32];
         snprintf(name, sizeof name, "nonfinite%d", i);
-        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        d = copy_ck(good, name), p = test_path(d, MJ_CK_SINGLE);
         st_load(p, &f);
         const char *t = i == 0 ? tname(3, 3, "down_proj", "input_scale")
                       : i == 1 ? tname(3, 0, "up_proj", "weight_scale")
@@ -689,7 +681,7 @@ static void test_malformed_single(const char *good) {
     for (int i = 0; i < 3; i++) {
         char name[32];
         snprintf(name, sizeof name, "hugescale%d", i);
-        d = copy_ck(good, name), p = path2(d, MJ_CK_SINGLE);
+        d = copy_ck(good, name), p = test_path(d, MJ_CK_SINGLE);
         st_load(p, &f);
         const char *t = i == 0 ? tname(3, 5, "down_proj", "input_scale")
                       : i == 1 ? tname(3, MJ_CK_SHARED, "up_proj", "input_scale")
@@ -703,7 +695,7 @@ static void test_malformed_single(const char *good) {
     }
 
     /* A bf16 (unquantized) shared expert: refused, naming the tensor. */
-    d = copy_ck(good, "bf16_shared"), p = path2(d, MJ_CK_SINGLE);
+    d = copy_ck(good, "bf16_shared"), p = test_path(d, MJ_CK_SINGLE);
     st_load(p, &f);
     st_set_dtype(&f, sg, "BF16");
     st_set_shape(&f, sg, 2, I, H / 4); /* the same bytes as [I, H/2] u8 */
@@ -713,14 +705,14 @@ static void test_malformed_single(const char *good) {
 
     /* No NVFP4 quantization: hf_quant_config.json removed (GLM-5's config has none inline). */
     d = copy_ck(good, "no_quant");
-    p = path2(d, MJ_CK_QUANT);
+    p = test_path(d, MJ_CK_QUANT);
     unlink(p);
     expect_refused("not NVFP4", d, MJ_ERR_UNSUPPORTED, "NVFP4", NULL);
     free(d), free(p);
 
     /* No tensors at all. */
     d = copy_ck(good, "no_shard");
-    p = path2(d, MJ_CK_SINGLE);
+    p = test_path(d, MJ_CK_SINGLE);
     unlink(p);
     expect_refused("no shard", d, MJ_ERR_IO, "model.safetensors", "neither");
     free(d), free(p);
@@ -729,7 +721,7 @@ static void test_malformed_single(const char *good) {
 
 /* Alternative encodings a real export may use: weight_scale stored as U8, scalars as [1]. */
 static void test_alternative_encodings(const char *good) {
-    char *d = copy_ck(good, "alt"), *p = path2(d, MJ_CK_SINGLE);
+    char *d = copy_ck(good, "alt"), *p = test_path(d, MJ_CK_SINGLE);
     stf f;
     st_load(p, &f);
     const char *k;
@@ -756,7 +748,7 @@ static void test_alternative_encodings(const char *good) {
 /* gate and up swapped in the file: every header check passes (the shapes are the same), and
  * the reference forward shows it. */
 static void test_gate_up_swapped(const char *good) {
-    char *d = copy_ck(good, "swapped"), *p = path2(d, MJ_CK_SINGLE);
+    char *d = copy_ck(good, "swapped"), *p = test_path(d, MJ_CK_SINGLE);
     stf f;
     st_load(p, &f);
     for (int e = 0; e < E; e++)
@@ -787,7 +779,7 @@ static void test_gate_up_swapped(const char *good) {
 
 /* stderr into a file while f runs; the text (malloc'd). */
 static char *capture_stderr(void (*fn)(void *), void *arg) {
-    char *path = path2(g_root, "stderr.txt");
+    char *path = test_path(g_root, "stderr.txt");
     fflush(stderr);
     int saved = dup(2), fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
     dup2(fd, 2);
@@ -838,7 +830,7 @@ static void do_load(void *a) {
 /* Fused siblings with different scales: loaded with the max; the other sibling's block scales
  * re-expressed (within e4m3 rounding of the original values); one warning for the layer. */
 static void test_sibling_scales(const char *good) {
-    char *d = copy_ck(good, "siblings"), *p = path2(d, MJ_CK_SINGLE);
+    char *d = copy_ck(good, "siblings"), *p = test_path(d, MJ_CK_SINGLE);
     stf f;
     st_load(p, &f);
     char us2[MJ_CK_NAME_MAX], us2b[MJ_CK_NAME_MAX], uin[MJ_CK_NAME_MAX];
@@ -900,11 +892,11 @@ static void test_sibling_scales(const char *good) {
 static char *shard_name(const char *dir, int i) {
     char name[64];
     snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", i, count_files(dir, ".safetensors"));
-    return path2(dir, name);
+    return test_path(dir, name);
 }
 
 static void edit_index(const char *dir, const char *tensor, const char *shard) {
-    char *p = path2(dir, MJ_CK_INDEX);
+    char *p = test_path(dir, MJ_CK_INDEX);
     json_error_t err;
     json_t *root = json_load_file(p, 0, &err);
     json_t *map = json_object_get(root, "weight_map");
@@ -913,13 +905,6 @@ static void edit_index(const char *dir, const char *tensor, const char *shard) {
     json_dump_file(root, p, JSON_INDENT(1));
     json_decref(root);
     free(p);
-}
-
-static void sigalrm(int s) {
-    (void)s;
-    static const char m[] = "test_checkpoint: opening a FIFO shard blocked\n";
-    if (write(2, m, sizeof m - 1)) {}
-    _exit(3);
 }
 
 static void test_malformed_sharded(void) {
@@ -961,7 +946,7 @@ static void test_malformed_sharded(void) {
     free(d), free(p);
     d = copy_ck(good, "shard_symlink");
     p = shard_name(d, 2);
-    q = path2(g_root, "outside.safetensors");
+    q = test_path(g_root, "outside.safetensors");
     rename(p, q);
     CHECK(symlink(q, p) == 0, "symlink: %s", strerror(errno));
     expect_refused("symlinked shard", d, MJ_ERR_IO, strrchr(p, '/') + 1, "symbolic link");
@@ -970,10 +955,9 @@ static void test_malformed_sharded(void) {
     p = shard_name(d, 1);
     unlink(p);
     CHECK(mkfifo(p, 0600) == 0, "mkfifo: %s", strerror(errno));
-    signal(SIGALRM, sigalrm);
-    alarm(20);
+    test_watchdog(20, "test_checkpoint: opening a FIFO shard");
     expect_refused("FIFO shard", d, MJ_ERR_IO, strrchr(p, '/') + 1, "FIFO");
-    alarm(0);
+    test_watchdog(0, NULL);
     free(d), free(p);
 
     /* Shard names with control characters (an escape sequence, a newline): every message that
@@ -984,14 +968,14 @@ static void test_malformed_sharded(void) {
         d = copy_ck(good, i ? "shard_evil_fifo" : "shard_evil_missing");
         edit_index(d, gw, evil);
         if (i) {
-            p = path2(d, evil);
+            p = test_path(d, evil);
             CHECK(mkfifo(p, 0600) == 0, "mkfifo: %s", strerror(errno));
             free(p);
         }
         char msg[4096];
-        alarm(20);
+        test_watchdog(20, "test_checkpoint: opening a FIFO shard");
         mj_status st = open_and_load(d, 3, msg, sizeof msg);
-        alarm(0);
+        test_watchdog(0, NULL);
         CHECK(st == MJ_ERR_IO, "shard name with control characters: %s: %s", mj_status_string(st), msg);
         CHECK(strstr(msg, "evil\\x1b[31m\\x0ared\\x07.safetensors"), "the shard's name is not escaped: %s", msg);
         int raw = 0;
@@ -1018,7 +1002,7 @@ static int64_t dir_bytes(const char *dir) {
     int64_t n = 0;
     while (d && (de = readdir(d))) {
         if (de->d_name[0] == '.') continue;
-        char *p = path2(dir, de->d_name);
+        char *p = test_path(dir, de->d_name);
         struct stat sb;
         if (!stat(p, &sb)) n += sb.st_size;
         free(p);
@@ -1042,11 +1026,11 @@ static int dir_entries(const char *dir) {
  * Hugging Face cache snapshot's config.json, a link into blobs/); a link the loader finds
  * inside a checkpoint directory is refused; a FIFO is refused at once either way. */
 static void test_writer_config_links(void) {
-    char *cfg_link = path2(g_root, "config_link.json"), *quant_link = path2(g_root, "quant_link.json");
+    char *cfg_link = test_path(g_root, "config_link.json"), *quant_link = test_path(g_root, "quant_link.json");
     CHECK(symlink(glm5_config(), cfg_link) == 0, "symlink: %s", strerror(errno));
     CHECK(symlink(MJ_SOURCE_DIR "/tests/data/model/hf_quant_config.example.json", quant_link) == 0, "symlink: %s",
           strerror(errno));
-    char *out = path2(g_root, "from_links");
+    char *out = test_path(g_root, "from_links");
     mj_checkpoint_make_options o = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
     o.config_json = cfg_link, o.quant_json = quant_link, o.out_dir = out, o.seed = 5;
     o.hidden = 64, o.intermediate = 64, o.n_experts = 4, o.topk = 2;
@@ -1056,17 +1040,16 @@ static void test_writer_config_links(void) {
     mj_checkpoint_close(ck);
 
     /* Inside the checkpoint directory, config.json as a link (to its own copy) is refused. */
-    char *cfg = path2(out, MJ_CK_CONFIG), *moved = path2(g_root, "from_links_config.json");
+    char *cfg = test_path(out, MJ_CK_CONFIG), *moved = test_path(g_root, "from_links_config.json");
     CHECK(rename(cfg, moved) == 0 && symlink(moved, cfg) == 0, "config.json -> a link: %s", strerror(errno));
     expect_refused("config.json a link", out, MJ_ERR_IO, "config.json", "is a symbolic link: refused");
 
     /* A FIFO as the writer's config, and a link to one: refused, never waited on. */
-    char *fifo = path2(g_root, "config_fifo.json"), *fifo_link = path2(g_root, "config_fifo_link.json");
+    char *fifo = test_path(g_root, "config_fifo.json"), *fifo_link = test_path(g_root, "config_fifo_link.json");
     CHECK(mkfifo(fifo, 0600) == 0 && symlink(fifo, fifo_link) == 0, "mkfifo: %s", strerror(errno));
-    char *out2 = path2(g_root, "from_fifo");
+    char *out2 = test_path(g_root, "from_fifo");
     o.out_dir = out2, o.quant_json = NULL;
-    signal(SIGALRM, sigalrm);
-    alarm(20);
+    test_watchdog(20, "test_checkpoint: opening a FIFO shard");
     o.config_json = fifo;
     CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
     CHECK(strstr(mj_last_error(), "config_fifo.json is not a regular file (a FIFO)"), "a FIFO config: %s",
@@ -1075,14 +1058,14 @@ static void test_writer_config_links(void) {
     CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
     CHECK(strstr(mj_last_error(), "config_fifo_link.json is not a regular file (a FIFO)"), "a link to a FIFO: %s",
           mj_last_error());
-    alarm(0);
+    test_watchdog(0, NULL);
     CHECK(access(out2, F_OK) != 0, "nothing written");
     free(cfg_link), free(quant_link), free(out), free(cfg), free(moved), free(fifo), free(fifo_link), free(out2);
 }
 
 static void test_writer(void) {
     /* The plan says what is written, to the byte. */
-    char *dir = path2(g_root, "planned");
+    char *dir = test_path(g_root, "planned");
     mj_checkpoint_make_options o = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
     o.config_json = glm5_config(), o.out_dir = dir, o.seed = 7, o.layer_first = 3, o.layer_last = 5;
     o.hidden = 64, o.intermediate = 64, o.n_experts = 4, o.topk = 2, o.shard_bytes = 20000;
@@ -1103,13 +1086,13 @@ static void test_writer(void) {
     CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
     CHECK(strstr(mj_last_error(), "not empty"), "says why: %s", mj_last_error());
     CHECK(dir_entries(dir) == before && dir_bytes(dir) == info.total_bytes, "the existing checkpoint is untouched");
-    char *empty = path2(g_root, "empty_out");
+    char *empty = test_path(g_root, "empty_out");
     mkdir(empty, 0755);
     o.out_dir = empty;
     CHECK_OK(mj_checkpoint_make(&o));
     CHECK(count_files(empty, ".safetensors") == info.n_shards, "an empty directory is filled");
     /* A symbolic link as out_dir is refused. */
-    char *link = path2(g_root, "link_out");
+    char *link = test_path(g_root, "link_out");
     CHECK(symlink(empty, link) == 0, "symlink");
     o.out_dir = link;
     CHECK_STATUS(mj_checkpoint_make(&o), MJ_ERR_IO);
@@ -1117,7 +1100,7 @@ static void test_writer(void) {
 
     /* Errors leave nothing behind: a bad override (before writing), a dense layer, and a
      * write that fails half-way (a file size limit). */
-    char *fresh = path2(g_root, "fresh");
+    char *fresh = test_path(g_root, "fresh");
     o.out_dir = fresh;
     int root_before = dir_entries(g_root);
     o.hidden = 100;

@@ -581,21 +581,7 @@ static void test_quant_errors(void) {
 /* The files are read by base/file.c's rule. The paths are the caller's own, so a symbolic
  * link is followed: a Hugging Face cache snapshot (snapshots/REV/config.json a link into
  * blobs/) is read as it is. Never a FIFO: refused at once (a plain open would wait for a
- * writer forever; SIGALRM fails the test then). A file over the 64 MiB cap is refused. */
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char m[] = "test_config: reading a FIFO config blocked\n";
-    ssize_t r = write(2, m, sizeof m - 1);
-    (void)r;
-    _exit(1);
-}
-
-static char *in(const char *dir, const char *name) {
-    char *p = NULL;
-    if (asprintf(&p, "%s/%s", dir, name) < 0) abort();
-    return p;
-}
-
+ * writer forever; the watchdog fails the test then). A file over the 64 MiB cap is refused. */
 static int copy_file(const char *from, const char *to) {
     FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
     char buf[4096];
@@ -611,9 +597,9 @@ static void test_io_rule(void) {
     char *dir = test_tmpdir("config-io");
     CHECK(dir != NULL, "a temporary directory");
     if (!dir) return;
-    char *blobs = in(dir, "blobs"), *snaps = in(dir, "snapshots"), *rev = in(dir, "snapshots/rev1");
-    char *blob_cfg = in(dir, "blobs/1f0e"), *blob_q = in(dir, "blobs/9a7c");
-    char *cfg = in(dir, "snapshots/rev1/config.json"), *q = in(dir, "snapshots/rev1/hf_quant_config.json");
+    char *blobs = test_path(dir, "blobs"), *snaps = test_path(dir, "snapshots"), *rev = test_path(dir, "snapshots/rev1");
+    char *blob_cfg = test_path(dir, "blobs/1f0e"), *blob_q = test_path(dir, "blobs/9a7c");
+    char *cfg = test_path(dir, "snapshots/rev1/config.json"), *q = test_path(dir, "snapshots/rev1/hf_quant_config.json");
     CHECK(mkdir(blobs, 0700) == 0 && mkdir(snaps, 0700) == 0 && mkdir(rev, 0700) == 0, "mkdir: %s",
           strerror(errno));
     CHECK(copy_file(MODEL_DATA "glm5_moe_config.json", blob_cfg) == 0 &&
@@ -626,16 +612,14 @@ static void test_io_rule(void) {
     CHECK_OK(mj_moe_config_read(cfg, q, &got));
     CHECK(!memcmp(&want, &got, sizeof want), "a Hugging Face snapshot's links read as the files");
 
-    char *fifo = in(dir, "fifo.json"), *fifo_link = in(dir, "fifo_link.json"), *big = in(dir, "big.json");
+    char *fifo = test_path(dir, "fifo.json"), *fifo_link = test_path(dir, "fifo_link.json"), *big = test_path(dir, "big.json");
     CHECK(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
     CHECK(symlink(fifo, fifo_link) == 0, "symlink: %s", strerror(errno));
-    signal(SIGALRM, on_alarm);
-    alarm(20);
+    test_watchdog(20, "test_config: reading a FIFO config");
     expect_read_fail("a FIFO as config.json", fifo, NULL, MJ_ERR_IO, "is not a regular file (a FIFO)");
     expect_read_fail("a link to a FIFO as config.json", fifo_link, NULL, MJ_ERR_IO, "fifo_link.json");
     expect_read_fail("a FIFO as the quantization file", cfg, fifo, MJ_ERR_IO, "is not a regular file (a FIFO)");
-    alarm(0);
-    signal(SIGALRM, SIG_DFL);
+    test_watchdog(0, NULL);
 
     /* Over the cap (sparse: nothing is written, nothing is read). */
     FILE *f = fopen(big, "wb");

@@ -66,14 +66,6 @@ static int watched_load(const char *path, const char *want, npy_array *a, char *
     return rc;
 }
 
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char msg[] = "test_npy: npy_load blocked on a FIFO (no writer) for 10 s\n";
-    ssize_t w = write(2, msg, sizeof msg - 1);
-    (void)w;
-    _exit(1);
-}
-
 /* What the cases write: v in (2, 3) files, w in (3,) ones. */
 static const float v[6] = {1, 2, 3, 4, 5, 6}, w[3] = {7, 8, 9};
 static const int64_t shape[1] = {3};
@@ -184,10 +176,9 @@ static void test_not_regular(void) {
 
     /* A FIFO with no writer: refused at once instead of blocking in open. */
     CHECK(mkfifo(in_dir("fifo.npy"), 0600) == 0, "mkfifo: %s", strerror(errno));
-    signal(SIGALRM, on_alarm);
-    alarm(10);
+    test_watchdog(10, "test_npy: npy_load on a FIFO (no writer)");
     CHECK(npy_load(in_dir("fifo.npy"), "<f4", &a, err, sizeof err) == -1, "a FIFO loaded");
-    alarm(0);
+    test_watchdog(0, NULL);
     CHECK(strstr(err, "not a regular file") != NULL, "err: %s", err);
     /* A character device too. */
     CHECK(npy_load("/dev/zero", "<f4", &a, err, sizeof err) == -1 && strstr(err, "not a regular file"),

@@ -260,15 +260,8 @@ static void test_e4m3_saturation_and_subnormals(void) {
  * x * gs / 448 = 6x the codes of +-6 at +-6, and -0.0 stays code 8), weights as ModelOpt
  * writes them (its sign is x < 0: -0.0 gives code 0, -0.2 code 8). */
 static void test_zero_signs_and_saturation(void) {
-    static const struct { float x; uint8_t e4m3, e2m1; } k[] = {
-        {0.0f, 0x00, 0},      {-0.0f, 0x80, 8},     {FLT_TRUE_MIN, 0x00, 0}, {-FLT_TRUE_MIN, 0x80, 8},
-        {-1e-30f, 0x80, 8},   {-0x1p-11f, 0x80, 8}, {-0x1p-10f, 0x80, 8},    {-0.2f, 0xA5, 8},
-        {0.2f, 0x25, 0},      {-0.25f, 0xA8, 8},    {6.0f, 0x4C, 7},         {-6.0f, 0xCC, 15},
-        {7.0f, 0x4E, 7},      {-7.0f, 0xCE, 15},    {448.0f, 0x7E, 7},       {-448.0f, 0xFE, 15},
-        {464.0f, 0x7E, 7},    {-464.0f, 0xFE, 15},  {1e30f, 0x7E, 7},        {-1e30f, 0xFE, 15},
-        {FLT_MAX, 0x7E, 7},   {-FLT_MAX, 0xFE, 15}, {INFINITY, 0x7E, 7},     {-INFINITY, 0xFE, 15},
-    };
-    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+    const test_cvt_case *k = test_cvt_cases;
+    for (int i = 0; i < TEST_CVT_N; i++) {
         CHECK(mj_e4m3_encode(k[i].x) == k[i].e4m3, "e4m3(%g) = 0x%02X want 0x%02X", (double)k[i].x,
               mj_e4m3_encode(k[i].x), k[i].e4m3);
         CHECK(mj_e2m1_encode(k[i].x) == k[i].e2m1, "e2m1(%g) = %d want %d", (double)k[i].x, mj_e2m1_encode(k[i].x),

@@ -834,15 +834,8 @@ static void test_mma(mj_context_t c, uint64_t *rng) {
  * reference's encoders (runtime/ref/nvfp4.c) must give the same bytes. Each value is
  * converted in both nibbles of an E2M1 pair. */
 static void test_cvt_rule(mj_context_t c) {
-    static const struct { float x; uint32_t e4m3, e2m1; } k[] = {
-        {0.0f, 0x00, 0},          {-0.0f, 0x80, 8},        {FLT_TRUE_MIN, 0x00, 0},   {-FLT_TRUE_MIN, 0x80, 8},
-        {-1e-30f, 0x80, 8},       {-0x1p-11f, 0x80, 8},    {-0x1p-10f, 0x80, 8},     {-0.2f, 0xA5, 8},
-        {0.2f, 0x25, 0},          {-0.25f, 0xA8, 8},       {6.0f, 0x4C, 7},          {-6.0f, 0xCC, 15},
-        {7.0f, 0x4E, 7},          {-7.0f, 0xCE, 15},       {448.0f, 0x7E, 7},        {-448.0f, 0xFE, 15},
-        {464.0f, 0x7E, 7},        {-464.0f, 0xFE, 15},     {1e30f, 0x7E, 7},         {-1e30f, 0xFE, 15},
-        {FLT_MAX, 0x7E, 7},       {-FLT_MAX, 0xFE, 15},    {INFINITY, 0x7E, 7},      {-INFINITY, 0xFE, 15},
-    };
-    enum { N = sizeof k / sizeof k[0] };
+    const test_cvt_case *k = test_cvt_cases;
+    enum { N = TEST_CVT_N };
     float xs[2 * N];
     uint32_t e2[N], e4[2 * N];
     for (int i = 0; i < N; i++) xs[2 * i] = k[i].x, xs[2 * i + 1] = k[(i + 1) % N].x;

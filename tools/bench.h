@@ -71,4 +71,13 @@ mj_status bench_moe_make(mj_context_t ctx, mj_layer_t L, const bench *b, mj_moe_
 mj_status bench_moe_prepare(mj_moe_t moe, const bench *b, const char *k0p);
 const char *bench_mode_name(mj_weight_mode m); /* "W4A16", "W4A4" */
 
+/* call, with what it does in `step` (a section's const char * field) for the error line if
+ * it fails: the sections' STEP. */
+#define BENCH_STEP(step, what, call)                                                       \
+    do {                                                                                   \
+        (step) = (what);                                                                   \
+        mj_status bench_step_st_ = (call);                                                 \
+        if (bench_step_st_ != MJ_OK) return bench_step_st_;                                \
+    } while (0)
+
 #endif

@@ -56,13 +56,7 @@ typedef struct gpu {
     const char *step;             /* what failed                                              */
 } gpu;
 
-/* call, with what it does in g->step for the error line if it fails. */
-#define STEP(what, call)                                                                   \
-    do {                                                                                   \
-        g->step = (what);                                                                  \
-        mj_status step_st_ = (call);                                                       \
-        if (step_st_ != MJ_OK) return step_st_;                                            \
-    } while (0)
+#define STEP(what, call) BENCH_STEP(g->step, what, call)
 
 /* ---- setup ------------------------------------------------------------------------------- */
 

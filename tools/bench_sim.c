@@ -30,13 +30,7 @@ typedef struct sim {
     const char *step;             /* what failed                                              */
 } sim;
 
-/* call, with what it does in s->step for the error line if it fails. */
-#define STEP(what, call)                                                                   \
-    do {                                                                                   \
-        s->step = (what);                                                                  \
-        mj_status step_st_ = (call);                                                       \
-        if (step_st_ != MJ_OK) return step_st_;                                            \
-    } while (0)
+#define STEP(what, call) BENCH_STEP(s->step, what, call)
 
 /* ---- setup ------------------------------------------------------------------------------- */
 

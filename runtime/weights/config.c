@@ -190,6 +190,11 @@ static const json_t *model_section(const json_t *root) {
  *   deepseek_v2, qwen3_moe softmax, plain top-k unless the keys say otherwise.
  *   qwen2_moe              the same, when it has no shared expert (see parse_family).
  * ------------------------------------------------------------------------------------- */
+/* Llama-4's model_type at the top of its config, and its language model's in text_config. */
+#define MJ_LLAMA4_REFUSED                                                                                  \
+    "its router scales each token's input by the expert's score before the expert (top-1, sigmoid), "      \
+    "where moejit's experts weight their outputs"
+
 typedef struct mj_family {
     const char *model_type;
     const char *name;          /* for messages                                            */
@@ -214,12 +219,8 @@ static const mj_family k_families[] = {
     {"minimax_m2", "MiniMax-M2", NULL, NULL, 0,
      "its experts are block_sparse_moe.experts.N.w1/w2/w3 and its routing bias sits on the block "
      "(block_sparse_moe.e_score_correction_bias), which moejit does not read yet"},
-    {"llama4", "Llama-4", NULL, NULL, 0,
-     "its router scales each token's input by the expert's score before the expert (top-1, "
-     "sigmoid), where moejit's experts weight their outputs"},
-    {"llama4_text", "Llama-4", NULL, NULL, 0,
-     "its router scales each token's input by the expert's score before the expert (top-1, "
-     "sigmoid), where moejit's experts weight their outputs"},
+    {"llama4", "Llama-4", NULL, NULL, 0, MJ_LLAMA4_REFUSED},
+    {"llama4_text", "Llama-4", NULL, NULL, 0, MJ_LLAMA4_REFUSED},
     {"gpt_oss", "gpt-oss", NULL, NULL, 0,
      "its experts have biases, a clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1)) and "
      "MXFP4 weights; moejit's are bias-free SwiGLU in NVFP4"},
