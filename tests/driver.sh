@@ -431,6 +431,14 @@ contains err "14 specializations"
 [ "$(grep -c '"template":"moe_experts"' out)" = 9 ] && ok || bad "dry run experts: $(cat out)"
 [ "$(grep -c '"PART":1' out)" = 1 ] && [ "$(grep -c '"PART":2' out)" = 4 ] && [ "$(grep -c '"PART":3' out)" = 4 ] &&
     ok || bad "dry run experts, one specialization per kernel: $(cat out)"
+# An FP8 quantization_config inside config.json beside an NVFP4 hf_quant_config.json: refused
+# naming both (prewarm and bench read the pair as the loader does), where the file silently won.
+mkdir -p qc && cp "$SRC/tests/data/config/deepseek_fp8.json" qc/config.json &&
+    cp "$SRC/tests/data/model/hf_quant_config.example.json" qc/hf_quant_config.json
+expect_rc 1 "$MJ" prewarm --config qc/config.json --tp 8 --dry-run --cache-dir "$T/pc"
+contains err "disagrees with qc/hf_quant_config.json"; contains err "quantization 'fp8'"
+expect_rc 1 "$MJ" bench --config qc/config.json --no-compile --no-sim --no-gpu
+contains err "disagrees with qc/hf_quant_config.json"
 expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --ep 8 --k0-policy "1-3:8,4-:4" --arch sm_90a --dry-run --cache-dir "$T/pc"
 contains err "mode w4a16"
 [ "$(grep -c '"MODE":1' out)" = 0 ] && ok || bad "sm_90a plan has W4A4: $(cat out)"

@@ -509,6 +509,42 @@ static void test_impossible(void) {
                       MJ_ERR_CONFIG, "moe_intermediate_size 1000 is not a multiple of 64");
 }
 
+/* An hf_quant_config.json with a config.json that has a quantization_config of its own:
+ * they must agree. An FP8 or MXFP4 config.json beside an NVFP4 file was read as NVFP4
+ * without a word (the file silently won), in the loader, prewarm and bench alike, while
+ * make-checkpoint refused the same pair. */
+static void test_quant_agree(void) {
+    mj_moe_config got;
+    expect_read_fail("inline fp8 + NVFP4 file", FIXTURES "deepseek_fp8.json",
+                     MODEL_DATA "hf_quant_config.example.json", MJ_ERR_CONFIG,
+                     "the quantization_config inside it disagrees with");
+    expect_read_fail("inline fp8 + NVFP4 file names the inline method", FIXTURES "deepseek_fp8.json",
+                     MODEL_DATA "hf_quant_config.example.json", MJ_ERR_CONFIG, "quantization 'fp8'");
+    expect_read_fail("inline fp8 + NVFP4 file names the file", FIXTURES "deepseek_fp8.json",
+                     MODEL_DATA "hf_quant_config.example.json", MJ_ERR_CONFIG, "hf_quant_config.example.json");
+    char *mx = with_fields("quantization_config", json_pack("{s:s}", "quant_method", "mxfp4"), NULL);
+    expect_parse_fail("inline mxfp4 + NVFP4 text", mx, k_quant_nvfp4, MJ_ERR_CONFIG, "quantization 'mxfp4'");
+    free(mx);
+    char *fp8 = with_fields("quantization_config", json_pack("{s:s,s:i}", "quant_algo", "FP8", "group_size", 128), NULL);
+    expect_parse_fail("inline quant_algo FP8 + NVFP4 text", fp8, k_quant_nvfp4, MJ_ERR_CONFIG, "disagrees");
+    free(fp8);
+    /* Both NVFP4 with group 16 (newer ModelOpt exports write both): fine, and the same as
+     * either alone. */
+    mj_moe_config want;
+    CHECK_OK(mj_moe_config_read(FIXTURES "glm5_inline_quant.json", NULL, &want));
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_read(FIXTURES "glm5_inline_quant.json", MODEL_DATA "hf_quant_config.example.json", &got));
+    check_same("inline NVFP4 + NVFP4 file", &got, &want);
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_read(FIXTURES "glm5_nested_quant.json", MODEL_DATA "hf_quant_config.example.json", &got));
+    check_same("nested NVFP4 + NVFP4 file", &got, &want);
+    /* No quantization_config inside: the file alone, as before. */
+    fill_ab(&got);
+    CHECK_OK(mj_moe_config_parse(k_base, k_quant_nvfp4, NAME, &got));
+    CHECK(got.quant == MJ_QUANT_NVFP4 && got.quant_group_size == 16, "base + NVFP4 text: quant %d group %d",
+          got.quant, got.quant_group_size);
+}
+
 static void test_quant_errors(void) {
     /* Files. */
     expect_read_fail("hf_quant FP8", MODEL_DATA "glm5_moe_config.json",
@@ -760,6 +796,7 @@ static const test_case cases[] = {
     TEST_CASE("mistyped", test_mistyped),
     TEST_CASE("impossible", test_impossible),
     TEST_CASE("quant_errors", test_quant_errors),
+    TEST_CASE("quant_agree", test_quant_agree),
     TEST_CASE("io", test_io),
     TEST_CASE("validate", test_validate),
     TEST_CASE("null_args", test_null_args),

@@ -35,7 +35,7 @@ static const tool_opt k_shared[] = {
              "quantization_config inside it, or --quant"},
     {.name = "quant", .id = TOOL_OPT_QUANT, .has_arg = 1, .arg = "F",
      .help = "its hf_quant_config.json (default: the one beside config.json,\n"
-             "when config.json has no quantization_config)"},
+             "if any); a quantization_config inside config.json must agree with it"},
     /* the split */
     {.name = "tp", .id = TOOL_OPT_TP, .has_arg = 1, .arg = "N", .synopsis = "--tp N, --ep N",
      .help = "split the layer over N ranks, tensor parallel (each rank a slice of\n"
@@ -295,8 +295,8 @@ int tool_gpus_present(void) {
 /* ---- the model and the plan (bench, prewarm) -------------------------------------------- */
 
 int tool_config_read(const char *config, const char *quant, mj_moe_config *cfg) {
-    /* Without --quant, hf_quant_config.json beside config.json (as a checkpoint has it) when
-     * config.json has no quantization_config of its own. */
+    /* Without --quant, hf_quant_config.json beside config.json (as a checkpoint has it); a
+     * quantization_config inside config.json must agree with it (the config reader checks). */
     char beside[4096];
     if (!quant) {
         const char *slash = strrchr(config, '/');

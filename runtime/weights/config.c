@@ -427,6 +427,27 @@ static mj_status parse_quant_inline(const json_t *root, const json_t *model, con
     return parse_quant_desc(qc, "quantization_config", label, c);
 }
 
+/* A quantization file given beside a config.json that has a quantization_config of its own:
+ * both describe the same tensors, so they must agree (NVFP4 with the same group size). A
+ * checkpoint that says FP8 or MXFP4 inside config.json and NVFP4 in hf_quant_config.json
+ * contradicts itself; which of the two its tensors follow cannot be told from the files, so
+ * it is refused naming both, rather than one silently winning. (c: what the file said.) */
+static mj_status quant_agree(const json_t *root, const json_t *model, const char *cfg_label, const char *quant_label,
+                             const mj_moe_config *c) {
+    mj_moe_config inl;
+    memset(&inl, 0, sizeof inl);
+    mj_status st = parse_quant_inline(root, model, cfg_label, &inl);
+    if (st == MJ_OK && inl.quant == MJ_QUANT_NONE) return MJ_OK; /* none inline: the file alone */
+    if (st == MJ_OK && inl.quant == c->quant && inl.quant_group_size == c->quant_group_size) return MJ_OK;
+    char why[512];
+    if (st == MJ_OK) snprintf(why, sizeof why, "it says NVFP4 with group size %d", (int)inl.quant_group_size);
+    else snprintf(why, sizeof why, "%s", mj_last_error());
+    return mj_set_error(MJ_ERR_CONFIG,
+                        "%s: the quantization_config inside it disagrees with %s (NVFP4, group size %d): [%s]. "
+                        "The two describe the same tensors; fix or remove the one that is wrong",
+                        cfg_label, quant_label, (int)c->quant_group_size, why);
+}
+
 /* ---------------------------------------------------------------------------------------
  * Parsing text
  * ------------------------------------------------------------------------------------- */
@@ -471,6 +492,7 @@ static mj_status parse_texts(const char *cfg_text, size_t cfg_len, const char *c
         quant_root = load_object(quant_text, quant_len, quant_label, &st);
         if (!quant_root) goto done;
         MJ_CHECK_GOTO(parse_quant_file(quant_root, quant_label, &c), st, done);
+        MJ_CHECK_GOTO(quant_agree(root, model, cfg_label, quant_label, &c), st, done);
     } else {
         MJ_CHECK_GOTO(parse_quant_inline(root, model, cfg_label, &c), st, done);
     }
