@@ -1063,6 +1063,64 @@ static void test_writer_config_links(void) {
     free(cfg_link), free(quant_link), free(out), free(cfg), free(moved), free(fifo), free(fifo_link), free(out2);
 }
 
+/* Which layers are MoE. The multi-token-prediction layers after the last decoder layer
+ * (DeepSeek-V3's 61, GLM-4.5-Air's 46: num_nextn_predict_layers) are MoE blocks of the same
+ * shape, and were refused as "past the model's last layer"; Qwen-MoE's decoder_sparse_step
+ * and mlp_only_layers were not read, so a Qwen layer its config keeps dense was taken for MoE. */
+static void case_layouts(void) {
+    const char *air = MJ_SOURCE_DIR "/tests/data/config/families/GLM-4.5-Air.json";
+    char *dir = test_path(g_root, "mtp");
+    mj_checkpoint_make_options o = MJ_CHECKPOINT_MAKE_OPTIONS_INIT;
+    o.config_json = air, o.out_dir = dir, o.seed = 11, o.layer_first = 46, o.layer_last = 46;
+    o.hidden = 64, o.intermediate = 64, o.n_experts = 8, o.topk = 2;
+    mj_checkpoint_make_info info = MJ_CHECKPOINT_MAKE_INFO_INIT;
+    CHECK_OK(mj_checkpoint_make_plan(&o, &info));
+    CHECK(info.n_layers == 1 && info.layer_first == 46 && info.layer_last == 46, "GLM-4.5-Air MTP layer 46: %d layers %d..%d",
+          info.n_layers, info.layer_first, info.layer_last);
+    CHECK_OK(mj_checkpoint_make(&o));
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(dir, &ck));
+    int32_t layers[4] = {0}, n = 0;
+    if (ck) CHECK_OK(mj_checkpoint_moe_layers(ck, layers, 4, &n));
+    CHECK(n == 1 && layers[0] == 46, "the checkpoint's MoE layers: %d, first %d", n, layers[0]);
+    mj_layer_t L = NULL;
+    if (ck) CHECK_OK(mj_layer_load(ck, 46, MJ_PAR_NONE, 0, 1, &L));
+    CHECK(L && L->cfg.hidden == 64 && L->n_local == 8, "layer 46 loaded");
+    mj_layer_free(L);
+    mj_checkpoint_close(ck);
+    /* One past the MTP layer is past the model. */
+    o.layer_first = o.layer_last = 47;
+    CHECK_STATUS(mj_checkpoint_make_plan(&o, &info), MJ_ERR_INVALID_ARG);
+    CHECK(strstr(mj_last_error(), "past the model's last layer") && strstr(mj_last_error(), "1 MTP layer"),
+          "layer 47: %s", mj_last_error());
+    /* Layers 40-46: the decoder's 40-45 and the MTP layer, all MoE. */
+    char *dir2 = test_path(g_root, "mtp_range");
+    o.out_dir = dir2, o.layer_first = 40, o.layer_last = 46;
+    CHECK_OK(mj_checkpoint_make_plan(&o, &info));
+    CHECK(info.n_layers == 7, "layers 40-46: %d MoE", info.n_layers);
+
+    /* The layout rules alone. */
+    mj_ck_layout lo;
+    CHECK_OK(mj_ck_layout_parse("{\"num_hidden_layers\": 8, \"decoder_sparse_step\": 2, \"mlp_only_layers\": [3]}",
+                                "qwen", &lo));
+    const int want_qwen[9] = {0, 1, 0, 0, 0, 1, 0, 1, 0}; /* (L + 1) % 2 == 0, 3 kept dense, 8 past */
+    for (int32_t l = 0; l < 9; l++)
+        CHECK(mj_ck_layout_is_moe(&lo, l) == want_qwen[l], "qwen step 2, mlp_only [3]: layer %d MoE %d", l,
+              mj_ck_layout_is_moe(&lo, l));
+    CHECK_OK(mj_ck_layout_parse("{\"num_hidden_layers\": 61, \"first_k_dense_replace\": 3, "
+                                "\"num_nextn_predict_layers\": 1}", "deepseek_v3", &lo));
+    CHECK(!mj_ck_layout_is_moe(&lo, 2) && mj_ck_layout_is_moe(&lo, 3) && mj_ck_layout_is_moe(&lo, 60) &&
+              mj_ck_layout_is_moe(&lo, 61) && !mj_ck_layout_is_moe(&lo, 62),
+          "DeepSeek-V3: 3..61 MoE (61 the MTP layer)");
+    free(dir2);
+    CHECK_OK(mj_ck_layout_parse("{\"num_hidden_layers\": 4, \"num_mtp_layers\": 2}", "mtp alias", &lo));
+    CHECK(mj_ck_layout_is_moe(&lo, 5) && !mj_ck_layout_is_moe(&lo, 6), "num_mtp_layers 2: layers 4, 5");
+    CHECK_STATUS(mj_ck_layout_parse("{\"mlp_only_layers\": [-1]}", "bad", &lo), MJ_ERR_CONFIG);
+    CHECK_STATUS(mj_ck_layout_parse("{\"mlp_only_layers\": 3}", "bad", &lo), MJ_ERR_CONFIG);
+    CHECK_STATUS(mj_ck_layout_parse("{\"decoder_sparse_step\": 0}", "bad", &lo), MJ_ERR_CONFIG);
+    free(dir);
+}
+
 static void test_writer(void) {
     /* The plan says what is written, to the byte. */
     char *dir = test_path(g_root, "planned");
@@ -1180,6 +1238,7 @@ static const test_case cases[] = {
     TEST_CASE("sibling_scales", case_sibling_scales),
     TEST_CASE("malformed_sharded", test_malformed_sharded),
     TEST_CASE("writer", test_writer),
+    TEST_CASE("layouts", case_layouts),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -43,7 +43,9 @@ static const tool_opt k_opts[] = {
      .help = "the seed of the random layers (required; 0..2^64-1)"},
     {.name = "layers", .id = OPT_LAYERS, .has_arg = 1, .arg = "A-B",
      .help = "the MoE layers A..B to write, dense ones between skipped (or one layer: A;\n"
-             "default: the first MoE layer, from first_k_dense_replace and moe_layer_freq)"},
+             "default: the first MoE layer, from first_k_dense_replace and moe_layer_freq);\n"
+             "the multi-token-prediction layers after the last (num_nextn_predict_layers:\n"
+             "DeepSeek-V3's 61) are MoE layers too"},
     {.name = "hidden", .id = OPT_HIDDEN, .has_arg = 1, .arg = "H", .help = "override hidden_size (a multiple of 64)"},
     {.name = "intermediate", .id = OPT_INTER, .has_arg = 1, .arg = "I",
      .help = "override moe_intermediate_size (a multiple of 64)"},

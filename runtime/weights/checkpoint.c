@@ -70,6 +70,27 @@ mj_status mj_ck_layout_parse(const char *config_text, const char *label, mj_ck_l
     MJ_CHECK_GOTO(layout_int(m, "num_hidden_layers", label, 1, -1, &lo.num_hidden_layers), st, done);
     MJ_CHECK_GOTO(layout_int(m, "first_k_dense_replace", label, 0, 0, &lo.first_k_dense_replace), st, done);
     MJ_CHECK_GOTO(layout_int(m, "moe_layer_freq", label, 1, 1, &lo.moe_layer_freq), st, done);
+    MJ_CHECK_GOTO(layout_int(m, "decoder_sparse_step", label, 1, 1, &lo.decoder_sparse_step), st, done);
+    const char *mtp = json_object_get(m, "num_nextn_predict_layers") ? "num_nextn_predict_layers" : "num_mtp_layers";
+    MJ_CHECK_GOTO(layout_int(m, mtp, label, 0, 0, &lo.n_mtp), st, done);
+    lo.n_dense_only = 0;
+    const json_t *only = json_object_get(m, "mlp_only_layers");
+    if (only && !json_is_null(only)) {
+        size_t i;
+        const json_t *v;
+        if (!json_is_array(only) || json_array_size(only) > sizeof lo.dense_only / sizeof lo.dense_only[0]) {
+            st = mj_set_error(MJ_ERR_CONFIG, "%s: field 'mlp_only_layers' must be a list of at most %d layer numbers",
+                              label, (int)(sizeof lo.dense_only / sizeof lo.dense_only[0]));
+            goto done;
+        }
+        json_array_foreach(only, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+                st = mj_set_error(MJ_ERR_CONFIG, "%s: field 'mlp_only_layers' must hold layer numbers >= 0", label);
+                goto done;
+            }
+            lo.dense_only[lo.n_dense_only++] = (int32_t)json_integer_value(v);
+        }
+    }
     *out = lo;
 done:
     json_decref(root);
@@ -78,8 +99,11 @@ done:
 
 int mj_ck_layout_is_moe(const mj_ck_layout *lo, int32_t layer) {
     if (layer < lo->first_k_dense_replace) return 0;
-    if (lo->num_hidden_layers >= 0 && layer >= lo->num_hidden_layers) return 0;
-    return layer % lo->moe_layer_freq == 0;
+    for (int32_t i = 0; i < lo->n_dense_only; i++)
+        if (lo->dense_only[i] == layer) return 0;
+    if (lo->num_hidden_layers >= 0 && layer >= lo->num_hidden_layers)
+        return layer < lo->num_hidden_layers + lo->n_mtp; /* an MTP layer: its block is MoE */
+    return layer % lo->moe_layer_freq == 0 && (layer + 1) % lo->decoder_sparse_step == 0;
 }
 
 const char *mj_ck_tensor_name(char *buf, size_t n, int32_t layer, int32_t expert, const char *proj,

@@ -27,11 +27,18 @@ mj_status mj_ck_read_text(int dirfd, const char *name, const char *label, size_t
                           char **text, size_t *len);
 
 /* The layer structure of a config.json (its "text_config" when the model's keys are nested
- * there, as config.c does): which decoder layers are MoE. */
+ * there, as config.c does): which decoder layers are MoE, the multi-token-prediction layers
+ * (DeepSeek-V3's layer 61, GLM's) included. */
 typedef struct mj_ck_layout {
     int32_t num_hidden_layers;     /* -1 when absent                                           */
     int32_t first_k_dense_replace; /* layers below it are dense (0 when absent)                 */
     int32_t moe_layer_freq;        /* MoE every Nth layer from there (1 when absent)            */
+    int32_t decoder_sparse_step;   /* Qwen-MoE: layer L is MoE when (L + 1) % step == 0 (1)     */
+    int32_t n_mtp;                 /* num_nextn_predict_layers (num_mtp_layers): the multi-token
+                                      prediction layers after the last decoder layer, numbered
+                                      num_hidden_layers.., MoE like it (0 when absent)          */
+    int32_t n_dense_only;          /* mlp_only_layers: layers Qwen-MoE keeps dense             */
+    int32_t dense_only[64];
 } mj_ck_layout;
 mj_status mj_ck_layout_parse(const char *config_text, const char *label, mj_ck_layout *out);
 int mj_ck_layout_is_moe(const mj_ck_layout *lo, int32_t layer);

@@ -162,10 +162,10 @@ static mj_status choose_layers(plan *p) {
     const mj_checkpoint_make_options *o = &p->o;
     mj_ck_layout lo;
     MJ_CHECK(mj_ck_layout_parse(p->config_text, o->config_json, &lo));
-    char why[160];
-    snprintf(why, sizeof why, "first_k_dense_replace %d, moe_layer_freq %d, num_hidden_layers %d%s",
+    char why[200];
+    snprintf(why, sizeof why, "first_k_dense_replace %d, moe_layer_freq %d, num_hidden_layers %d%s, %d MTP layer%s",
              lo.first_k_dense_replace, lo.moe_layer_freq, lo.num_hidden_layers,
-             lo.num_hidden_layers < 0 ? " (absent)" : "");
+             lo.num_hidden_layers < 0 ? " (absent)" : "", lo.n_mtp, lo.n_mtp == 1 ? "" : "s");
     int32_t first = o->layer_first, last = o->layer_last;
     if (first < 0) {
         first = lo.first_k_dense_replace;
@@ -177,7 +177,7 @@ static mj_status choose_layers(plan *p) {
     if (last < first)
         return mj_set_error(MJ_ERR_INVALID_ARG, "layers %d-%d: the range is empty (the last is before the first)",
                             first, last);
-    if (lo.num_hidden_layers >= 0 && last >= lo.num_hidden_layers)
+    if (lo.num_hidden_layers >= 0 && last >= lo.num_hidden_layers + lo.n_mtp)
         return mj_set_error(MJ_ERR_INVALID_ARG, "layer %d is past the model's last layer (%s, from %s)", last, why,
                             o->config_json);
     if (!(p->layers = malloc((size_t)(last - first + 1) * sizeof *p->layers)))
