@@ -13,9 +13,40 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+static int tp_ok(int64_t I, int64_t Is, int32_t n) {
+    return I % n == 0 && (I / n) % MJ_DIM_ALIGN == 0 && Is % n == 0 && (Is / n) % MJ_DIM_ALIGN == 0;
+}
+
+mj_status mj_split_check(const mj_moe_config *cfg, int64_t shared_rows, mj_parallel kind, int32_t n_ranks) {
+    const int64_t I = cfg->intermediate, E = cfg->n_experts;
+    if (kind == MJ_PAR_TP ? tp_ok(I, shared_rows, n_ranks) : kind != MJ_PAR_EP || E % n_ranks == 0) return MJ_OK;
+    /* What works, up to 8 ranks (one node's GPUs). */
+    char tp[64] = "", ep[64] = "", shared[96] = "";
+    size_t nt = 0, ne = 0;
+    for (int32_t n = 2; n <= 8 && n <= MJ_MAX_RANKS; n++) {
+        if (tp_ok(I, shared_rows, n)) nt += (size_t)snprintf(tp + nt, sizeof tp - nt, "%s%d", nt ? ", " : "", n);
+        if (E % n == 0) ne += (size_t)snprintf(ep + ne, sizeof ep - ne, "%s%d", ne ? ", " : "", n);
+    }
+    char works[160];
+    if (!nt && !ne) snprintf(works, sizeof works, "it runs on one rank only");
+    else snprintf(works, sizeof works, "up to 8 ranks, %s%s%s%s%s works", nt ? "TP " : "", tp, nt && ne ? " or " : "",
+                  ne ? "EP " : "", ep);
+    if (kind == MJ_PAR_TP) {
+        if (shared_rows > 0)
+            snprintf(shared, sizeof shared, ", its shared expert's %lld into %lld", (long long)shared_rows,
+                     (long long)(shared_rows / n_ranks));
+        return mj_set_error(MJ_ERR_CONFIG,
+                            "TP=%d splits moe_intermediate_size %lld into slices of %lld rows%s; the expert kernels "
+                            "take slices that are multiples of %d rows (their K-step): for this model, %s",
+                            n_ranks, (long long)I, (long long)(I / n_ranks), shared, MJ_DIM_ALIGN, works);
+    }
+    return mj_set_error(MJ_ERR_CONFIG, "EP=%d: n_routed_experts %lld is not divisible by the rank count: for this model, %s",
+                        n_ranks, (long long)E, works);
+}
+
 mj_status mj_plan_rank_shape(const mj_moe_config *cfg, mj_parallel par, int32_t rank, int32_t n_ranks,
                              int32_t shared, int32_t *i_local, int32_t *nsub) {
-    const int32_t I = cfg->intermediate, E = cfg->n_experts, S = cfg->n_shared;
+    const int32_t I = cfg->intermediate, S = cfg->n_shared;
     if (par != MJ_PAR_NONE && par != MJ_PAR_TP && par != MJ_PAR_EP)
         return mj_set_error(MJ_ERR_INVALID_ARG, "unknown split kind %d: use MJ_PAR_NONE, MJ_PAR_TP or MJ_PAR_EP",
                             (int)par);
@@ -24,14 +55,7 @@ mj_status mj_plan_rank_shape(const mj_moe_config *cfg, mj_parallel par, int32_t 
                             "%d ranks: MJ_PAR_NONE is one rank; TP and EP take 1..%d ranks", n_ranks, MJ_MAX_RANKS);
     if (rank < 0 || rank >= n_ranks)
         return mj_set_error(MJ_ERR_INVALID_ARG, "rank %d of %d ranks: ranks are 0..%d", rank, n_ranks, n_ranks - 1);
-    if (par == MJ_PAR_TP && (I % n_ranks || (I / n_ranks) % MJ_DIM_ALIGN))
-        return mj_set_error(MJ_ERR_CONFIG,
-                            "TP=%d: moe_intermediate_size %d must split into slices that are multiples of %d "
-                            "(the FP4 MMA K-step); use fewer ranks or EP",
-                            n_ranks, I, MJ_DIM_ALIGN);
-    if (par == MJ_PAR_EP && E % n_ranks)
-        return mj_set_error(MJ_ERR_CONFIG, "EP=%d: n_routed_experts %d is not divisible by the rank count", n_ranks,
-                            E);
+    MJ_CHECK(mj_split_check(cfg, (int64_t)S * I, par, n_ranks));
     *i_local = par == MJ_PAR_TP ? I / n_ranks : I;
     *nsub = shared && S > 0 && (par != MJ_PAR_EP || rank == 0) ? S : 0;
     return MJ_OK;

@@ -32,6 +32,13 @@ typedef struct mj_plan {
     mj_plan_entry *e;             /* distinct specializations, in first-use order            */
 } mj_plan;
 
+/* Whether a layer of cfg (its shared expert `shared_rows` wide, 0 without one) splits over
+ * n_ranks ranks of kind: TP slices every expert's intermediate rows, which the expert kernels
+ * take in multiples of MJ_DIM_ALIGN (their K-step); EP deals whole experts. The refusal names
+ * the rank counts that do work for this model, TP and EP. (MJ_ERR_CONFIG; the one rule of
+ * mj_layer_shard, mj_layer_load and the planner.) */
+mj_status mj_split_check(const mj_moe_config *cfg, int64_t shared_rows, mj_parallel kind, int32_t n_ranks);
+
 /* The shapes rank `rank` of a split holds: its slice of one expert's intermediate rows and
  * the shared sub-experts it runs (0 without a shared expert, or on EP ranks but 0). Checks
  * that the split is possible, with mj_layer_shard's rules. */

@@ -833,6 +833,9 @@ expect_rc 2 "$MJ" bench --config "$GLM5" --checkpoint ck1; contains err "not bot
 expect_rc 2 "$MJ" bench --frobnicate;           contains err "unknown option"
 expect_fail "$MJ" bench --config "$GLM5" $Q --hidden 256 --intermediate 256 --experts 16 --topk 4 --tp 8
 contains err "multiples of 64"
+# GLM-4.5-Air (I 1408) at TP 8: 176-row slices; the refusal says what works instead.
+expect_fail "$MJ" prewarm --config "$SRC/tests/data/config/families/GLM-4.5-Air.json" $Q --tp 8 --dry-run
+contains err "slices of 176 rows"; contains err "up to 8 ranks, TP 2 or EP 2, 4, 8 works"
 # Without a GPU: the plan compiled (cold, disk, memory), the launch path's host time, the
 # bytes counted equal to the floor, and the floor on named GPUs.
 MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --reps 1 --json

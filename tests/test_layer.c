@@ -234,6 +234,8 @@ static void test_refusals(void) {
     CHECK_STATUS(mj_layer_shard(L, MJ_PAR_TP, 0, 3, &bad), MJ_ERR_CONFIG);
     CHECK_STATUS(mj_layer_shard(L, MJ_PAR_TP, 0, 16, &bad), MJ_ERR_CONFIG); /* 512/16 = 32 */
     CHECK(strstr(mj_last_error(), "multiples of 64") != NULL, "TP error names the rule: %s", mj_last_error());
+    CHECK(strstr(mj_last_error(), "slices of 32 rows") && strstr(mj_last_error(), "works"),
+          "TP error names the slice and what works: %s", mj_last_error());
     CHECK_STATUS(mj_layer_shard(L, MJ_PAR_EP, 0, 3, &bad), MJ_ERR_CONFIG);
     CHECK_STATUS(mj_layer_shard(L, MJ_PAR_EP, 8, 8, &bad), MJ_ERR_INVALID_ARG);
     CHECK_STATUS(mj_layer_shard(L, MJ_PAR_NONE, 0, 2, &bad), MJ_ERR_INVALID_ARG);

@@ -16,6 +16,7 @@
 #include "weights/checkpoint.h"
 #include "weights/layer.h"
 #include "ref/ref.h"
+#include "plan.h" /* mj_split_check */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -656,15 +657,7 @@ static mj_status check_split(mj_checkpoint_t ck, int32_t layer, mj_parallel kind
                             "%s; mj_checkpoint_moe_layers lists them)", ck->dir, layer,
                             layer_list(ck, list, sizeof list));
     }
-    const int64_t I = cfg->intermediate, Is = (int64_t)cfg->n_shared * I;
-    if (kind == MJ_PAR_TP && (I % n_ranks || (I / n_ranks) % MJ_DIM_ALIGN || Is % n_ranks || (Is / n_ranks) % MJ_DIM_ALIGN))
-        return mj_set_error(MJ_ERR_CONFIG,
-                            "TP=%d: moe_intermediate_size %lld (shared %lld) must split into slices "
-                            "that are multiples of %d (the FP4 MMA K-step); use fewer ranks or EP",
-                            n_ranks, (long long)I, (long long)Is, MJ_DIM_ALIGN);
-    if (kind == MJ_PAR_EP && cfg->n_experts % n_ranks)
-        return mj_set_error(MJ_ERR_CONFIG, "EP=%d: n_routed_experts %d is not divisible by the rank count", n_ranks,
-                            cfg->n_experts);
+    if (kind != MJ_PAR_NONE) MJ_CHECK(mj_split_check(cfg, (int64_t)cfg->n_shared * cfg->intermediate, kind, n_ranks));
     return MJ_OK;
 }
 

@@ -9,6 +9,7 @@
  */
 #include "weights/layer.h"
 #include "ref/ref.h"
+#include "plan.h" /* mj_split_check */
 #include "moejit_private.h" /* mj_layer_router, defined here */
 
 #include <math.h>
@@ -209,15 +210,7 @@ mj_status mj_layer_shard(mj_layer_t full, mj_parallel kind, int32_t rank, int32_
                             n_ranks);
     const mj_moe_config *cfg = &full->cfg;
     const int32_t I = cfg->intermediate, E = cfg->n_experts, Is = full->is_local;
-    if (kind == MJ_PAR_TP &&
-        (I % n_ranks || (I / n_ranks) % MJ_DIM_ALIGN || Is % n_ranks || (Is / n_ranks) % MJ_DIM_ALIGN))
-        return mj_set_error(MJ_ERR_CONFIG,
-                            "TP=%d: moe_intermediate_size %d (shared %d) must split into slices "
-                            "that are multiples of %d (the FP4 MMA K-step); use fewer ranks or EP",
-                            n_ranks, I, Is, MJ_DIM_ALIGN);
-    if (kind == MJ_PAR_EP && E % n_ranks)
-        return mj_set_error(MJ_ERR_CONFIG,
-                            "EP=%d: n_routed_experts %d is not divisible by the rank count", n_ranks, E);
+    if (kind != MJ_PAR_NONE) MJ_CHECK(mj_split_check(cfg, (int64_t)Is, kind, n_ranks));
 
     int32_t n_local = kind == MJ_PAR_EP ? E / n_ranks : E;
     mj_layer_t L = NULL;
