@@ -695,7 +695,7 @@ MJ_DEVICE down_item_t next_expert(int *cursor, int *sj, int na, const int32_t *c
  * I_local 256 an item is a whole expert: the next experts' weights arrive during this one).
  * A slot is refilled two items after the one that read it: every lane has passed the
  * __syncwarp in between, so the scales and the item, which lanes read across, are free. */
-#define DRING 4
+#define DRING 3
 #define DSLOT (4 * 512 + 256 + 32)
 
 /* Queue item it's copies (its run `run`) into the ring slot q % DRING, as a group of its own
