@@ -110,6 +110,7 @@ typedef struct template {
     unsigned name_line;
     uint32_t targets;
     bool have_targets;
+    bool pdl;                           /* MJ_PDL: each kernel calls mj_grid_dep_wait()  */
     int n_knobs;
     knob knobs[MJ_MAX_KNOBS];
     int n_constraints;
@@ -586,6 +587,7 @@ static void pass1_declaration(CXCursor c, template *t) {
     else if (strcmp(tag, "mj_targets") == 0) declare_targets(t, rest ? rest : (char *)"", line);
     else if (strcmp(tag, "mj_knob") == 0) declare_knob(t, rest, line);
     else if (strcmp(tag, "mj_constraint") == 0) declare_constraint(t, rest, line);
+    else if (strcmp(tag, "mj_pdl") == 0) t->pdl = true;
     else if (strcmp(tag, "mj_kernel") != 0) fail_at(t->path, line, "unknown moejit annotation '%s'", tag);
     free(note);
 }
@@ -710,6 +712,19 @@ static void pass2_declaration(CXCursor c, template *t) {
     for (int i = 0; i < n; i++)
         read_param(t, &k, clang_Cursor_getArgument(c, (unsigned)i), i, &k.params[i]);
     k.n_params = n < 0 ? 0 : n;
+    if (t->pdl) { /* MJ_PDL: the kernel's own text must wait on the grid before the one before */
+        CXSourceRange ext = clang_getCursorExtent(c);
+        unsigned b0 = 0, b1 = 0;
+        clang_getSpellingLocation(clang_getRangeStart(ext), NULL, NULL, NULL, &b0);
+        clang_getSpellingLocation(clang_getRangeEnd(ext), NULL, NULL, NULL, &b1);
+        const char *call = "mj_grid_dep_wait();";
+        bool found = false;
+        for (size_t i = b0; !found && b1 <= t->body_len && i + strlen(call) <= b1; i++)
+            found = memcmp(t->body + i, call, strlen(call)) == 0;
+        if (!found)
+            fail_at(t->path, k.line, "kernel %s: the template declares MJ_PDL, so the kernel must call "
+                    "mj_grid_dep_wait(); before it reads or writes global memory", k.name);
+    }
     t->kernels = xrealloc(t->kernels, sizeof(kernel) * (size_t)(t->n_kernels + 1));
     t->kernels[t->n_kernels++] = k;
 }
@@ -867,6 +882,7 @@ static void emit_template_entry(mj_strbuf *b, const template *t) {
     sb_c_str(b, t->rel);
     mj_sb_printf(b, ",\n        .body = mj_body_%s,\n", t->name);
     mj_sb_printf(b, "        .targets = 0x%02xu, /* %s */\n", (unsigned)t->targets, targets);
+    mj_sb_printf(b, "        .pdl = %d,\n", t->pdl ? 1 : 0);
     mj_sb_printf(b, "        .n_knobs = %d,\n", t->n_knobs);
     if (t->n_knobs) mj_sb_printf(b, "        .knobs = mj_knobs_%s,\n", t->name);
     else mj_sb_puts(b, "        .knobs = NULL,\n");

@@ -25,6 +25,8 @@
 #define MJ_KNOB_SET(name, ctype, values, doc) \
     __attribute__((annotate("mj_knob|set|" #name "|" #ctype "|" values "|" doc))) \
     static const int mj_decl_knob_##name = 0;
+#define MJ_PDL(doc) \
+    __attribute__((annotate("mj_pdl|" doc))) static const int mj_decl_pdl = 0;
 #define MJ_REFLECT_CAT2_(a, b) a##b
 #define MJ_REFLECT_CAT_(a, b) MJ_REFLECT_CAT2_(a, b)
 #define MJ_CONSTRAINT(expr, doc) \
@@ -105,6 +107,7 @@ void mj_mma_e2m1_m16n8k64(float d[4], const uint32_t a[4], const uint32_t b[2], 
 uint4 mj_ld_stream(const void *p);
 void mj_cp_async16(void *dst, const void *src);
 void mj_cp_async_commit(void);
+void mj_grid_dep_wait(void);
 void mj_cp_async_wait(int n);
 uint32_t mj_cvt_e2m1x2(float lo, float hi);
 uint32_t mj_cvt_e4m3(float x);

@@ -73,6 +73,9 @@ typedef struct mj_template_desc {
     const char *file;          /* path relative to the source root, for messages          */
     const char *body;          /* the template file's text, embedded                      */
     uint32_t targets;          /* mask of mj_target the template declares                 */
+    int32_t pdl;               /* MJ_PDL: every kernel waits on the grid before it first
+                                  touches memory (mj_grid_dep_wait), so on sm_90+ it is
+                                  launched as a programmatic dependent of the one before */
     int32_t n_knobs;
     const mj_knob_desc *knobs;
     int32_t n_constraints;

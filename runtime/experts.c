@@ -280,7 +280,7 @@ static int32_t pow2_at_least(int32_t v) {
  * [16][128] floats experts_quant stages; up's sums move to shared memory past two token
  * groups (SUMS_SMEM: TPE > 16). */
 #define UP_RING (5 * 1024 + 2 * 512)
-#define DOWN_RING (3 * (4 * 512 + 256 + 32))
+#define DOWN_RING (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT)
 #define QUANT_VALUES (16 * 128 * (uint32_t)sizeof(float))
 
 /* Up's: each warp's ring, and with the sums in shared memory each warp's (TPE * 128 bytes)

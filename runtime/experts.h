@@ -11,6 +11,11 @@
  * the activations are [0, mb K), shared sub-expert j's are mb K + j mb + token; the W4A4
  * quantized input of the shared experts is at row mb K + token. */
 #define MJ_EXPERTS_SCAL 8 /* floats of scal an expert: templates/moe_experts.cu's SCAL layout */
+/* experts_down's ring, templates/moe_experts.cu's DRING and DSLOT: items a warp's ring holds
+ * (DRING - 2 in flight while one computes) and the bytes of one (4 k-steps of w2, the scale
+ * chunk, the item record). test_experts holds them against the template. */
+#define MJ_EXPERTS_DRING 3
+#define MJ_EXPERTS_DSLOT (4 * 512 + 256 + 32)
 typedef struct mj_experts_view {
     int32_t H, I, K, E, n_local, expert_begin, nsub, mb;
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert */

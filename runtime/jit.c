@@ -71,6 +71,8 @@ struct mj_context {
     int device;                       /* ordinal or MJ_DEVICE_NONE                          */
     int32_t max_blocks;               /* grid cap of grid-stride kernels                    */
     int compile_threads;              /* builds mj_jit_get_many runs at once                */
+    int pdl;                          /* MJ_PDL templates launch as programmatic dependents
+                                         (sm_90+; MOEJIT_PDL=0 turns it off)                 */
     _Atomic int pool_busy, pool_peak; /* its workers building now, and the most at once     */
     mj_device_info dev;
     mj_backend backend;               /* what mj_context_spec fills in                      */
@@ -187,6 +189,11 @@ mj_status mj_context_create(const mj_context_options *opts, mj_context_t *out) {
         mj_warn("MOEJIT_COMPILE_THREADS=\"%.64s\" is not a thread count (1..256): compiling %d at a time "
                 "(the CPUs this process may use)",
                 getenv("MOEJIT_COMPILE_THREADS"), c->compile_threads);
+    int bad_pdl = 0;
+    c->pdl = (int)mj_env_long("MOEJIT_PDL", 0, 1, 1, &bad_pdl);
+    if (bad_pdl)
+        mj_warn("MOEJIT_PDL=\"%.64s\" is neither 0 nor 1: programmatic dependent launch stays on (sm_90+)",
+                getenv("MOEJIT_PDL"));
     c->device = MJ_DEVICE_NONE;
     const char *rec = getenv("MOEJIT_RECORD");
     if (rec && *rec && !(c->record_path = strdup(rec))) {
@@ -737,7 +744,11 @@ mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_laun
         MJ_CHECK(mj_cuda_set_max_dynamic_smem(fn->fns[kernel], (int)d.smem));
         atomic_store_explicit(allowed, d.smem, memory_order_relaxed);
     }
-    return mj_cuda_launch(fn->fns[kernel], d.grid, d.block, d.smem, d.stream, args);
+    /* A template whose kernels all wait on the grid before them (MJ_PDL, checked by
+     * gen/reflect) launches as a programmatic dependent on sm_90+: its blocks are scheduled
+     * while the kernel before it finishes, instead of after. */
+    const int pdl = fn->ctx->pdl && t->pdl && mj_target_sm(fn->spec.target) >= 90;
+    return mj_cuda_launch_ex(fn->fns[kernel], d.grid, d.block, d.smem, d.stream, args, pdl);
 }
 
 mj_status mj_prewarm_json(mj_context_t c, const char *line, int *was_cached) {

@@ -61,7 +61,8 @@
  * mj_mode_policy_default and mj_mode_resolve (--mode); the launchers' knob choices,
  * mj_router_knobs, mj_route_knobs, mj_experts_knobs, mj_experts_specs and mj_experts_dims,
  * with mj_spec_router_gemm and mj_spec_oea_route of the generated mj_kernels.h (through
- * mj_context_spec_fill): the performance model's kernels, as the runtime would launch them. */
+ * mj_context_spec_fill): the performance model's kernels, as the runtime would launch them;
+ * MJ_EXPERTS_DRING and MJ_EXPERTS_DSLOT (down's ring: the model's bytes in flight). */
 #include "plan.h"
 
 /* ---- the CUDA driver, for timing (cuda/cudalibs.h) --------------------------------------

@@ -53,6 +53,7 @@
  */
 MJ_TEMPLATE(moe_experts, "NVFP4 expert GEMMs: up (w13) + SwiGLU, down (w2) + weighted combine + shared expert")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
+MJ_PDL("each kernel waits on the grid before it, so it launches as its programmatic dependent on sm_90+ (route -> quant -> up -> down: a kernel's blocks are resident while the one before finishes)")
 MJ_KNOB_SET(MODE, int, "0 1", "0: W4A16 (bf16 activations, bf16 MMA), 1: W4A4 (NVFP4 activations, FP4 MMA)")
 MJ_KNOB_RANGE(H, int, 64, 16384, "hidden size (K of up, N of down)")
 MJ_KNOB_RANGE(I, int, 64, 8192, "one expert's intermediate rows held here (I_local)")
@@ -278,6 +279,7 @@ MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, i
 MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
+    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant16 reads: [16][128 threads] */
     const int b = (int)blockIdx.x, j = (int)blockIdx.y;
@@ -508,6 +510,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
                           int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf) {
+    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
@@ -820,6 +823,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                             const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                             const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,
                             int mb, int n_local, int expert_begin, int n_slots, float *out) {
+    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 3 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g = lane >> 2;
@@ -900,6 +904,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
  * (the C compiler's on the interpreter, the GPU's division instruction on a GPU), a
  * grid-stride loop; a body only in PART 0: test_experts compares y with want bit for bit. */
 MJ_KERNEL void experts_silu(const float *x, int n, float *y, float *want) {
+    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0
     for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
         y[i] = silu(x[i]);
@@ -915,6 +920,7 @@ MJ_KERNEL void experts_silu(const float *x, int n, float *y, float *want) {
  * GPU) compare each bf16 with the code's value x the scale x 2^-7, bit for bit, for every
  * code and every scale byte. */
 MJ_KERNEL void experts_dequant(const uint32_t *words, const uint32_t *scales, int n, uint32_t *out) {
+    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0
     for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
         const uint32_t sp = e4m3x2_bf16(scales[i], 0);

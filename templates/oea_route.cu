@@ -28,6 +28,7 @@
  */
 MJ_TEMPLATE(oea_route, "noaux_tc / OEA routing of a batch plus per-expert counts, offsets, active list and permutation")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
+MJ_PDL("each kernel waits on the grid before it, so it launches as its programmatic dependent on sm_90+")
 MJ_KNOB_RANGE(E, int, 8, 1024, "routed experts")
 MJ_KNOB_RANGE(K, int, 1, 16, "experts per token (top-k)")
 MJ_KNOB_RANGE(K0, int, 1, 16, "OEA phase-1 experts per token (K0 == K: plain top-k)")
@@ -437,6 +438,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
                          float rsf, int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
                          int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm,
                          int32_t *row_index) {
+    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
     MJ_SHARED float sm_s[NWARPS][E];
     MJ_SHARED uint32_t sm_c[NWARPS][E];
     MJ_SHARED int sm_cnt[E];        /* the dispatch's counts */

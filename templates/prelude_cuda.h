@@ -25,6 +25,7 @@ typedef unsigned long long uint64_t;
 #define MJ_KNOB_RANGE(name, ctype, lo, hi, doc)
 #define MJ_KNOB_SET(name, ctype, values, doc)
 #define MJ_CONSTRAINT(expr, doc)
+#define MJ_PDL(doc)
 /* A float's bits, and back (what base/base.h's mj_f32_bits / mj_f32_from_bits are on the host):
  * CUDA's own reinterpretations. */
 MJ_DEVICE uint32_t mj_f32_bits(float f) { return __float_as_uint(f); }
@@ -80,6 +81,16 @@ MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
                  : "memory");
 }
 MJ_DEVICE void mj_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/* Programmatic dependent launch (sm_90+; templates that declare MJ_PDL): a kernel launched
+ * while the one before it still runs waits here until that grid has finished and its
+ * memory is visible; and lets the next kernel's blocks be scheduled as soon as every block
+ * of this grid has started. Elsewhere, nothing. */
+MJ_DEVICE void mj_grid_dep_wait(void) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 #define mj_cp_async_wait(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 /* Conversions to the FP4 / FP8 formats: the cvt.rn.satfinite instruction where the target
  * has it, else prelude_fp.h's C, which follows the instruction's rule (nearest even, sign-

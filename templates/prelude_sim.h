@@ -117,6 +117,7 @@ typedef unsigned long long uint64_t;
 #define MJ_KNOB_RANGE(name, ctype, lo, hi, doc)
 #define MJ_KNOB_SET(name, ctype, values, doc)
 #define MJ_CONSTRAINT(expr, doc)
+#define MJ_PDL(doc)
 
 /* CUDA's own spellings, for kernels that use them. */
 #define __global__
@@ -376,6 +377,8 @@ MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
     mj_sim_api_->cp_async(MJ_SIM_CP_COPY, dst, src, 16, __FILE__, __LINE__);
 }
 MJ_DEVICE void mj_cp_async_commit(void) { mj_sim_api_->cp_async(MJ_SIM_CP_COMMIT, 0, 0, 0, __FILE__, __LINE__); }
+/* Programmatic dependent launch: on the interpreter, launches run one after another. */
+MJ_DEVICE void mj_grid_dep_wait(void) {}
 #define mj_cp_async_wait(n) mj_sim_api_->cp_async(MJ_SIM_CP_WAIT, 0, 0, (n), __FILE__, __LINE__)
 /* A 16-byte load of weights that are read once: counted, so tests can prove which bytes a
  * launch read and how often. */

@@ -20,6 +20,7 @@
  */
 MJ_TEMPLATE(router_gemm, "router GEMM: logits = hidden (bf16) x gate^T (bf16), fp32 accumulation")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
+MJ_PDL("each kernel waits on the grid before it, so it launches as its programmatic dependent on sm_90+")
 MJ_KNOB_RANGE(H, int, 64, 16384, "hidden size (a multiple of 64)")
 MJ_KNOB_RANGE(E, int, 1, 1024, "routed experts (one block each)")
 MJ_KNOB_SET(ROWS, int, "1 2 4 8", "hidden rows accumulated at once in registers (the largest power of 2 <= B, capped at 8)")
@@ -81,6 +82,7 @@ MJ_DEVICE float warp_sum_rows(float *v, int lane, int *row) {
 
 /* grid (E, ceil(B / TILE)), block NT threads; B >= ROWS; hidden and gate 16-byte aligned. */
 MJ_KERNEL void router_gemm(const uint16_t *hidden, const uint16_t *gate, int B, float *logits) {
+    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
     MJ_SHARED float red[NWARPS][TILE];
     const int t = (int)threadIdx.x, lane = t % 32, w = t / 32, e = (int)blockIdx.x;
     const int row0 = (int)blockIdx.y * TILE, nrows = B - row0 < TILE ? B - row0 : TILE;

@@ -862,6 +862,8 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   json_check 'all(abs(r["layer"]["predicted_us"] - sum(k["predicted_us"] for k in r["kernels"].values())) < 1e-3 * r["layer"]["predicted_us"] and r["layer"]["of_floor"] >= 1 for r in j["predict"]["rows"])'
   json_check 'all(r["kernels"]["experts_up"]["hot_loop"]["tensor"] > 0 and r["kernels"]["oea_route"]["bound"] == "waves" for r in j["predict"]["rows"])'
   json_check 'all(a["layer"]["predicted_us"] < b["layer"]["predicted_us"] for a in j["predict"]["rows"] for b in j["predict"]["rows"] if a["k0"] == b["k0"] and a["B"] < b["B"])'
+  # sm_90a: every kernel after the router GEMM is a programmatic dependent, with its fixed cost
+  json_check 'all([n for n, k in r["kernels"].items() if k["pdl"]] == ["oea_route", "experts_up", "experts_down"] for r in j["predict"]["rows"]) and j["predict"]["assumptions"]["pdl_launch_us"] < j["predict"]["assumptions"]["launch_us"]'
   # B 32 (TPE 32): a few routed rows an expert, so the one-group registers' path runs, and
   # the hot loops are read from the TPE 8 twin: the counts of B 8's, not the groups' loop's
   json_check '[[r["kernels"][k]["hot_loop"]["insts"] for r in j["predict"]["rows"] if r["k0"] == 8 and r["B"] in (8, 32)] for k in ("experts_up", "experts_down")] == [[x, x] for x in (j["predict"]["rows"][1]["kernels"]["experts_up"]["hot_loop"]["insts"], j["predict"]["rows"][1]["kernels"]["experts_down"]["hot_loop"]["insts"])]'

@@ -187,7 +187,47 @@ static void case_streams_events_graphs(void) {
     if (f) test_streams_events_graphs(f);
 }
 
+/* Programmatic dependent launch: a template that declares MJ_PDL (router_gemm) launches
+ * through cuLaunchKernelEx with programmatic stream serialization on this sm_120a device, a
+ * template that does not (fixture_saxpy) plainly, and MOEJIT_PDL=0 turns it off. */
+static void test_pdl(void) {
+    const mj_function *saxpy = ctx_saxpy();
+    if (!saxpy) return;
+    free(test_take_log(g_log));
+    mj_knobs_router_gemm kn = {.H = 256, .E = 8, .ROWS = 1, .NWARPS = 1};
+    mj_launch_dims d = {{8, 1, 1}, {32, 1, 1}, 0, NULL};
+    for (int off = 0; off < 2; off++) {
+        if (off) setenv("MOEJIT_PDL", "0", 1);
+        mj_context_t c = NULL;
+        mj_context_options o = MJ_CONTEXT_OPTIONS_INIT;
+        o.cache_dir = test_shared_cache();
+        CHECK_OK(mj_context_create(&o, &c));
+        unsetenv("MOEJIT_PDL");
+        if (!c) return;
+        mj_spec s;
+        const mj_function *f = NULL;
+        mj_spec_router_gemm(c, &kn, &s);
+        CHECK_OK(mj_jit_get(c, &s, &f));
+        uint64_t buf = 0;
+        CHECK_OK(mj_cuda_malloc(1 << 16, &buf));
+        const uint16_t *p16 = (const uint16_t *)(uintptr_t)buf;
+        if (f) CHECK_OK(mj_launch_router_gemm(f, d, p16, p16, 1, (float *)(uintptr_t)buf));
+        CHECK_OK(mj_launch_fixture_saxpy(saxpy, d, 512, 2.0f, NULL, NULL));
+        CHECK_OK(mj_cuda_free(buf));
+        char *log = test_take_log(g_log);
+        const int ex = strstr(log, "cuLaunchKernelEx router_gemm pdl") != NULL;
+        CHECK(ex == !off, "MOEJIT_PDL %s: router_gemm %s through cuLaunchKernelEx: %s", off ? "0" : "unset",
+              ex ? "launched" : "not launched", log);
+        CHECK(strstr(log, "cuLaunchKernel router_gemm grid 8,1,1") != NULL, "router_gemm ran: %s", log);
+        CHECK(!strstr(log, "cuLaunchKernelEx fixture_saxpy") && strstr(log, "cuLaunchKernel fixture_saxpy"),
+              "fixture_saxpy (no MJ_PDL) launched plainly: %s", log);
+        free(log);
+        mj_context_destroy(c);
+    }
+}
+
 static const test_case cases[] = {
+    TEST_CASE("pdl", test_pdl),
     TEST_CASE("smem", test_smem),
     TEST_CASE("device_memory", test_device_memory),
     TEST_CASE("streams_events_graphs", case_streams_events_graphs),

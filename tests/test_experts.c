@@ -1217,6 +1217,21 @@ static void test_wide_expert(void) {
     mj_layer_free(L);
 }
 
+/* The host's picture of down's ring (runtime/experts.h: the launch's shared memory, the
+ * performance model's bytes in flight) is the template's. */
+static void case_ring(void) {
+    int32_t tpl = -1;
+    const mj_template_desc *t = mj_template_find("moe_experts", &tpl);
+    CHECK(t != NULL, "moe_experts in the registry");
+    if (!t) return;
+    char want[64];
+    snprintf(want, sizeof want, "\n#define DRING %d\n", MJ_EXPERTS_DRING);
+    CHECK(strstr(t->body, want) != NULL, "templates/moe_experts.cu defines DRING as runtime/experts.h (%d)",
+          MJ_EXPERTS_DRING);
+    CHECK(strstr(t->body, "\n#define DSLOT (4 * 512 + 256 + 32)\n") && MJ_EXPERTS_DSLOT == 4 * 512 + 256 + 32,
+          "DSLOT: the template's and runtime/experts.h's agree (%d)", MJ_EXPERTS_DSLOT);
+}
+
 static void case_pack(void) { test_pack(g_seed); }
 static void case_silu(void) { test_silu(g_ctx); }
 static void case_dequant(void) { test_dequant(g_ctx); }
@@ -1235,6 +1250,7 @@ static void case_specs(void) { test_specs(g_cache); }
 static void case_compile(void) { test_compile(g_cache); }
 
 static const test_case cases[] = {
+    TEST_CASE("ring", case_ring),
     TEST_CASE("pack", case_pack),
     TEST_CASE("silu", case_silu),
     TEST_CASE("dequant", case_dequant),

@@ -74,7 +74,7 @@ static void test_launch(void) {
     pm_assume_default(&a);
     /* The hand-worked launch: 8 blocks of 4 warps, 32 registers: 16 blocks fit an SM (by
      * warps and registers); the busiest SM holds 2 (1 round), 2 x 4 x 4 KiB in flight. */
-    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096};
+    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0};
     pm_result r;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.blocks_per_sm == 16 && r.busiest_blocks == 2 && r.rounds == 1, "occupancy %d %d %d", r.blocks_per_sm,
@@ -99,6 +99,11 @@ static void test_launch(void) {
     pm_predict(&k_toy, &a, &flat, &l, &r);
     CHECK(r.bound == PM_BOUND_MEMORY && r.predicted_us == a.launch_us + 8.0, "memory: %s %.2f",
           pm_bound_names[r.bound], r.predicted_us);
+    /* Launched as a programmatic dependent: the fixed cost is pdl_launch_us, the rest as before. */
+    l.pdl = 1;
+    pm_predict(&k_toy, &a, &flat, &l, &r);
+    CHECK(a.pdl_launch_us > 0 && a.pdl_launch_us < a.launch_us && r.predicted_us == a.pdl_launch_us + 8.0,
+          "pdl: %.2f (launch %.2f, pdl %.2f)", r.predicted_us, a.launch_us, a.pdl_launch_us);
 }
 
 /* Too few blocks for the SMs, and an uneven grid. */
@@ -107,13 +112,13 @@ static void test_waves(void) {
     pm_assume_default(&a);
     pm_result r;
     /* Too few blocks for the SMs: one block of one warp on 4 SMs, 100000 instructions. */
-    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0};
+    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0};
     pm_predict(&k_toy, &a, NULL, &one, &r);
     CHECK(r.bound == PM_BOUND_WAVES, "one block: %s", pm_bound_names[r.bound]);
     CHECK_NEAR(r.t_issue, 100000 * a.warp_cpi / 1000.0, 1e-9);
     /* An uneven grid: 5 blocks on 4 SMs, one resident at a time (the shared memory): the
      * busiest SM runs 2 rounds, so twice as long as 4 blocks. */
-    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0}, four = five;
+    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0}, four = five;
     four.blocks = 4;
     pm_result r4;
     pm_predict(&k_toy, &a, NULL, &five, &r);

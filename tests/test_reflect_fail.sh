@@ -269,5 +269,27 @@ else
     ok linked
 fi
 
+# MJ_PDL: every kernel of the template must wait on the grid before it (it is launched as a
+# programmatic dependent); one that does not is refused, naming it; one that does is accepted
+# and the registry marks the template.
+expect_fail pdl_no_wait 'pdl_no_wait\.cu:6: error: kernel k2: the template declares MJ_PDL, so the kernel must call mj_grid_dep_wait' <<EOF
+$head
+MJ_PDL("waits")
+MJ_KERNEL void k1(int n, float *y) { mj_grid_dep_wait(); if ((int)threadIdx.x < n) y[threadIdx.x] = BLOCK; }
+MJ_KERNEL void k2(int n, float *y) { if ((int)threadIdx.x < n) y[threadIdx.x] = BLOCK; }
+EOF
+cat >"$work/pdl_ok.cu" <<EOF
+$head
+MJ_PDL("waits")
+MJ_KERNEL void k(int n, float *y) { mj_grid_dep_wait(); if ((int)threadIdx.x < n) y[threadIdx.x] = BLOCK; }
+EOF
+if ! reflect "$work/pdl_ok.cu" 2>"$work/pdl_ok.err" >/dev/null; then
+    bad pdl_ok "the tool refused a template whose kernels all wait"
+elif ! grep -q '.pdl = 1' "$work/out/mj_registry.c"; then
+    bad pdl_ok "the registry does not mark the MJ_PDL template"
+else
+    ok pdl_ok
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

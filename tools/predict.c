@@ -30,6 +30,7 @@ void pm_assume_default(pm_assume *a) {
      * docs/performance.md says how): a kernel's fixed cost, one warp's issue interval and the routing
      * kernel's counts; the rates are the CUDA guide's throughput table per scheduler. */
     a->launch_us = 2.5;
+    a->pdl_launch_us = 1.0; /* assumed, not yet measured: the next GPU run calibrates it      */
     a->warp_cpi = 6.0;
     a->copy_fraction = 0.87;
     a->tensor_rate = 0.125; /* an m16n8k16 bf16 MMA every 8 cycles a scheduler (mma.sync)   */
@@ -51,11 +52,12 @@ void pm_assume_print(FILE *f, const pm_assume *a, const tool_gpu *g) {
                "    %d warps / %d blocks an SM\n",
             g->name, g->sms, g->clock_mhz, g->gbps, pm_copy_gbps(g, a), g->copy_gbps > 0 ? "measured" : "assumed",
             g->lat_ns, g->int_rate, g->regs_sm, g->smem_sm / 1024, g->warps_sm, g->blocks_sm);
-    fprintf(f, "  launch %.1f us a kernel; one warp alone issues every %.1f cycles; per scheduler a cycle:\n"
+    fprintf(f, "  launch %.1f us a kernel, %.1f launched as a programmatic dependent (sm_90+: the kernels\n"
+               "    after the router GEMM; assumed); one warp alone issues every %.1f cycles; per scheduler a cycle:\n"
                "    tensor %.3f, load/store %.2f, half2 %.2f, fp32 and the rest 1; a dependent global-load chain\n"
                "    of 2 or more costs chain x latency an iteration (a chain of 1 is prefetched by the rings);\n"
                "    oea_route %.0f + %.0f x B / warps instructions a warp; \"waves\" past %.2fx the average SM's blocks\n",
-            a->launch_us, a->warp_cpi, a->tensor_rate, a->mem_rate, a->half_rate, a->route_fixed,
+            a->launch_us, a->pdl_launch_us, a->warp_cpi, a->tensor_rate, a->mem_rate, a->half_rate, a->route_fixed,
             a->route_per_token, a->waves_imbalance);
 }
 
@@ -375,5 +377,5 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
         const double avg = (double)blocks / g->sms;
         if (r->busiest_blocks > a->waves_imbalance * avg || 2 * blocks < g->sms) r->bound = PM_BOUND_WAVES;
     }
-    r->predicted_us = a->launch_us + t;
+    r->predicted_us = (l->pdl ? a->pdl_launch_us : a->launch_us) + t;
 }

@@ -53,6 +53,10 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s);
 typedef struct pm_assume {
     double launch_us;            /* a kernel's fixed cost on a stream: launch, the first
                                     blocks' start, the last one's drain                       */
+    double pdl_launch_us;        /* the same for a kernel launched as a programmatic dependent
+                                    of the one before (sm_90+, MJ_PDL templates): its blocks
+                                    are resident before that one ends, so what is left is the
+                                    wait's release and its first dependent load (assumed)     */
     double warp_cpi;             /* cycles between two instructions of one warp when nothing
                                     else hides its dependences (ALU latency, shared memory)   */
     double copy_fraction;        /* achievable copy bandwidth / peak where none was measured  */
@@ -80,13 +84,14 @@ typedef struct pm_launch {
     double extra;                /* warp-instructions of a warp outside the hot loop (<0: the
                                     SASS's count outside it, once)                            */
     double inflight;             /* bytes one warp keeps in flight (its ring)                 */
+    int pdl;                     /* launched as a programmatic dependent of the kernel before */
 } pm_launch;
 
 typedef enum { PM_BOUND_MEMORY, PM_BOUND_ISSUE, PM_BOUND_LATENCY, PM_BOUND_WAVES } pm_bound;
 extern const char *const pm_bound_names[4]; /* "memory", "issue", "latency", "waves" */
 
 typedef struct pm_result {
-    double predicted_us;         /* launch_us + the largest of the terms below                */
+    double predicted_us;         /* launch_us (pdl_launch_us) + the largest of the terms below */
     double floor_us;             /* bytes / the copy bandwidth                                */
     pm_bound bound;
     /* the terms, µs */

@@ -16,8 +16,8 @@
  *   experts_up    a block a (16-row tile, active expert or shared sub-expert), NW1 warps
  *                 splitting H: H / 64 / NW1 k-steps a warp, 4 k-steps of 1 KiB in flight;
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
- *                 walks ceil(items / NW2) items (an expert's 4 k-steps of w2, 2304 bytes),
- *                 2 in flight. */
+ *                 walks ceil(items / NW2) items (an expert's 4 k-steps of w2, 2336 bytes with
+ *                 its scales and record), MJ_EXPERTS_DRING - 2 in flight. */
 #include "predict.h"
 #include "moejit_private.h"
 
@@ -67,6 +67,10 @@ static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spe
     if (st != MJ_OK) return tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
     const mj_ptxas_report *rep = mj_function_report(f);
     k->l.kernel = k->name;
+    /* every kernel of the forward after the router GEMM follows one of ours: a programmatic
+     * dependent where the runtime launches it so (runtime/jit.c: MJ_PDL templates, sm_90+) */
+    k->l.pdl = strcmp(k->name, "router_gemm") != 0 && mj_template_at(spec->tpl)->pdl &&
+               mj_target_sm(spec->target) >= 90;
     k->l.regs = rep ? rep->registers : 0;
     k->l.smem += rep ? rep->smem_static : 0;
     k->has_sass = 0;
@@ -104,6 +108,7 @@ static json_t *result_json(const kernel_row *k) {
     json_object_set_new(o, "bytes", json_real(k->l.bytes));
     json_object_set_new(o, "iters_warp", json_real(k->l.iters));
     json_object_set_new(o, "insts_warp", json_real(k->r.insts_warp));
+    json_object_set_new(o, "pdl", json_boolean(k->l.pdl));
     if (k->has_sass) {
         json_t *h = json_object();
         json_object_set_new(h, "insts", json_real(k->s.iter_total));
@@ -145,6 +150,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
     json_object_set_new(jp, "target", json_string(in->arch));
     json_object_set_new(jp, "copy_gbps", json_real(pm_copy_gbps(gpu, &a)));
     json_object_set_new(ja, "launch_us", json_real(a.launch_us));
+    json_object_set_new(ja, "pdl_launch_us", json_real(a.pdl_launch_us));
     json_object_set_new(ja, "warp_cpi", json_real(a.warp_cpi));
     json_object_set_new(ja, "copy_fraction", json_real(a.copy_fraction));
     json_object_set_new(ja, "tensor_rate", json_real(a.tensor_rate));
@@ -253,7 +259,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     k->name = "experts_down";
                     const int runs2 = (I / 64 + 3) / 4;
                     k->l.blocks = (int64_t)d->grid[0] * d->grid[1], k->l.bytes = items * w2;
-                    k->l.iters = ceil(items * runs2 / kx.NW2), k->l.inflight = 2 * (4 * 512.0 + 256 + 32);
+                    k->l.iters = ceil(items * runs2 / kx.NW2), k->l.inflight = (MJ_EXPERTS_DRING - 2) * (double)MJ_EXPERTS_DSLOT;
                 }
                 if ((rc = fetch(ctx, &rd, &xs[x], use_twin && part > 1 ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
             }

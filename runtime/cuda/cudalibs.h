@@ -75,6 +75,12 @@ mj_status mj_cuda_module_function(mj_cuda_module *m, const char *name, mj_cuda_f
 mj_status mj_cuda_set_max_dynamic_smem(mj_cuda_function f, int bytes);
 mj_status mj_cuda_launch(mj_cuda_function f, const uint32_t grid[3], const uint32_t block[3],
                          uint32_t smem_bytes, void *stream, void **args);
+/* The same, and with pdl != 0 as a programmatic dependent of the stream's previous kernel
+ * (cuLaunchKernelEx, PROGRAMMATIC_STREAM_SERIALIZATION: the kernel must call
+ * griddepcontrol.wait before it touches memory). A driver without cuLaunchKernelEx (before
+ * CUDA 12) launches it plainly. */
+mj_status mj_cuda_launch_ex(mj_cuda_function f, const uint32_t grid[3], const uint32_t block[3],
+                            uint32_t smem_bytes, void *stream, void **args, int pdl);
 void mj_cuda_module_unload(mj_cuda_module *m);
 /* Make device ordinal's primary context (retained once, kept for the process) current on
  * the calling thread; mj_cuda_module_load does this too. Memory calls, launches and

@@ -39,7 +39,31 @@ enum {
     CU_STREAM_NON_BLOCKING = 1,
     CU_EVENT_DEFAULT = 0,
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
 };
+/* cuLaunchKernelEx's configuration, as cuda.h lays it out (CUlaunchAttribute: an id, padding
+ * to 8, a union of 64 bytes; CUlaunchConfig: six dimensions, the shared memory, the stream,
+ * the attributes and their count): the sizes and offsets of CUDA 12 and 13's cuda.h. */
+typedef struct mj_cu_launch_attr {
+    int id;
+    char pad[4];
+    union {
+        char pad[64];
+        int programmatic_stream_serialization;
+    } value;
+} mj_cu_launch_attr;
+typedef struct mj_cu_launch_config {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem;
+    CUstream stream;
+    mj_cu_launch_attr *attrs;
+    unsigned n_attrs;
+} mj_cu_launch_config;
+_Static_assert(sizeof(mj_cu_launch_attr) == 72, "CUlaunchAttribute is 72 bytes");
+_Static_assert(sizeof(mj_cu_launch_config) == 56, "CUlaunchConfig is 56 bytes");
+_Static_assert(offsetof(mj_cu_launch_attr, value) == 8, "CUlaunchAttribute::value at 8");
+_Static_assert(offsetof(mj_cu_launch_config, stream) == 32 && offsetof(mj_cu_launch_config, attrs) == 40 &&
+                   offsetof(mj_cu_launch_config, n_attrs) == 48,
+               "CUlaunchConfig: hStream at 32, attrs at 40, numAttrs at 48");
 
 static struct {
     CUresult (*GetErrorName)(CUresult, const char **);
@@ -118,6 +142,8 @@ static struct {
     CUresult (*GraphDestroy)(CUgraph);
     CUresult (*GraphExecDestroy)(CUgraphExec);
 } cx;
+/* cuLaunchKernelEx (CUDA 12+): resolved on its own; without it, launches are plain ones. */
+static CUresult (*g_launch_ex)(const mj_cu_launch_config *, CUfunction, void **, void **);
 
 static const struct {
     const char *names[2];
@@ -259,6 +285,11 @@ static mj_status driver_init(mj_dl_lib *lib, void *h, char *err, size_t err_len)
         if (miss) g_ext_missing = miss;
     }
     if (g_ext_missing) memset(&cx, 0, sizeof cx); /* all or none                          */
+    {
+        void *slot = NULL;
+        const mj_dl_sym ex = {"cuLaunchKernelEx", 0};
+        if (!mj_dl_resolve(h, &ex, 1, &slot, sizeof slot)) memcpy(&g_launch_ex, &slot, sizeof slot);
+    }
     CUresult r = cu.Init(0);
     if (r != CUDA_SUCCESS) {
         char d[256];
@@ -446,6 +477,11 @@ mj_status mj_cuda_set_max_dynamic_smem(mj_cuda_function f, int bytes) {
 
 mj_status mj_cuda_launch(mj_cuda_function f, const uint32_t grid[3], const uint32_t block[3],
                          uint32_t smem_bytes, void *stream, void **args) {
+    return mj_cuda_launch_ex(f, grid, block, smem_bytes, stream, args, 0);
+}
+
+mj_status mj_cuda_launch_ex(mj_cuda_function f, const uint32_t grid[3], const uint32_t block[3],
+                            uint32_t smem_bytes, void *stream, void **args, int pdl) {
     if (!f || !grid || !block)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_cuda_launch: NULL argument");
     for (int i = 0; i < 3; i++)
@@ -454,8 +490,17 @@ mj_status mj_cuda_launch(mj_cuda_function f, const uint32_t grid[3], const uint3
                                 "mj_cuda_launch: empty launch (grid %ux%ux%u, block %ux%ux%u)",
                                 grid[0], grid[1], grid[2], block[0], block[1], block[2]);
     MJ_CHECK(mj_cuda_load());
-    CUresult r = cu.LaunchKernel((CUfunction)f, grid[0], grid[1], grid[2], block[0], block[1],
-                                 block[2], smem_bytes, (CUstream)stream, args, NULL);
+    CUresult r;
+    if (pdl && g_launch_ex) {
+        mj_cu_launch_attr attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+        attr.value.programmatic_stream_serialization = 1;
+        const mj_cu_launch_config cfg = {grid[0], grid[1],    grid[2], block[0], block[1], block[2],
+                                         smem_bytes, (CUstream)stream, &attr, 1};
+        r = g_launch_ex(&cfg, (CUfunction)f, args, NULL);
+    } else {
+        r = cu.LaunchKernel((CUfunction)f, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem_bytes,
+                            (CUstream)stream, args, NULL);
+    }
     if (r != CUDA_SUCCESS) {
         char what[160];
         snprintf(what, sizeof what, "cuLaunchKernel (grid %ux%ux%u, block %ux%ux%u, %u bytes smem)",

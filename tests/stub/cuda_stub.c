@@ -339,6 +339,34 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     run_kernel(line);
     return OK;
 }
+/* cuLaunchKernelEx: the one attribute moejit sets, programmatic stream serialization (id 6,
+ * value 1), logged; anything else refused. Then a launch as cuLaunchKernel's. */
+typedef struct {
+    int id;
+    char pad[4];
+    union {
+        char pad[64];
+        int value;
+    } v;
+} stub_launch_attr;
+typedef struct {
+    unsigned gx, gy, gz, bx, by, bz, smem;
+    void *stream;
+    stub_launch_attr *attrs;
+    unsigned n_attrs;
+} stub_launch_config;
+CUresult cuLaunchKernelEx(const stub_launch_config *c, void *fn, void **params, void **extra) {
+    if (!c || !fn) return INVALID_VALUE;
+    for (unsigned i = 0; i < c->n_attrs; i++) {
+        if (c->attrs[i].id != 6 || c->attrs[i].v.value != 1) {
+            logf_("cuLaunchKernelEx %s: attribute %d = %d refused", ((func *)fn)->name, c->attrs[i].id,
+                  c->attrs[i].v.value);
+            return INVALID_VALUE;
+        }
+        logf_("cuLaunchKernelEx %s pdl", ((func *)fn)->name);
+    }
+    return cuLaunchKernel(fn, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, extra);
+}
 CUresult cuMemAlloc_v2(unsigned long long *p, size_t bytes) {
     CUresult r = need_ctx("cuMemAlloc");
     if (r || (r = capture_unsafe("cuMemAlloc"))) return r;
