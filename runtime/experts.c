@@ -280,7 +280,7 @@ static int32_t pow2_at_least(int32_t v) {
  * [16][128] floats experts_quant stages; up's sums move to shared memory past two token
  * groups (SUMS_SMEM: TPE > 16). */
 #define UP_RING (5 * 1024 + 2 * 512)
-#define DOWN_RING (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT)
+#define DOWN_RING(dsteps) (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT(dsteps))
 #define QUANT_VALUES (16 * 128 * (uint32_t)sizeof(float))
 
 /* Up's: each warp's ring, and with the sums in shared memory each warp's (TPE * 128 bytes)
@@ -289,7 +289,9 @@ static uint32_t up_smem(const mj_knobs_moe_experts *k) {
     return (uint32_t)(k->NW1 * UP_RING + (k->TPE > 16 ? k->NW1 * k->TPE * 128 + k->TPE * 4 : 0));
 }
 /* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring. */
-static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->NW2 * (k->TPE * 128 + DOWN_RING)); }
+static uint32_t down_smem(const mj_knobs_moe_experts *k) {
+    return (uint32_t)(k->NW2 * (k->TPE * 128 + DOWN_RING(k->DSTEPS)));
+}
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
@@ -297,13 +299,20 @@ static uint32_t down_smem(const mj_knobs_moe_experts *k) { return (uint32_t)(k->
  * that each warp's chain of experts is a quarter as long; both within 48 KiB of shared
  * memory (no opt-in). */
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
-                      mj_knobs_moe_experts *out) {
+                      mj_target target, mj_knobs_moe_experts *out) {
     mj_knobs_moe_experts k = {.MODE = mode == MJ_MODE_W4A4, .H = H, .I = I, .K = K, .NSUB = nsub};
     int32_t tpe = pow2_at_least(B);
     k.TPE = tpe < 8 ? 8 : tpe > 64 ? 64 : tpe;
     int32_t runs = (H / 64 + 3) / 4;
     k.NW1 = 8;
     while (k.NW1 > 1 && (k.NW1 > runs || up_smem(&k) > MJ_SMEM_DEFAULT_LIMIT)) k.NW1 /= 2;
+    /* Down: an item of 4 k-steps (a whole scale run); past TPE 8 on targets whose SMs have
+     * about 100 KiB of shared memory (sm_120a, sm_121a, sm_86, sm_89), items of 2, which
+     * halve the rings (a warp's 7 KiB to 4 KiB): with the larger token tiles' sums, 4 warps
+     * then take 24 KiB (TPE 16) or 32 KiB (TPE 32), so 3 to 4 blocks fit an SM, not 2, and
+     * the H / 16 blocks of a decode batch run in one round, not two. Where an SM has 228 KiB
+     * (sm_90a, sm_100a) they fit anyway, and twice the items would cost issue slots. */
+    k.DSTEPS = !k.MODE && k.TPE > 8 && mj_target_smem_max(target) < 128 * 1024 ? 2 : 4;
     k.NW2 = 4;
     while (k.NW2 > 1 && down_smem(&k) > MJ_SMEM_DEFAULT_LIMIT) k.NW2 /= 2;
     *out = k;
@@ -311,7 +320,7 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
 
 static mj_knobs_moe_experts plan(const mj_experts *ex, mj_weight_mode mode, int32_t B) {
     mj_knobs_moe_experts k;
-    mj_experts_knobs(ex->H, ex->I, ex->K, ex->nsub, mode, B, &k);
+    mj_experts_knobs(ex->H, ex->I, ex->K, ex->nsub, mode, B, ex->target, &k);
     return k;
 }
 
@@ -326,8 +335,8 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
 static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t part) {
     mj_knobs_moe_experts p = *k;
     p.PART = part;
-    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1;
-    if (part == 2) p.NW2 = 1;
+    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4;
+    if (part == 2) p.NW2 = 1, p.DSTEPS = 4;
     if (part == 3) p.NW1 = 1;
     return p;
 }

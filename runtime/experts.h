@@ -12,10 +12,10 @@
  * quantized input of the shared experts is at row mb K + token. */
 #define MJ_EXPERTS_SCAL 8 /* floats of scal an expert: templates/moe_experts.cu's SCAL layout */
 /* experts_down's ring, templates/moe_experts.cu's DRING and DSLOT: items a warp's ring holds
- * (DRING - 2 in flight while one computes) and the bytes of one (4 k-steps of w2, the scale
+ * (DRING - 2 in flight while one computes) and the bytes of one (DSTEPS k-steps of w2, a scale
  * chunk, the item record). test_experts holds them against the template. */
 #define MJ_EXPERTS_DRING 3
-#define MJ_EXPERTS_DSLOT (4 * 512 + 256 + 32)
+#define MJ_EXPERTS_DSLOT(dsteps) ((dsteps) * 512 + 256 + 32)
 typedef struct mj_experts_view {
     int32_t H, I, K, E, n_local, expert_begin, nsub, mb;
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert */
@@ -33,9 +33,9 @@ mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch);
 
 /* The knobs of a forward of B tokens in (resolved) mode (PART 0; mj_experts_specs turns
  * them into the specializations fetched); mj_experts_knobs is the same choice from the
- * shapes alone (H, I_local, top-k, shared sub-experts), for the planner. */
+ * shapes alone (H, I_local, top-k, shared sub-experts) and the target, for the planner. */
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
-                      mj_knobs_moe_experts *out);
+                      mj_target target, mj_knobs_moe_experts *out);
 /* The specializations a forward with knobs k (from mj_experts_knobs) fetches, into out[],
  * in launch order; returns how many: on a GPU one per kernel (templates/moe_experts.cu,
  * PART: experts_quant in W4A4 only, experts_up, experts_down), on the interpreter one

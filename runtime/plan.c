@@ -129,7 +129,7 @@ mj_status mj_plan_build(mj_context_t ctx, const mj_plan_request *r, mj_plan *out
         MJ_CHECK_GOTO(mj_mode_resolve(modes, target, r->mode, B, &m), st, fail);
         for (int32_t j = 0; j < n_shapes; j++) {
             mj_knobs_moe_experts ke;
-            mj_experts_knobs(cfg->hidden, shapes[j][0], cfg->topk, shapes[j][1], m, B, &ke);
+            mj_experts_knobs(cfg->hidden, shapes[j][0], cfg->topk, shapes[j][1], m, B, target, &ke);
             mj_spec parts[3];
             const int32_t n_parts = mj_experts_specs(ctx, &ke, parts);
             for (int32_t q = 0; q < n_parts; q++) MJ_CHECK_GOTO(add(out, &cap, &parts[q], "experts", B), st, fail);

@@ -63,13 +63,15 @@ MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
 MJ_KNOB_SET(NW2, int, "1 2 4", "warps of a down block: they deal its 16 hidden dims' experts among them")
 MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
 MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
+MJ_KNOB_SET(DSTEPS, int, "2 4", "k-steps of w2 an item of down brings: 4 (a scale run), or 2 (half the ring's shared memory, so more blocks fit an SM)")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
-MJ_CONSTRAINT("NW2 * (TPE * 128 + 4 * (4 * 512 + 256 + 32)) <= 64 * 1024", "down's accumulators, fragments and weight rings fit shared memory")
+MJ_CONSTRAINT("NW2 * (TPE * 128 + 3 * (DSTEPS * 512 + 256 + 32)) <= 64 * 1024", "down's accumulators, fragments and weight rings fit shared memory")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
+MJ_CONSTRAINT("PART == 0 || PART == 3 || DSTEPS == 4", "only experts_down reads DSTEPS: 4 elsewhere")
 MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
@@ -77,6 +79,7 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 #define KS2 (I / 64)                  /* k-steps of down                                     */
 #define RUNS1 ((KS1 + 3) / 4)         /* runs of 4 k-steps: one scale chunk each             */
 #define RUNS2 ((KS2 + 3) / 4)
+#define DPARTS ((KS2 + DSTEPS - 1) / DSTEPS) /* down's items an expert (16 rows): DSTEPS k-steps each */
 #define W13_TILE ((long long)KS1 * 1024)
 #define S13_TILE ((long long)RUNS1 * 512)
 #define W2_TILE ((long long)KS2 * 512)
@@ -644,14 +647,15 @@ MJ_DEVICE int first_row(const int32_t *row_index, int lo, int hi, int tok) {
     return lo;
 }
 
-/* A warp of down streams (expert, run) items: every run of every active expert held here
- * with rows in the token tile, in ascending expert id, then the shared sub-experts. */
+/* A warp of down streams (expert, part) items: every DSTEPS k-steps of every active expert
+ * held here with rows in the token tile, in ascending expert id, then the shared
+ * sub-experts. */
 typedef struct down_item_t {
     int xi;          /* packed expert, -1: none left                                       */
     int r0, n;       /* its rows (tokens t0 .. of the tile)                                */
     int shared_row0; /* the shared sub-expert's first act row, -1 for a routed expert     */
     float alpha;
-    int run;         /* which run of the expert (in the ring)                              */
+    int part;        /* which DSTEPS k-steps of the expert (in the ring)                   */
 } down_item_t;
 
 /* A warp's next expert with rows in [t0, t1): its share is the routed experts whose id is w
@@ -692,84 +696,87 @@ MJ_DEVICE down_item_t next_expert(int *cursor, int *sj, int na, const int32_t *c
 }
 
 /* A down warp streams its items through a ring in shared memory, its own: DRING slots of an
- * item's 4 k-steps of w2 fragments (4 x 512 bytes; each lane's 16 bytes where it reads them
- * back), its scale chunk (256 bytes: rows 0-15) and the item itself (32 bytes, written by
- * lane 0). cp.async keeps DRING - 2 items in flight while one computes (at decode with
- * I_local 256 an item is a whole expert: the next experts' weights arrive during this one).
- * A slot is refilled two items after the one that read it: every lane has passed the
- * __syncwarp in between, so the scales and the item, which lanes read across, are free. */
+ * item's DSTEPS k-steps of w2 fragments (DSTEPS x 512 bytes; each lane's 16 bytes where it
+ * reads them back), its run's scale chunk (256 bytes: rows 0-15, 4 k-steps: brought by the
+ * run's first item; with DSTEPS 2 the second item reads it in the slot before its own) and
+ * the item itself (32 bytes, written by lane 0). cp.async keeps DRING - 2 items in flight
+ * while one computes (at decode with I_local 256 and DSTEPS 4 an item is a whole expert: the
+ * next experts' weights arrive during this one). A slot is refilled two items after the one
+ * that read it (item j's at the issue of item j + 2, made by the iteration after j's), and
+ * every iteration ends with a __syncwarp: the scales and the item, which lanes read across,
+ * are free by then. */
 #define DRING 3
-#define DSLOT (4 * 512 + 256 + 32)
+#define DSLOT (DSTEPS * 512 + 256 + 32)
+#define DSCALES (DSTEPS * 512) /* a slot's scale chunk, then its item record at DSCALES + 256 */
 
-/* Queue item it's copies (its run `run`) into the ring slot q % DRING, as a group of its own
- * (an empty group and a none-left item when it.xi < 0). */
-MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, const down_item_t *it, int run, int d,
+/* Queue item it's copies (its k-steps `part`) into the ring slot q % DRING, as a group of its
+ * own (an empty group and a none-left item when it.xi < 0). */
+MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, const down_item_t *it, int part, int d,
                           int q, int lane) {
     const int g = lane >> 2, p = lane & 3;
     uint8_t *slot = ring + (q % DRING) * DSLOT;
     if (it->xi >= 0) {
         const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE, *st = s2 + it->xi * S2_EXPERT + d * S2_TILE;
+        const int s0 = part * DSTEPS;
         MJ_NO_UNROLL
-        for (int s4 = 0; s4 < 4; s4++)
-            if (run * 4 + s4 < KS2) mj_cp_async16(slot + s4 * 512 + lane * 16, wt + (run * 4 + s4) * 512 + lane * 16);
-        if (p < 2) mj_cp_async16(slot + 2048 + (p * 8 + g) * 16, st + run * 256 + (p * 8 + g) * 16);
+        for (int i = 0; i < DSTEPS; i++)
+            if (s0 + i < KS2) mj_cp_async16(slot + i * 512 + lane * 16, wt + (s0 + i) * 512 + lane * 16);
+        if (p < 2 && s0 % 4 == 0) mj_cp_async16(slot + DSCALES + (p * 8 + g) * 16, st + (s0 / 4) * 256 + (p * 8 + g) * 16);
     }
     mj_cp_async_commit();
     if (lane == 0) {
-        down_item_t *m = (down_item_t *)(slot + 2048 + 256);
+        down_item_t *m = (down_item_t *)(slot + DSCALES + 256);
         *m = *it;
-        m->run = run;
+        m->part = part;
     }
 }
 
-/* The MMAs of an item (its fragments and scales in slot) against the expert's n rows in the
- * tile (row0 + i for token i): this lane's sums accr (registers, the groups unrolled), or
+/* The MMAs of an item (its fragments in slot, its run's scale chunk at sr) against the
+ * expert's n rows in the tile (row0 + i for token i): this lane's sums accr (registers, the groups unrolled), or
  * with SUMS_SMEM the sums in frag (the warp's shared memory, [NT][32 lanes][4]: each lane's
  * four side by side) and the groups one rolled loop, as up's. An expert with at most 8 rows
  * in the tile (one token group: every item at TPE 8, and most at decode whatever TPE is)
  * takes a path of its own: its sums in accr[0] (registers, whatever SUMS_SMEM says), and the
- * activations of all 4 steps loaded first, side by side (W4A16 32 registers, W4A4 12): one
- * global latency an item, not one a step. */
-MJ_DEVICE void down_step(const uint8_t *slot, int run, long long row0, int n, const uint16_t *act,
+ * activations of all its DSTEPS steps loaded first, side by side (W4A16 8 registers a step,
+ * W4A4 3): one global latency an item, not one a step. */
+MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long long row0, int n, const uint16_t *act,
                          const uint8_t *actq, const uint8_t *act_sf, int lane, float accr[][4], float *frag) {
     const int g = lane >> 2, p = lane & 3;
     if (NT == 1 || n <= 8) {
         const long long src = g < n ? row0 + g : -1;
-        uint32_t b[4][4][2], bq[4][2], sfb[4];
+        uint32_t b[DSTEPS][4][2], bq[DSTEPS][2], sfb[DSTEPS];
         MJ_UNROLL
-        for (int s4 = 0; s4 < 4; s4++) {
-            const int s = run * 4 + s4;
-            for (int kt = 0; kt < 4; kt++) b[s4][kt][0] = b[s4][kt][1] = 0;
-            bq[s4][0] = bq[s4][1] = sfb[s4] = 0;
+        for (int i = 0; i < DSTEPS; i++) {
+            const int s = part * DSTEPS + i;
+            for (int kt = 0; kt < 4; kt++) b[i][kt][0] = b[i][kt][1] = 0;
+            bq[i][0] = bq[i][1] = sfb[i] = 0;
             if (s >= KS2) continue;
-            if (MODE == 1) fp4_bfrag(actq, act_sf, src, I, s, p, bq[s4], &sfb[s4]);
-            else if (src >= 0) bf16_bfrag(act + src * I, s, p, b[s4]);
+            if (MODE == 1) fp4_bfrag(actq, act_sf, src, I, s, p, bq[i], &sfb[i]);
+            else if (src >= 0) bf16_bfrag(act + src * I, s, p, b[i]);
         }
         MJ_UNROLL
-        for (int s4 = 0; s4 < 4; s4++) {
-            const int s = run * 4 + s4;
+        for (int i = 0; i < DSTEPS; i++) {
+            const int s = part * DSTEPS + i, s4 = s % 4;
             if (s >= KS2) break;
-            const uint4 wf = *(const uint4 *)(slot + s4 * 512 + lane * 16);
-            const uint8_t *sr = slot + 2048;
+            const uint4 wf = *(const uint4 *)(slot + i * 512 + lane * 16);
             if (MODE == 1) {
                 const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
                 const uint32_t sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
-                mj_mma_e2m1_m16n8k64(accr[0], a4, bq[s4], accr[0], sfa, sfb[s4]);
+                mj_mma_e2m1_m16n8k64(accr[0], a4, bq[i], accr[0], sfa, sfb[i]);
             } else {
                 uint32_t a16[4][4];
                 dequant_frag(wf, *(const uint32_t *)(sr + g * 16 + 4 * s4),
                              *(const uint32_t *)(sr + (g + 8) * 16 + 4 * s4), p, a16);
-                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(accr[0], a16[kt], b[s4][kt], accr[0]);
+                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(accr[0], a16[kt], b[i][kt], accr[0]);
             }
         }
         return;
     }
     MJ_NO_UNROLL
-    for (int s4 = 0; s4 < 4; s4++) {
-        const int s = run * 4 + s4;
+    for (int i = 0; i < DSTEPS; i++) {
+        const int s = part * DSTEPS + i, s4 = s % 4;
         if (s >= KS2) break;
-        const uint4 wf = *(const uint4 *)(slot + s4 * 512 + lane * 16);
-        const uint8_t *sr = slot + 2048;
+        const uint4 wf = *(const uint4 *)(slot + i * 512 + lane * 16);
         const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
         uint32_t sfa = 0, a16[4][4];
         if (MODE == 1) sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
@@ -839,28 +846,31 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
     uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 128 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
      * items, so next_expert's searches are compiled once). */
-    int cursor = 0, sj = w, prun = RUNS2 - 1; /* this warp's share: next_expert */
+    int cursor = 0, sj = w, ppart = DPARTS - 1; /* this warp's share: next_expert */
     down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
     long long row0 = 0; /* the item's first act row (token t0 + i at row0 + i) */
     float accr[SUMS_SMEM ? 1 : NT][4];
     MJ_NO_UNROLL
     for (int j = -(DRING - 2);; j++) {
-        /* item j + DRING - 2: the expert's next run, or the next expert's first */
+        /* item j + DRING - 2: the expert's next part, or the next expert's first */
         if (pit.xi >= 0) {
-            if (++prun == RUNS2) {
-                prun = 0;
+            if (++ppart == DPARTS) {
+                ppart = 0;
                 pit = next_expert(&cursor, &sj, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb,
                                   t0, t1, ts, w, lane);
             }
         }
-        down_issue(ring, w2, s2, &pit, prun, d, j + DRING - 2, lane);
+        down_issue(ring, w2, s2, &pit, ppart, d, j + DRING - 2, lane);
         if (j < 0) continue;
         mj_cp_async_wait(DRING - 2); /* item j's group has landed... */
         __syncwarp(0xFFFFFFFFu);     /* ...every lane's, and lane 0's item record */
         const uint8_t *slot = ring + (j % DRING) * DSLOT;
-        const down_item_t it = *(const down_item_t *)(slot + 2048 + 256);
+        const down_item_t it = *(const down_item_t *)(slot + DSCALES + 256);
         if (it.xi < 0) break;
-        if (it.run == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
+        /* the run's scale chunk: in this slot for a run's first part, else (DSTEPS 2, the
+         * run's second part) in the slot of the item before, the same expert's first */
+        const uint8_t *sr = (it.part * DSTEPS) % 4 == 0 ? slot + DSCALES : ring + ((j + DRING - 1) % DRING) * DSLOT + DSCALES;
+        if (it.part == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
             row0 = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 : it.r0;
             if (!SUMS_SMEM) {
                 MJ_UNROLL
@@ -873,8 +883,8 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                 for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
         }
-        down_step(slot, it.run, row0, it.n, act, actq, act_sf, lane, accr, frag);
-        if (it.run == RUNS2 - 1) {
+        down_step(slot, sr, it.part, row0, it.n, act, actq, act_sf, lane, accr, frag);
+        if (it.part == DPARTS - 1) {
             if (!SUMS_SMEM) {
                 MJ_UNROLL
                 for (int c = 0; c < NT; c++)
@@ -883,8 +893,8 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
                 for (int q = 0; q < 4; q++) frag[lane * 4 + q] = accr[0][q];
             }
             down_epilogue(&it, row_index, weights, t0, lane, frag, acc_tile);
-            __syncwarp(0xFFFFFFFFu);
         }
+        __syncwarp(0xFFFFFFFFu); /* every lane is done with this slot and the one before */
     }
     mj_cp_async_wait(0); /* nothing lands after the warp is done (the empty groups) */
     __syncthreads();     /* every warp's tile is summed */

@@ -249,7 +249,9 @@ int main(int argc, char **argv) {
             for (int tpe = 8; tpe <= 64; tpe *= 2) {
                 if (m == 0 && tpe > 8) continue; /* the plan: W4A16 at 1-8 tokens, W4A4 above (and TPE 8 W4A4) */
                 mj_knobs_moe_experts k;
-                mj_experts_knobs(6144, 256, 8, 1, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, &k);
+                mj_target tg;
+                if (mj_target_parse("sm_120a", &tg) != MJ_OK) return 1;
+                mj_experts_knobs(6144, 256, 8, 1, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, tg, &k);
                 int32_t n = 0; /* kernels a forward fetches */
                 for (int r = 0; r < reps; r++) {
                     char fdir[] = "/tmp/mj-bench-fwd-XXXXXX";

@@ -335,7 +335,7 @@ static mj_route_outputs route_outputs(const routing *r) {
 }
 
 /* What the tests saw of the dispatcher's choices. */
-static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_chunks, g_seen_tiles;
+static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_chunks, g_seen_tiles;
 
 /* One forward of routing r on L in mode, checked stage by stage and against mj_experts_ref.
  * Returns the stage failures when counting (mutation tests). */
@@ -345,7 +345,7 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     fwd f = {L, ex, {0}, mode, {0}, hidden, r, NULL};
     mj_experts_view_get(ex, &f.v);
     mj_experts_plan(ex, mode, B, &f.kn);
-    g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = 1;
+    g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = g_seen_ds[f.kn.DSTEPS] = 1;
     for (int e = 0; e < r->E; e++) g_seen_chunks |= r->cnt[e] > f.kn.TPE;
     g_seen_tiles |= B > f.kn.TPE;
     tbuf out = tbuf_new(sizeof(float) * (size_t)B * H, 0);
@@ -1047,26 +1047,29 @@ static void test_specs(const char *cache) {
         for (int mode = 0; mode < 2; mode++)
             for (int tpe = 8; tpe <= 64; tpe *= 2) {
                 mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = 256, .K = 8, .TPE = tpe, .NW1 = 4, .NW2 = 2,
-                                          .NSUB = 1};
+                                          .NSUB = 1, .DSTEPS = 2};
                 mj_spec s[3];
                 const int32_t n = mj_experts_specs(c, &k, s);
                 CHECK(n == (b ? 1 : mode ? 3 : 2), "%s %s TPE %d: %d specializations", backends[b],
                       mode ? "W4A4" : "W4A16", tpe, n);
                 for (int32_t q = 0; q < n && q < 3; q++) {
-                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART */
+                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART DSTEPS */
                     CHECK_OK(mj_spec_validate(&s[q]));
                     CHECK(kn[0] == mode && kn[1] == 6144 && kn[2] == 256 && kn[3] == 8 && kn[7] == 1,
                           "%s: the shape knobs are the forward's", backends[b]);
                     const int32_t part = kn[8];
                     if (b) {
-                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2, "sim: PART 0 with every knob");
+                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[9] == 2, "sim: PART 0 with every knob");
                     } else if (part == 1) {
-                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1, "quant: TPE 8, NW1 1, NW2 1");
+                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 4,
+                              "quant: TPE 8, NW1 1, NW2 1, DSTEPS 4");
                         CHECK(quant_tpe < 0 || quant_tpe == kn[4], "one experts_quant for every TPE");
                         quant_tpe = kn[4];
                     } else {
-                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 : kn[4] == tpe && kn[5] == 1 && kn[6] == 2,
-                              "%s PART %d TPE %d: NW1 %d NW2 %d", mode ? "W4A4" : "W4A16", part, tpe, kn[5], kn[6]);
+                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 && kn[9] == 4
+                                        : kn[4] == tpe && kn[5] == 1 && kn[6] == 2 && kn[9] == 2,
+                              "%s PART %d TPE %d: NW1 %d NW2 %d DSTEPS %d", mode ? "W4A4" : "W4A16", part, tpe, kn[5],
+                              kn[6], kn[9]);
                     }
                 }
             }
@@ -1074,17 +1077,18 @@ static void test_specs(const char *cache) {
     }
     static const char *const bad[] = {
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
     };
     /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
      * nothing at all for n = 0. */
     mj_context_t c = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     if (c) {
-        mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1};
+        mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1,
+                                  .DSTEPS = 4};
         mj_spec two[3];
         CHECK(mj_experts_specs(c, &k, two) == 1, "sim: one spec");
         two[1] = two[0];
@@ -1125,7 +1129,12 @@ static void test_compile(const char *cache) {
             for (int mode = 0; mode < (t == 0 ? 2 : 1); mode++)
                 for (int tpe = 8; tpe <= 64; tpe *= 2) {
                     mj_knobs_moe_experts k; /* the dispatcher's pick for B = tpe */
-                    mj_experts_knobs(6144, ii ? 2048 : 256, 8, 1, mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, &k);
+                    mj_target tg;
+                    CHECK_OK(mj_target_parse(targets[t], &tg));
+                    mj_experts_knobs(6144, ii ? 2048 : 256, 8, 1, mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, tg, &k);
+                    /* items of 2 k-steps: W4A16 past TPE 8 where an SM has 100 KiB (sm_120a) */
+                    CHECK(k.DSTEPS == (mode == 0 && tpe > 8 && t == 0 ? 2 : 4), "%s %s TPE %d: down's items of %d k-steps",
+                          targets[t], mode ? "W4A4" : "W4A16", tpe, k.DSTEPS);
                     mj_spec s[3];
                     const int32_t n = mj_experts_specs(c, &k, s);
                     CHECK(n == (mode ? 3 : 2), "%s %s: %d specializations, want one per kernel launched",
@@ -1198,7 +1207,8 @@ static void teardown(void) { mj_context_destroy(g_ctx); }
 static void check_seen(void) {
     CHECK(g_seen_tpe[8] && g_seen_tpe[16] && g_seen_tpe[32] && g_seen_tpe[64], "every token bucket reached");
     CHECK(g_seen_nw1[1] && g_seen_nw1[2] && g_seen_nw1[4] && g_seen_nw1[8], "every split-K width reached");
-    CHECK(g_seen_nw2[4] && g_seen_nw2[2], "both down block widths the planner picks reached (4 warps; 2 past TPE 16)");
+    CHECK(g_seen_nw2[4], "down's 4-warp blocks reached");
+    CHECK(g_seen_ds[4] && g_seen_ds[2], "both item sizes of down reached (4 k-steps at TPE 8, 2 past it)");
     CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");
 }
 
@@ -1228,8 +1238,9 @@ static void case_ring(void) {
     snprintf(want, sizeof want, "\n#define DRING %d\n", MJ_EXPERTS_DRING);
     CHECK(strstr(t->body, want) != NULL, "templates/moe_experts.cu defines DRING as runtime/experts.h (%d)",
           MJ_EXPERTS_DRING);
-    CHECK(strstr(t->body, "\n#define DSLOT (4 * 512 + 256 + 32)\n") && MJ_EXPERTS_DSLOT == 4 * 512 + 256 + 32,
-          "DSLOT: the template's and runtime/experts.h's agree (%d)", MJ_EXPERTS_DSLOT);
+    CHECK(strstr(t->body, "\n#define DSLOT (DSTEPS * 512 + 256 + 32)\n") && MJ_EXPERTS_DSLOT(2) == 2 * 512 + 256 + 32 &&
+              MJ_EXPERTS_DSLOT(4) == 4 * 512 + 256 + 32,
+          "DSLOT: the template's and runtime/experts.h's agree (%d, %d)", MJ_EXPERTS_DSLOT(2), MJ_EXPERTS_DSLOT(4));
 }
 
 static void case_pack(void) { test_pack(g_seed); }

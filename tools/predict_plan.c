@@ -16,8 +16,8 @@
  *   experts_up    a block a (16-row tile, active expert or shared sub-expert), NW1 warps
  *                 splitting H: H / 64 / NW1 k-steps a warp, 4 k-steps of 1 KiB in flight;
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
- *                 walks ceil(items / NW2) items (an expert's 4 k-steps of w2, 2336 bytes with
- *                 its scales and record), MJ_EXPERTS_DRING - 2 in flight. */
+ *                 walks ceil(experts x parts / NW2) items (an expert's DSTEPS k-steps of w2
+ *                 with a scale chunk and the record), MJ_EXPERTS_DRING - 2 in flight. */
 #include "predict.h"
 #include "moejit_private.h"
 
@@ -222,7 +222,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             }
             /* the experts */
             mj_knobs_moe_experts kx;
-            mj_experts_knobs(H, I, K, nsub, m, B, &kx);
+            mj_experts_knobs(H, I, K, nsub, m, B, target, &kx);
             mj_spec xs[3];
             const int32_t nx = mj_experts_specs(ctx, &kx, xs);
             const int32_t n_slots = (int64_t)B * K < E ? B * K : E;
@@ -257,9 +257,10 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     k->l.iters = (double)(H / 64) / kx.NW1, k->l.inflight = 4 * 1024.0;
                 } else {
                     k->name = "experts_down";
-                    const int runs2 = (I / 64 + 3) / 4;
+                    const int parts = (I / 64 + kx.DSTEPS - 1) / kx.DSTEPS;
                     k->l.blocks = (int64_t)d->grid[0] * d->grid[1], k->l.bytes = items * w2;
-                    k->l.iters = ceil(items * runs2 / kx.NW2), k->l.inflight = (MJ_EXPERTS_DRING - 2) * (double)MJ_EXPERTS_DSLOT;
+                    k->l.iters = ceil(items * parts / kx.NW2);
+                    k->l.inflight = (MJ_EXPERTS_DRING - 2) * (double)MJ_EXPERTS_DSLOT(kx.DSTEPS);
                 }
                 if ((rc = fetch(ctx, &rd, &xs[x], use_twin && part > 1 ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
             }
