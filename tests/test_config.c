@@ -791,20 +791,30 @@ static void test_families(void) {
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FAMILIES "GLM-4.5-Air.json", NULL, &c));
     check_same("GLM-4.5-Air", &c, &want);
-    /* GLM-5 (glm_moe_dsa) and Kimi-K2 (kimi_k2) as their abridged configs have them: no routing
-     * key at all, so the family decides (GlmMoeDsaTopkRouter; Kimi's modeling_deepseek.py). */
+    /* GLM-5 (glm_moe_dsa) as its abridged config has it, no routing key at all: the family
+     * decides (GlmMoeDsaTopkRouter). Kimi-K2 (kimi_k2): DeepSeek-V3's router with its keys. */
     want.intermediate = 2048, want.n_experts = 256, want.hidden = 6144, want.routed_scaling_factor = 2.5f;
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FAMILIES "GLM-5.abridged.json", NULL, &c));
     check_same("GLM-5", &c, &want);
     want.hidden = 7168, want.n_experts = 384, want.routed_scaling_factor = 2.827f;
     fill_ab(&c);
-    CHECK_OK(mj_moe_config_read(FAMILIES "Kimi-K2-Instruct.abridged.json", NULL, &c));
+    CHECK_OK(mj_moe_config_read(FAMILIES "Kimi-K2-Instruct.json", NULL, &c));
     check_same("Kimi-K2", &c, &want);
     /* DeepSeek-V3: its keys, 8 groups keep 4. */
     want.n_experts = 256, want.routed_scaling_factor = 2.5f, want.n_group = 8, want.topk_group = 4;
     family_ok("DeepSeek-V3", family_text("DeepSeek-V3.json", NULL), &c);
     check_same("DeepSeek-V3", &c, &want);
+    /* Routing keys left out take the family's configuration defaults: DeepseekV3Config's 8 groups
+     * keep 4 and 2.5, GlmMoeDsaConfig's 2.5, Glm4MoeConfig's 1.0 (not the generic 1 group, 1.0). */
+    family_ok("DeepSeek-V3 without groups", family_text("DeepSeek-V3.json", "n_group", NULL, "topk_group", NULL,
+                                                        "routed_scaling_factor", NULL, NULL), &c);
+    check_same("DeepSeek-V3 without groups", &c, &want);
+    family_ok("GLM-5 without rsf", family_text("GLM-5.abridged.json", "routed_scaling_factor", NULL, NULL), &c);
+    CHECK(c.routed_scaling_factor == 2.5f && c.n_group == 1, "GLM-5 without rsf: %g, %d groups",
+          (double)c.routed_scaling_factor, c.n_group);
+    family_ok("GLM-4.5-Air without rsf", family_text("GLM-4.5-Air.json", "routed_scaling_factor", NULL, NULL), &c);
+    CHECK(c.routed_scaling_factor == 1.0f, "GLM-4.5-Air without rsf: %g", (double)c.routed_scaling_factor);
     /* DeepSeek-V2-Lite: softmax greedy top-6 of 64, two shared experts, not renormalized. */
     want = (mj_moe_config){.hidden = 2048, .intermediate = 1408, .n_experts = 64, .topk = 6, .n_shared = 2,
                            .n_group = 1, .topk_group = 1, .scoring = MJ_SCORING_SOFTMAX, .routed_scaling_factor = 1.0f,
@@ -845,7 +855,7 @@ static void test_families(void) {
      * top_k > 1 (one weight stays its score); GLM's, Qwen's, Mixtral's and MiniMax's at any
      * top_k (the one weight becomes 1); a config of no family as its norm_topk_prob says. */
     static const struct { const char *file; int norm, norm2; } top1[] = { /* at top_k 1, at 2 */
-        {"DeepSeek-V3.json", 0, 1}, {"Kimi-K2-Instruct.abridged.json", 0, 1}, {"DeepSeek-V2-Lite.json", 0, 0},
+        {"DeepSeek-V3.json", 0, 1}, {"Kimi-K2-Instruct.json", 0, 1}, {"DeepSeek-V2-Lite.json", 0, 0},
         {"GLM-4.5-Air.json", 1, 1}, {"GLM-5.abridged.json", 1, 1}, {"Qwen3-30B-A3B.json", 1, 1},
         {"Mixtral-8x7B-v0.1.json", 1, 1}, {"MiniMax-M2.5.abridged.json", 1, 1},
     };

@@ -205,53 +205,75 @@ static const mj_ck_names k_names_mixtral = {"block_sparse_moe", {"w1", "w3", "w2
     "sigmoid, e_score_correction_bias for selection, groups by their top-2 sum, renormalized (any top_k), " \
     "x routed_scaling_factor"
 
+/* Each row: the defaults its configuration_*.py gives the routing keys, its router's rules, its
+ * keys and tensor names where they are not DeepSeek's, and where the rules come from. */
+#define DS_DEFAULTS .scoring = "sigmoid", .method = "noaux_tc", .norm = 1, .rsf = 2.5f, .n_group = 8, .topk_group = 4
+#define GLM_DEFAULTS .scoring = "sigmoid", .method = "noaux_tc", .norm = 1, .n_group = 1, .topk_group = 1
+#define SOFTMAX_DEFAULTS .scoring = "softmax", .method = "greedy", .rsf = 1.0f, .n_group = 1, .topk_group = 1
+#define REFUSED_DEFAULTS .rsf = 1.0f, .n_group = 1, .topk_group = 1
 static const mj_family k_families[] = {
-    {"deepseek_v3", "DeepSeek-V3, DeepSeek-R1", "sigmoid", "noaux_tc", 1, MJ_NORM_KEY_TOPK_GT1, 0, NULL, NULL, NULL,
-     NULL, MJ_DEEPSEEK_ROUTING,
-     "DeepSeek-V3's modeling_deepseek.py MoEGate (auto_map); transformers deepseek_v3 DeepseekV3TopkRouter",
-     "DeepSeek-V3.json", NULL},
-    {"kimi_k2", "Kimi-K2", "sigmoid", "noaux_tc", 1, MJ_NORM_KEY_TOPK_GT1, 0, NULL, NULL, NULL, NULL,
-     MJ_DEEPSEEK_ROUTING,
-     "Kimi-K2's modeling_deepseek.py (DeepSeek-V3's, auto_map); transformers kimi_k25 reads kimi_k2 as deepseek_v3",
-     "Kimi-K2-Instruct.abridged.json", NULL},
-    {"glm4_moe", "GLM-4.5, GLM-4.5-Air, GLM-4.6", "sigmoid", "noaux_tc", 1, MJ_NORM_KEY, 0, NULL, NULL, NULL, NULL,
-     MJ_GLM_ROUTING, "transformers glm4_moe Glm4MoeTopkRouter, Glm4MoeMoE", "GLM-4.5-Air.json", NULL},
-    {"glm_moe_dsa", "GLM-5", "sigmoid", "noaux_tc", 1, MJ_NORM_KEY, 0, NULL, NULL, NULL, NULL, MJ_GLM_ROUTING,
-     "transformers glm_moe_dsa GlmMoeDsaTopkRouter, GlmMoeDsaMoE", "GLM-5.abridged.json", NULL},
-    {"deepseek_v2", "DeepSeek-V2, DeepSeek-V2-Lite", "softmax", "greedy", 0, MJ_NORM_KEY_TOPK_GT1, 0, NULL, NULL, NULL,
-     NULL,
-     "softmax; greedy top-k, or group_limited_greedy (groups by their max); x routed_scaling_factor; "
-     "norm_topk_prob must be false",
-     "transformers deepseek_v2 DeepseekV2TopkRouter; DeepSeek-V2's modeling_deepseek.py MoEGate",
-     "DeepSeek-V2-Lite.json", NULL},
-    {"qwen3_moe", "Qwen3-30B-A3B, Qwen3-235B-A22B", "softmax", "greedy", 0, MJ_NORM_KEY, 0, "num_experts", NULL,
-     NULL, NULL, "softmax top-k, renormalized when norm_topk_prob (any top_k)",
-     "transformers qwen3_moe Qwen3MoeTopKRouter, Qwen3MoeSparseMoeBlock", "Qwen3-30B-A3B.json", NULL},
-    {"qwen2_moe", "Qwen1.5-MoE, Qwen2-MoE without a shared expert", "softmax", "greedy", 0, MJ_NORM_KEY, 0,
-     "num_experts", NULL, NULL, NULL, "softmax top-k, renormalized when norm_topk_prob (any top_k)",
-     "transformers qwen2_moe Qwen2MoeTopKRouter, Qwen2MoeSparseMoeBlock",
-     "Qwen2-57B-A14B.json (refused: its shared expert)", NULL},
-    {"mixtral", "Mixtral-8x7B, Mixtral-8x22B", "softmax", "greedy", 1, MJ_NORM_ALWAYS, 1, "num_local_experts",
-     "intermediate_size", NULL, &k_names_mixtral,
-     "softmax over all experts, top-k, always renormalized; no shared expert",
-     "transformers mixtral MixtralTopKRouter, MixtralSparseMoeBlock", "Mixtral-8x7B-v0.1.json", NULL},
-    {"minimax_m2", "MiniMax-M2, MiniMax-M2.5", "sigmoid", "noaux_tc", 1, MJ_NORM_ALWAYS, 1, "num_local_experts",
-     "intermediate_size", "use_routing_bias", &k_names_mixtral,
-     "sigmoid, block_sparse_moe.e_score_correction_bias for selection, the unbiased scores renormalized; "
-     "no shared expert",
-     "transformers minimax_m2 MiniMaxM2TopKRouter, MiniMaxM2SparseMoeBlock", "MiniMax-M2.5.abridged.json", NULL},
-    {"qwen3_next", "Qwen3-Next", NULL, NULL, 0, MJ_NORM_KEY, 0, NULL, NULL, NULL, NULL, NULL,
-     "transformers qwen3_next Qwen3NextSparseMoeBlock", "Qwen3-Next-80B-A3B-Thinking.json", MJ_SHARED_GATE_REFUSED},
-    {"llama4", "Llama-4", NULL, NULL, 0, MJ_NORM_KEY, 0, NULL, NULL, NULL, NULL, NULL,
-     "transformers llama4 Llama4Router, Llama4TextMoe", "Llama-4-Scout-17B-16E-Instruct.abridged.json",
-     MJ_LLAMA4_REFUSED},
-    {"llama4_text", "Llama-4", NULL, NULL, 0, MJ_NORM_KEY, 0, NULL, NULL, NULL, NULL, NULL,
-     "transformers llama4 Llama4Router, Llama4TextMoe", "", MJ_LLAMA4_REFUSED},
-    {"gpt_oss", "gpt-oss", NULL, NULL, 0, MJ_NORM_KEY, 0, NULL, NULL, NULL, NULL, NULL,
-     "transformers gpt_oss GptOssTopKRouter, GptOssExperts", "gpt-oss-20b.json",
-     "its experts have biases, a clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1)) and MXFP4 weights; "
-     "moejit's are bias-free SwiGLU in NVFP4"},
+    {.model_type = "deepseek_v3", .models = "DeepSeek-V3, DeepSeek-R1", DS_DEFAULTS, .norm_rule = MJ_NORM_KEY_TOPK_GT1,
+     .routing = MJ_DEEPSEEK_ROUTING,
+     .source = "DeepSeek-V3's modeling_deepseek.py MoEGate (its config.json's auto_map); transformers deepseek_v3 "
+               "DeepseekV3TopkRouter, DeepseekV3Config",
+     .verified = "DeepSeek-V3.json"},
+    {.model_type = "kimi_k2", .models = "Kimi-K2", DS_DEFAULTS, .norm_rule = MJ_NORM_KEY_TOPK_GT1,
+     .routing = MJ_DEEPSEEK_ROUTING,
+     .source = "Kimi-K2's modeling_deepseek.py (DeepSeek-V3's, its auto_map); transformers kimi_k25 reads kimi_k2 as "
+               "deepseek_v3",
+     .verified = "Kimi-K2-Instruct.json"},
+    {.model_type = "glm4_moe", .models = "GLM-4.5, GLM-4.5-Air, GLM-4.6", GLM_DEFAULTS, .rsf = 1.0f,
+     .norm_rule = MJ_NORM_KEY, .routing = MJ_GLM_ROUTING,
+     .source = "transformers glm4_moe Glm4MoeTopkRouter, Glm4MoeMoE, Glm4MoeConfig", .verified = "GLM-4.5-Air.json"},
+    {.model_type = "glm_moe_dsa", .models = "GLM-5", GLM_DEFAULTS, .rsf = 2.5f, .norm_rule = MJ_NORM_KEY,
+     .routing = MJ_GLM_ROUTING,
+     .source = "transformers glm_moe_dsa GlmMoeDsaTopkRouter, GlmMoeDsaMoE, GlmMoeDsaConfig",
+     .verified = "GLM-5.abridged.json"},
+    {.model_type = "deepseek_v2", .models = "DeepSeek-V2, DeepSeek-V2-Lite", SOFTMAX_DEFAULTS,
+     .norm_rule = MJ_NORM_KEY_TOPK_GT1,
+     .routing = "softmax; greedy top-k, or group_limited_greedy (groups by their max); x routed_scaling_factor; "
+                "norm_topk_prob must be false",
+     .source = "transformers deepseek_v2 DeepseekV2TopkRouter, DeepseekV2Config; DeepSeek-V2's modeling_deepseek.py",
+     .verified = "DeepSeek-V2-Lite.json"},
+    {.model_type = "qwen3_moe", .models = "Qwen3-30B-A3B, Qwen3-235B-A22B", SOFTMAX_DEFAULTS, .norm_rule = MJ_NORM_KEY,
+     .experts_key = "num_experts", .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k)",
+     .source = "transformers qwen3_moe Qwen3MoeTopKRouter, Qwen3MoeSparseMoeBlock, Qwen3MoeConfig",
+     .verified = "Qwen3-30B-A3B.json"},
+    {.model_type = "qwen2_moe", .models = "Qwen1.5-MoE, Qwen2-MoE without a shared expert", SOFTMAX_DEFAULTS,
+     .norm_rule = MJ_NORM_KEY, .experts_key = "num_experts",
+     .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k); a shared expert is refused",
+     .source = "transformers qwen2_moe Qwen2MoeTopKRouter, Qwen2MoeSparseMoeBlock, Qwen2MoeConfig",
+     .verified = "Qwen2-57B-A14B.json (refused: its shared expert)"},
+    {.model_type = "mixtral", .models = "Mixtral-8x7B, Mixtral-8x22B", SOFTMAX_DEFAULTS, .norm = 1,
+     .norm_rule = MJ_NORM_ALWAYS, .fixed = 1, .experts_key = "num_local_experts", .width_key = "intermediate_size",
+     .names = &k_names_mixtral, .routing = "softmax over all experts, top-k, always renormalized; no shared expert",
+     .source = "transformers mixtral MixtralTopKRouter, MixtralSparseMoeBlock, MixtralConfig",
+     .verified = "Mixtral-8x7B-v0.1.json"},
+    {.model_type = "minimax_m2", .models = "MiniMax-M2, MiniMax-M2.5", .scoring = "sigmoid", .method = "noaux_tc",
+     .norm = 1, .rsf = 1.0f, .n_group = 1, .topk_group = 1, .norm_rule = MJ_NORM_ALWAYS, .fixed = 1,
+     .experts_key = "num_local_experts", .width_key = "intermediate_size", .bias_key = "use_routing_bias",
+     .names = &k_names_mixtral,
+     .routing = "sigmoid, block_sparse_moe.e_score_correction_bias for selection, the unbiased scores renormalized; "
+                "no shared expert",
+     .source = "transformers minimax_m2 MiniMaxM2TopKRouter, MiniMaxM2SparseMoeBlock, MiniMaxM2Config",
+     .verified = "MiniMax-M2.5.abridged.json"},
+    {.model_type = "qwen3_next", .models = "Qwen3-Next", REFUSED_DEFAULTS,
+     .source = "transformers qwen3_next Qwen3NextSparseMoeBlock", .verified = "Qwen3-Next-80B-A3B-Thinking.json",
+     .refused = MJ_SHARED_GATE_REFUSED},
+    {.model_type = "llama4", .models = "Llama-4", REFUSED_DEFAULTS,
+     .source = "transformers llama4 Llama4Router, Llama4TextMoe",
+     .verified = "Llama-4-Scout-17B-16E-Instruct.abridged.json", .refused = MJ_LLAMA4_REFUSED},
+    {.model_type = "llama4_text", .models = "Llama-4", REFUSED_DEFAULTS,
+     .source = "transformers llama4 Llama4Router, Llama4TextMoe", .verified = "", .refused = MJ_LLAMA4_REFUSED},
+    {.model_type = "gpt_oss", .models = "gpt-oss", REFUSED_DEFAULTS,
+     .source = "transformers gpt_oss GptOssTopKRouter, GptOssExperts", .verified = "gpt-oss-20b.json",
+     .refused = "its experts have biases, a clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1)) and MXFP4 "
+                "weights; moejit's are bias-free SwiGLU in NVFP4"},
 };
+#undef DS_DEFAULTS
+#undef GLM_DEFAULTS
+#undef SOFTMAX_DEFAULTS
+#undef REFUSED_DEFAULTS
 
 const mj_family *mj_families(size_t *n) {
     *n = sizeof k_families / sizeof k_families[0];
@@ -316,8 +338,8 @@ static mj_status parse_sizes(const json_t *m, const mj_family *fam, const char *
         {ekey, REQUIRED, 1, 0, &c->n_experts},
         {"num_experts_per_tok", REQUIRED, 1, 0, &c->topk},
         {"n_shared_experts", OPTIONAL, 0, 0, &c->n_shared},
-        {"n_group", OPTIONAL, 1, 1, &c->n_group},
-        {"topk_group", OPTIONAL, 1, 1, &c->topk_group},
+        {"n_group", OPTIONAL, 1, fam ? fam->n_group : 1, &c->n_group},
+        {"topk_group", OPTIONAL, 1, fam ? fam->topk_group : 1, &c->topk_group},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         MJ_CHECK(get_int(m, f[i].key, f[i].key, f[i].required, f[i].min, f[i].dflt, label,
@@ -386,7 +408,7 @@ static mj_status parse_routing(const json_t *m, const mj_family *fam, const char
                     "'softmax')",
                     scoring);
     }
-    MJ_CHECK(get_pos_float(m, "routed_scaling_factor", "routed_scaling_factor", 1.0f, label,
+    MJ_CHECK(get_pos_float(m, "routed_scaling_factor", "routed_scaling_factor", fam ? fam->rsf : 1.0f, label,
                            &c->routed_scaling_factor));
     MJ_CHECK(get_bool(m, "norm_topk_prob", "norm_topk_prob", fam ? fam->norm : 0, label, &c->norm_topk_prob));
     /* topk_method decides the bias and, with n_group > 1, how a group is scored:

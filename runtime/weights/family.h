@@ -35,6 +35,8 @@ typedef struct mj_family {
     const char *scoring;       /* scoring_func when the config has none (NULL: "softmax")     */
     const char *method;        /* topk_method when the config has none (NULL: "greedy")       */
     int norm;                  /* norm_topk_prob when the config has none                     */
+    float rsf;                 /* routed_scaling_factor when the config has none              */
+    int n_group, topk_group;   /* n_group, topk_group when the config has none               */
     mj_family_norm norm_rule;
     int fixed;                 /* the router's code reads no routing key: scoring_func,
                                   topk_method, norm_topk_prob, routed_scaling_factor, n_group
