@@ -184,6 +184,10 @@ static void run_family(const family_rule *r, int topk) {
     if (!layer) return;
     CHECK(!!layer->bias == k.bias, "%s: the layer has %s selection bias, the family %s", what,
           layer->bias ? "a" : "no", k.bias ? "one" : "none");
+    if (!!layer->bias != k.bias) {
+        mj_layer_free(layer);
+        return;
+    }
     uint16_t hidden[B * H];
     test_random_hidden(hidden, (size_t)B * H, &rng);
     /* Router weights scaled so the logits are of order 1, as a trained router's are: scores
