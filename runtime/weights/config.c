@@ -5,7 +5,9 @@
  * `quantization_config` object inside config.json (newer ones). We only need the fields
  * that decide the MoE layer: sizes (hidden_size, moe_intermediate_size), the expert count
  * and top-k, the routing recipe (scoring_func, n_group/topk_group, routed_scaling_factor,
- * norm_topk_prob, topk_method) and the activation. Everything else is ignored.
+ * norm_topk_prob, topk_method) and the activation, under the names and with the defaults of
+ * the model's family (k_families below: Mixtral's num_local_experts and intermediate_size, a
+ * router that always renormalizes, ...). Everything else is ignored.
  *
  * Three rules shape the code:
  *   1. Be strict about types. A size written as "6144", 6144.5, true or -1 is a broken
