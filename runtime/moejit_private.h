@@ -87,6 +87,11 @@
  * waiting for it in the all-reduce at once. */
 #include "comm/comm.h"
 
+/* ---- model families (weights/family.h) ----------------------------------------------------
+ * mj_families, mj_family_names and the mj_family rows: `moejit models` lists the table the
+ * config reader and the checkpoint loader follow. */
+#include "weights/family.h"
+
 /* ---- layers (runtime/weights/layer.c) ----------------------------------------------------
  * The router of a layer handle, in host memory and owned by it: gate [E, H] bf16 and the
  * e_score_correction_bias [E] (NULL when the model has none). Bench copies them to the GPU to

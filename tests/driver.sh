@@ -810,6 +810,63 @@ ln -s "$GLM5" linked.json
 expect_rc 0 "$MJ" make-checkpoint --config linked.json --out ck_linked --seed 5 $SMALL --layers 3
 cmp -s ck1/model.safetensors ck_linked/model.safetensors && ok || bad "--config through a link: other tensors"
 rm -rf linked.json ck_linked
+# Mixtral and MiniMax-M2: block_sparse_moe names (w1 gate, w3 up, w2 down), the overrides on
+# the family's keys (num_local_experts, intermediate_size), and the layer run on the
+# interpreter, whole and over 2 EP ranks, against the CPU reference (--check).
+FAM="$SRC/tests/data/config/families"
+python3 - "$FAM/MiniMax-M2.5.abridged.json" minimax.json <<'PY' && ok || bad "could not write minimax.json"
+import json, sys
+c = json.load(open(sys.argv[1]))
+del c["quantization_config"]          # FP8 as published; the NVFP4 export's hf_quant_config.json replaces it
+json.dump(c, open(sys.argv[2], "w"))
+PY
+mknpy xf.npy '<f4' '(4, 128)' f $(awk 'BEGIN { srand(5); for (i = 0; i < 512; i++) printf "%.6f ", rand() * 2 - 1 }')
+for fam in mixtral minimax; do
+    cfg="$FAM/Mixtral-8x7B-v0.1.json"; [ $fam = minimax ] && cfg=minimax.json
+    expect_rc 0 "$MJ" make-checkpoint --config "$cfg" --out ck_$fam --seed 3 $SMALL --layers 0-1
+    contains out "planned: MoE layers 0..1 (2 layers), hidden 128, intermediate 128, 8 experts, top-2, 0 shared"
+    python3 - ck_$fam $fam <<'PY' && ok || bad "ck_$fam does not have the family's names and keys"
+import json, os, struct, sys
+d, fam = sys.argv[1], sys.argv[2]
+c = json.load(open(os.path.join(d, "config.json")))
+assert (c["hidden_size"], c["intermediate_size"], c["num_local_experts"], c["num_experts_per_tok"]) == (128, 128, 8, 2)
+assert "moe_intermediate_size" not in c and "n_routed_experts" not in c
+b = open(os.path.join(d, "model.safetensors"), "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+names = [k for k in h if k != "__metadata__"]
+assert all(k.split(".")[2] in ("0", "1") and k.split(".")[3] == "block_sparse_moe" for k in names)
+p = "model.layers.1.block_sparse_moe."
+for e in (0, 7):
+    for w in ("w1", "w2", "w3"):
+        for f in ("weight", "weight_scale", "weight_scale_2", "input_scale"):
+            assert "%sexperts.%d.%s.%s" % (p, e, w, f) in h
+assert h[p + "experts.0.w1.weight"]["shape"] == [128, 64] and h[p + "experts.0.w2.weight"]["shape"] == [128, 64]
+assert (p + "e_score_correction_bias" in h) == (fam == "minimax") and p + "gate.weight" in h
+assert len(names) == 2 * (1 + (fam == "minimax") + 8 * 12)
+q = json.load(open(os.path.join(d, "hf_quant_config.json")))
+assert "model.layers.*.block_sparse_moe.gate" in q["quantization"]["exclude_modules"]
+PY
+    expect_rc 0 "$MJ" run --checkpoint ck_$fam --layer 1 --input xf.npy --output yf.npy --backend sim --check $DC
+    contains out "check: relative L2"
+    expect_rc 0 "$MJ" run --checkpoint ck_$fam --layer 1 --input xf.npy --output yf.npy --backend sim --ep 2 --check $DC
+    contains err "interpreter on 2 ranks (EP)"
+done
+# A tensor of the block that the config makes the loader skip is refused naming it: a selection
+# bias on Mixtral, whose router has none.
+python3 - ck_mixtral/model.safetensors <<'PY' && ok || bad "could not add a bias to ck_mixtral"
+import json, struct, sys
+p = sys.argv[1]
+b = open(p, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h, data = json.loads(b[8:8 + n]), b[8 + n:]
+h["model.layers.1.block_sparse_moe.e_score_correction_bias"] = {"dtype": "F32", "shape": [8],
+    "data_offsets": [len(data), len(data) + 32]}
+t = json.dumps(h).encode()
+t += b" " * (-len(t) % 8)
+open(p, "wb").write(struct.pack("<Q", len(t)) + t + data + struct.pack("<8f", *[0.5] * 8))
+PY
+expect_fail "$MJ" run --checkpoint ck_mixtral --layer 1 --input xf.npy --output yf.npy --backend sim $DC
+contains err "model.layers.1.block_sparse_moe.e_score_correction_bias"; contains err "a selection bias"
 expect_rc 2 "$MJ" make-checkpoint --out x --seed 5;                       contains err "--config is required"
 expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --seed 5;              contains err "--out is required"
 expect_rc 2 "$MJ" make-checkpoint --config "$GLM5" --out x;               contains err "--seed is required"
@@ -947,6 +1004,32 @@ json_check 'j["plan"]["k0_policy"] == "1-3:4,4-:4"'
 expect_rc 2 "$MJ" bench --config "$GLM5" $Q --topk 4 --k0-policy 1-3:8 --no-compile --no-sim --no-gpu -q
 contains err "k0 8 must be in 1..4"
 
+# ---- models ------------------------------------------------------------------------------
+expect_rc 0 "$MJ" models --help;  contains out "usage: moejit models"; contains out "--json"
+expect_rc 0 "$MJ" --help;         contains out "models"
+expect_rc 0 "$MJ" models
+contains out "mixtral (Mixtral-8x7B, Mixtral-8x22B): supported"
+contains out "model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}"
+contains out "gpt_oss (gpt-oss): refused"; contains out "clamped SwiGLU"
+contains out "renormalize: norm_topk_prob, when top_k > 1"
+expect_rc 0 "$MJ" models --json
+json_check 'len(j["families"]) == 13 and len({f["model_type"] for f in j["families"]}) == 13'
+json_check '{f["model_type"] for f in j["families"] if not f["supported"]} == {"qwen3_next", "llama4", "llama4_text", "gpt_oss"}'
+json_check 'all("shared_expert_gate" in f["refused"] for f in j["families"] if f["model_type"] == "qwen3_next")'
+json_check '[(f["defaults"]["n_group"], f["defaults"]["topk_group"], f["defaults"]["routed_scaling_factor"], f["renormalize"]) for f in j["families"] if f["model_type"] == "deepseek_v3"] == [(8, 4, 2.5, "norm_topk_prob, when top_k > 1")]'
+json_check '[(f["experts_key"], f["width_key"], f["renormalize"], f["tensors"]["bias"], f["routing_keys_read"]) for f in j["families"] if f["model_type"] == "mixtral"] == [("num_local_experts", "intermediate_size", "always", None, False)]'
+json_check '[f["tensors"]["bias"] for f in j["families"] if f["model_type"] == "minimax_m2"] == ["model.layers.L.block_sparse_moe.e_score_correction_bias (unless use_routing_bias is false)"]'
+json_check 'all(f["source"] and (not f["supported"] or f["defaults"]["scoring_func"] in ("sigmoid", "softmax")) for f in j["families"])'
+python3 - "$SRC/tests/data/config/families" <<'PY' && ok || bad "models --json names a config the tests do not have"
+import json, os, sys
+j = json.load(open("out"))
+for f in j["families"]:
+    v = f["verified"].split(" ")[0]
+    assert not v or os.path.isfile(os.path.join(sys.argv[1], v)), v
+PY
+expect_rc 2 "$MJ" models extra;   contains err "takes no operands"
+expect_rc 2 "$MJ" models --frob
+
 # ---- standard output that cannot be written -------------------------------------------
 # A command whose output is lost did not do its job: exit 1, one line on stderr.
 full() { # full CMD...: run with stdout on /dev/full
@@ -964,6 +1047,8 @@ full "$MJ" nvfp4 --help
 full "$MJ" demo --hidden 128 --intermediate 512 --experts 16 --topk 4 --batch 2 $DC
 full "$MJ" prewarm --cache-dir "$T/cache2" -q rec.jsonl
 full "$MJ" inspect templates
+full "$MJ" models
+full "$MJ" models --json
 full "$MJ" inspect --cache-dir "$T/cache2" list
 full "$MJ" inspect --cache-dir "$T/cache2" --stats
 full "$MJ" make-checkpoint --config "$GLM5" --out fullck --seed 1 $SMALL

@@ -289,7 +289,8 @@ static const char *tname(int32_t L, int32_t e, const char *proj, const char *fie
     static char buf[16][MJ_CK_NAME_MAX];
     static int k;
     char *b = buf[k++ % 16];
-    return mj_ck_tensor_name(b, MJ_CK_NAME_MAX, L, e, proj, field);
+    int pi = !proj || !strcmp(proj, "gate_proj") ? 0 : !strcmp(proj, "up_proj") ? 1 : 2;
+    return mj_ck_tensor_name(b, MJ_CK_NAME_MAX, NULL, L, e, pi, field);
 }
 
 /* Open (and load layer 3 whole): the first failure's status, and its message in msg. */
@@ -311,12 +312,17 @@ static mj_status open_and_load(const char *dir, int32_t layer, char *msg, size_t
 }
 
 /* A malformed case: want status `want` with each of the texts in the message. */
-static void expect_refused(const char *what, const char *dir, mj_status want, const char *t1, const char *t2) {
+static void expect_refused_at(const char *what, const char *dir, int32_t layer, mj_status want, const char *t1,
+                              const char *t2) {
     char msg[4096];
-    mj_status st = open_and_load(dir, 3, msg, sizeof msg);
+    mj_status st = open_and_load(dir, layer, msg, sizeof msg);
     CHECK(st == want, "%s: got %s (want %s): %s", what, mj_status_string(st), mj_status_string(want), msg);
     CHECK(!t1 || strstr(msg, t1), "%s: the message lacks '%s': %s", what, t1, msg);
     CHECK(!t2 || strstr(msg, t2), "%s: the message lacks '%s': %s", what, t2, msg);
+}
+
+static void expect_refused(const char *what, const char *dir, mj_status want, const char *t1, const char *t2) {
+    expect_refused_at(what, dir, 3, want, t1, t2);
 }
 
 /* ---- round trips ------------------------------------------------------------------------------ */
@@ -543,9 +549,9 @@ static void test_parallel_load(const char *dir) {
 static void test_malformed_single(const char *good) {
     stf f;
     char gw[MJ_CK_NAME_MAX], gu[MJ_CK_NAME_MAX], sg[MJ_CK_NAME_MAX];
-    mj_ck_tensor_name(gw, sizeof gw, 3, 0, "gate_proj", "weight");
-    mj_ck_tensor_name(gu, sizeof gu, 3, 0, "up_proj", "weight");
-    mj_ck_tensor_name(sg, sizeof sg, 3, MJ_CK_SHARED, "gate_proj", "weight");
+    mj_ck_tensor_name(gw, sizeof gw, NULL, 3, 0, 0, "weight");
+    mj_ck_tensor_name(gu, sizeof gu, NULL, 3, 0, 1, "weight");
+    mj_ck_tensor_name(sg, sizeof sg, NULL, 3, MJ_CK_SHARED, 0, "weight");
 
     /* A tensor missing. */
     char *d = copy_ck(good, "missing_tensor"), *p = test_path(d, MJ_CK_SINGLE);
@@ -754,8 +760,8 @@ static void test_gate_up_swapped(const char *good) {
     for (int e = 0; e < E; e++)
         for (int s = 0; s < 2; s++) {
             char g[MJ_CK_NAME_MAX], u[MJ_CK_NAME_MAX];
-            mj_ck_tensor_name(g, sizeof g, 3, e, "gate_proj", s ? "weight_scale" : "weight");
-            mj_ck_tensor_name(u, sizeof u, 3, e, "up_proj", s ? "weight_scale" : "weight");
+            mj_ck_tensor_name(g, sizeof g, NULL, 3, e, 0, s ? "weight_scale" : "weight");
+            mj_ck_tensor_name(u, sizeof u, NULL, 3, e, 1, s ? "weight_scale" : "weight");
             uint64_t gb = st_off(&f, g, 0), ge = st_off(&f, g, 1), ub = st_off(&f, u, 0), ue = st_off(&f, u, 1);
             st_set_off(&f, g, ub, ue);
             st_set_off(&f, u, gb, ge);
@@ -834,9 +840,9 @@ static void test_sibling_scales(const char *good) {
     stf f;
     st_load(p, &f);
     char us2[MJ_CK_NAME_MAX], us2b[MJ_CK_NAME_MAX], uin[MJ_CK_NAME_MAX];
-    mj_ck_tensor_name(us2, sizeof us2, 3, 1, "up_proj", "weight_scale_2");
-    mj_ck_tensor_name(us2b, sizeof us2b, 3, 5, "up_proj", "weight_scale_2");
-    mj_ck_tensor_name(uin, sizeof uin, 3, 2, "up_proj", "input_scale");
+    mj_ck_tensor_name(us2, sizeof us2, NULL, 3, 1, 1, "weight_scale_2");
+    mj_ck_tensor_name(us2b, sizeof us2b, NULL, 3, 5, 1, "weight_scale_2");
+    mj_ck_tensor_name(uin, sizeof uin, NULL, 3, 2, 1, "input_scale");
     *st_f32(&f, us2) *= 1.5f;  /* expert 1: up's scale the larger      */
     *st_f32(&f, us2b) *= 0.5f; /* expert 5: gate's scale the larger    */
     *st_f32(&f, uin) *= 2.0f;  /* expert 2: up's input_scale the larger */
@@ -910,7 +916,7 @@ static void edit_index(const char *dir, const char *tensor, const char *shard) {
 static void test_malformed_sharded(void) {
     const char *good = sharded();
     char gw[MJ_CK_NAME_MAX];
-    mj_ck_tensor_name(gw, sizeof gw, 3, 0, "gate_proj", "weight");
+    mj_ck_tensor_name(gw, sizeof gw, NULL, 3, 0, 0, "weight");
     char *d, *p, *q;
 
     /* A tensor the index lacks; a tensor the index puts in a shard that lacks it. */
@@ -1121,6 +1127,141 @@ static void case_layouts(void) {
     free(dir);
 }
 
+/* ---- families with other tensor names ---------------------------------------------------- */
+
+/* A published family config under the run's directory, its FP8 quantization_config taken out
+ * (the NVFP4 export's hf_quant_config.json replaces it). */
+static char *family_config(const char *file) {
+    char src[512];
+    json_error_t err;
+    snprintf(src, sizeof src, "%s/tests/data/config/families/%s", MJ_SOURCE_DIR, file);
+    json_t *root = json_load_file(src, 0, &err);
+    if (!root) abort();
+    json_object_del(root, "quantization_config");
+    char *p = test_path(g_root, file);
+    if (json_dump_file(root, p, JSON_INDENT(2))) abort();
+    json_decref(root);
+    return p;
+}
+
+static int has_tensor(const char *dir, const char *name) {
+    char *path = test_path(dir, MJ_CK_SINGLE);
+    stf f;
+    st_load(path, &f);
+    int has = json_object_get(f.hdr, name) != NULL;
+    json_decref(f.hdr), free(f.data), free(path);
+    return has;
+}
+
+/* Mixtral and MiniMax-M2 keep a layer in block_sparse_moe: experts.E.w1 (gate), w3 (up), w2
+ * (down), each with ModelOpt's weight_scale / weight_scale_2 / input_scale, the router
+ * gate.weight, and MiniMax's selection bias on the block itself. make-checkpoint writes those
+ * names and the loader reads them back: whole, and every TP / EP slice as mj_layer_shard's. */
+static void case_families(void) {
+    static const struct { const char *file; int bias; } fam[] = {
+        {"Mixtral-8x7B-v0.1.json", 0}, {"MiniMax-M2.5.abridged.json", 1},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+        char *cfg = family_config(fam[i].file), *dir = test_path(g_root, fam[i].bias ? "minimax" : "mixtral");
+        CHECK_OK(make_ck(cfg, dir, -1, -1, 0));
+        static const char *const names[] = {
+            "model.layers.0.block_sparse_moe.gate.weight",
+            "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+            "model.layers.0.block_sparse_moe.experts.7.w3.weight_scale",
+            "model.layers.0.block_sparse_moe.experts.3.w2.weight_scale_2",
+            "model.layers.0.block_sparse_moe.experts.5.w1.input_scale",
+        };
+        for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+            CHECK(has_tensor(dir, names[k]), "%s: no tensor %s", fam[i].file, names[k]);
+        CHECK(has_tensor(dir, "model.layers.0.block_sparse_moe.e_score_correction_bias") == fam[i].bias,
+              "%s: the block's selection bias", fam[i].file);
+        CHECK(!has_tensor(dir, "model.layers.0.mlp.gate.weight") &&
+                  !has_tensor(dir, "model.layers.0.block_sparse_moe.shared_experts.w1.weight"),
+              "%s: no DeepSeek names, no shared expert", fam[i].file);
+        mj_checkpoint_t ck = NULL;
+        CHECK_OK(mj_checkpoint_open(dir, &ck));
+        if (!ck) continue;
+        mj_moe_config c;
+        CHECK_OK(mj_checkpoint_config(ck, &c));
+        CHECK(c.n_experts == E && c.intermediate == I && c.n_shared == 0 && c.norm_topk_prob == 1 &&
+                  c.has_correction_bias == fam[i].bias,
+              "%s: config read back: E %d I %d shared %d norm %d bias %d", fam[i].file, c.n_experts, c.intermediate,
+              c.n_shared, c.norm_topk_prob, c.has_correction_bias);
+        int32_t layers[2] = {-1, -1}, n = 0;
+        CHECK_OK(mj_checkpoint_moe_layers(ck, layers, 2, &n));
+        CHECK(n == 1 && layers[0] == 0, "%s: MoE layers: %d, first %d", fam[i].file, n, layers[0]);
+        check_layer_and_slices(ck, 0);
+        mj_checkpoint_close(ck);
+        /* A missing tensor is named with the family's name for it. */
+        char *cut = copy_ck(dir, fam[i].bias ? "minimax_cut" : "mixtral_cut");
+        char *path = test_path(cut, MJ_CK_SINGLE);
+        stf f;
+        st_load(path, &f);
+        json_object_del(f.hdr, "model.layers.0.block_sparse_moe.experts.2.w3.weight_scale");
+        st_save(path, &f);
+        expect_refused_at("missing w3 scale", cut, 0, MJ_ERR_PARSE, "block_sparse_moe.experts.2.w3.weight_scale",
+                       fam[i].bias ? "MiniMax-M2" : "Mixtral");
+        free(cfg), free(dir), free(cut), free(path);
+    }
+}
+
+/* Add tensor `name` (dtype, 1-D of n elements, the given bytes) to a safetensors file. */
+static void st_add(const char *path, const char *name, const char *dtype, int64_t n, const void *bytes, size_t len) {
+    stf f;
+    st_load(path, &f);
+    f.data = realloc(f.data, f.data_len + len + 1);
+    memcpy(f.data + f.data_len, bytes, len);
+    json_t *e = json_object(), *shape = json_array(), *off = json_array();
+    json_array_append_new(shape, json_integer(n));
+    json_array_append_new(off, json_integer((json_int_t)f.data_len));
+    json_array_append_new(off, json_integer((json_int_t)(f.data_len + len)));
+    json_object_set_new(e, "dtype", json_string(dtype));
+    json_object_set_new(e, "shape", shape);
+    json_object_set_new(e, "data_offsets", off);
+    json_object_set_new(f.hdr, name, e);
+    f.data_len += len;
+    st_save(path, &f);
+}
+
+/* MoE tensors the config makes the loader skip are refused, naming the tensor: a selection
+ * bias the routing does not use, a shared expert the config does not declare, Qwen-MoE's
+ * shared-expert gate, a router bias, an expert past n_routed_experts. A selection bias of zeros
+ * selects as none does: loaded, with a warning. Before, each was loaded without it. */
+static void case_unread(void) {
+    char *cfg = family_config("Mixtral-8x7B-v0.1.json"), *good = test_path(g_root, "unread_good");
+    CHECK_OK(make_ck(cfg, good, -1, -1, 0));
+    float ones[E], zeros[E];
+    for (int e = 0; e < E; e++) ones[e] = 0.25f * (float)(e + 1), zeros[e] = e % 2 ? -0.0f : 0.0f;
+    static const struct { const char *name, *needle; } cases[] = {
+        {"model.layers.0.block_sparse_moe.e_score_correction_bias", "a selection bias"},
+        {"model.layers.0.block_sparse_moe.shared_experts.w1.weight", "a shared expert, which the config does not declare"},
+        {"model.layers.0.block_sparse_moe.gate.bias", "not a tensor moejit reads"},
+        {"model.layers.0.block_sparse_moe.experts.8.w1.weight", "past n_routed_experts"},
+        {"model.layers.0.block_sparse_moe.experts.1.w1.pre_quant_scale", "not one of the expert tensors"},
+        {"model.layers.0.block_sparse_moe.shared_expert_gate.weight", "sigmoid gate"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "unread%zu", i);
+        char *d = copy_ck(good, nm), *path = test_path(d, MJ_CK_SINGLE);
+        st_add(path, cases[i].name, "F32", E, ones, sizeof ones);
+        expect_refused_at(cases[i].name, d, 0, MJ_ERR_UNSUPPORTED, cases[i].name, cases[i].needle);
+        free(d), free(path);
+    }
+    /* All zeros (either sign): skipped, as it changes no selection. */
+    char *d = copy_ck(good, "unread_zero"), *path = test_path(d, MJ_CK_SINGLE);
+    st_add(path, "model.layers.0.block_sparse_moe.e_score_correction_bias", "F32", E, zeros, sizeof zeros);
+    mj_checkpoint_t ck = NULL;
+    CHECK_OK(mj_checkpoint_open(d, &ck));
+    if (ck) check_layer_and_slices(ck, 0);
+    mj_checkpoint_close(ck);
+    /* The DeepSeek names: Qwen-MoE's shared expert beside GLM's. */
+    char *g = copy_ck(single(), "unread_glm"), *gp = test_path(g, MJ_CK_SINGLE);
+    st_add(gp, "model.layers.3.mlp.shared_expert_gate.weight", "F32", E, ones, sizeof ones);
+    expect_refused("shared_expert_gate", g, MJ_ERR_UNSUPPORTED, "mlp.shared_expert_gate.weight", "sigmoid gate");
+    free(cfg), free(good), free(d), free(path), free(g), free(gp);
+}
+
 static void test_writer(void) {
     /* The plan says what is written, to the byte. */
     char *dir = test_path(g_root, "planned");
@@ -1239,6 +1380,8 @@ static const test_case cases[] = {
     TEST_CASE("malformed_sharded", test_malformed_sharded),
     TEST_CASE("writer", test_writer),
     TEST_CASE("layouts", case_layouts),
+    TEST_CASE("families", case_families),
+    TEST_CASE("unread", case_unread),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -748,6 +748,37 @@ static void test_null_args(void) {
 /* Families read as their modeling code defines them (the table in runtime/weights/config.c),
  * on their published config.json (tests/data/config/families/). */
 #define FAMILIES FIXTURES "families/"
+
+/* A family file as text, its FP8 quantization_config taken out (an NVFP4 re-export replaces
+ * it) and the given keys set (a JSON value stolen; NULL removes): (key, val), ..., NULL. */
+static char *family_text(const char *file, ...) {
+    char path[512];
+    json_error_t err;
+    snprintf(path, sizeof path, "%s%s", FAMILIES, file);
+    json_t *root = json_load_file(path, 0, &err);
+    CHECK(root != NULL, "%s: %s", path, err.text);
+    if (!root) return strdup("{}");
+    json_object_del(root, "quantization_config");
+    va_list ap;
+    va_start(ap, file);
+    for (const char *key; (key = va_arg(ap, const char *));) {
+        json_t *val = va_arg(ap, json_t *);
+        if (val) json_object_set_new(root, key, val);
+        else json_object_del(root, key);
+    }
+    va_end(ap);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return text;
+}
+
+static void family_ok(const char *what, char *text, mj_moe_config *c) {
+    fill_ab(c);
+    mj_status st = mj_moe_config_parse(text, NULL, NAME, c);
+    CHECK(st == MJ_OK, "%s: %s: %s", what, mj_status_string(st), mj_last_error());
+    free(text);
+}
+
 static void test_families(void) {
     mj_moe_config c, want;
     /* GLM-4.5-Air (glm4_moe) names neither scoring_func nor topk_method: HF's Glm4MoeTopkRouter
@@ -760,6 +791,58 @@ static void test_families(void) {
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FAMILIES "GLM-4.5-Air.json", NULL, &c));
     check_same("GLM-4.5-Air", &c, &want);
+    /* GLM-5 (glm_moe_dsa) as its abridged config has it, no routing key at all: the family
+     * decides (GlmMoeDsaTopkRouter). Kimi-K2 (kimi_k2): DeepSeek-V3's router with its keys. */
+    want.intermediate = 2048, want.n_experts = 256, want.hidden = 6144, want.routed_scaling_factor = 2.5f;
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "GLM-5.abridged.json", NULL, &c));
+    check_same("GLM-5", &c, &want);
+    want.hidden = 7168, want.n_experts = 384, want.routed_scaling_factor = 2.827f;
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "Kimi-K2-Instruct.json", NULL, &c));
+    check_same("Kimi-K2", &c, &want);
+    /* DeepSeek-V3: its keys, 8 groups keep 4. */
+    want.n_experts = 256, want.routed_scaling_factor = 2.5f, want.n_group = 8, want.topk_group = 4;
+    family_ok("DeepSeek-V3", family_text("DeepSeek-V3.json", NULL), &c);
+    check_same("DeepSeek-V3", &c, &want);
+    /* Routing keys left out take the family's configuration defaults: DeepseekV3Config's 8 groups
+     * keep 4 and 2.5, GlmMoeDsaConfig's 2.5, Glm4MoeConfig's 1.0 (not the generic 1 group, 1.0). */
+    family_ok("DeepSeek-V3 without groups", family_text("DeepSeek-V3.json", "n_group", NULL, "topk_group", NULL,
+                                                        "routed_scaling_factor", NULL, NULL), &c);
+    check_same("DeepSeek-V3 without groups", &c, &want);
+    family_ok("GLM-5 without rsf", family_text("GLM-5.abridged.json", "routed_scaling_factor", NULL, NULL), &c);
+    CHECK(c.routed_scaling_factor == 2.5f && c.n_group == 1, "GLM-5 without rsf: %g, %d groups",
+          (double)c.routed_scaling_factor, c.n_group);
+    family_ok("GLM-4.5-Air without rsf", family_text("GLM-4.5-Air.json", "routed_scaling_factor", NULL, NULL), &c);
+    CHECK(c.routed_scaling_factor == 1.0f, "GLM-4.5-Air without rsf: %g", (double)c.routed_scaling_factor);
+    /* DeepSeek-V2-Lite: softmax greedy top-6 of 64, two shared experts, not renormalized. */
+    want = (mj_moe_config){.hidden = 2048, .intermediate = 1408, .n_experts = 64, .topk = 6, .n_shared = 2,
+                           .n_group = 1, .topk_group = 1, .scoring = MJ_SCORING_SOFTMAX, .routed_scaling_factor = 1.0f,
+                           .norm_topk_prob = 0, .has_correction_bias = 0, .activation = MJ_ACT_SILU,
+                           .group_score = MJ_GROUP_SCORE_TOP2_SUM, .quant = MJ_QUANT_NONE};
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "DeepSeek-V2-Lite.json", NULL, &c));
+    check_same("DeepSeek-V2-Lite", &c, &want);
+    /* Mixtral: num_local_experts, intermediate_size the expert's width, softmax top-2 always
+     * renormalized (MixtralTopKRouter), no shared expert. */
+    want = (mj_moe_config){.hidden = 4096, .intermediate = 14336, .n_experts = 8, .topk = 2, .n_shared = 0,
+                           .n_group = 1, .topk_group = 1, .scoring = MJ_SCORING_SOFTMAX, .routed_scaling_factor = 1.0f,
+                           .norm_topk_prob = 1, .has_correction_bias = 0, .activation = MJ_ACT_SILU,
+                           .group_score = MJ_GROUP_SCORE_TOP2_SUM, .quant = MJ_QUANT_NONE};
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "Mixtral-8x7B-v0.1.json", NULL, &c));
+    check_same("Mixtral-8x7B", &c, &want);
+    /* MiniMax-M2: sigmoid, the selection bias, the unbiased scores renormalized. */
+    want = (mj_moe_config){.hidden = 3072, .intermediate = 1536, .n_experts = 256, .topk = 8, .n_shared = 0,
+                           .n_group = 1, .topk_group = 1, .scoring = MJ_SCORING_SIGMOID, .routed_scaling_factor = 1.0f,
+                           .norm_topk_prob = 1, .has_correction_bias = 1, .activation = MJ_ACT_SILU,
+                           .group_score = MJ_GROUP_SCORE_TOP2_SUM, .quant = MJ_QUANT_NONE};
+    family_ok("MiniMax-M2.5", family_text("MiniMax-M2.5.abridged.json", NULL), &c);
+    check_same("MiniMax-M2.5", &c, &want);
+    family_ok("MiniMax-M2.5 without its bias",
+              family_text("MiniMax-M2.5.abridged.json", "use_routing_bias", json_false(), NULL), &c);
+    CHECK(c.has_correction_bias == 0 && c.scoring == MJ_SCORING_SIGMOID, "use_routing_bias false: bias %d",
+          c.has_correction_bias);
     /* The published Qwen3-30B-A3B: softmax top-8 of 128, renormalized, no bias. */
     fill_ab(&c);
     CHECK_OK(mj_moe_config_read(FAMILIES "Qwen3-30B-A3B.json", NULL, &c));
@@ -767,14 +850,57 @@ static void test_families(void) {
               c.topk == 8 && c.intermediate == 768 && c.n_shared == 0,
           "Qwen3-30B-A3B: scoring %d bias %d norm %d E %d k %d I %d shared %d", (int)c.scoring, c.has_correction_bias,
           c.norm_topk_prob, c.n_experts, c.topk, c.intermediate, c.n_shared);
+
+    /* Top-1 renormalization, by family: DeepSeek's modeling_deepseek.py renormalizes only when
+     * top_k > 1 (one weight stays its score); GLM's, Qwen's, Mixtral's and MiniMax's at any
+     * top_k (the one weight becomes 1); a config of no family as its norm_topk_prob says. */
+    static const struct { const char *file; int norm, norm2; } top1[] = { /* at top_k 1, at 2 */
+        {"DeepSeek-V3.json", 0, 1}, {"Kimi-K2-Instruct.json", 0, 1}, {"DeepSeek-V2-Lite.json", 0, 0},
+        {"GLM-4.5-Air.json", 1, 1}, {"GLM-5.abridged.json", 1, 1}, {"Qwen3-30B-A3B.json", 1, 1},
+        {"Mixtral-8x7B-v0.1.json", 1, 1}, {"MiniMax-M2.5.abridged.json", 1, 1},
+    };
+    for (size_t i = 0; i < sizeof top1 / sizeof top1[0]; i++) {
+        family_ok(top1[i].file, family_text(top1[i].file, "num_experts_per_tok", json_integer(1), NULL), &c);
+        CHECK(c.topk == 1 && c.norm_topk_prob == top1[i].norm, "%s at top_k 1: norm_topk_prob %d, want %d",
+              top1[i].file, c.norm_topk_prob, top1[i].norm);
+        family_ok(top1[i].file, family_text(top1[i].file, "num_experts_per_tok", json_integer(2), NULL), &c);
+        CHECK(c.norm_topk_prob == top1[i].norm2, "%s at top_k 2: norm_topk_prob %d, want %d", top1[i].file,
+              c.norm_topk_prob, top1[i].norm2);
+    }
+    family_ok("no family, top-1", family_text("DeepSeek-V3.json", "model_type", json_string("custom_moe"),
+                                              "num_experts_per_tok", json_integer(1), NULL), &c);
+    CHECK(c.norm_topk_prob == 1, "a config of no family at top_k 1: norm_topk_prob %d", c.norm_topk_prob);
+
+    /* Keys a hard-coded router does not read are refused when they ask for something else. */
+    static const struct { const char *file, *key, *needle; json_t *val; } contra[] = {
+        {"Mixtral-8x7B-v0.1.json", "norm_topk_prob", "MixtralTopKRouter", NULL},
+        {"Mixtral-8x7B-v0.1.json", "scoring_func", "scores with a softmax", NULL},
+        {"Mixtral-8x7B-v0.1.json", "n_shared_experts", "has no shared expert", NULL},
+        {"MiniMax-M2.5.abridged.json", "scoring_func", "scores with a sigmoid", NULL},
+        {"MiniMax-M2.5.abridged.json", "shared_intermediate_size", "has no shared expert", NULL},
+        {"MiniMax-M2.5.abridged.json", "routed_scaling_factor", "scales the weights by nothing", NULL},
+        {"MiniMax-M2.5.abridged.json", "topk_method", "selects with a bias", NULL},
+    };
+    json_t *vals[] = {json_false(), json_string("sigmoid"), json_integer(1), json_string("softmax"),
+                      json_integer(512), json_real(2.5), json_string("greedy")};
+    for (size_t i = 0; i < sizeof contra / sizeof contra[0]; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "%s with %s", contra[i].file, contra[i].key);
+        expect_field_fail(what, family_text(contra[i].file, contra[i].key, vals[i], NULL), MJ_ERR_UNSUPPORTED,
+                          contra[i].needle);
+        CHECK(mentions(contra[i].key) && mentions("contradicts its model_type"), "%s: %s", what, mj_last_error());
+    }
+    /* DeepSeek-V2's two routers disagree on norm_topk_prob true (above top-1). */
+    expect_field_fail("deepseek_v2 norm_topk_prob true",
+                      family_text("DeepSeek-V2-Lite.json", "norm_topk_prob", json_true(), NULL), MJ_ERR_UNSUPPORTED,
+                      "DeepseekV2TopkRouter never renormalizes");
+
     /* Refused with the reason, not with a missing field: the gated shared expert (Qwen2-MoE,
-     * Qwen3-Next), expert tensors not read yet (Mixtral, MiniMax-M2), routing that scales the
-     * input (Llama-4), biases / clamped SwiGLU / MXFP4 (gpt-oss). */
+     * Qwen3-Next), routing that scales the input (Llama-4), biases / clamped SwiGLU / MXFP4
+     * (gpt-oss). */
     static const struct { const char *file, *needle; } refused[] = {
         {"Qwen2-57B-A14B.json", "shared_expert_gate"},
         {"Qwen3-Next-80B-A3B-Thinking.json", "shared_expert_gate"},
-        {"Mixtral-8x7B-v0.1.json", "'mixtral' (Mixtral) is not supported"},
-        {"MiniMax-M2.5.abridged.json", "'minimax_m2' (MiniMax-M2) is not supported"},
         {"Llama-4-Scout-17B-16E-Instruct.abridged.json", "scales each token's input"},
         {"gpt-oss-20b.json", "clamped SwiGLU"},
     };

@@ -9,14 +9,17 @@
 static const char k_usage[] =
     "usage: moejit make-checkpoint --config CONFIG.json --out DIR --seed N [options]\n"
     "\n"
-    "Write a Hugging Face checkpoint directory in the layout of a ModelOpt NVFP4 export of a\n"
-    "DeepSeek/GLM-style MoE model, holding random MoE layers: config.json (CONFIG.json's keys with\n"
-    "the overrides below applied), hf_quant_config.json, and the safetensors shards, with\n"
+    "Write a Hugging Face checkpoint directory in the layout of a ModelOpt NVFP4 export of the\n"
+    "config's MoE model, holding random MoE layers: config.json (CONFIG.json's keys with the\n"
+    "overrides below applied), hf_quant_config.json, and the safetensors shards, with\n"
     "model.safetensors.index.json when there is more than one shard. Only the MoE layers' tensors\n"
     "are written: per layer the router (mlp.gate.weight, bf16 [E, H]; with topk_method noaux_tc\n"
     "also mlp.gate.e_score_correction_bias, f32 [E]), and for each routed expert and the shared\n"
     "expert gate_proj, up_proj and down_proj as weight (u8, two FP4 codes a byte), weight_scale\n"
-    "(F8_E4M3, one per 16 elements), weight_scale_2 and input_scale (f32 scalars).\n"
+    "(F8_E4M3, one per 16 elements), weight_scale_2 and input_scale (f32 scalars). Mixtral and\n"
+    "MiniMax-M2 configs (model_type mixtral, minimax_m2) get their own names: block_sparse_moe.\n"
+    "for mlp., experts.E.w1 / w3 / w2 for gate_proj / up_proj / down_proj, MiniMax's bias as\n"
+    "block_sparse_moe.e_score_correction_bias ('moejit models' lists each family's).\n"
     "\n"
     "Layer L holds the tensors of mj_layer_create_random(config, mj_checkpoint_layer_seed(N, L)),\n"
     "so a test can rebuild them. The planned size is printed first; a checkpoint that will not fit\n"
@@ -48,9 +51,11 @@ static const tool_opt k_opts[] = {
              "DeepSeek-V3's 61) are MoE layers too"},
     {.name = "hidden", .id = OPT_HIDDEN, .has_arg = 1, .arg = "H", .help = "override hidden_size (a multiple of 64)"},
     {.name = "intermediate", .id = OPT_INTER, .has_arg = 1, .arg = "I",
-     .help = "override moe_intermediate_size (a multiple of 64)"},
+     .help = "override moe_intermediate_size (a multiple of 64; intermediate_size in\n"
+             "Mixtral and MiniMax-M2 configs)"},
     {.name = "experts", .id = OPT_EXPERTS, .has_arg = 1, .arg = "E",
-     .help = "override n_routed_experts (num_experts in Qwen-style configs)"},
+     .help = "override n_routed_experts (num_experts in Qwen-style configs,\n"
+             "num_local_experts in Mixtral and MiniMax-M2 ones)"},
     {.name = "topk", .id = OPT_TOPK, .has_arg = 1, .arg = "K", .help = "override num_experts_per_tok"},
     {.name = "shard-mb", .id = OPT_SHARD, .has_arg = 1, .arg = "M",
      .help = "tensor data per shard, in MB of 10^6 bytes, fractions allowed (default 5000,\n"

@@ -26,6 +26,8 @@ static const char k_usage[] =
     "             against the floor; with a GPU, timed routing, experts and layer (graphs too)\n"
     "  make-checkpoint\n"
     "             write a Hugging Face checkpoint (ModelOpt NVFP4 layout) of random MoE layers\n"
+    "  models     the model families moejit reads (by model_type): routing, keys, tensor\n"
+    "             names, sources; those refused and why\n"
     "\n"
     "Run 'moejit <command> --help' for a command's options.\n"
     "  -h, --help       this text\n"
@@ -77,6 +79,7 @@ static int run(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "make-checkpoint")) return cmd_make_checkpoint(argc - 1, argv + 1);
+    if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);
     fprintf(stderr, "moejit: unknown command '%s' (see 'moejit --help')\n", cmd);
     return 2;
 }

@@ -42,6 +42,7 @@ typedef struct tool_moe_job {
 } tool_moe_job;
 int tool_moe_run(tool_moe_job *j); /* 0, or 1 after printing the error                    */
 int cmd_make_checkpoint(int argc, char **argv);
+int cmd_models(int argc, char **argv);
 
 /* One line on stderr, "moejit: ...", and the exit code 1 (or 2 for usage errors). */
 int tool_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

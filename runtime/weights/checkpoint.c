@@ -107,14 +107,18 @@ int mj_ck_layout_is_moe(const mj_ck_layout *lo, int32_t layer) {
     return layer % lo->moe_layer_freq == 0 && (layer + 1) % lo->decoder_sparse_step == 0;
 }
 
-const char *mj_ck_tensor_name(char *buf, size_t n, int32_t layer, int32_t expert, const char *proj,
+const char *mj_ck_tensor_name(char *buf, size_t n, const mj_ck_names *names, int32_t layer, int32_t expert, int proj,
                               const char *field) {
-    if (expert == MJ_CK_ROUTER)
-        snprintf(buf, n, "model.layers.%d.mlp.gate.%s", (int)layer, field);
+    if (!names) names = &mj_ck_names_default;
+    if (expert == MJ_CK_ROUTER && !strcmp(field, "e_score_correction_bias"))
+        snprintf(buf, n, "model.layers.%d.%s.%s", (int)layer, names->block, names->bias);
+    else if (expert == MJ_CK_ROUTER)
+        snprintf(buf, n, "model.layers.%d.%s.gate.%s", (int)layer, names->block, field);
     else if (expert == MJ_CK_SHARED)
-        snprintf(buf, n, "model.layers.%d.mlp.shared_experts.%s.%s", (int)layer, proj, field);
+        snprintf(buf, n, "model.layers.%d.%s.shared_experts.%s.%s", (int)layer, names->block, names->proj[proj], field);
     else
-        snprintf(buf, n, "model.layers.%d.mlp.experts.%d.%s.%s", (int)layer, (int)expert, proj, field);
+        snprintf(buf, n, "model.layers.%d.%s.experts.%d.%s.%s", (int)layer, names->block, (int)expert,
+                 names->proj[proj], field);
     return buf;
 }
 
@@ -130,6 +134,8 @@ struct mj_checkpoint {
     char *dir;
     char *where;               /* where names are looked up: the index, or model.safetensors  */
     mj_moe_config cfg;
+    const mj_family *fam;      /* its model_type's family, or NULL                           */
+    const mj_ck_names *names;  /* how its MoE tensors are named                               */
     mj_st_file **shards;
     int32_t n_shards;
     ck_entry *entries;         /* sorted by name                                             */
@@ -263,8 +269,8 @@ done:
     return st;
 }
 
-/* "model.layers.<L>.mlp.experts." (or .mlp.gate.weight, .mlp.shared_experts.): L, else -1. */
-static int32_t moe_layer_of(const char *name) {
+/* The layer number L of "model.layers.<L>.REST" (REST into *rest), else -1. */
+static int32_t layer_of(const char *name, const char **rest) {
     static const char pre[] = "model.layers.";
     if (strncmp(name, pre, sizeof pre - 1)) return -1;
     const char *p = name + sizeof pre - 1;
@@ -272,8 +278,18 @@ static int32_t moe_layer_of(const char *name) {
     if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) return -1;
     for (; *p >= '0' && *p <= '9'; p++)
         if ((L = L * 10 + (*p - '0')) > INT32_MAX) return -1;
-    if (!strncmp(p, ".mlp.experts.", 13) || !strcmp(p, ".mlp.gate.weight") || !strncmp(p, ".mlp.shared_experts.", 20))
-        return (int32_t)L;
+    *rest = p;
+    return (int32_t)L;
+}
+
+/* "model.layers.<L>.BLOCK.experts." (or .BLOCK.gate.weight, .BLOCK.shared_experts.): L, else -1. */
+static int32_t moe_layer_of(const char *name, const mj_ck_names *names) {
+    const char *p;
+    int32_t L = layer_of(name, &p);
+    size_t nb = strlen(names->block);
+    if (L < 0 || p[0] != '.' || strncmp(p + 1, names->block, nb)) return -1;
+    p += 1 + nb;
+    if (!strncmp(p, ".experts.", 9) || !strcmp(p, ".gate.weight") || !strncmp(p, ".shared_experts.", 16)) return L;
     return -1;
 }
 
@@ -287,7 +303,7 @@ static mj_status find_layers(mj_checkpoint_t ck) {
     if (!ck->layers) return mj_set_error(MJ_ERR_NOMEM, "out of memory listing the layers of %s", ck->dir);
     int32_t n = 0;
     for (int64_t i = 0; i < ck->n_entries; i++) {
-        int32_t L = moe_layer_of(ck->entries[i].name);
+        int32_t L = moe_layer_of(ck->entries[i].name, ck->names);
         if (L >= 0) ck->layers[n++] = L;
     }
     qsort(ck->layers, (size_t)n, sizeof *ck->layers, cmp_i32);
@@ -318,6 +334,8 @@ mj_status mj_checkpoint_open(const char *dir, mj_checkpoint_t *out) {
                                   &quant_len),
                   st, fail);
     MJ_CHECK_GOTO(mj_moe_config_parse(cfg_text, quant_text, cfg_label, &ck->cfg), st, fail);
+    MJ_CHECK_GOTO(mj_family_of(cfg_text, cfg_label, &ck->fam), st, fail);
+    ck->names = mj_family_names(ck->fam);
     if (ck->cfg.quant != MJ_QUANT_NVFP4) {
         st = mj_set_error(MJ_ERR_UNSUPPORTED, "%s: the checkpoint is not NVFP4-quantized (no %s and no "
                           "quantization_config in config.json): moejit loads ModelOpt NVFP4 checkpoints",
@@ -392,9 +410,9 @@ typedef struct ck_ref {
 static mj_status ck_get(mj_checkpoint_t ck, const char *name, ck_ref *r) {
     const ck_entry *e = ck_lookup(ck, name);
     if (!e)
-        return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s' is missing (a ModelOpt NVFP4 export of a "
-                            "DeepSeek/GLM-style MoE has it; include/moejit.h, \"Checkpoints\", lists the names moejit reads)",
-                            ck->where, name);
+        return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s' is missing (a ModelOpt NVFP4 export of a %s MoE has it; "
+                            "include/moejit.h, \"Checkpoints\", lists the names moejit reads)",
+                            ck->where, name, ck->fam ? ck->fam->models : "DeepSeek/GLM-style");
     r->f = e->file;
     r->t = e->t;
     return MJ_OK;
@@ -522,8 +540,6 @@ static mj_status check_block_scales(const ck_ref *r, const uint8_t *sf, int64_t 
 
 /* ---- one projection ------------------------------------------------------------------------ */
 
-static const char *const k_proj[3] = {"gate_proj", "up_proj", "down_proj"};
-
 /* The four tensors of one NVFP4 linear, checked against its shape [n_out, k_in]. */
 typedef struct proj_refs {
     ck_ref w, sf, s2, in;
@@ -534,7 +550,8 @@ static mj_status proj_resolve(mj_checkpoint_t ck, int32_t layer, int32_t expert,
     char name[MJ_CK_NAME_MAX], what[96];
     const mj_st_dtype u8[1] = {MJ_ST_U8}, f32[1] = {MJ_ST_F32}, e4m3[2] = {MJ_ST_F8_E4M3, MJ_ST_U8};
     const char *who = expert == MJ_CK_SHARED ? "shared expert" : "routed expert";
-    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, layer, expert, k_proj[p], "weight"), &r->w));
+    const char *pn = ck->names->proj[p];
+    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, expert, p, "weight"), &r->w));
     mj_st_dtype dt = r->w.t->dtype;
     if (dt == MJ_ST_BF16 || dt == MJ_ST_F16 || dt == MJ_ST_F32)
         return mj_set_error(MJ_ERR_UNSUPPORTED, "%s: tensor '%s' is %s: an unquantized %s, which moejit does not "
@@ -542,14 +559,14 @@ static mj_status proj_resolve(mj_checkpoint_t ck, int32_t layer, int32_t expert,
                             "'%s' out of exclude_modules) or use a checkpoint that did",
                             r->w.f->label, name, mj_st_dtype_name(dt), who,
                             expert == MJ_CK_SHARED ? "*shared_experts*" : "*experts*");
-    snprintf(what, sizeof what, "%s %s: two E2M1 codes a byte", who, k_proj[p]);
+    snprintf(what, sizeof what, "%s %s: two E2M1 codes a byte", who, pn);
     MJ_CHECK(ck_expect(&r->w, u8, 1, 2, n_out, k_in / 2, what));
-    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, layer, expert, k_proj[p], "weight_scale"), &r->sf));
-    snprintf(what, sizeof what, "%s %s: one e4m3 scale per 16 elements", who, k_proj[p]);
+    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, expert, p, "weight_scale"), &r->sf));
+    snprintf(what, sizeof what, "%s %s: one e4m3 scale per 16 elements", who, pn);
     MJ_CHECK(ck_expect(&r->sf, e4m3, 2, 2, n_out, k_in / MJ_NVFP4_GROUP, what));
-    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, layer, expert, k_proj[p], "weight_scale_2"), &r->s2));
+    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, expert, p, "weight_scale_2"), &r->s2));
     MJ_CHECK(ck_expect(&r->s2, f32, 1, 0, 0, 0, "a per-tensor scale"));
-    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, layer, expert, k_proj[p], "input_scale"), &r->in));
+    MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, expert, p, "input_scale"), &r->in));
     MJ_CHECK(ck_expect(&r->in, f32, 1, 0, 0, 0, "a per-tensor scale"));
     return MJ_OK;
 }
@@ -661,10 +678,103 @@ static mj_status check_split(mj_checkpoint_t ck, int32_t layer, mj_parallel kind
     return MJ_OK;
 }
 
+/* ---- tensors the config makes the loader skip ----------------------------------------------- */
+
+/* "E.PROJ.FIELD" below BLOCK.experts. (or "PROJ.FIELD" below BLOCK.shared_experts., e NULL):
+ * one of the tensors the loader reads? */
+static int known_proj(const char *p, const mj_ck_names *names, int32_t n_experts, int with_expert) {
+    if (with_expert) {
+        int64_t e = 0;
+        if (*p < '0' || *p > '9') return 0;
+        for (; *p >= '0' && *p <= '9'; p++)
+            if ((e = e * 10 + (*p - '0')) >= n_experts) return 0;
+        if (*p++ != '.') return 0;
+    }
+    static const char *const fields[] = {"weight", "weight_scale", "weight_scale_2", "input_scale"};
+    for (int j = 0; j < 3; j++) {
+        size_t n = strlen(names->proj[j]);
+        if (strncmp(p, names->proj[j], n) || p[n] != '.') continue;
+        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++)
+            if (!strcmp(p + n + 1, fields[f])) return 1;
+    }
+    return 0;
+}
+
+/* A bias stored as zeros (f32 or bf16, either sign) selects as no bias does. */
+static mj_status all_zero(mj_checkpoint_t ck, const ck_ref *r, int *zero) {
+    const mj_st_tensor *t = r->t;
+    size_t w = t->dtype == MJ_ST_F32 ? 4 : t->dtype == MJ_ST_BF16 ? 2 : 0;
+    uint64_t len = t->end - t->begin;
+    *zero = 0;
+    if (!w || len > (1u << 20)) return MJ_OK;
+    uint8_t *b = malloc(len ? len : 1);
+    if (!b) return mj_set_error(MJ_ERR_NOMEM, "out of memory reading %s", t->name);
+    mj_status st = ck_copy(ck, r, 0, len, b);
+    *zero = st == MJ_OK;
+    for (uint64_t i = 0; st == MJ_OK && i < len; i++) /* little endian: the sign is the last byte's top bit */
+        if (b[i] & ((i % w == w - 1) ? 0x7F : 0xFF)) *zero = 0;
+    free(b);
+    return st;
+}
+
+/* Every tensor of MoE layer `layer`'s block (model.layers.L.BLOCK.) is one the loader reads. One
+ * it would skip is an error naming it, because the layer would run without it: a selection bias
+ * the config's routing does not use, a shared expert the config does not declare, Qwen-MoE's
+ * gated shared expert, an expert past n_routed_experts, anything else. The one exception is a
+ * selection bias of zeros, which selects as no bias does: a warning. */
+static mj_status check_unread(mj_checkpoint_t ck, int32_t layer) {
+    const mj_moe_config *cfg = &ck->cfg;
+    const mj_ck_names *nm = ck->names;
+    char prefix[MJ_CK_NAME_MAX], bias[MJ_CK_NAME_MAX];
+    int np = snprintf(prefix, sizeof prefix, "model.layers.%d.%s.", (int)layer, nm->block);
+    mj_ck_tensor_name(bias, sizeof bias, nm, layer, MJ_CK_ROUTER, 0, "e_score_correction_bias");
+    int64_t lo = 0, hi = ck->n_entries; /* the first entry >= prefix */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (strcmp(ck->entries[mid].name, prefix) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int64_t i = lo; i < ck->n_entries && !strncmp(ck->entries[i].name, prefix, (size_t)np); i++) {
+        const char *name = ck->entries[i].name, *rest = name + np, *why;
+        if (!strcmp(rest, "gate.weight") || (!strncmp(rest, "experts.", 8) && known_proj(rest + 8, nm, cfg->n_experts, 1)))
+            continue;
+        if (!strcmp(name, bias)) {
+            if (cfg->has_correction_bias) continue;
+            int zero;
+            ck_ref r = {ck->entries[i].file, ck->entries[i].t};
+            MJ_CHECK(all_zero(ck, &r, &zero));
+            if (zero) {
+                mj_warn("%s: tensor '%s' is a selection bias the config's routing does not use; it is all zeros, "
+                        "which selects as no bias does, so it is skipped", r.f->label, name);
+                continue;
+            }
+            why = "a selection bias (e_score_correction_bias), which the config's routing does not use (topk_method "
+                  "noaux_tc uses one; MiniMax-M2's use_routing_bias false turns it off)";
+        } else if (!strncmp(rest, "shared_experts.", 15) && known_proj(rest + 15, nm, 0, 0)) {
+            if (cfg->n_shared > 0) continue;
+            why = "a shared expert, which the config does not declare (n_shared_experts is 0 or absent)";
+        } else if (!strncmp(rest, "shared_expert.", 14) || !strncmp(rest, "shared_expert_gate.", 19)) {
+            why = "Qwen-MoE's shared expert with its sigmoid gate, which moejit does not run yet";
+        } else if (!strncmp(rest, "experts.", 8) && rest[8] >= '0' && rest[8] <= '9' &&
+                   !known_proj(rest + 8, nm, INT32_MAX, 1)) {
+            why = "not one of the expert tensors moejit reads";
+        } else if (!strncmp(rest, "experts.", 8) && rest[8] >= '0' && rest[8] <= '9') {
+            why = "an expert past n_routed_experts";
+        } else {
+            why = "not a tensor moejit reads of an MoE layer (a router bias, a fused or extra projection?)";
+        }
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "%s: tensor '%s' is in MoE layer %d, but the config makes moejit skip "
+                            "it: %s. The layer would run without it and give wrong outputs; fix config.json or the "
+                            "checkpoint", ck->entries[i].file->label, name, (int)layer, why);
+    }
+    return MJ_OK;
+}
+
 mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int32_t rank, int32_t n_ranks,
                         mj_layer_t *out) {
     if (!ck || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_layer_load: NULL argument");
     MJ_CHECK(check_split(ck, layer, kind, rank, n_ranks));
+    MJ_CHECK(check_unread(ck, layer));
     const mj_moe_config *cfg = &ck->cfg;
     const int32_t H = cfg->hidden, I = cfg->intermediate, E = cfg->n_experts, Is = cfg->n_shared * I;
     const int32_t tp = kind == MJ_PAR_TP ? n_ranks : 1;
@@ -685,10 +795,10 @@ mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int
 
     /* First every tensor's dtype and shape (headers only), then the bytes. */
     const mj_st_dtype bf16[1] = {MJ_ST_BF16}, f32[1] = {MJ_ST_F32};
-    MJ_CHECK_GOTO(ck_get(ck, mj_ck_tensor_name(name, sizeof name, layer, MJ_CK_ROUTER, NULL, "weight"), &gate), st, fail);
+    MJ_CHECK_GOTO(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, MJ_CK_ROUTER, 0, "weight"), &gate), st, fail);
     MJ_CHECK_GOTO(ck_expect(&gate, bf16, 1, 2, E, H, "the router: [n_routed_experts, hidden_size]"), st, fail);
     if (cfg->has_correction_bias) {
-        MJ_CHECK_GOTO(ck_get(ck, mj_ck_tensor_name(name, sizeof name, layer, MJ_CK_ROUTER, NULL, "e_score_correction_bias"),
+        MJ_CHECK_GOTO(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, MJ_CK_ROUTER, 0, "e_score_correction_bias"),
                              &bias), st, fail);
         MJ_CHECK_GOTO(ck_expect(&bias, f32, 1, 1, E, 0, "noaux_tc's selection bias: [n_routed_experts]"), st, fail);
     }

@@ -6,6 +6,7 @@
 #include "base.h"
 #include "file.h"
 #include "weights/safetensors.h"
+#include "weights/family.h"
 
 /* File names of a Hugging Face checkpoint directory. */
 #define MJ_CK_CONFIG "config.json"
@@ -43,15 +44,17 @@ typedef struct mj_ck_layout {
 mj_status mj_ck_layout_parse(const char *config_text, const char *label, mj_ck_layout *out);
 int mj_ck_layout_is_moe(const mj_ck_layout *lo, int32_t layer);
 
-/* The name of one tensor of MoE layer `layer` (the ModelOpt export's names):
- *   expert >= 0: model.layers.L.mlp.experts.E.PROJ.FIELD
- *   expert == MJ_CK_SHARED: model.layers.L.mlp.shared_experts.PROJ.FIELD
- *   expert == MJ_CK_ROUTER: model.layers.L.mlp.gate.FIELD (proj ignored)
+/* The name of one tensor of MoE layer `layer`, as the family names them (weights/family.h;
+ * NULL: DeepSeek's and GLM's, the ModelOpt export's names):
+ *   expert >= 0: model.layers.L.BLOCK.experts.E.PROJ.FIELD  (proj 0 gate, 1 up, 2 down)
+ *   expert == MJ_CK_SHARED: model.layers.L.BLOCK.shared_experts.PROJ.FIELD
+ *   expert == MJ_CK_ROUTER: model.layers.L.BLOCK.gate.weight (field "weight"), or the selection
+ *                           bias (field "e_score_correction_bias": names->bias); proj ignored
  * Returns buf. */
 #define MJ_CK_SHARED (-1)
 #define MJ_CK_ROUTER (-2)
 #define MJ_CK_NAME_MAX 192
-const char *mj_ck_tensor_name(char *buf, size_t n, int32_t layer, int32_t expert, const char *proj,
+const char *mj_ck_tensor_name(char *buf, size_t n, const mj_ck_names *names, int32_t layer, int32_t expert, int proj,
                               const char *field);
 
 /* ---- test hooks (the loader copies tensor bytes through one function) ----

@@ -42,7 +42,6 @@ mj_status mj_checkpoint_layer_seed(uint64_t seed, int32_t layer, uint64_t *out) 
 /* Where a tensor's bytes come from in a layer handle. */
 enum { F_WEIGHT, F_SCALE, F_SCALE2, F_INPUT, F_COUNT };
 static const char *const k_field[F_COUNT] = {"weight", "weight_scale", "weight_scale_2", "input_scale"};
-static const char *const k_proj[3] = {"gate_proj", "up_proj", "down_proj"};
 
 typedef struct tsrc {
     int32_t layer;
@@ -56,6 +55,7 @@ typedef struct plan {
     char *config_text, *quant_text, *index_text;
     int inline_quant;          /* the source config has a quantization_config               */
     mj_moe_config cfg;
+    const mj_ck_names *tnames; /* the family's tensor names                                 */
     int32_t *layers;
     int32_t n_layers;
     mj_st_entry *t;            /* [n_t] in file order                                        */
@@ -89,7 +89,14 @@ static mj_status build_config(plan *p) {
                              &len));
     json_error_t jerr;
     json_t *root = json_loadb(text, len, 0, &jerr);
+    const mj_family *fam = NULL;
+    mj_status st = root ? mj_family_of(text, o->config_json, &fam) : MJ_OK;
     free(text);
+    if (st != MJ_OK) {
+        json_decref(root);
+        return st;
+    }
+    p->tnames = mj_family_names(fam);
     if (!root || !json_is_object(root)) {
         json_decref(root);
         return mj_set_error(MJ_ERR_PARSE, "%s: not a JSON object (line %d: %s)", o->config_json, jerr.line, jerr.text);
@@ -98,12 +105,15 @@ static mj_status build_config(plan *p) {
     if (!json_object_get(root, "hidden_size") && json_is_object(tc)) m = tc;
     const json_t *q1 = json_object_get(root, "quantization_config"), *q2 = json_object_get(m, "quantization_config");
     p->inline_quant = (q1 && !json_is_null(q1)) || (q2 && !json_is_null(q2));
-    const char *ekey = !json_object_get(m, "n_routed_experts") && json_object_get(m, "num_experts") ? "num_experts"
-                                                                                                   : "n_routed_experts";
+    /* The overrides go to the keys the family reads (config.c: parse_sizes). */
+    const char *ekey = fam && fam->experts_key ? fam->experts_key
+                       : !json_object_get(m, "n_routed_experts") && json_object_get(m, "num_experts") ? "num_experts"
+                                                                                                       : "n_routed_experts";
+    const char *ikey = fam && fam->width_key ? fam->width_key : "moe_intermediate_size";
     const struct {
         const char *key;
         int32_t v;
-    } ov[] = {{"hidden_size", o->hidden}, {"moe_intermediate_size", o->intermediate}, {ekey, o->n_experts},
+    } ov[] = {{"hidden_size", o->hidden}, {ikey, o->intermediate}, {ekey, o->n_experts},
               {"num_experts_per_tok", o->topk}};
     int bad = 0;
     for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
@@ -126,7 +136,7 @@ static const char k_default_quant[] =
     "    \"quant_algo\": \"NVFP4\",\n"
     "    \"group_size\": 16,\n"
     "    \"kv_cache_quant_algo\": null,\n"
-    "    \"exclude_modules\": [\"lm_head\", \"model.layers.*.self_attn*\", \"model.layers.*.mlp.gate\"]\n"
+    "    \"exclude_modules\": [\"lm_head\", \"model.layers.*.self_attn*\", \"model.layers.*.%s.gate\"]\n"
     "  }\n"
     "}\n";
 
@@ -136,7 +146,8 @@ static mj_status build_quant_and_cfg(plan *p) {
     if (o->quant_json) {
         MJ_CHECK(mj_ck_read_text(AT_FDCWD, o->quant_json, o->quant_json, MJ_CK_CONFIG_MAX, MJ_FILE_FOLLOW,
                                  &p->quant_text, &len));
-    } else if (!(p->quant_text = strdup(k_default_quant))) {
+    } else if (asprintf(&p->quant_text, k_default_quant, p->tnames->block) < 0) {
+        p->quant_text = NULL;
         return mj_set_error(MJ_ERR_NOMEM, "out of memory");
     }
     char label[1100];
@@ -207,7 +218,7 @@ static mj_status build_tensors(plan *p) {
         const int32_t L = p->layers[li];
         for (int32_t r = 0; r < 1 + (c->has_correction_bias ? 1 : 0); r++, k++) {
             char *name = p->names + k * MJ_CK_NAME_MAX;
-            mj_ck_tensor_name(name, MJ_CK_NAME_MAX, L, MJ_CK_ROUTER, NULL, r ? "e_score_correction_bias" : "weight");
+            mj_ck_tensor_name(name, MJ_CK_NAME_MAX, p->tnames, L, MJ_CK_ROUTER, 0, r ? "e_score_correction_bias" : "weight");
             p->src[k] = (tsrc){L, MJ_CK_ROUTER, 0, (int8_t)r};
             p->t[k] = r ? (mj_st_entry){name, MJ_ST_F32, 1, {E}, (uint64_t)E * 4}
                         : (mj_st_entry){name, MJ_ST_BF16, 2, {E, H}, (uint64_t)(E * H) * 2};
@@ -219,7 +230,7 @@ static mj_status build_tensors(plan *p) {
                     const int64_t inter = x < E ? I : Is;
                     const int64_t n_out = proj < 2 ? inter : H, k_in = proj < 2 ? H : inter;
                     char *name = p->names + k * MJ_CK_NAME_MAX;
-                    mj_ck_tensor_name(name, MJ_CK_NAME_MAX, L, e, k_proj[proj], k_field[f]);
+                    mj_ck_tensor_name(name, MJ_CK_NAME_MAX, p->tnames, L, e, proj, k_field[f]);
                     p->src[k] = (tsrc){L, e, (int8_t)proj, (int8_t)f};
                     if (f == F_WEIGHT)
                         p->t[k] = (mj_st_entry){name, MJ_ST_U8, 2, {n_out, k_in / 2}, (uint64_t)(n_out * (k_in / 2))};

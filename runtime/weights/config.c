@@ -5,7 +5,9 @@
  * `quantization_config` object inside config.json (newer ones). We only need the fields
  * that decide the MoE layer: sizes (hidden_size, moe_intermediate_size), the expert count
  * and top-k, the routing recipe (scoring_func, n_group/topk_group, routed_scaling_factor,
- * norm_topk_prob, topk_method) and the activation. Everything else is ignored.
+ * norm_topk_prob, topk_method) and the activation, under the names and with the defaults of
+ * the model's family (k_families below: Mixtral's num_local_experts and intermediate_size, a
+ * router that always renormalizes, ...). Everything else is ignored.
  *
  * Three rules shape the code:
  *   1. Be strict about types. A size written as "6144", 6144.5, true or -1 is a broken
@@ -19,6 +21,7 @@
  */
 #include "base.h"
 #include "file.h"
+#include "weights/family.h"
 
 #include <fcntl.h>
 #include <float.h>
@@ -179,52 +182,105 @@ static const json_t *model_section(const json_t *root) {
 /* ---------------------------------------------------------------------------------------
  * Model families
  *
- * What a family's modeling code assumes for the routing keys its config.json leaves out,
- * and the families moejit cannot run, with why (transformers 5.25 and SGLang 0.5.23:
- * models/<family>/modeling_<family>.py, configuration_<family>.py). A model_type not listed
- * reads with the generic defaults (softmax, greedy, no renormalization): the keys decide.
- *   deepseek_v3, glm4_moe  sigmoid scores, e_score_correction_bias for selection, groups by
- *                          their top-2 sum, norm_topk_prob true: the router is hard-coded so
- *                          (DeepseekV3TopkRouter / Glm4MoeTopkRouter); GLM-4.5/4.6's
- *                          config.json names neither scoring_func nor topk_method.
- *   deepseek_v2, qwen3_moe softmax, plain top-k unless the keys say otherwise.
- *   qwen2_moe              the same, when it has no shared expert (see parse_family).
+ * What a family's modeling code assumes for the routing keys its config.json leaves out, how
+ * its checkpoint names the MoE tensors, and the families moejit cannot run, with why. The
+ * rules are read from transformers 5.25 (models/<family>/modeling_<family>.py and
+ * configuration_<family>.py, the classes named in `source`) and, for DeepSeek and Kimi, from
+ * the modeling_deepseek.py their config.json's auto_map names; docs/checkpoints.md cites each.
+ * A model_type not listed reads with the generic defaults (softmax, greedy, no
+ * renormalization, DeepSeek's tensor names): the keys decide.
  * ------------------------------------------------------------------------------------- */
+const mj_ck_names mj_ck_names_default = {"mlp", {"gate_proj", "up_proj", "down_proj"}, "gate.e_score_correction_bias"};
+static const mj_ck_names k_names_mixtral = {"block_sparse_moe", {"w1", "w3", "w2"}, "e_score_correction_bias"};
+
+#define MJ_SHARED_GATE_REFUSED                                                                              \
+    "its shared expert is scaled by a sigmoid gate (mlp.shared_expert_gate), which moejit does not apply " \
+    "yet; running without it would give wrong outputs"
 /* Llama-4's model_type at the top of its config, and its language model's in text_config. */
 #define MJ_LLAMA4_REFUSED                                                                                  \
     "its router scales each token's input by the expert's score before the expert (top-1, sigmoid), "      \
     "where moejit's experts weight their outputs"
+#define MJ_DEEPSEEK_ROUTING                                                                                \
+    "sigmoid, e_score_correction_bias for selection, groups by their top-2 sum, renormalized when top_k > 1, " \
+    "x routed_scaling_factor"
+#define MJ_GLM_ROUTING                                                                                     \
+    "sigmoid, e_score_correction_bias for selection, groups by their top-2 sum, renormalized (any top_k), " \
+    "x routed_scaling_factor"
 
-typedef struct mj_family {
-    const char *model_type;
-    const char *name;          /* for messages                                            */
-    const char *scoring;       /* scoring_func when the config has none                  */
-    const char *method;        /* topk_method when the config has none                   */
-    int norm;                  /* norm_topk_prob when the config has none                */
-    const char *refused;       /* NULL, or why moejit cannot run the family              */
-} mj_family;
-
+/* Each row: the defaults its configuration_*.py gives the routing keys, its router's rules, its
+ * keys and tensor names where they are not DeepSeek's, and where the rules come from. */
+#define DS_DEFAULTS .scoring = "sigmoid", .method = "noaux_tc", .norm = 1, .rsf = 2.5f, .n_group = 8, .topk_group = 4
+#define GLM_DEFAULTS .scoring = "sigmoid", .method = "noaux_tc", .norm = 1, .n_group = 1, .topk_group = 1
+#define SOFTMAX_DEFAULTS .scoring = "softmax", .method = "greedy", .rsf = 1.0f, .n_group = 1, .topk_group = 1
+#define REFUSED_DEFAULTS .rsf = 1.0f, .n_group = 1, .topk_group = 1
 static const mj_family k_families[] = {
-    {"deepseek_v3", "DeepSeek-V3/R1, Kimi-K2", "sigmoid", "noaux_tc", 1, NULL},
-    {"glm4_moe", "GLM-4.5/4.6", "sigmoid", "noaux_tc", 1, NULL},
-    {"deepseek_v2", "DeepSeek-V2", "softmax", "greedy", 0, NULL},
-    {"qwen3_moe", "Qwen3-MoE", "softmax", "greedy", 0, NULL},
-    {"qwen2_moe", "Qwen1.5/Qwen2-MoE", "softmax", "greedy", 0, NULL},
-    {"qwen3_next", "Qwen3-Next", NULL, NULL, 0,
-     "its shared expert is scaled by a sigmoid gate (mlp.shared_expert_gate), which moejit does not "
-     "apply yet; running without it would give wrong outputs"},
-    {"mixtral", "Mixtral", NULL, NULL, 0,
-     "its experts are block_sparse_moe.experts.N.w1/w2/w3 of width intermediate_size, which moejit "
-     "does not read yet"},
-    {"minimax_m2", "MiniMax-M2", NULL, NULL, 0,
-     "its experts are block_sparse_moe.experts.N.w1/w2/w3 and its routing bias sits on the block "
-     "(block_sparse_moe.e_score_correction_bias), which moejit does not read yet"},
-    {"llama4", "Llama-4", NULL, NULL, 0, MJ_LLAMA4_REFUSED},
-    {"llama4_text", "Llama-4", NULL, NULL, 0, MJ_LLAMA4_REFUSED},
-    {"gpt_oss", "gpt-oss", NULL, NULL, 0,
-     "its experts have biases, a clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1)) and "
-     "MXFP4 weights; moejit's are bias-free SwiGLU in NVFP4"},
+    {.model_type = "deepseek_v3", .models = "DeepSeek-V3, DeepSeek-R1", DS_DEFAULTS, .norm_rule = MJ_NORM_KEY_TOPK_GT1,
+     .routing = MJ_DEEPSEEK_ROUTING,
+     .source = "DeepSeek-V3's modeling_deepseek.py MoEGate (its config.json's auto_map); transformers deepseek_v3 "
+               "DeepseekV3TopkRouter, DeepseekV3Config",
+     .verified = "DeepSeek-V3.json"},
+    {.model_type = "kimi_k2", .models = "Kimi-K2", DS_DEFAULTS, .norm_rule = MJ_NORM_KEY_TOPK_GT1,
+     .routing = MJ_DEEPSEEK_ROUTING,
+     .source = "Kimi-K2's modeling_deepseek.py (DeepSeek-V3's, its auto_map); transformers kimi_k25 reads kimi_k2 as "
+               "deepseek_v3",
+     .verified = "Kimi-K2-Instruct.json"},
+    {.model_type = "glm4_moe", .models = "GLM-4.5, GLM-4.5-Air, GLM-4.6", GLM_DEFAULTS, .rsf = 1.0f,
+     .norm_rule = MJ_NORM_KEY, .routing = MJ_GLM_ROUTING,
+     .source = "transformers glm4_moe Glm4MoeTopkRouter, Glm4MoeMoE, Glm4MoeConfig", .verified = "GLM-4.5-Air.json"},
+    {.model_type = "glm_moe_dsa", .models = "GLM-5", GLM_DEFAULTS, .rsf = 2.5f, .norm_rule = MJ_NORM_KEY,
+     .routing = MJ_GLM_ROUTING,
+     .source = "transformers glm_moe_dsa GlmMoeDsaTopkRouter, GlmMoeDsaMoE, GlmMoeDsaConfig",
+     .verified = "GLM-5.abridged.json"},
+    {.model_type = "deepseek_v2", .models = "DeepSeek-V2, DeepSeek-V2-Lite", SOFTMAX_DEFAULTS,
+     .norm_rule = MJ_NORM_KEY_TOPK_GT1,
+     .routing = "softmax; greedy top-k, or group_limited_greedy (groups by their max); x routed_scaling_factor; "
+                "norm_topk_prob must be false",
+     .source = "transformers deepseek_v2 DeepseekV2TopkRouter, DeepseekV2Config; DeepSeek-V2's modeling_deepseek.py",
+     .verified = "DeepSeek-V2-Lite.json"},
+    {.model_type = "qwen3_moe", .models = "Qwen3-30B-A3B, Qwen3-235B-A22B", SOFTMAX_DEFAULTS, .norm_rule = MJ_NORM_KEY,
+     .experts_key = "num_experts", .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k)",
+     .source = "transformers qwen3_moe Qwen3MoeTopKRouter, Qwen3MoeSparseMoeBlock, Qwen3MoeConfig",
+     .verified = "Qwen3-30B-A3B.json"},
+    {.model_type = "qwen2_moe", .models = "Qwen1.5-MoE, Qwen2-MoE without a shared expert", SOFTMAX_DEFAULTS,
+     .norm_rule = MJ_NORM_KEY, .experts_key = "num_experts",
+     .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k); a shared expert is refused",
+     .source = "transformers qwen2_moe Qwen2MoeTopKRouter, Qwen2MoeSparseMoeBlock, Qwen2MoeConfig",
+     .verified = "Qwen2-57B-A14B.json (refused: its shared expert)"},
+    {.model_type = "mixtral", .models = "Mixtral-8x7B, Mixtral-8x22B", SOFTMAX_DEFAULTS, .norm = 1,
+     .norm_rule = MJ_NORM_ALWAYS, .fixed = 1, .experts_key = "num_local_experts", .width_key = "intermediate_size",
+     .names = &k_names_mixtral, .routing = "softmax over all experts, top-k, always renormalized; no shared expert",
+     .source = "transformers mixtral MixtralTopKRouter, MixtralSparseMoeBlock, MixtralConfig",
+     .verified = "Mixtral-8x7B-v0.1.json"},
+    {.model_type = "minimax_m2", .models = "MiniMax-M2, MiniMax-M2.5", .scoring = "sigmoid", .method = "noaux_tc",
+     .norm = 1, .rsf = 1.0f, .n_group = 1, .topk_group = 1, .norm_rule = MJ_NORM_ALWAYS, .fixed = 1,
+     .experts_key = "num_local_experts", .width_key = "intermediate_size", .bias_key = "use_routing_bias",
+     .names = &k_names_mixtral,
+     .routing = "sigmoid, block_sparse_moe.e_score_correction_bias for selection, the unbiased scores renormalized; "
+                "no shared expert",
+     .source = "transformers minimax_m2 MiniMaxM2TopKRouter, MiniMaxM2SparseMoeBlock, MiniMaxM2Config",
+     .verified = "MiniMax-M2.5.abridged.json"},
+    {.model_type = "qwen3_next", .models = "Qwen3-Next", REFUSED_DEFAULTS,
+     .source = "transformers qwen3_next Qwen3NextSparseMoeBlock", .verified = "Qwen3-Next-80B-A3B-Thinking.json",
+     .refused = MJ_SHARED_GATE_REFUSED},
+    {.model_type = "llama4", .models = "Llama-4", REFUSED_DEFAULTS,
+     .source = "transformers llama4 Llama4Router, Llama4TextMoe",
+     .verified = "Llama-4-Scout-17B-16E-Instruct.abridged.json", .refused = MJ_LLAMA4_REFUSED},
+    {.model_type = "llama4_text", .models = "Llama-4", REFUSED_DEFAULTS,
+     .source = "transformers llama4 Llama4Router, Llama4TextMoe", .verified = "", .refused = MJ_LLAMA4_REFUSED},
+    {.model_type = "gpt_oss", .models = "gpt-oss", REFUSED_DEFAULTS,
+     .source = "transformers gpt_oss GptOssTopKRouter, GptOssExperts", .verified = "gpt-oss-20b.json",
+     .refused = "its experts have biases, a clamped SwiGLU (gate * sigmoid(1.702 gate) * (up + 1)) and MXFP4 "
+                "weights; moejit's are bias-free SwiGLU in NVFP4"},
 };
+#undef DS_DEFAULTS
+#undef GLM_DEFAULTS
+#undef SOFTMAX_DEFAULTS
+#undef REFUSED_DEFAULTS
+
+const mj_family *mj_families(size_t *n) {
+    *n = sizeof k_families / sizeof k_families[0];
+    return k_families;
+}
 
 /* The family of a config (its model_type, or the language model's in text_config), or NULL;
  * a family moejit cannot run is refused here, before any field is read, naming the reason. */
@@ -238,7 +294,7 @@ static mj_status parse_family(const json_t *root, const json_t *m, const char *l
             const mj_family *f = &k_families[i];
             if (strcmp(mt, f->model_type) != 0) continue;
             if (f->refused)
-                return fail(MJ_ERR_UNSUPPORTED, label, "model_type '%s' (%s) is not supported: %s", mt, f->name,
+                return fail(MJ_ERR_UNSUPPORTED, label, "model_type '%s' (%s) is not supported: %s", mt, f->models,
                             f->refused);
             if (!*out) *out = f;
         }
@@ -248,17 +304,31 @@ static mj_status parse_family(const json_t *root, const json_t *m, const char *l
     const json_t *sis = json_object_get(m, "shared_expert_intermediate_size");
     if (*out && !strcmp((*out)->model_type, "qwen2_moe") && json_is_integer(sis) && json_integer_value(sis) > 0)
         return fail(MJ_ERR_UNSUPPORTED, label,
-                    "model_type 'qwen2_moe' (%s) with shared_expert_intermediate_size %lld is not supported: its "
-                    "shared expert is scaled by a sigmoid gate (mlp.shared_expert_gate), which moejit does not "
-                    "apply yet; running without it would give wrong outputs",
-                    (*out)->name, (long long)json_integer_value(sis));
+                    "model_type 'qwen2_moe' (Qwen2-MoE) with shared_expert_intermediate_size %lld is not supported: "
+                    MJ_SHARED_GATE_REFUSED,
+                    (long long)json_integer_value(sis));
     return MJ_OK;
 }
 
-static mj_status parse_sizes(const json_t *m, const char *label, mj_moe_config *c) {
-    /* DeepSeek/GLM call the expert count n_routed_experts; Qwen-MoE calls it num_experts. */
-    const char *ekey = "n_routed_experts";
-    if (!json_object_get(m, ekey) && json_object_get(m, "num_experts")) ekey = "num_experts";
+static const json_t *model_section(const json_t *root);
+static json_t *load_object(const char *text, size_t n, const char *label, mj_status *st);
+
+mj_status mj_family_of(const char *config_text, const char *label, const mj_family **out) {
+    mj_status st;
+    *out = NULL;
+    json_t *root = load_object(config_text, strlen(config_text), label, &st);
+    if (!root) return st;
+    st = parse_family(root, model_section(root), label, out);
+    json_decref(root);
+    return st;
+}
+
+static mj_status parse_sizes(const json_t *m, const mj_family *fam, const char *label, mj_moe_config *c) {
+    /* DeepSeek/GLM call the expert count n_routed_experts, Qwen-MoE num_experts, Mixtral and
+     * MiniMax num_local_experts (whose expert width is intermediate_size). */
+    const char *ekey = fam && fam->experts_key ? fam->experts_key : "n_routed_experts";
+    if (!fam && !json_object_get(m, ekey) && json_object_get(m, "num_experts")) ekey = "num_experts";
+    const char *ikey = fam && fam->width_key ? fam->width_key : "moe_intermediate_size";
     const struct {
         const char *key;
         int required;
@@ -266,16 +336,63 @@ static mj_status parse_sizes(const json_t *m, const char *label, mj_moe_config *
         int32_t *out;
     } f[] = {
         {"hidden_size", REQUIRED, 1, 0, &c->hidden},
-        {"moe_intermediate_size", REQUIRED, 1, 0, &c->intermediate},
+        {ikey, REQUIRED, 1, 0, &c->intermediate},
         {ekey, REQUIRED, 1, 0, &c->n_experts},
         {"num_experts_per_tok", REQUIRED, 1, 0, &c->topk},
         {"n_shared_experts", OPTIONAL, 0, 0, &c->n_shared},
-        {"n_group", OPTIONAL, 1, 1, &c->n_group},
-        {"topk_group", OPTIONAL, 1, 1, &c->topk_group},
+        {"n_group", OPTIONAL, 1, fam ? fam->n_group : 1, &c->n_group},
+        {"topk_group", OPTIONAL, 1, fam ? fam->topk_group : 1, &c->topk_group},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         MJ_CHECK(get_int(m, f[i].key, f[i].key, f[i].required, f[i].min, f[i].dflt, label,
                          f[i].out));
+    return MJ_OK;
+}
+
+/* What the family's router code does beyond the keys (c holds what the keys said):
+ *   - a router that reads no routing key (Mixtral's, MiniMax-M2's) refuses a config whose keys
+ *     say otherwise: following the keys would route unlike the model, ignoring them would
+ *     hide a file that contradicts its model_type;
+ *   - MiniMax-M2's use_routing_bias false: no selection bias;
+ *   - renormalization: always (Mixtral, MiniMax-M2), or, DeepSeek-style, only when top_k > 1:
+ *     at top_k 1 the one weight stays the unnormalized score. */
+static mj_status family_rules(const json_t *m, const mj_family *fam, const char *label, mj_moe_config *c) {
+    if (!fam) return MJ_OK;
+    if (fam->fixed) {
+        const int want_sigmoid = !strcmp(fam->scoring, "sigmoid"), want_bias = !strcmp(fam->method, "noaux_tc");
+        int32_t shared_is = 0;
+        MJ_CHECK(get_int(m, "shared_intermediate_size", "shared_intermediate_size", OPTIONAL, 0, 0, label,
+                         &shared_is));
+        const struct {
+            int bad;
+            const char *key, *does;
+        } k[] = {
+            {(c->scoring == MJ_SCORING_SIGMOID) != want_sigmoid, "scoring_func", want_sigmoid ? "scores with a sigmoid" : "scores with a softmax"},
+            {c->has_correction_bias != want_bias, "topk_method", want_bias ? "selects with a bias (noaux_tc)" : "selects plain top-k (greedy)"},
+            {!c->norm_topk_prob, "norm_topk_prob", "always renormalizes the chosen weights"},
+            {c->routed_scaling_factor != 1.0f, "routed_scaling_factor", "scales the weights by nothing"},
+            {c->n_group != 1, "n_group", "has no expert groups"},
+            {c->n_shared != 0, "n_shared_experts", "has no shared expert"},
+            {shared_is != 0, "shared_intermediate_size", "has no shared expert"},
+        };
+        for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+            if (k[i].bad)
+                return fail(MJ_ERR_UNSUPPORTED, label,
+                            "model_type '%s' (%s): field '%s' asks for what its router does not do: %s %s and reads "
+                            "no such key; the file contradicts its model_type",
+                            fam->model_type, fam->models, k[i].key, fam->source, k[i].does);
+    }
+    if (fam->bias_key && c->has_correction_bias) MJ_CHECK(get_bool(m, fam->bias_key, fam->bias_key, 1, label, &c->has_correction_bias));
+    if (fam->norm_rule == MJ_NORM_ALWAYS) c->norm_topk_prob = 1;
+    if (fam->norm_rule == MJ_NORM_KEY_TOPK_GT1 && c->topk == 1) c->norm_topk_prob = 0;
+    /* DeepSeek-V2's two routers disagree on norm_topk_prob: transformers' DeepseekV2TopkRouter
+     * ignores it (never renormalizes), DeepSeek's modeling_deepseek.py renormalizes. Its
+     * published configs all say false, where the two agree. */
+    if (!strcmp(fam->model_type, "deepseek_v2") && c->norm_topk_prob)
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "model_type 'deepseek_v2' with norm_topk_prob true is not supported: transformers' "
+                    "DeepseekV2TopkRouter never renormalizes while DeepSeek's modeling_deepseek.py does (top_k > 1), "
+                    "so the model's routing depends on which code runs it; DeepSeek-V2's published configs say false");
     return MJ_OK;
 }
 
@@ -293,7 +410,7 @@ static mj_status parse_routing(const json_t *m, const mj_family *fam, const char
                     "'softmax')",
                     scoring);
     }
-    MJ_CHECK(get_pos_float(m, "routed_scaling_factor", "routed_scaling_factor", 1.0f, label,
+    MJ_CHECK(get_pos_float(m, "routed_scaling_factor", "routed_scaling_factor", fam ? fam->rsf : 1.0f, label,
                            &c->routed_scaling_factor));
     MJ_CHECK(get_bool(m, "norm_topk_prob", "norm_topk_prob", fam ? fam->norm : 0, label, &c->norm_topk_prob));
     /* topk_method decides the bias and, with n_group > 1, how a group is scored:
@@ -331,6 +448,7 @@ static mj_status parse_routing(const json_t *m, const mj_family *fam, const char
                     "(plain top-k, the default when the field is absent)",
                     method);
     }
+    MJ_CHECK(family_rules(m, fam, label, c));
     MJ_CHECK(get_string(m, "hidden_act", "hidden_act", "silu", label, &act));
     if (strcmp(act, "silu") != 0)
         return fail(MJ_ERR_UNSUPPORTED, label,
@@ -486,7 +604,7 @@ static mj_status parse_texts(const char *cfg_text, size_t cfg_len, const char *c
     const json_t *model = model_section(root);
     const mj_family *fam;
     MJ_CHECK_GOTO(parse_family(root, model, cfg_label, &fam), st, done);
-    MJ_CHECK_GOTO(parse_sizes(model, cfg_label, &c), st, done);
+    MJ_CHECK_GOTO(parse_sizes(model, fam, cfg_label, &c), st, done);
     MJ_CHECK_GOTO(parse_routing(model, fam, cfg_label, &c), st, done);
     if (quant_text) {
         quant_root = load_object(quant_text, quant_len, quant_label, &st);
