@@ -642,7 +642,9 @@ MJ_API mj_status mj_experts_adopt(mj_context_t ctx, const mj_adopt_tensors *t, c
  * rewritten in the engine's layout; the scalars may change), pack them again. t must name the
  * same tensors with the same shapes and flags as at adoption (MJ_ADOPT_COPY: the pointers may
  * differ). In place, buffers that still hold what moejit packed (no reload happened) are
- * refused, since packing them twice would scramble them. On an error the handle is as it was. */
+ * refused, since packing them twice would scramble them, and the handle stays as it was; an
+ * in-place readopt that fails later (a bad scale in the reloaded tensors) leaves the tensors
+ * in the engine's layout and the handle refusing forwards until a readopt succeeds. */
 MJ_API mj_status mj_experts_readopt(mj_experts_t ex, const mj_adopt_tensors *t);
 
 /* Give an in-place adoption's tensors back in the engine's layout (codes, and block scales
