@@ -3,9 +3,12 @@
 An SGLang deployment picks each token's experts in python/sglang/srt/layers/moe/topk.py:
 select_experts(hidden_states, router_logits, top_k, *, use_grouped_topk, renormalize,
 topk_group, num_expert_group, correction_bias, routed_scaling_factor, num_token_non_padded,
-...) -> StandardTopKOutput(topk_weights f32 [T, k], topk_ids i32 [T, k], router_logits). The
-select_experts below takes the same arguments (or, as newer SGLang passes them, a
-topk_config object carrying them) and returns the same triple, computed by one mj_route
+...) -> StandardTopKOutput(topk_weights f32 [T, k], topk_ids i32 [T, k], router_logits); since
+0.5.23 select_experts(hidden_states, router_logits, topk_config, *, layer_id,
+num_token_non_padded, expert_location_dispatch_info, dynamic_expert_bias,
+router_logits_partials), the options in a TopKConfig (its num_shared_topk_slots in place of
+num_fused_shared_experts; dynamic_expert_bias, when given, in place of its correction_bias).
+The select_experts below takes either call and returns the same triple, computed by one mj_route
 kernel on the tensors' GPU and torch's current stream (capturable in a CUDA graph:
 num_token_non_padded is read when the kernel runs). One more argument, k0, turns on OEA
 (Opportunistic Expert Activation): each token keeps its first k0 experts and takes the rest
@@ -91,7 +94,8 @@ def select_experts(hidden_states, router_logits, top_k=None, *, topk_config=None
                    num_fused_shared_experts=0, custom_routing_function=None, correction_bias=None,
                    torch_native=False, routed_scaling_factor=None, num_token_non_padded=None,
                    expert_location_dispatch_info=None, apply_routed_scaling_factor_on_output=False,
-                   scoring_func=None, k0=None, backend="auto"):
+                   scoring_func=None, dynamic_expert_bias=None, router_logits_partials=None, k0=None,
+                   backend="auto"):
     """SGLang's select_experts by mj_route. Returns MoejitTopKOutput(topk_weights f32 [T, k],
     topk_ids i32 [T, k], router_logits).
 
@@ -102,8 +106,16 @@ def select_experts(hidden_states, router_logits, top_k=None, *, topk_config=None
     backend: "auto" (CUDA tensors on their GPU, host arrays on the interpreter) or "ref" (the
     CPU reference, host arrays). layer_id and torch_native are accepted and unused.
     """
+    if top_k is not None and not isinstance(top_k, (int, np.integer)) and hasattr(top_k, "top_k"):
+        # SGLang >= 0.5.23: select_experts(hidden_states, router_logits, topk_config, *, ...)
+        if topk_config is not None:
+            raise TypeError("select_experts: a TopKConfig both third and as topk_config=")
+        topk_config, top_k = top_k, None
     if topk_config is not None:
         got = {f: getattr(topk_config, f) for f in _CONFIG_FIELDS if hasattr(topk_config, f)}
+        # 0.5.23 names the fused shared experts' columns num_shared_topk_slots
+        if hasattr(topk_config, "num_shared_topk_slots"):
+            got["num_fused_shared_experts"] = topk_config.num_shared_topk_slots
         top_k = got.get("top_k", top_k)
         use_grouped_topk = got.get("use_grouped_topk", use_grouped_topk)
         topk_group = got.get("topk_group", topk_group)
@@ -124,6 +136,10 @@ def select_experts(hidden_states, router_logits, top_k=None, *, topk_config=None
     if custom_routing_function is not None:
         raise NotImplementedError("custom_routing_function: moejit runs noaux_tc, group_limited_greedy or plain "
                                   "top-k routing only")
+    if dynamic_expert_bias is not None:   # SGLang: it replaces the config's correction bias
+        correction_bias = dynamic_expert_bias
+    if router_logits_partials is not None:
+        raise NotImplementedError("router_logits_partials: pass the reduced router_logits")
     if expert_location_dispatch_info is not None:
         raise NotImplementedError("expert_location_dispatch_info: map topk_ids to physical experts after this "
                                   "call (SGLang's topk_ids_logical_to_physical)")

@@ -559,6 +559,144 @@ MJ_API mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B
 MJ_API mj_status mj_experts_free(mj_experts_t ex);
 
 /* ---------------------------------------------------------------------------------------
+ * Experts adopted from a serving engine's tensors (docs/engines.md)
+ *
+ * An engine that loaded a ModelOpt NVFP4 checkpoint holds, per rank (E_loc experts here, H
+ * hidden, I = I_loc intermediate rows of one expert here):
+ *   w13_weight        u8   [E_loc, 2 I, H/2]   FP4 codes, element 2i in the low nibble;
+ *                                              rows [gate; up] (or [up; gate])
+ *   w13_weight_scale  e4m3 [E_loc, 2 I, H/16]  block scales, linear or swizzled (below)
+ *   w2_weight         u8   [E_loc, H, I/2]
+ *   w2_weight_scale   e4m3 [E_loc, H, I/16]
+ *   w13_weight_scale_2 f32 [E_loc, 2] or [E_loc] (or one for all), w2_weight_scale_2 [E_loc]
+ *   w13_input_scale   f32 [E_global, 2] or [E_global], w2_input_scale [E_global] (or one)
+ * mj_experts_adopt makes an experts handle from them without a second copy of the weights:
+ * each expert is repacked, in place, into the layout the kernels stream (pack.c), through a
+ * host buffer of one expert. The codes always take the same bytes packed; the block scales
+ * take the same bytes when H and I are multiples of 256 (and, swizzled, H a multiple of
+ * 128); otherwise the packed scales go into a buffer of the handle's own (their packed size:
+ * about 1/8 of the codes) and the engine's scale tensors are left as they were. The device
+ * memory the handle allocates besides is the forward's workspace, the per-expert scalars and
+ * the dispatch metadata (mj_experts_adopt_info says how many bytes). After an in-place
+ * adoption the engine's weight tensors hold moejit's layout: nothing else may read them until
+ * mj_experts_release gives them back. With MJ_ADOPT_COPY the engine's tensors are read, never
+ * written, and the packed weights are the handle's own.
+ *
+ * Swizzled block scales (CUTLASS / FlashInfer 128x4): per expert, an M x K scale matrix (M
+ * rows, K = columns / 16) padded to Mp = M rounded up to 128 and Kp = K rounded up to 4; the
+ * byte of (m, k) at ((m / 128) * (Kp / 4) + k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4
+ * + k % 4; an expert's scales take Mp * Kp bytes.
+ *
+ * Every check is made before anything is written: a refused call (a bad shape, flag, pointer,
+ * a NaN or negative block scale, a scalar scale that is not positive and finite) leaves the
+ * engine's tensors untouched.
+ * ------------------------------------------------------------------------------------- */
+
+#define MJ_ADOPT_UP_FIRST         (1u << 0) /* w13 rows are [up; gate] (else [gate; up])       */
+#define MJ_ADOPT_SCALES_SWIZZLED  (1u << 1) /* block scales in the 128x4 layout above          */
+#define MJ_ADOPT_RECIPROCAL_WEIGHT_SCALE_2 (1u << 2) /* the weight_scale_2 tensors hold
+                                               1 / weight_scale_2 (CompressedTensors'
+                                               weight_global_scale)                            */
+#define MJ_ADOPT_RECIPROCAL_INPUT_SCALE (1u << 3) /* the input_scale tensors hold 1 / input_scale
+                                               (CompressedTensors' input_global_scale)           */
+#define MJ_ADOPT_COPY             (1u << 4) /* pack into buffers of the handle's own; the
+                                               engine's tensors are only read                    */
+#define MJ_ADOPT_FLAGS_ALL        ((1u << 5) - 1)
+
+/* A float32 tensor of per-tensor scales: rows x cols, row-major. rows 1 is one value for
+ * every expert; cols 2 is w13's gate and up (the larger is used: see mj_adopt_tensors). */
+typedef struct mj_adopt_scale {
+    const float *data;         /* device pointer (host pointer on the interpreter)          */
+    int32_t rows, cols;
+} mj_adopt_scale;
+
+/* One rank's expert tensors as an engine holds them. Pointers are device pointers on a GPU
+ * context, host pointers on the interpreter; each tensor contiguous. */
+typedef struct mj_adopt_tensors {
+    uint32_t struct_size;      /* sizeof(mj_adopt_tensors): set by MJ_ADOPT_TENSORS_INIT       */
+    int32_t n_experts;         /* E_loc: experts held here (ids 0..E_loc-1 in topk_ids)       */
+    int32_t hidden;            /* H: a multiple of MJ_DIM_ALIGN                               */
+    int32_t intermediate;      /* I: one expert's intermediate rows held here (I_loc)         */
+    int32_t topk;              /* columns of the engine's topk_ids (its top-k, with the fused
+                                  shared expert's column when it has one)                    */
+    uint8_t *w13_weight;       /* [E_loc, 2 I, H/2]                                          */
+    uint8_t *w13_weight_scale; /* [E_loc, 2 I, H/16]; swizzled: [E_loc, 2I^128, (H/16)^4]    */
+    uint8_t *w2_weight;        /* [E_loc, H, I/2]                                            */
+    uint8_t *w2_weight_scale;  /* [E_loc, H, I/16];   swizzled: [E_loc, H^128, (I/16)^4]     */
+    mj_adopt_scale w13_weight_scale_2; /* rows 1 or E_loc, cols 1 or 2. Gate and up that
+                                  differ: the larger is taken and the other half's block
+                                  scales are re-rounded to e4m3 against it (lossy; in place,
+                                  that half's scale bytes change)                            */
+    mj_adopt_scale w2_weight_scale_2;  /* rows 1 or E_loc, cols 1                             */
+    mj_adopt_scale w13_input_scale;    /* rows 1 or at least expert_begin + E_loc, cols 1 or 2
+                                  (the larger of gate's and up's is used)                    */
+    mj_adopt_scale w2_input_scale;     /* rows 1 or at least expert_begin + E_loc, cols 1     */
+    int32_t expert_begin;      /* the input scales' row of local expert 0 (under EP with
+                                  E_global rows: rank * E_loc)                               */
+    uint32_t flags;            /* MJ_ADOPT_*                                                  */
+} mj_adopt_tensors;
+#define MJ_ADOPT_TENSORS_INIT \
+    {sizeof(mj_adopt_tensors), 0, 0, 0, 0, NULL, NULL, NULL, NULL, {NULL, 0, 0}, {NULL, 0, 0}, \
+     {NULL, 0, 0}, {NULL, 0, 0}, 0, 0}
+
+/* Make an experts handle of ctx's backend from an engine's tensors (see above); opts as for
+ * mj_experts_create (max_batch: the most tokens of one forward). The handle's experts are
+ * local: expert x is row x of the tensors, and mj_experts_forward_topk takes ids 0..E_loc-1
+ * (-1: none). The tensors must stay alive, where they are, as long as the handle. */
+MJ_API mj_status mj_experts_adopt(mj_context_t ctx, const mj_adopt_tensors *t, const mj_experts_options *opts,
+                                  mj_experts_t *out);
+
+/* After the engine loaded new weights into the same tensors (in place: every expert's bytes
+ * rewritten in the engine's layout; the scalars may change), pack them again. t must name the
+ * same tensors with the same shapes and flags as at adoption (MJ_ADOPT_COPY: the pointers may
+ * differ). In place, buffers that still hold what moejit packed (no reload happened) are
+ * refused, since packing them twice would scramble them, and the handle stays as it was; an
+ * in-place readopt that fails later (a bad scale in the reloaded tensors) leaves the tensors
+ * in the engine's layout and the handle refusing forwards until a readopt succeeds. */
+MJ_API mj_status mj_experts_readopt(mj_experts_t ex, const mj_adopt_tensors *t);
+
+/* Give an in-place adoption's tensors back in the engine's layout (codes, and block scales
+ * linear or swizzled as adopted; re-rounded halves stay re-rounded), e.g. before the engine
+ * reloads only some experts or hands the weights to another kernel. The handle then refuses
+ * forwards until mj_experts_readopt. A copy adoption: nothing to give back (MJ_OK). */
+MJ_API mj_status mj_experts_release(mj_experts_t ex);
+
+typedef struct mj_adopt_info {
+    uint32_t struct_size;      /* sizeof(mj_adopt_info): set by MJ_ADOPT_INFO_INIT            */
+    int32_t adopted;           /* 1: made by mj_experts_adopt                                 */
+    int32_t in_place;          /* 1: the codes live in the engine's tensors                   */
+    int32_t scales_in_place;   /* 1: the block scales too                                     */
+    int32_t released;          /* 1: mj_experts_release gave the tensors back                 */
+    int64_t bytes_allocated;   /* memory where the kernels run this handle allocated: the
+                                  workspace, scalars, dispatch metadata and its own packed
+                                  weights (copy mode) or scales (when they did not fit)      */
+    int64_t bytes_weights;     /* the packed weights' bytes (codes and scales, all experts)  */
+} mj_adopt_info;
+#define MJ_ADOPT_INFO_INIT {sizeof(mj_adopt_info), 0, 0, 0, 0, 0, 0}
+MJ_API mj_status mj_experts_adopt_info(mj_experts_t ex, mj_adopt_info *info);
+
+/* The output type of mj_experts_forward_topk. */
+typedef enum mj_out_type { MJ_OUT_F32 = 0, MJ_OUT_BF16 = 1 } mj_out_type;
+
+/* The experts of an adopted handle on an engine's top-k, for B tokens:
+ *   out [B, H] = sum over j of topk_weights[b, j] * expert_{topk_ids[b, j]}(hidden[b])
+ * hidden [B, H] bf16, topk_ids [B, topk] int32 (local ids 0..E_loc-1; -1: no expert, as an
+ * engine marks padding rows and, under EP, experts of other ranks), topk_weights [B, topk]
+ * f32 (used as they are: an engine that folds the routed scaling factor into them has it
+ * applied). A row whose ids are all -1 comes out 0. num_valid as for mj_experts_forward
+ * (NULL: all B; padding rows need ids -1 to come out 0). One dispatch launch (the ids grouped
+ * by expert, in the handle's workspace) and the expert launches, on stream: no allocation,
+ * no host sync once mj_experts_prepare has compiled the kernels, so it can be captured in a
+ * CUDA graph. On the interpreter ids outside -1..E_loc-1 are refused (MJ_ERR_INVALID_ARG,
+ * nothing written); on a GPU they are not checked (undefined: the engine's ids must be
+ * right). out_type MJ_OUT_BF16 (out: uint16_t bf16 bits, rounded to nearest even) is the
+ * interpreter's; on a GPU the kernels write f32 only (MJ_ERR_UNSUPPORTED): convert there. */
+MJ_API mj_status mj_experts_forward_topk(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode,
+                                         const uint16_t *hidden, int32_t B, const int32_t *topk_ids,
+                                         const float *topk_weights, const int32_t *num_valid, void *out,
+                                         mj_out_type out_type, void *stream);
+
+/* ---------------------------------------------------------------------------------------
  * Communicators: the all-reduce that sums the ranks' partial outputs
  * ------------------------------------------------------------------------------------- */
 

@@ -37,6 +37,9 @@ struct mj_experts {
     uint8_t *actq, *act_sf;              /* [rows][I/2], [rows][I/16] (W4A4)               */
     uint8_t *xq, *xsf;                   /* [xrows][H/2], [xrows][H/16] (W4A4)             */
     mj_mode_policy policy;               /* the mode for MJ_MODE_AUTO, by batch size      */
+    unsigned owned;                      /* MJ_EXPERTS_OWN_*: which of w13, s13, w2, s2 this
+                                            handle allocated (an adopted one borrows some)  */
+    mj_adoption *adoption;               /* mj_experts_adopt's record (adopt.c), or NULL   */
 };
 
 /* ---- memory where the kernels run -------------------------------------------------------- */
@@ -53,8 +56,12 @@ static void buf_free(const mj_experts *ex, void *p) { mj_mem_free(ex->device, p)
 
 mj_status mj_experts_free(mj_experts_t ex) {
     if (!ex) return MJ_OK;
-    void *bufs[] = {ex->w13, ex->s13, ex->w2, ex->s2, ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+    void *weights[] = {ex->w13, ex->s13, ex->w2, ex->s2};
+    for (int i = 0; i < 4; i++)
+        if (ex->owned & (1u << i)) buf_free(ex, weights[i]);
+    void *bufs[] = {ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(ex, bufs[i]);
+    mj_adoption_free(ex->device, ex->adoption);
     free(ex);
     return MJ_OK;
 }
@@ -124,20 +131,38 @@ static void workspace_release(mj_experts *ex) {
 }
 
 /* The forward's workspace for up to mb tokens: the activations between the two GEMMs, and
- * (W4A4) the quantized inputs. Replaces what was there. */
-static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
-    workspace_release(ex);
+ * (W4A4) the quantized inputs: act, actq, act_sf, xq, xsf, in bytes. */
+static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[5]) {
     const int64_t rows = (int64_t)mb * ex->K + (int64_t)ex->nsub * mb, xrows = (int64_t)mb * (ex->K + 1);
     const int64_t H = ex->H, I = ex->I;
-    MJ_CHECK(buf_alloc(ex, (size_t)(rows * I * 2), (void **)&ex->act));
-    if (ex->w4a4) {
-        MJ_CHECK(buf_alloc(ex, (size_t)(rows * I / 2), (void **)&ex->actq));
-        MJ_CHECK(buf_alloc(ex, (size_t)(rows * I / 16), (void **)&ex->act_sf));
-        MJ_CHECK(buf_alloc(ex, (size_t)(xrows * H / 2), (void **)&ex->xq));
-        MJ_CHECK(buf_alloc(ex, (size_t)(xrows * H / 16), (void **)&ex->xsf));
-    }
+    bytes[0] = rows * I * 2;
+    bytes[1] = ex->w4a4 ? rows * I / 2 : 0;
+    bytes[2] = ex->w4a4 ? rows * I / 16 : 0;
+    bytes[3] = ex->w4a4 ? xrows * H / 2 : 0;
+    bytes[4] = ex->w4a4 ? xrows * H / 16 : 0;
+}
+
+/* Replaces what was there. */
+static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
+    workspace_release(ex);
+    int64_t bytes[5];
+    workspace_sizes(ex, mb, bytes);
+    void **bufs[5] = {(void **)&ex->act, (void **)&ex->actq, (void **)&ex->act_sf, (void **)&ex->xq, (void **)&ex->xsf};
+    for (int i = 0; i < 5; i++)
+        if (bytes[i]) MJ_CHECK(buf_alloc(ex, (size_t)bytes[i], bufs[i]));
     ex->mb = mb;
     return MJ_OK;
+}
+
+int64_t mj_experts_bytes_allocated(mj_experts_t ex) {
+    const int64_t X = (int64_t)ex->n_local + ex->nsub;
+    const int64_t per[4] = {ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2};
+    int64_t total = X * MJ_EXPERTS_SCAL * (int64_t)sizeof(float), ws[5];
+    for (int i = 0; i < 4; i++)
+        if (ex->owned & (1u << i)) total += X * per[i];
+    workspace_sizes(ex, ex->mb, ws);
+    for (int i = 0; i < 5; i++) total += ws[i];
+    return total;
 }
 
 mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch) {
@@ -157,34 +182,101 @@ mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch) {
 
 /* ---- packing --------------------------------------------------------------------------------- */
 
-mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_options *opts_in,
-                            mj_experts_t *out) {
-    if (!ctx || !L || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_create: NULL context, layer or output");
-    *out = NULL;
+/* The shapes the kernels take: hidden H and intermediate I (held here) multiples of 64 within
+ * the template's ranges, top-k and the shared sub-experts within theirs. `who` names the
+ * caller in the errors. */
+static mj_status check_shape(const char *who, int32_t H, int32_t I, int32_t K, int32_t nsub) {
+    if (H % 64 || H < 64 || H > MJ_KNOB_moe_experts_H_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "%s: hidden %d must be a multiple of 64 in 64..%d", who, H,
+                            MJ_KNOB_moe_experts_H_MAX);
+    if (I % 64 || I < 64 || I > MJ_KNOB_moe_experts_I_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED,
+                            "%s: the intermediate size held here (%d) must be a multiple of 64 in 64..%d: %s", who, I,
+                            MJ_KNOB_moe_experts_I_MAX,
+                            I > MJ_KNOB_moe_experts_I_MAX
+                                ? "split the layer into more TP ranks (each holds moe_intermediate_size / TP)"
+                                : "split the layer into fewer TP ranks, or use EP");
+    if (K < 1 || K > MJ_KNOB_moe_experts_K_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "%s: top-k %d; the kernels take 1..%d", who, K,
+                            MJ_KNOB_moe_experts_K_MAX);
+    if (nsub > MJ_KNOB_moe_experts_NSUB_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "%s: a shared expert of %d x %d rows; at most %d", who, nsub, I,
+                            MJ_KNOB_moe_experts_NSUB_MAX);
+    return MJ_OK;
+}
+
+mj_status mj_experts_new(mj_context_t ctx, const mj_experts_shape *sh, const mj_experts_options *opts_in,
+                         const char *who, mj_experts_t *out) {
     mj_experts_options opts = MJ_EXPERTS_OPTIONS_INIT;
     if (opts_in)
         MJ_CHECK(mj_struct_load(opts_in, sizeof opts, sizeof opts, &opts, "mj_experts_options",
                                 "MJ_EXPERTS_OPTIONS_INIT"));
+    MJ_CHECK(check_shape(who, sh->H, sh->I, sh->K, sh->nsub));
+    if (opts.max_batch < 1 || opts.max_batch > 65536)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_options.max_batch %d must be in 1..65536", opts.max_batch);
+    mj_backend backend;
+    MJ_CHECK(mj_context_backend(ctx, &backend, NULL));
+    const int device = backend == MJ_BACKEND_SIM ? MJ_DEVICE_NONE : mj_context_device(ctx, NULL);
+    if (backend == MJ_BACKEND_CUDA && device == MJ_DEVICE_NONE)
+        return mj_set_error(MJ_ERR_NO_DEVICE,
+                            "%s: the context has no device (compile-only): create it with a CUDA device, or with "
+                            "backend MJ_BACKEND_SIM to run on the CPU",
+                            who);
+    mj_experts *ex = calloc(1, sizeof *ex);
+    if (!ex) return mj_set_error(MJ_ERR_NOMEM, "out of memory");
+    ex->backend = backend;
+    ex->target = mj_context_target(ctx);
+    ex->device = device;
+    ex->H = sh->H, ex->I = sh->I, ex->K = sh->K, ex->E = sh->E;
+    ex->n_local = sh->n_local, ex->expert_begin = sh->expert_begin, ex->nsub = sh->nsub, ex->mb = opts.max_batch;
+    ex->w4a4 = has_fp4_mma(ex->target);
+    ex->bytes_w13 = mj_pack_w13_bytes(ex->H, ex->I), ex->bytes_s13 = mj_pack_s13_bytes(ex->H, ex->I);
+    ex->bytes_w2 = mj_pack_w2_bytes(ex->H, ex->I), ex->bytes_s2 = mj_pack_s2_bytes(ex->H, ex->I);
+    const char *policy = opts.mode_policy ? opts.mode_policy : mj_mode_policy_default(ex->target);
+    const int64_t X = (int64_t)ex->n_local + ex->nsub;
+    mj_status st;
+    MJ_CHECK_GOTO(mj_mode_policy_parse(policy, ex->target, &ex->policy), st, fail);
+    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)X * MJ_EXPERTS_SCAL * sizeof(float), (void **)&ex->scal), st, fail);
+    MJ_CHECK_GOTO(workspace_alloc(ex, ex->mb), st, fail);
+    *out = ex;
+    return MJ_OK;
+fail:
+    mj_experts_free(ex);
+    return st;
+}
+
+mj_status mj_experts_alloc_weights(mj_experts_t ex, unsigned which) {
+    uint8_t **bufs[] = {&ex->w13, &ex->s13, &ex->w2, &ex->s2};
+    const int64_t bytes[] = {ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2};
+    const int64_t X = (int64_t)ex->n_local + ex->nsub;
+    for (int i = 0; i < 4; i++)
+        if (which & (1u << i)) {
+            MJ_CHECK(buf_alloc(ex, (size_t)(X * bytes[i]), (void **)bufs[i]));
+            ex->owned |= 1u << i;
+        }
+    return MJ_OK;
+}
+
+void mj_experts_bind(mj_experts_t ex, uint8_t *w13, uint8_t *s13, uint8_t *w2, uint8_t *s2, mj_adoption *a) {
+    if (!(ex->owned & MJ_EXPERTS_OWN_W13)) ex->w13 = w13;
+    if (!(ex->owned & MJ_EXPERTS_OWN_S13)) ex->s13 = s13;
+    if (!(ex->owned & MJ_EXPERTS_OWN_W2)) ex->w2 = w2;
+    if (!(ex->owned & MJ_EXPERTS_OWN_S2)) ex->s2 = s2;
+    ex->adoption = a;
+}
+
+mj_adoption *mj_experts_adoption(mj_experts_t ex) { return ex->adoption; }
+int mj_experts_device(mj_experts_t ex) { return ex->device; }
+
+mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_options *opts,
+                            mj_experts_t *out) {
+    if (!ctx || !L || !out) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_create: NULL context, layer or output");
+    *out = NULL;
     const mj_moe_config *cfg = &L->cfg;
     const int32_t H = cfg->hidden, I = L->i_local;
     if (cfg->quant != MJ_QUANT_NVFP4)
         return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: the layer is not NVFP4-quantized");
-    if (H % 64 || H < 64 || H > MJ_KNOB_moe_experts_H_MAX)
-        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: hidden %d must be a multiple of 64 in 64..%d", H,
-                            MJ_KNOB_moe_experts_H_MAX);
-    if (I % 64 || I < 64 || I > MJ_KNOB_moe_experts_I_MAX)
-        return mj_set_error(MJ_ERR_UNSUPPORTED,
-                            "mj_experts_create: the intermediate size held here (%d) must be a multiple of 64 in "
-                            "64..%d: %s",
-                            I, MJ_KNOB_moe_experts_I_MAX,
-                            I > MJ_KNOB_moe_experts_I_MAX
-                                ? "split the layer into more TP ranks (each holds moe_intermediate_size / TP)"
-                                : "split the layer into fewer TP ranks, or use EP");
-    if (cfg->topk > MJ_KNOB_moe_experts_K_MAX)
-        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: top-k %d; the kernels take up to %d", cfg->topk,
-                            MJ_KNOB_moe_experts_K_MAX);
-    if (opts.max_batch < 1 || opts.max_batch > 65536)
-        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_options.max_batch %d must be in 1..65536", opts.max_batch);
+    MJ_CHECK(check_shape("mj_experts_create", H, I, cfg->topk, 0));
     int32_t nsub = 0;
     if (L->has_shared && L->is_local > 0) {
         if (L->is_local % I)
@@ -193,40 +285,15 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
                                 "routed experts' %d, which the kernels need to run it as sub-experts",
                                 L->is_local, I);
         nsub = L->is_local / I;
-        if (nsub > MJ_KNOB_moe_experts_NSUB_MAX)
-            return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_experts_create: a shared expert of %d x %d rows; at most %d",
-                                nsub, I, MJ_KNOB_moe_experts_NSUB_MAX);
     }
-    mj_experts *ex = calloc(1, sizeof *ex);
-    if (!ex) return mj_set_error(MJ_ERR_NOMEM, "out of memory");
-    mj_backend backend;
-    MJ_CHECK(mj_context_backend(ctx, &backend, NULL));
-    ex->backend = backend;
-    ex->target = mj_context_target(ctx);
-    ex->device = backend == MJ_BACKEND_SIM ? MJ_DEVICE_NONE : mj_context_device(ctx, NULL);
-    if (backend == MJ_BACKEND_CUDA && ex->device == MJ_DEVICE_NONE) {
-        free(ex);
-        return mj_set_error(MJ_ERR_NO_DEVICE,
-                            "mj_experts_create: the context has no device (compile-only): create it with a CUDA "
-                            "device, or with backend MJ_BACKEND_SIM to run on the CPU");
-    }
-    ex->H = H, ex->I = I, ex->K = cfg->topk, ex->E = cfg->n_experts;
-    ex->n_local = L->n_local, ex->expert_begin = L->expert_begin, ex->nsub = nsub, ex->mb = opts.max_batch;
-    ex->w4a4 = has_fp4_mma(ex->target);
-    ex->bytes_w13 = mj_pack_w13_bytes(H, I), ex->bytes_s13 = mj_pack_s13_bytes(H, I);
-    ex->bytes_w2 = mj_pack_w2_bytes(H, I), ex->bytes_s2 = mj_pack_s2_bytes(H, I);
-    const char *policy = opts.mode_policy ? opts.mode_policy : mj_mode_policy_default(ex->target);
-    mj_status st = mj_mode_policy_parse(policy, ex->target, &ex->policy);
+    const mj_experts_shape sh = {H, I, cfg->topk, cfg->n_experts, L->n_local, L->expert_begin, nsub};
+    mj_experts *ex;
+    MJ_CHECK(mj_experts_new(ctx, &sh, opts, "mj_experts_create", &ex));
     const int64_t X = (int64_t)ex->n_local + nsub;
     uint8_t *stage = NULL;
     float *scal = NULL;
-    if (st != MJ_OK) goto fail;
-    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_w13), (void **)&ex->w13), st, fail);
-    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_s13), (void **)&ex->s13), st, fail);
-    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_w2), (void **)&ex->w2), st, fail);
-    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)(X * ex->bytes_s2), (void **)&ex->s2), st, fail);
-    MJ_CHECK_GOTO(buf_alloc(ex, (size_t)X * MJ_EXPERTS_SCAL * sizeof(float), (void **)&ex->scal), st, fail);
-    MJ_CHECK_GOTO(workspace_alloc(ex, ex->mb), st, fail);
+    mj_status st;
+    MJ_CHECK_GOTO(mj_experts_alloc_weights(ex, MJ_EXPERTS_OWN_ALL), st, fail);
     /* One expert at a time through a host staging buffer, then to where the kernels run. */
     const int64_t per = ex->bytes_w13 + ex->bytes_s13 + ex->bytes_w2 + ex->bytes_s2;
     stage = malloc((size_t)per);
@@ -251,9 +318,8 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
         MJ_CHECK_GOTO(buf_put(ex, ex->s13 + x * ex->bytes_s13, q13, (size_t)ex->bytes_s13), st, fail);
         MJ_CHECK_GOTO(buf_put(ex, ex->w2 + x * ex->bytes_w2, p2, (size_t)ex->bytes_w2), st, fail);
         MJ_CHECK_GOTO(buf_put(ex, ex->s2 + x * ex->bytes_s2, q2, (size_t)ex->bytes_s2), st, fail);
-        float *sc = scal + x * MJ_EXPERTS_SCAL; /* the template's SCAL layout */
-        sc[0] = w13->weight_scale_2, sc[1] = w13->input_scale, sc[2] = w2->weight_scale_2, sc[3] = w2->input_scale;
-        sc[4] = 1.0f / w13->input_scale, sc[5] = 1.0f / w2->input_scale; /* as mj_nvfp4_quantize_act's gs */
+        mj_experts_scal_fill(scal + x * MJ_EXPERTS_SCAL, w13->weight_scale_2, w13->input_scale, w2->weight_scale_2,
+                             w2->input_scale);
     }
     MJ_CHECK_GOTO(buf_put(ex, ex->scal, scal, (size_t)X * MJ_EXPERTS_SCAL * sizeof(float)), st, fail);
     free(stage);
@@ -265,6 +331,13 @@ fail:
     free(scal);
     mj_experts_free(ex);
     return st;
+}
+
+void mj_experts_scal_fill(float *sc, float ws13, float in13, float ws2, float in2) {
+    /* the template's SCAL layout */
+    sc[0] = ws13, sc[1] = in13, sc[2] = ws2, sc[3] = in2;
+    sc[4] = 1.0f / in13, sc[5] = 1.0f / in2; /* as mj_nvfp4_quantize_act's gs */
+    sc[6] = sc[7] = 0.0f;
 }
 
 /* ---- the dispatcher ------------------------------------------------------------------------- */
@@ -402,7 +475,8 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
             all[n_all++] = s[i];
         }
     }
-    return mj_jit_get_many(ctx, all, n_all, f);
+    MJ_CHECK(mj_jit_get_many(ctx, all, n_all, f));
+    return ex->adoption ? mj_adoption_prepare(ctx, ex->adoption) : MJ_OK;
 }
 
 void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]) {
@@ -429,6 +503,7 @@ mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
                             "mj_experts_forward: B = %d; these experts' workspace takes 0..%d tokens (raise "
                             "mj_experts_options.max_batch)",
                             B, ex->mb);
+    if (ex->adoption) MJ_CHECK(mj_adoption_usable(ex->adoption, "mj_experts_forward"));
     if (B == 0) return MJ_OK;
     if (!hidden || !out || !r.ids || !r.weights || !r.expert_counts || !r.expert_offsets || !r.active_experts ||
         !r.n_active || !r.permutation || !r.row_index)

@@ -60,4 +60,35 @@ mj_status mj_mode_resolve(const mj_mode_policy *p, mj_target target, mj_weight_m
 
 void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_moe_experts *out);
 
+/* ---- handles made from other weights than a layer's (runtime/adopt.c) ----------------------
+ * mj_experts_new makes a handle of these shapes with its scalars (uninitialized on a GPU)
+ * and workspace but no weights; mj_experts_alloc_weights gives it buffers of its own for
+ * some of w13, s13, w2, s2 (MJ_EXPERTS_OWN_*, freed with it), mj_experts_bind points the
+ * others at someone else's memory (never freed) and attaches the adoption record, which
+ * mj_experts_free frees with mj_adoption_free. mj_experts_scal_fill writes one expert's
+ * MJ_EXPERTS_SCAL scalars. */
+typedef struct mj_experts_shape {
+    int32_t H, I, K, E, n_local, expert_begin, nsub;
+} mj_experts_shape;
+#define MJ_EXPERTS_OWN_W13 1u
+#define MJ_EXPERTS_OWN_S13 2u
+#define MJ_EXPERTS_OWN_W2 4u
+#define MJ_EXPERTS_OWN_S2 8u
+#define MJ_EXPERTS_OWN_ALL 15u
+typedef struct mj_adoption mj_adoption;
+mj_status mj_experts_new(mj_context_t ctx, const mj_experts_shape *sh, const mj_experts_options *opts,
+                         const char *who, mj_experts_t *out);
+mj_status mj_experts_alloc_weights(mj_experts_t ex, unsigned which);
+void mj_experts_bind(mj_experts_t ex, uint8_t *w13, uint8_t *s13, uint8_t *w2, uint8_t *s2, mj_adoption *a);
+mj_adoption *mj_experts_adoption(mj_experts_t ex);
+int mj_experts_device(mj_experts_t ex);
+/* Bytes where the kernels run this handle allocated: scalars, workspace, its own weights. */
+int64_t mj_experts_bytes_allocated(mj_experts_t ex);
+void mj_experts_scal_fill(float *sc, float ws13, float in13, float ws2, float in2);
+/* adopt.c's side: free the record (NULL is fine); compile its dispatch kernel (prepare);
+ * whether a forward may run (not after mj_experts_release). */
+void mj_adoption_free(int device, mj_adoption *a);
+mj_status mj_adoption_prepare(mj_context_t ctx, mj_adoption *a);
+mj_status mj_adoption_usable(const mj_adoption *a, const char *who);
+
 #endif

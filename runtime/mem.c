@@ -8,15 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static atomic_llong g_allocs;
+static atomic_llong g_allocs, g_bytes;
 
 long long mj_mem_allocs(void) { return atomic_load(&g_allocs); }
+long long mj_mem_bytes(void) { return atomic_load(&g_bytes); }
 
 mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out) {
     *out = NULL;
     if (device == MJ_DEVICE_NONE) {
         *out = calloc(1, bytes ? bytes : 1);
-        if (*out) atomic_fetch_add(&g_allocs, 1);
+        if (*out) atomic_fetch_add(&g_allocs, 1), atomic_fetch_add(&g_bytes, (long long)bytes);
         return *out ? MJ_OK : mj_set_error(MJ_ERR_NOMEM, "%s: out of host memory (%zu bytes)", what, bytes);
     }
     uint64_t d = 0;
@@ -25,6 +26,7 @@ mj_status mj_mem_alloc(int device, size_t bytes, const char *what, void **out) {
     if (st != MJ_OK) return mj_error_prefix(st, "%s: %zu bytes of device memory", what, bytes);
     *out = (void *)(uintptr_t)d;
     atomic_fetch_add(&g_allocs, 1);
+    atomic_fetch_add(&g_bytes, (long long)bytes);
     return MJ_OK;
 }
 

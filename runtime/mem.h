@@ -16,5 +16,7 @@ void mj_mem_free(int device, void *p);
 /* Allocations made by mj_mem_alloc so far in this process (successful ones): tests prove
  * with it that a forward after prepare allocates nothing. */
 long long mj_mem_allocs(void);
+/* Their bytes, added up (frees not subtracted): tests measure what a call allocated. */
+long long mj_mem_bytes(void);
 
 #endif /* MJ_MEM_H */

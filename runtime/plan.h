@@ -52,6 +52,13 @@ void mj_plan_free(mj_plan *p);
 
 /* The knob choices of the launchers (runtime/route.c), as functions of the shapes. */
 mj_status mj_route_knobs(const mj_route_params *p, int32_t B, mj_knobs_oea_route *kn);
+/* The dispatch alone (the route kernel with logits NULL, one block): the dispatch metadata
+ * of ids [B, k] already in memory (-1: none), over E experts (8..1024, k <= E); its knobs
+ * depend on E and k only. Writes expert_counts, expert_offsets, active_experts, n_active,
+ * permutation and row_index of out (all needed). */
+mj_status mj_route_dispatch_knobs(int32_t E, int32_t k, mj_knobs_oea_route *kn);
+mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int32_t k, int32_t E,
+                            const mj_route_outputs *out, void *stream);
 void mj_router_knobs(int32_t H, int32_t E, int32_t B, mj_knobs_router_gemm *kn);
 
 /* Batch sizes from text: "1-256", "1,2,4,8" or a mix ("1-8,16,32"), ascending and

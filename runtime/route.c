@@ -7,6 +7,7 @@
  * in-memory table; only the first call per shape validates, renders, hashes or compiles.
  */
 #include "jit.h"
+#include "plan.h"
 #include "ref/ref.h"
 #include "mj_kernels.h"
 
@@ -232,6 +233,30 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
     return mj_launch_oea_route(fn, d1, NULL, NULL, B, NULL, 0.0f, out.ids, NULL, NULL, out.expert_counts,
                                out.expert_offsets, out.active_experts, out.n_active, out.permutation,
                                out.row_index);
+}
+
+mj_status mj_route_dispatch_knobs(int32_t E, int32_t k, mj_knobs_oea_route *kn) {
+    mj_route_params p = MJ_ROUTE_PARAMS_INIT;
+    p.n_experts = E, p.topk = k, p.k0 = k;
+    MJ_CHECK(check_route(&p, 0));
+    *kn = route_knobs(&p, k, route_warps(E, k, 0));
+    return MJ_OK;
+}
+
+mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int32_t k, int32_t E,
+                            const mj_route_outputs *out, void *stream) {
+    mj_knobs_oea_route kn;
+    MJ_CHECK(mj_route_dispatch_knobs(E, k, &kn));
+    mj_spec s;
+    const mj_function *fn;
+    mj_spec_oea_route(ctx, &kn, &s);
+    MJ_CHECK(mj_jit_get(ctx, &s, &fn));
+    if (B <= 0) return MJ_OK;
+    mj_launch_dims d = {{1, 1, 1}, {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
+    /* ids are only read in this launch shape (logits NULL) */
+    return mj_launch_oea_route(fn, d, NULL, NULL, B, NULL, 0.0f, (int32_t *)ids, NULL, NULL, out->expert_counts,
+                               out->expert_offsets, out->active_experts, out->n_active, out->permutation,
+                               out->row_index);
 }
 
 /* ---- the router GEMM -------------------------------------------------------------------- */

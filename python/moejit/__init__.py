@@ -7,6 +7,8 @@ A ctypes binding over libmoejit.so (no compiled extension). Two entry points:
                                           examples/sglang_select_experts.py)
   Moe(checkpoint, layer, tp=..., ...)     a whole MoE layer on this rank: prepare() the batch
                                           sizes, then forward(hidden) every step
+  Experts.adopt(w13_weight=..., ...)      a serving engine's own NVFP4 expert tensors, run on
+                                          its top-k (moejit.integrations: SGLang, vLLM)
 
 Inputs are numpy arrays (host memory: the CPU interpreter, or the CPU reference) or torch
 tensors (CUDA tensors run on that GPU on torch's current stream; CPU tensors on the
@@ -23,11 +25,12 @@ from .errors import (CacheMissError, CommError, CompileError, ConfigError, CudaE
                      InvalidArgumentError, KernelError, LibraryNotFoundError, LibraryVersionError, MoejitError,
                      NoDeviceError, NonFiniteError, OutOfMemoryError, ParseError, SharedLibraryError,
                      UnsupportedError)
+from .experts import Experts
 from .moe import Moe
 from .route import K0Policy, RouteResult, route
 
 __all__ = [
-    "__version__", "route", "RouteResult", "K0Policy", "Moe", "Checkpoint", "Layer", "MoeConfig",
+    "__version__", "route", "RouteResult", "K0Policy", "Moe", "Experts", "Checkpoint", "Layer", "MoeConfig",
     "make_checkpoint", "Comm", "NcclComm", "loopback_comms", "nccl_comms_all", "nccl_unique_id", "Context",
     "get_context", "bf16_from_f32", "bf16_to_f32", "library_path", "library_version", "load_library",
     "MoejitError", "InvalidArgumentError", "ConfigError", "UnsupportedError", "ParseError", "FileError",

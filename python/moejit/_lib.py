@@ -135,6 +135,14 @@ _PROTOS = {
     "mj_moe_batch_plan": ([_P, c_int32, c_int32_p, POINTER(c_int)], STATUS),
     "mj_moe_route_outputs": ([_P, POINTER(S.RouteOutputsC)], STATUS),
     "mj_moe_free": ([_P], STATUS),
+    # experts adopted from an engine's tensors
+    "mj_experts_adopt": ([_P, POINTER(S.AdoptTensorsC), POINTER(S.ExpertsOptionsC), _PP], STATUS),
+    "mj_experts_readopt": ([_P, POINTER(S.AdoptTensorsC)], STATUS),
+    "mj_experts_release": ([_P], STATUS),
+    "mj_experts_adopt_info": ([_P, POINTER(S.AdoptInfoC)], STATUS),
+    "mj_experts_prepare": ([_P, _P, c_int, c_int32], STATUS),
+    "mj_experts_forward_topk": ([_P, _P, c_int, _P, c_int32, _P, _P, _P, _P, c_int, _P], STATUS),
+    "mj_experts_free": ([_P], STATUS),
 }
 
 

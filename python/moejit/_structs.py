@@ -23,6 +23,10 @@ MJ_K0_POLICY_MAX_RULES = 16
 MJ_COMM_MAX_RANKS = 64
 MJ_MAX_BATCH = 65536
 MJ_DIM_ALIGN = 64
+MJ_ADOPT_UP_FIRST, MJ_ADOPT_SCALES_SWIZZLED = 1 << 0, 1 << 1
+MJ_ADOPT_RECIPROCAL_WEIGHT_SCALE_2, MJ_ADOPT_RECIPROCAL_INPUT_SCALE, MJ_ADOPT_COPY = 1 << 2, 1 << 3, 1 << 4
+MJ_ADOPT_FLAGS_ALL = (1 << 5) - 1
+MJ_OUT_F32, MJ_OUT_BF16 = 0, 1
 
 CONSTANTS = {
     name: value
@@ -259,6 +263,59 @@ class CheckpointMakeInfoC(_Struct):
     ]
 
 
+class ExpertsOptionsC(_Struct):
+    _c_name_ = "mj_experts_options"
+    _c_init_ = "MJ_EXPERTS_OPTIONS_INIT"
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("max_batch", c_int32),
+        ("mode_policy", c_char_p),
+    ]
+    _defaults_ = {"max_batch": 256}
+
+
+class AdoptScaleC(_Struct):
+    _c_name_ = "mj_adopt_scale"
+    _fields_ = [("data", c_void_p), ("rows", c_int32), ("cols", c_int32)]
+
+
+class AdoptTensorsC(_Struct):
+    _c_name_ = "mj_adopt_tensors"
+    _c_init_ = "MJ_ADOPT_TENSORS_INIT"
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("n_experts", c_int32),
+        ("hidden", c_int32),
+        ("intermediate", c_int32),
+        ("topk", c_int32),
+        ("w13_weight", c_void_p),
+        ("w13_weight_scale", c_void_p),
+        ("w2_weight", c_void_p),
+        ("w2_weight_scale", c_void_p),
+        ("w13_weight_scale_2", AdoptScaleC),
+        ("w2_weight_scale_2", AdoptScaleC),
+        ("w13_input_scale", AdoptScaleC),
+        ("w2_input_scale", AdoptScaleC),
+        ("expert_begin", c_int32),
+        ("flags", c_uint32),
+    ]
+
+
+class AdoptInfoC(_Struct):
+    _c_name_ = "mj_adopt_info"
+    _c_init_ = "MJ_ADOPT_INFO_INIT"
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("adopted", c_int32),
+        ("in_place", c_int32),
+        ("scales_in_place", c_int32),
+        ("released", c_int32),
+        ("bytes_allocated", c_int64),
+        ("bytes_weights", c_int64),
+    ]
+
+
 # Every mirrored struct, for the layout test.
 ALL = (MoeConfigC, RouteParamsC, RouteStatsC, RouteOutputsC, ContextOptionsC, JitStatsC, K0PolicyC, CommIdC,
-       MoeOptionsC, MoePrepareOptionsC, CheckpointMakeOptionsC, CheckpointMakeInfoC)
+       MoeOptionsC, MoePrepareOptionsC, CheckpointMakeOptionsC, CheckpointMakeInfoC, ExpertsOptionsC, AdoptScaleC,
+       AdoptTensorsC, AdoptInfoC)

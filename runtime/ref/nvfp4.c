@@ -289,3 +289,11 @@ mj_status mj_nvfp4_dequantize_act(const uint8_t *q, const uint8_t *sf, int64_t r
                          x + r * k + b * MJ_NVFP4_GROUP);
     return MJ_OK;
 }
+
+void mj_nvfp4_scales_reexpress(uint8_t *sf, int64_t n, float ratio) {
+    for (int64_t i = 0; i < n; i++) {
+        if (!sf[i]) continue;
+        uint8_t b = mj_e4m3_encode(mj_e4m3_decode(sf[i]) * ratio);
+        sf[i] = b ? b : 0x01;
+    }
+}

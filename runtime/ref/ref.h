@@ -21,6 +21,11 @@ float mj_e4m3_decode(uint8_t b);
 /* Round to E4M3FN, saturating at +-448 (0x7E / 0xFE); -0.0 and x in [-2^-10, 0) give 0x80
  * (-0). x must not be NaN (it gives 0x7F). */
 uint8_t mj_e4m3_encode(float x);
+/* Block scales re-expressed against a larger weight_scale_2 (ratio = old / new <= 1): each
+ * non-zero scale times ratio, rounded to e4m3, and kept non-zero (0x01 at least), so a block
+ * that had values keeps them. The checkpoint loader and mj_experts_adopt use it when gate's
+ * and up's weight_scale_2 differ. */
+void mj_nvfp4_scales_reexpress(uint8_t *sf, int64_t n, float ratio);
 
 #define MJ_E2M1_MAX 6.0f
 #define MJ_E4M3_MAX 448.0f

@@ -586,13 +586,6 @@ typedef struct load_notes {
  * to 1/16 relative per block, more where it falls among the subnormals), and a non-zero scale
  * that would round to zero is kept at the smallest subnormal (0x01), as ModelOpt >= 0.45
  * quantizes a non-zero block whose scale underflows. */
-static void reexpress(uint8_t *sf, int64_t n, float ratio) {
-    for (int64_t i = 0; i < n; i++) {
-        if (!sf[i]) continue;
-        uint8_t b = mj_e4m3_encode(mj_e4m3_decode(sf[i]) * ratio);
-        sf[i] = b ? b : 0x01;
-    }
-}
 
 /* w13 rows of one expert: gate rows [c0, c0+n) then up rows [c0, c0+n) (of [I, H] each). */
 static mj_status load_w13(mj_checkpoint_t ck, const proj_refs *g, const proj_refs *u, int32_t H, int32_t c0,
@@ -611,8 +604,8 @@ static mj_status load_w13(mj_checkpoint_t ck, const proj_refs *g, const proj_ref
     MJ_CHECK(ck_scalar(ck, &g->in, CK_INPUT_SCALE, &gin));
     MJ_CHECK(ck_scalar(ck, &u->in, CK_INPUT_SCALE, &uin));
     if (gs2 != us2) {
-        if (gs2 < us2) reexpress(dst->weight_scale, (int64_t)n * (int64_t)sb, gs2 / us2);
-        else reexpress(dst->weight_scale + (size_t)n * sb, (int64_t)n * (int64_t)sb, us2 / gs2);
+        if (gs2 < us2) mj_nvfp4_scales_reexpress(dst->weight_scale, (int64_t)n * (int64_t)sb, gs2 / us2);
+        else mj_nvfp4_scales_reexpress(dst->weight_scale + (size_t)n * sb, (int64_t)n * (int64_t)sb, us2 / gs2);
         if (!notes->mismatched++) {
             snprintf(notes->first, sizeof notes->first, "%s", who);
             notes->first_gate = gs2, notes->first_up = us2;

@@ -39,11 +39,10 @@ NOT_BOUND = {
     "mj_checkpoint_layer_seed": "the seed of a layer is the C writer's business (mj_checkpoint_make)",
     "mj_prewarm_json": "prewarming from a manifest is the moejit command's (moejit prewarm)",
     "mj_router_gemm": "the binding routes from logits (mj_route) or drives the whole layer (mj_moe_*)",
-    "mj_experts_create": "the binding drives the whole layer (mj_moe_*), not mj_experts_* alone",
-    "mj_experts_prepare": "as mj_experts_create",
-    "mj_experts_forward": "as mj_experts_create",
+    "mj_experts_create": "the binding drives the whole layer (mj_moe_*), or adopts an engine's experts "
+                         "(mj_experts_adopt); it does not pack a layer's experts alone",
+    "mj_experts_forward": "adopted experts run on the engine's top-k (mj_experts_forward_topk)",
     "mj_experts_mode": "as mj_experts_create",
-    "mj_experts_free": "as mj_experts_create",
 }
 
 # The C type ctypes passes for each of its scalar types. c_int32, c_int64, c_uint64, c_size_t

@@ -17,7 +17,6 @@ HEADER = os.path.join(REPO, "include", "moejit.h")
 # Structs of the header the binding does not pass to C (so does not mirror), with why.
 NOT_MIRRORED = {
     "mj_nvfp4_linear": "a field of the opaque layer; the binding never builds one",
-    "mj_experts_options": "the binding drives the whole layer (mj_moe_*), not mj_experts_* alone",
 }
 
 
