@@ -689,8 +689,8 @@ typedef enum mj_out_type { MJ_OUT_F32 = 0, MJ_OUT_BF16 = 1 } mj_out_type;
  * no host sync once mj_experts_prepare has compiled the kernels, so it can be captured in a
  * CUDA graph. On the interpreter ids outside -1..E_loc-1 are refused (MJ_ERR_INVALID_ARG,
  * nothing written); on a GPU they are not checked (undefined: the engine's ids must be
- * right). out_type MJ_OUT_BF16 (out: uint16_t bf16 bits, rounded to nearest even) is the
- * interpreter's; on a GPU the kernels write f32 only (MJ_ERR_UNSUPPORTED): convert there. */
+ * right). out_type MJ_OUT_BF16: out is uint16_t bf16 bits, written by the down kernel from the
+ * same f32 sums (rounded to nearest even, NaN kept quiet), on the interpreter and on a GPU. */
 MJ_API mj_status mj_experts_forward_topk(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode,
                                          const uint16_t *hidden, int32_t B, const int32_t *topk_ids,
                                          const float *topk_weights, const int32_t *num_valid, void *out,

@@ -39,7 +39,6 @@ struct mj_adoption {
     int in_place, s13_in_place, s2_in_place, released;
     int64_t bytes_allocated;     /* the dispatch metadata's; the handle adds its own        */
     int32_t *counts, *offsets, *active, *n_active, *perm, *row_index; /* the dispatch's    */
-    float *out32;                /* [mb, H] host f32 for a bf16 output (interpreter)        */
     uint8_t fp[2][FINGERPRINT];  /* expert 0's packed w13 and w2, as written                */
 };
 
@@ -445,7 +444,6 @@ void mj_adoption_free(int device, mj_adoption *a) {
     if (!a) return;
     void *bufs[] = {a->counts, a->offsets, a->active, a->n_active, a->perm, a->row_index};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mj_mem_free(device, bufs[i]);
-    free(a->out32);
     free(a);
 }
 
@@ -470,10 +468,6 @@ static mj_status dispatch_alloc(mj_adoption *a, int32_t mb) {
     for (int i = 0; i < 6; i++) {
         MJ_CHECK(mj_mem_alloc(a->device, (size_t)n[i] * sizeof(int32_t), "mj_experts_adopt", (void **)bufs[i]));
         a->bytes_allocated += n[i] * (int64_t)sizeof(int32_t);
-    }
-    if (a->device == MJ_DEVICE_NONE) {
-        a->out32 = malloc((size_t)mb * (size_t)a->t.hidden * sizeof(float));
-        if (!a->out32) return mj_set_error(MJ_ERR_NOMEM, "mj_experts_adopt: out of host memory");
     }
     return MJ_OK;
 }
@@ -617,11 +611,6 @@ mj_status mj_experts_forward_topk(mj_context_t ctx, mj_experts_t ex, mj_weight_m
     if (out_type != MJ_OUT_F32 && out_type != MJ_OUT_BF16)
         return mj_set_error(MJ_ERR_INVALID_ARG, "%s: unknown out_type %d: MJ_OUT_F32 or MJ_OUT_BF16", who,
                             (int)out_type);
-    if (out_type == MJ_OUT_BF16 && a->device != MJ_DEVICE_NONE)
-        return mj_set_error(MJ_ERR_UNSUPPORTED,
-                            "%s: a bf16 output is the interpreter's; on a GPU the expert kernels write f32: pass "
-                            "MJ_OUT_F32 and convert (moejit's Python layer does)",
-                            who);
     if (B == 0) return MJ_OK;
     if (!hidden || !topk_ids || !topk_weights || !out)
         return mj_set_error(MJ_ERR_INVALID_ARG, "%s: NULL hidden, topk_ids, topk_weights or out", who);
@@ -639,11 +628,5 @@ mj_status mj_experts_forward_topk(mj_context_t ctx, mj_experts_t ex, mj_weight_m
     r.expert_counts = a->counts, r.expert_offsets = a->offsets, r.active_experts = a->active;
     r.n_active = a->n_active, r.permutation = a->perm, r.row_index = a->row_index;
     MJ_CHECK(mj_route_dispatch(ctx, topk_ids, B, v.K, a->E_d, &r, stream));
-    float *o32 = out_type == MJ_OUT_BF16 ? a->out32 : (float *)out;
-    MJ_CHECK(mj_experts_forward(ctx, ex, mode, hidden, &r, B, num_valid, o32, stream));
-    if (out_type == MJ_OUT_BF16) {
-        uint16_t *o = out;
-        for (int64_t i = 0; i < (int64_t)B * v.H; i++) o[i] = mj_f32_to_bf16(o32[i]);
-    }
-    return MJ_OK;
+    return mj_experts_forward_out(ctx, ex, mode, hidden, &r, B, num_valid, out, out_type, stream);
 }

@@ -493,6 +493,12 @@ void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, 
 mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, const uint16_t *hidden,
                              const mj_route_outputs *route_in, int32_t B, const int32_t *num_valid, float *out,
                              void *stream) {
+    return mj_experts_forward_out(ctx, ex, mode, hidden, route_in, B, num_valid, out, MJ_OUT_F32, stream);
+}
+
+mj_status mj_experts_forward_out(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, const uint16_t *hidden,
+                                 const mj_route_outputs *route_in, int32_t B, const int32_t *num_valid, void *out,
+                                 mj_out_type out_type, void *stream) {
     if (!ctx || !ex || !route_in)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_forward: NULL context, experts or route outputs");
     mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
@@ -528,5 +534,7 @@ mj_status mj_experts_forward(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
                                   ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf));
     return mj_launch_experts_down(fd, dims[2], ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, r.weights, B,
-                                  num_valid, ex->mb, ex->n_local, ex->expert_begin, n_slots, out);
+                                  num_valid, ex->mb, ex->n_local, ex->expert_begin, n_slots,
+                                  out_type == MJ_OUT_BF16 ? NULL : (float *)out,
+                                  out_type == MJ_OUT_BF16 ? (uint16_t *)out : NULL);
 }

@@ -34,6 +34,12 @@ mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch);
 /* The knobs of a forward of B tokens in (resolved) mode (PART 0; mj_experts_specs turns
  * them into the specializations fetched); mj_experts_knobs is the same choice from the
  * shapes alone (H, I_local, top-k, shared sub-experts) and the target, for the planner. */
+/* mj_experts_forward with the output's type: MJ_OUT_F32 (out: float [B, H]) or MJ_OUT_BF16
+ * (out: bf16 [B, H], written by experts_down from the same f32 sums, rounded to nearest even). */
+mj_status mj_experts_forward_out(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, const uint16_t *hidden,
+                                 const mj_route_outputs *route_in, int32_t B, const int32_t *num_valid, void *out,
+                                 mj_out_type out_type, void *stream);
+
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
                       mj_target target, mj_knobs_moe_experts *out);
 /* The specializations a forward with knobs k (from mj_experts_knobs) fetches, into out[],

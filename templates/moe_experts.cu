@@ -824,12 +824,14 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, co
 
 /* grid (H / 16, ceil(B / TPE)), block NW2 * 32, dynamic shared memory
  * NW2 * (TPE * 128 + DRING * DSLOT) bytes: each warp's tile and fragments, then each warp's
- * ring. out [B, H] f32: every element written (0 for padding tokens). */
+ * ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
+ * nearest even from the same f32 sum, NaN kept quiet, as mj_f32_to_bf16): every element
+ * written (0 for padding tokens). */
 MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
                             const uint8_t *s2, const float *scal, const int32_t *counts,
                             const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                             const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,
-                            int mb, int n_local, int expert_begin, int n_slots, float *out) {
+                            int mb, int n_local, int expert_begin, int n_slots, float *out, uint16_t *out16) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 3 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
@@ -904,7 +906,13 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
         float v = smem[i];
         MJ_NO_UNROLL
         for (int u = 1; u < NW2; u++) v += smem[u * TPE * 32 + i];
-        out[(long long)(t0 + i / 16) * H + 16 * d + i % 16] = v;
+        const long long o = (long long)(t0 + i / 16) * H + 16 * d + i % 16;
+        if (out16) {
+            const uint32_t u = mj_f32_bits(v);
+            out16[o] = (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x40u : bf16_bits(v));
+        } else {
+            out[o] = v;
+        }
     }
 #endif
 }

@@ -191,20 +191,12 @@ class Experts(Handle):
                           shape=(T, self.top_k))
         bf16_out = not numpy_f32
         with A.on_stream(x, stream) as s:
-            if x.is_cuda:
-                # the kernels write f32 on a GPU; torch rounds to bf16 after them, on the stream
-                out32 = A.empty(x, (T, H), "float32")
-                o = A.adapt(out32, "out", dtypes=("float32",), shape=(T, H), writable=True)
-                lib().mj_experts_forward_topk(self.context._handle(), self._handle(), MODES[self.mode], x.ptr, T,
-                                              ids.ptr, w.ptr, None, o.ptr, S.MJ_OUT_F32, s)
-                out = out32.to(hidden_states.dtype) if bf16_out else out32
-            else:
-                out = A.empty(x, (T, H), "uint16" if x.kind == "numpy" and bf16_out else
-                              ("bfloat16" if bf16_out else "float32"))
-                o = A.adapt(out, "out", dtypes=("uint16", "bfloat16", "float32"), shape=(T, H), writable=True)
-                lib().mj_experts_forward_topk(self.context._handle(), self._handle(), MODES[self.mode], x.ptr, T,
-                                              ids.ptr, w.ptr, None, o.ptr,
-                                              S.MJ_OUT_BF16 if bf16_out else S.MJ_OUT_F32, s)
+            # the down kernel writes bf16 itself (from its f32 sums), on a GPU and the interpreter
+            out = A.empty(x, (T, H), "uint16" if x.kind == "numpy" and bf16_out else
+                          ("bfloat16" if bf16_out else "float32"))
+            o = A.adapt(out, "out", dtypes=("uint16", "bfloat16", "float32"), shape=(T, H), writable=True)
+            lib().mj_experts_forward_topk(self.context._handle(), self._handle(), MODES[self.mode], x.ptr, T,
+                                          ids.ptr, w.ptr, None, o.ptr, S.MJ_OUT_BF16 if bf16_out else S.MJ_OUT_F32, s)
         self._inflight = (ids.obj, w.obj)   # read by the kernels after the call returns (GPU)
         return out
 
