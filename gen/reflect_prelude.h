@@ -108,6 +108,7 @@ uint4 mj_ld_stream(const void *p);
 void mj_cp_async16(void *dst, const void *src);
 void mj_cp_async_commit(void);
 void mj_grid_dep_wait(void);
+float mj_ld_cg_f32(const float *p);
 void mj_cp_async_wait(int n);
 uint32_t mj_cvt_e2m1x2(float lo, float hi);
 uint32_t mj_cvt_e4m3(float x);

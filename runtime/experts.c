@@ -36,6 +36,10 @@ struct mj_experts {
     uint16_t *act;                       /* [rows][I] bf16 (W4A16)                        */
     uint8_t *actq, *act_sf;              /* [rows][I/2], [rows][I/16] (W4A4)               */
     uint8_t *xq, *xsf;                   /* [xrows][H/2], [xrows][H/16] (W4A4)             */
+    float *upart;                        /* up split over KSPLIT blocks (TPE 8): the blocks'
+                                            sums, [KSPLIT][8 (K + nsub)][2 I]             */
+    uint32_t *ucount;                    /* [8 K + nsub][I / 16]: blocks done a tile, 0
+                                            between launches                              */
     mj_mode_policy policy;               /* the mode for MJ_MODE_AUTO, by batch size      */
     unsigned owned;                      /* MJ_EXPERTS_OWN_*: which of w13, s13, w2, s2 this
                                             handle allocated (an adopted one borrows some)  */
@@ -59,7 +63,7 @@ mj_status mj_experts_free(mj_experts_t ex) {
     void *weights[] = {ex->w13, ex->s13, ex->w2, ex->s2};
     for (int i = 0; i < 4; i++)
         if (ex->owned & (1u << i)) buf_free(ex, weights[i]);
-    void *bufs[] = {ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+    void *bufs[] = {ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->upart, ex->ucount};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(ex, bufs[i]);
     mj_adoption_free(ex->device, ex->adoption);
     free(ex);
@@ -125,14 +129,18 @@ mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_we
 
 /* Free the forward's workspace: no workspace at all is mb 0. */
 static void workspace_release(mj_experts *ex) {
-    void *old[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+    void *old[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->upart, ex->ucount};
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) buf_free(ex, old[i]);
-    ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL, ex->mb = 0;
+    ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL, ex->upart = NULL, ex->ucount = NULL, ex->mb = 0;
 }
 
-/* The forward's workspace for up to mb tokens: the activations between the two GEMMs, and
- * (W4A4) the quantized inputs: act, actq, act_sf, xq, xsf, in bytes. */
-static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[5]) {
+static int32_t up_ksplit(const mj_experts *ex);
+
+/* The forward's workspace for up to mb tokens: the activations between the two GEMMs,
+ * (W4A4) the quantized inputs, and the split up's sums and counters (when a plan of at most 8
+ * tokens splits up over blocks): act, actq, act_sf, xq, xsf, upart, ucount, in bytes. */
+#define WS_BUFS 7
+static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[WS_BUFS]) {
     const int64_t rows = (int64_t)mb * ex->K + (int64_t)ex->nsub * mb, xrows = (int64_t)mb * (ex->K + 1);
     const int64_t H = ex->H, I = ex->I;
     bytes[0] = rows * I * 2;
@@ -140,16 +148,27 @@ static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[5]) 
     bytes[2] = ex->w4a4 ? rows * I / 16 : 0;
     bytes[3] = ex->w4a4 ? xrows * H / 2 : 0;
     bytes[4] = ex->w4a4 ? xrows * H / 16 : 0;
+    const int64_t ks = up_ksplit(ex), slots = 8LL * ex->K < ex->E ? 8LL * ex->K : ex->E;
+    bytes[5] = ks > 1 ? ks * 8 * (ex->K + ex->nsub) * 2 * I * (int64_t)sizeof(float) : 0;
+    bytes[6] = ks > 1 ? (slots + ex->nsub) * (I / 16) * (int64_t)sizeof(uint32_t) : 0;
 }
 
 /* Replaces what was there. */
 static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
     workspace_release(ex);
-    int64_t bytes[5];
+    int64_t bytes[WS_BUFS];
     workspace_sizes(ex, mb, bytes);
-    void **bufs[5] = {(void **)&ex->act, (void **)&ex->actq, (void **)&ex->act_sf, (void **)&ex->xq, (void **)&ex->xsf};
-    for (int i = 0; i < 5; i++)
+    void **bufs[WS_BUFS] = {(void **)&ex->act, (void **)&ex->actq, (void **)&ex->act_sf, (void **)&ex->xq,
+                            (void **)&ex->xsf,  (void **)&ex->upart, (void **)&ex->ucount};
+    for (int i = 0; i < WS_BUFS; i++)
         if (bytes[i]) MJ_CHECK(buf_alloc(ex, (size_t)bytes[i], bufs[i]));
+    if (bytes[6]) { /* the counters start at 0 (each launch leaves them so) */
+        void *zero = calloc(1, (size_t)bytes[6]);
+        if (!zero) return mj_set_error(MJ_ERR_NOMEM, "mj_experts_create: out of host memory");
+        mj_status st = buf_put(ex, ex->ucount, zero, (size_t)bytes[6]);
+        free(zero);
+        MJ_CHECK(st);
+    }
     ex->mb = mb;
     return MJ_OK;
 }
@@ -157,11 +176,11 @@ static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
 int64_t mj_experts_bytes_allocated(mj_experts_t ex) {
     const int64_t X = (int64_t)ex->n_local + ex->nsub;
     const int64_t per[4] = {ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2};
-    int64_t total = X * MJ_EXPERTS_SCAL * (int64_t)sizeof(float), ws[5];
+    int64_t total = X * MJ_EXPERTS_SCAL * (int64_t)sizeof(float), ws[WS_BUFS];
     for (int i = 0; i < 4; i++)
         if (ex->owned & (1u << i)) total += X * per[i];
     workspace_sizes(ex, ex->mb, ws);
-    for (int i = 0; i < 5; i++) total += ws[i];
+    for (int i = 0; i < WS_BUFS; i++) total += ws[i];
     return total;
 }
 
@@ -379,6 +398,16 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
     int32_t runs = (H / 64 + 3) / 4;
     k.NW1 = 8;
     while (k.NW1 > 1 && (k.NW1 > runs || up_smem(&k) > MJ_SMEM_DEFAULT_LIMIT)) k.NW1 /= 2;
+    /* Up at decode (TPE 8, at most 8 tokens): a tile's runs spread over KSPLIT blocks of 2
+     * warps (each block a share of H; the last to finish adds the blocks' sums in order), up
+     * to 16 warps a tile where H has 16 runs or more: GLM-5's 144 tiles at one token are 1152
+     * small blocks, 6 to 9 an SM, each warp 6 k-steps, not 144 blocks of 8 warps of 12 on 132
+     * to 188 SMs (an H200's 12 SMs with two of them, and each warp's own issue, set up's time). */
+    k.KSPLIT = 1;
+    if (k.TPE == 8 && k.NW1 >= 2) {
+        k.NW1 = 2;
+        while (k.KSPLIT < 8 && 2 * k.NW1 * k.KSPLIT <= runs) k.KSPLIT *= 2;
+    }
     /* Down: an item of 4 k-steps (a whole scale run); past TPE 8 on targets whose SMs have
      * about 100 KiB of shared memory (sm_120a, sm_121a, sm_86, sm_89), items of 2, which
      * halve the rings (a warp's 7 KiB to 4 KiB): with the larger token tiles' sums, 4 warps
@@ -397,6 +426,17 @@ static mj_knobs_moe_experts plan(const mj_experts *ex, mj_weight_mode mode, int3
     return k;
 }
 
+/* The most blocks up splits a tile over, in any mode the handle may run (the workspace's
+ * upart holds that many blocks' sums). */
+static int32_t up_ksplit(const mj_experts *ex) {
+    int32_t ks = 1;
+    for (int m = 0; m < (ex->w4a4 ? 2 : 1); m++) {
+        mj_knobs_moe_experts k = plan(ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, 1);
+        if (k.KSPLIT > ks) ks = k.KSPLIT;
+    }
+    return ks;
+}
+
 void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_moe_experts *out) {
     *out = plan(ex, mode, B);
 }
@@ -408,8 +448,9 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
 static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t part) {
     mj_knobs_moe_experts p = *k;
     p.PART = part;
-    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4;
+    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4, p.KSPLIT = 1;
     if (part == 2) p.NW2 = 1, p.DSTEPS = 4;
+    if (part == 3) p.KSPLIT = 1;
     if (part == 3) p.NW1 = 1;
     return p;
 }
@@ -481,7 +522,8 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
 
 void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]) {
     const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, 1}, {128, 1, 1}, QUANT_VALUES, stream};
-    const mj_launch_dims u = {{(uint32_t)(k->I / 16), (uint32_t)(n_slots + k->NSUB), 1}, {(uint32_t)k->NW1 * 32, 1, 1},
+    const mj_launch_dims u = {{(uint32_t)(k->I / 16), (uint32_t)(n_slots + k->NSUB), (uint32_t)k->KSPLIT},
+                              {(uint32_t)k->NW1 * 32, 1, 1},
                               up_smem(k), stream};
     const mj_launch_dims d = {{(uint32_t)(k->H / 16), (uint32_t)((B + k->TPE - 1) / k->TPE), 1},
                               {(uint32_t)k->NW2 * 32, 1, 1}, down_smem(k), stream};
@@ -531,7 +573,8 @@ mj_status mj_experts_forward_out(mj_context_t ctx, mj_experts_t ex, mj_weight_mo
     }
     MJ_CHECK(mj_launch_experts_up(fu, dims[1], hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, B, num_valid, ex->mb,
-                                  ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf));
+                                  ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf, ex->upart,
+                                  ex->ucount));
     return mj_launch_experts_down(fd, dims[2], ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, r.weights, B,
                                   num_valid, ex->mb, ex->n_local, ex->expert_begin, n_slots,

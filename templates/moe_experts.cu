@@ -63,6 +63,7 @@ MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
 MJ_KNOB_SET(NW2, int, "1 2 4", "warps of a down block: they deal its 16 hidden dims' experts among them")
 MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
 MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
+MJ_KNOB_SET(KSPLIT, int, "1 2 4 8", "blocks an up tile's H is split over (TPE 8: one chunk a block); past 1 their sums meet in the workspace and the last block to finish adds them in order")
 MJ_KNOB_SET(DSTEPS, int, "2 4", "k-steps of w2 an item of down brings: 4 (a scale run), or 2 (half the ring's shared memory, so more blocks fit an SM)")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
@@ -72,6 +73,8 @@ MJ_CONSTRAINT("NW2 * (TPE * 128 + 3 * (DSTEPS * 512 + 256 + 32)) <= 64 * 1024", 
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DSTEPS == 4", "only experts_down reads DSTEPS: 4 elsewhere")
+MJ_CONSTRAINT("PART == 0 || PART == 2 || KSPLIT == 1", "only experts_up reads KSPLIT: 1 elsewhere")
+MJ_CONSTRAINT("KSPLIT == 1 || TPE == 8", "an up block split over H holds one chunk of at most 8 tokens: TPE 8")
 MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
@@ -361,13 +364,17 @@ MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
 #define RUNRING 2
 #define RING_BYTES (RING * 1024 + RUNRING * 512)
 
-/* Queue the copies of step q of this warp's sequence (nq steps) into the ring, as a group
+/* The runs of 4 k-steps are dealt to the UPD warps of a tile's KSPLIT blocks in turn: warp w
+ * of block z is dealer dw = w KSPLIT + z and takes runs dw, dw + UPD, ... */
+#define UPD (NW1 * KSPLIT)
+
+/* Queue the copies of step q of dealer w's sequence (nq steps) into the ring, as a group
  * of its own (an empty one past the end: the wait counts groups). */
 MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int w, int q, int nq, int lane) {
     /* unsigned: offsets need no sign extension, and q % RING no sign fix-up */
     const uint32_t uq = (uint32_t)q, g = (uint32_t)lane >> 2, p = (uint32_t)lane & 3u;
     if (q < nq) {
-        const uint32_t run = (uint32_t)w + (uq >> 2) * NW1, s = run * 4u + (uq & 3u);
+        const uint32_t run = (uint32_t)w + (uq >> 2) * UPD, s = run * 4u + (uq & 3u);
         if (s < KS1) {
             uint8_t *slot = ring + (uq % RING) * 1024u + (uint32_t)lane * 16u;
             const uint8_t *src = wt + (s * 1024u + (uint32_t)lane * 16u);
@@ -504,7 +511,7 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
     }
 }
 
-/* grid (I / 16, n_slots + NSUB), block NW1 * 32, dynamic shared memory NW1 * RING_BYTES
+/* grid (I / 16, n_slots + NSUB, KSPLIT), block NW1 * 32, dynamic shared memory NW1 * RING_BYTES
  * (the warps' rings; after the k loop the warps' sums, then the SwiGLU tile), and with
  * SUMS_SMEM NW1 * UPACC + TPE * 4 bytes more (the warps' sums and the chunk's source rows;
  * the tile after the k loop at the start). */
@@ -512,11 +519,13 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
-                          int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf) {
+                          int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf,
+                          float *upart, uint32_t *ucount) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
+    const int z = (int)blockIdx.z, dw = w * KSPLIT + z; /* this warp's share of the tile's runs */
     const int g = lane >> 2, p = lane & 3;
     const int nv = valid_tokens(num_valid, B);
     /* The shared sub-experts' blocks first (y < NSUB), then the routed slots: a shared one
@@ -560,23 +569,23 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         }
         /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn, through
          * the warp's ring: RING - 1 steps in flight while one computes. */
-        const int nq = w < RUNS1 ? (RUNS1 - w + NW1 - 1) / NW1 * 4 : 0;
+        const int nq = dw < RUNS1 ? (RUNS1 - dw + UPD - 1) / UPD * 4 : 0;
         MJ_NO_UNROLL
-        for (int q = 0; q < RING - 1; q++) up_issue(ring, wt, st, w, q, nq, lane);
+        for (int q = 0; q < RING - 1; q++) up_issue(ring, wt, st, dw, q, nq, lane);
         /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
          * loaded during step j - 1; with two, at the start of step j (a copy of both groups
          * held across a step would double their registers) */
         uint32_t b16[NTR][4][2], bq[NTR][2], bsf[NTR];
-        up_bload(NTR == 1 && regs && nq > 0 ? w * 4 : KS1, src, x, xq, xsf, p, b16, bq, bsf);
+        up_bload(NTR == 1 && regs && nq > 0 ? dw * 4 : KS1, src, x, xq, xsf, p, b16, bq, bsf);
         MJ_NO_UNROLL
         for (int j = 0; j < nq; j++) {
-            up_issue(ring, wt, st, w, j + RING - 1, nq, lane); /* into the slot step j - 1 read */
-            const uint32_t uj = (uint32_t)j, run = (uint32_t)w + (uj >> 2) * NW1, s = run * 4u + (uj & 3u);
+            up_issue(ring, wt, st, dw, j + RING - 1, nq, lane); /* into the slot step j - 1 read */
+            const uint32_t uj = (uint32_t)j, run = (uint32_t)dw + (uj >> 2) * UPD, s = run * 4u + (uj & 3u);
             uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
             if (NTR == 1 && regs) { /* one group: this step's from the last, the next step's now */
                 for (int kt = 0; kt < 4; kt++) c16[0][kt][0] = b16[0][kt][0], c16[0][kt][1] = b16[0][kt][1];
                 cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
-                const uint32_t un = uj + 1u, nrun = (uint32_t)w + (un >> 2) * NW1;
+                const uint32_t un = uj + 1u, nrun = (uint32_t)dw + (un >> 2) * UPD;
                 up_bload(j + 1 < nq ? (int)(nrun * 4u + (un & 3u)) : KS1, src, x, xq, xsf, p, b16, bq, bsf);
             } else if (regs) { /* two groups: this step's, before the wait (registers) */
                 up_bload((int)s, src, x, xq, xsf, p, c16, cq, csf);
@@ -597,8 +606,26 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         }
         /* Split-K: warp 0 adds the warps' sums in warp order as the SwiGLU below reads them: a
          * rolled loop over the token groups, the four values of each and the warps, one
-         * copy of its code (expf and silu's division). */
-        if (w == 0) {
+         * copy of its code (expf and silu's division). With KSPLIT blocks on the tile (one
+         * chunk of at most 8 tokens: TPE 8), pass 0 writes this block's sums to upart (row
+         * prow of the chunk, [KSPLIT][8 (K + NSUB)][I / 16][gate 16, up 16]), the block
+         * counts itself in on ucount, and the last of the KSPLIT blocks makes pass 1: the
+         * blocks' sums added in block order (z 0, 1, ...: the same order whichever block is
+         * last), the SwiGLU, and ucount back to 0 for the next launch (a graph's replay). */
+        MJ_NO_UNROLL
+        for (int pass = KSPLIT > 1 ? 0 : 1; pass < 2; pass++) {
+            if (KSPLIT > 1 && pass == 1) {
+                __threadfence(); /* this block's sums are visible to the block that adds them */
+                __syncthreads();
+                /* the block's flag: the rings' last word (the rings are done; the sums and the
+                 * tile lie at the start of their memory) */
+                int *s_last = (int *)((uint8_t *)smem + NW1 * RING_BYTES) - 1;
+                if (threadIdx.x == 0) *s_last = atomicAdd(&ucount[y * (I / 16) + t], 1u) == (uint32_t)(KSPLIT - 1);
+                __syncthreads();
+                if (!*s_last) return; /* the whole block: the flag is the block's */
+                __threadfence();
+            }
+            if (w != 0) continue;
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
             MJ_NO_UNROLL
             for (int n = 0; n < NT && n * 8 < nc; n++)
@@ -606,17 +633,36 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 for (int i = 0; i < 4; i++) {
                     int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
                     if (ti >= nc) continue;
-                    const float *av = accs + (n * 2 * 32 + lane) * 4 + i; /* warp 0's gate; up 128 on */
-                    float gate = av[0], up = av[128];
-                    MJ_NO_UNROLL
-                    for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
-                    gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
-                    float hv = silu(gate * alpha) * (up * alpha);
                     int ci = c0 + ti;
+                    float gate, up;
+                    /* the chunk's row in upart: routed rows by place, the shared after them */
+                    const long long prow = rs.shared ? 8LL * K + (long long)(rs.xi - n_local) * 8 + ci : rs.off + ci;
+                    float *pp = KSPLIT > 1 ? upart + (prow * (I / 16) + t) * 32 + r : 0; /* block z's: + z 8 (K + NSUB) I 2 */
+                    if (KSPLIT > 1 && pass == 1) {
+                        gate = 0.0f, up = 0.0f;
+                        MJ_NO_UNROLL
+                        for (int zz = 0; zz < KSPLIT; zz++) {
+                            const float *zp = pp + (long long)zz * 8 * (K + NSUB) * I * 2;
+                            gate += mj_ld_cg_f32(zp), up += mj_ld_cg_f32(zp + 16);
+                        }
+                    } else {
+                        const float *av = accs + (n * 2 * 32 + lane) * 4 + i; /* warp 0's gate; up 128 on */
+                        gate = av[0], up = av[128];
+                        MJ_NO_UNROLL
+                        for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
+                        gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
+                        if (KSPLIT > 1) {
+                            float *zp = pp + (long long)z * 8 * (K + NSUB) * I * 2;
+                            zp[0] = gate, zp[16] = up;
+                            continue;
+                        }
+                    }
+                    float hv = silu(gate * alpha) * (up * alpha);
                     const long long orow = act_row(&rs, ci, mb, n_local);
                     if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
                     else htile[ti * 16 + r] = hv;
                 }
+            if (KSPLIT > 1 && pass == 0) continue;
             if (MODE == 1) {
                 __syncwarp(0xFFFFFFFFu);
                 MJ_NO_UNROLL
@@ -629,6 +675,7 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
                 }
                 __syncwarp(0xFFFFFFFFu);
             }
+            if (KSPLIT > 1 && lane == 0) ucount[y * (I / 16) + t] = 0u;
         }
         __syncthreads(); /* the next chunk's rings, sums and rows reuse this memory */
     }

@@ -63,6 +63,13 @@ MJ_DEVICE void mj_mma_e2m1_m16n8k64(float d[4], const uint32_t a[4], const uint3
 }
 /* A 16-byte load of weights that are read once: through the non-coherent path, not kept in
  * L1 (they will not be read again). */
+/* A float written by another block of the same grid: loaded through L2 (ld.global.cg), never
+ * from a line this SM's L1 may hold. */
+MJ_DEVICE float mj_ld_cg_f32(const float *p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
 MJ_DEVICE uint4 mj_ld_stream(const void *p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"

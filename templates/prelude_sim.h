@@ -382,6 +382,12 @@ MJ_DEVICE void mj_grid_dep_wait(void) {}
 #define mj_cp_async_wait(n) mj_sim_api_->cp_async(MJ_SIM_CP_WAIT, 0, 0, (n), __FILE__, __LINE__)
 /* A 16-byte load of weights that are read once: counted, so tests can prove which bytes a
  * launch read and how often. */
+/* A float written by another block of the same grid (another worker): an atomic load. */
+MJ_DEVICE float mj_ld_cg_f32(const float *p) {
+    float v;
+    __atomic_load((const float *)p, &v, __ATOMIC_RELAXED);
+    return v;
+}
 MJ_DEVICE uint4 mj_ld_stream(const void *p) {
     *mj_sim_self()->stream_bytes += 16;
     return *(const uint4 *)p;

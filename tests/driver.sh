@@ -654,7 +654,7 @@ expect_fail env PATH=/nonexistent MOEJIT_NVDISASM= "$MJ" inspect --cache-dir "$C
 # An expert GEMM entry says what it reads per active expert, and the floor on a named GPU:
 # GLM-5 at TP 8 (H 6144, I_local 256) is 2654208 bytes an expert, 9 experts for one token on
 # an RTX PRO 6000 at 1792 GB/s: 13.3 us.
-printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1,"PART":0,"DSTEPS":4},"arch":"sm_120a"}\n' >ex.jsonl
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1,"PART":0,"KSPLIT":1,"DSTEPS":4},"arch":"sm_120a"}\n' >ex.jsonl
 EC=$T/ecache
 expect_rc 0 "$MJ" prewarm -q --cache-dir "$EC" ex.jsonl
 ekey=$("$MJ" inspect --cache-dir "$EC" list | awk '$2=="moe_experts" {print $1; exit}')
@@ -662,7 +662,7 @@ expect_rc 0 "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline rtx-pro-6000
 contains out "moves      2654208 bytes per active expert"; contains out "1.48 us per active expert on rtx-pro-6000"
 contains out "reads 9 experts: 13.3 us"
 # On a GPU each expert kernel is an entry of its own: the entry says which share it reads.
-printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2,"DSTEPS":4},"arch":"sm_120a"}\n' >up.jsonl
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2,"KSPLIT":1,"DSTEPS":4},"arch":"sm_120a"}\n' >up.jsonl
 expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/upcache" up.jsonl
 ukey=$("$MJ" inspect --cache-dir "$T/upcache" list | awk '$2=="moe_experts" {print $1; exit}')
 expect_rc 0 "$MJ" inspect --cache-dir "$T/upcache" show "$ukey" --roofline rtx-pro-6000
@@ -922,8 +922,8 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # sm_90a: every kernel after the router GEMM is a programmatic dependent, with its fixed cost
   json_check 'all([n for n, k in r["kernels"].items() if k["pdl"]] == ["oea_route", "experts_up", "experts_down"] for r in j["predict"]["rows"]) and j["predict"]["assumptions"]["pdl_launch_us"] < j["predict"]["assumptions"]["launch_us"]'
   # B 32 (TPE 32): a few routed rows an expert, so the one-group registers' path runs, and
-  # the hot loops are read from the TPE 8 twin: the counts of B 8's, not the groups' loop's
-  json_check '[[r["kernels"][k]["hot_loop"]["insts"] for r in j["predict"]["rows"] if r["k0"] == 8 and r["B"] in (8, 32)] for k in ("experts_up", "experts_down")] == [[x, x] for x in (j["predict"]["rows"][1]["kernels"]["experts_up"]["hot_loop"]["insts"], j["predict"]["rows"][1]["kernels"]["experts_down"]["hot_loop"]["insts"])]'
+  # the hot loops are read from the TPE 8 twin: within 10 % of B 8's (its splits differ), not the groups' loop's
+  json_check 'all(abs(a - b) <= 0.1 * a for a, b in [[r["kernels"][k]["hot_loop"]["insts"] for r in j["predict"]["rows"] if r["k0"] == 8 and r["B"] in (8, 32)] for k in ("experts_up", "experts_down")])'
   MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-8 --bench-batch 1 \
     --k0 8 --no-compile --no-sim --predict rtx-pro-6000 --cache-dir "$T/predcache" -q
   contains out "the performance model on rtx-pro-6000"; contains out "model assumptions"; contains out "experts_down"

@@ -335,7 +335,7 @@ static mj_route_outputs route_outputs(const routing *r) {
 }
 
 /* What the tests saw of the dispatcher's choices. */
-static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_chunks, g_seen_tiles;
+static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_ks[9], g_seen_chunks, g_seen_tiles;
 
 /* One forward of routing r on L in mode, checked stage by stage and against mj_experts_ref.
  * Returns the stage failures when counting (mutation tests). */
@@ -346,6 +346,7 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     mj_experts_view_get(ex, &f.v);
     mj_experts_plan(ex, mode, B, &f.kn);
     g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = g_seen_ds[f.kn.DSTEPS] = 1;
+    g_seen_ks[f.kn.KSPLIT] = 1;
     for (int e = 0; e < r->E; e++) g_seen_chunks |= r->cnt[e] > f.kn.TPE;
     g_seen_tiles |= B > f.kn.TPE;
     tbuf out = tbuf_new(sizeof(float) * (size_t)B * H, 0);
@@ -539,6 +540,9 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
         {256, 128, 16, 4, 1, 1, 4},   {256, 128, 16, 4, 2, 2, 2},  {512, 64, 16, 4, 7, 5, 4},
         {1024, 128, 16, 4, 16, 16, 2}, {2048, 64, 16, 4, 64, 61, 4}, {512, 128, 16, 4, 257, 250, 4},
         {4096, 64, 8, 2, 3, 3, 1},    {256, 64, 16, 4, 32, 30, 2},
+        /* up split over blocks at TPE 8 (KSPLIT 2: H 1024; 8: H 4096 above), and 8 up warps
+         * (TPE 16, H 2048) */
+        {1024, 64, 16, 4, 5, 4, 4},   {2048, 64, 16, 4, 12, 12, 4},
         /* sums in shared memory (TPE 32, 64) with several up warps, and down items of two runs
          * (I 320: the second short): TPE 32 NW1 4; TPE 64 over chunks; TPE 64 NW1 2 */
         {1024, 320, 16, 4, 32, 29, 4}, {1024, 320, 16, 4, 100, 97, 4}, {4096, 320, 8, 4, 40, 40, 4},
@@ -1047,29 +1051,29 @@ static void test_specs(const char *cache) {
         for (int mode = 0; mode < 2; mode++)
             for (int tpe = 8; tpe <= 64; tpe *= 2) {
                 mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = 256, .K = 8, .TPE = tpe, .NW1 = 4, .NW2 = 2,
-                                          .NSUB = 1, .DSTEPS = 2};
+                                          .NSUB = 1, .KSPLIT = 1, .DSTEPS = 2};
                 mj_spec s[3];
                 const int32_t n = mj_experts_specs(c, &k, s);
                 CHECK(n == (b ? 1 : mode ? 3 : 2), "%s %s TPE %d: %d specializations", backends[b],
                       mode ? "W4A4" : "W4A16", tpe, n);
                 for (int32_t q = 0; q < n && q < 3; q++) {
-                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART DSTEPS */
+                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART KSPLIT DSTEPS */
                     CHECK_OK(mj_spec_validate(&s[q]));
                     CHECK(kn[0] == mode && kn[1] == 6144 && kn[2] == 256 && kn[3] == 8 && kn[7] == 1,
                           "%s: the shape knobs are the forward's", backends[b]);
                     const int32_t part = kn[8];
                     if (b) {
-                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[9] == 2, "sim: PART 0 with every knob");
+                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[10] == 2, "sim: PART 0 with every knob");
                     } else if (part == 1) {
-                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 4,
-                              "quant: TPE 8, NW1 1, NW2 1, DSTEPS 4");
+                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 1 && kn[10] == 4,
+                              "quant: TPE 8, NW1 1, NW2 1, KSPLIT 1, DSTEPS 4");
                         CHECK(quant_tpe < 0 || quant_tpe == kn[4], "one experts_quant for every TPE");
                         quant_tpe = kn[4];
                     } else {
-                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 && kn[9] == 4
-                                        : kn[4] == tpe && kn[5] == 1 && kn[6] == 2 && kn[9] == 2,
-                              "%s PART %d TPE %d: NW1 %d NW2 %d DSTEPS %d", mode ? "W4A4" : "W4A16", part, tpe, kn[5],
-                              kn[6], kn[9]);
+                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 && kn[9] == 1 && kn[10] == 4
+                                        : kn[4] == tpe && kn[5] == 1 && kn[6] == 2 && kn[9] == 1 && kn[10] == 2,
+                              "%s PART %d TPE %d: NW1 %d NW2 %d KSPLIT %d DSTEPS %d", mode ? "W4A4" : "W4A16", part, tpe,
+                              kn[5], kn[6], kn[9], kn[10]);
                     }
                 }
             }
@@ -1077,18 +1081,18 @@ static void test_specs(const char *cache) {
     }
     static const char *const bad[] = {
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"KSPLIT\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"KSPLIT\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"KSPLIT\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
     };
     /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
      * nothing at all for n = 0. */
     mj_context_t c = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     if (c) {
         mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1,
-                                  .DSTEPS = 4};
+                                  .KSPLIT = 1, .DSTEPS = 4};
         mj_spec two[3];
         CHECK(mj_experts_specs(c, &k, two) == 1, "sim: one spec");
         two[1] = two[0];
@@ -1207,6 +1211,7 @@ static void teardown(void) { mj_context_destroy(g_ctx); }
 static void check_seen(void) {
     CHECK(g_seen_tpe[8] && g_seen_tpe[16] && g_seen_tpe[32] && g_seen_tpe[64], "every token bucket reached");
     CHECK(g_seen_nw1[1] && g_seen_nw1[2] && g_seen_nw1[4] && g_seen_nw1[8], "every split-K width reached");
+    CHECK(g_seen_ks[1] && g_seen_ks[2] && g_seen_ks[8], "up split over 1, 2 and 8 blocks reached");
     CHECK(g_seen_nw2[4], "down's 4-warp blocks reached");
     CHECK(g_seen_ds[4] && g_seen_ds[2], "both item sizes of down reached (4 k-steps at TPE 8, 2 past it)");
     CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");

@@ -13,8 +13,8 @@
  *   oea_route     one block (B <= 256): its loops depend on the data, so its instructions
  *                 are pm_assume's route_fixed + route_per_token x B / NWARPS a warp;
  *   experts_quant (W4A4) a block a (token, expert slot), 4 warps; ceil(H / 16 / 128) iterations;
- *   experts_up    a block a (16-row tile, active expert or shared sub-expert), NW1 warps
- *                 splitting H: H / 64 / NW1 k-steps a warp, 4 k-steps of 1 KiB in flight;
+ *   experts_up    KSPLIT blocks a (16-row tile, active expert or shared sub-expert), NW1 warps
+ *                 each, splitting H: H / 64 / (NW1 KSPLIT) k-steps a warp, 4 of 1 KiB in flight;
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
  *                 walks ceil(experts x parts / NW2) items (an expert's DSTEPS k-steps of w2
  *                 with a scale chunk and the record), MJ_EXPERTS_DRING - 2 in flight. */
@@ -253,8 +253,8 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     k->l.blocks = (int64_t)B * (K + 1), k->l.bytes = 2.0 * B * H, k->l.iters = ceil(H / 16 / 128.0);
                 } else if (part == 2) {
                     k->name = "experts_up";
-                    k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items), k->l.bytes = items * w13;
-                    k->l.iters = (double)(H / 64) / kx.NW1, k->l.inflight = 4 * 1024.0;
+                    k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items) * kx.KSPLIT, k->l.bytes = items * w13;
+                    k->l.iters = (double)(H / 64) / (kx.NW1 * kx.KSPLIT), k->l.inflight = 4 * 1024.0;
                 } else {
                     k->name = "experts_down";
                     const int parts = (I / 64 + kx.DSTEPS - 1) / kx.DSTEPS;
