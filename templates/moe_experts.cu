@@ -5,18 +5,20 @@
  *
  *   experts_quant  (W4A4 only) each valid token's hidden row quantized to NVFP4 once per
  *                  expert it goes to, with that expert's w13 input_scale, into row order;
- *   experts_up     block (tile t of 16 intermediate rows, slot): the slot's expert (an active
- *                  routed expert held here, or a shared sub-expert), its 16 gate and 16 up
- *                  rows against its tokens; the block's warps split K (H) and add up in a
- *                  fixed order; SwiGLU; the activation written as bf16 (W4A16) or requantized
- *                  to NVFP4 with w2's input_scale (W4A4);
+ *   experts_up     block (tile t of 16 intermediate rows, slot, z): the slot's expert (an
+ *                  active routed expert held here, or a shared sub-expert), its 16 gate and 16
+ *                  up rows against its tokens; the block's warps split K (H) and add up in a
+ *                  fixed order (at decode the tile's K is split over KSPLIT blocks too, and
+ *                  the last of them adds their sums in block order); SwiGLU; the activation
+ *                  written as bf16 (W4A16) or requantized to NVFP4 with w2's input_scale (W4A4);
  *   experts_down   block (16 hidden dims, a tile of TPE tokens): its NW2 warps share the
  *                  active experts out by id (warp w: the ids w modulo NW2, ascending, then
  *                  the shared sub-experts w, w + NW2, ...), each adding weight x (w2 . act)
  *                  into accumulators of its own; then the warps' sums are added in warp
  *                  order. The combine is fused and every output element is summed in one
  *                  fixed order that depends only on its token's experts: the same inputs
- *                  give the same bits, whatever else the batch holds (no atomics anywhere);
+ *                  give the same bits, whatever else the batch holds (no floating-point
+ *                  atomics: the one atomic counts a split up tile's blocks in);
  *   experts_silu   a check, not a step of the forward: silu against IEEE division, on the
  *                  interpreter (test_experts) and, compiled with PART 0, on a GPU.
  *
