@@ -280,16 +280,19 @@ MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, i
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
- * grid (B, K + 1), block 128, dynamic shared memory 8 KiB: block (b, j) quantizes token b's
- * hidden row for its j-th expert (j < K: with that expert's input scale, into its route row,
- * if the expert is held here) or, j = K, for the shared experts (row MB K + b): one block a
- * (token, expert), not one a token walking its K + 1 in turn. */
+ * grid (B, K + 1, ceil(H / 16 / QT)), block QT, dynamic shared memory QT x 64 bytes: block
+ * (b, j, c) quantizes the c-th QT 16-element groups of token b's hidden row for its j-th
+ * expert (j < K: with that expert's input scale, into its route row, if the expert is held
+ * here) or, j = K, for the shared experts (row MB K + b): a group a thread, so that even one
+ * token's K + 1 rows spread over many SMs (each group's quantization is a long chain of
+ * IEEE divisions). */
+#define QT 64
 MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
-    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant16 reads: [16][128 threads] */
+    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant16 reads: [16][QT threads] */
     const int b = (int)blockIdx.x, j = (int)blockIdx.y;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
@@ -306,11 +309,11 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             row = mb * K + b;
         }
         const float gs = scal[xi * SCAL + 4];
-        for (int grp = (int)threadIdx.x; grp < H / 16; grp += (int)blockDim.x) {
-            float *v = vbuf + threadIdx.x; /* this thread's 16 values, 128 floats apart */
-            for (int i = 0; i < 16; i++) v[i * 128] = mj_f32_from_bits((uint32_t)xr[grp * 16 + i] << 16);
+        for (int grp = (int)(blockIdx.z * QT + threadIdx.x); grp < H / 16; grp += (int)(gridDim.z * QT)) {
+            float *v = vbuf + threadIdx.x; /* this thread's 16 values, QT floats apart */
+            for (int i = 0; i < 16; i++) v[i * QT] = mj_f32_from_bits((uint32_t)xr[grp * 16 + i] << 16);
             uint32_t w0, w1;
-            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, 128, gs, &w0, &w1);
+            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, QT, gs, &w0, &w1);
             store_q16(xq + (long long)row * (H / 2), grp, w0, w1);
         }
     }

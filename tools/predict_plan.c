@@ -12,7 +12,7 @@
  *                 a time: ceil(B / ROWS) iterations;
  *   oea_route     one block (B <= 256): its loops depend on the data, so its instructions
  *                 are pm_assume's route_fixed + route_per_token x B / NWARPS a warp;
- *   experts_quant (W4A4) a block a (token, expert slot), 4 warps; ceil(H / 16 / 128) iterations;
+ *   experts_quant (W4A4) blocks of 2 warps a (token, expert slot), a 16-value group a thread;
  *   experts_up    KSPLIT blocks a (16-row tile, active expert or shared sub-expert), NW1 warps
  *                 each, splitting H: H / 64 / (NW1 KSPLIT) k-steps a warp, 4 of 1 KiB in flight;
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
@@ -250,7 +250,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k->l.threads = (int)d->block[0], k->l.smem = (int)d->smem, k->l.extra = -1;
                 if (part == 1) {
                     k->name = "experts_quant";
-                    k->l.blocks = (int64_t)B * (K + 1), k->l.bytes = 2.0 * B * H, k->l.iters = ceil(H / 16 / 128.0);
+                    k->l.blocks = (int64_t)d->grid[0] * d->grid[1] * d->grid[2], k->l.bytes = 2.0 * B * H, k->l.iters = 1;
                 } else if (part == 2) {
                     k->name = "experts_up";
                     k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items) * kx.KSPLIT, k->l.bytes = items * w13;
