@@ -111,6 +111,9 @@ typedef struct mj_moe_config {
     mj_quant quant;            /* NVFP4 for ModelOpt checkpoints                           */
     int32_t quant_group_size;  /* 16 for NVFP4                                             */
     mj_group_score group_score;/* group score of group-limited routing (from topk_method)  */
+    int32_t shared_gate;       /* 1: the shared expert's output is scaled by
+                                  sigmoid(x . shared_expert_gate), a bf16 [H] gate (Qwen2-MoE,
+                                  Qwen3-Next); 0: weight 1. Needs n_shared > 0              */
 } mj_moe_config;
 
 /* Fill *cfg with GLM-5's MoE layer (the values of its config.json, NVFP4 quantized). */
@@ -261,7 +264,9 @@ typedef enum mj_weight_mode {
 
 /* The CPU reference forward of one MoE layer (or of one rank's part of it):
  * hidden [B, H] bf16 -> router GEMM -> route (k0; 0 means k, plain top-k) -> experts ->
- * combine (slot order, fp32) + shared expert (weight 1). GEMMs accumulate in fp64 over
+ * combine (slot order, fp32) + shared expert (weight 1; with cfg.shared_gate, each token's
+ * sigmoid(x . shared_expert_gate), the dot product of bf16 values summed in float in index
+ * order, then 1 / (1 + expf(-dot))). GEMMs accumulate in fp64 over
  * exact e2m1*e4m3 products and apply weight_scale_2 (W4A16) or input_scale*weight_scale_2
  * (W4A4) to the sum. Between an expert's two GEMMs the SwiGLU output is rounded to bf16
  * (W4A16) or quantized to NVFP4 with w2's input_scale (W4A4), as the kernels do.
@@ -529,7 +534,8 @@ typedef struct mj_experts_options {
 
 /* Pack the experts a layer handle holds (the whole layer, or one rank's TP slice or EP
  * share: see mj_layer_shard) for ctx's backend and target. The shared expert runs as
- * n_shared * I / I_local sub-experts of the routed experts' size. */
+ * n_shared * I / I_local sub-experts of the routed experts' size; its gate (cfg.shared_gate)
+ * goes with it, whole on every rank that holds a slice of it. */
 MJ_API mj_status mj_experts_create(mj_context_t ctx, mj_layer_t layer, const mj_experts_options *opts,
                                    mj_experts_t *out);
 
@@ -542,7 +548,8 @@ MJ_API mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight
 /* The experts' part of the layer for B tokens of which *num_valid are real (num_valid: a
  * device int32, NULL: all B):
  *   out [B, H] f32 = sum over each token's routed experts held here of weight * expert(x)
- *                    + the shared expert (if held here) for every valid token,
+ *                    + the shared expert (if held here) for every valid token, times
+ *                      sigmoid(x . shared_expert_gate) where the config gates it,
  * expert(x) = w2 . (silu(gate . x) * (up . x)); padding rows are 0. hidden [B, H] bf16 and
  * out are device pointers; route is what mj_route wrote for these B tokens (ids, weights,
  * expert_counts, expert_offsets, active_experts, n_active, permutation and row_index are

@@ -480,7 +480,8 @@ mj_status mj_experts_adopt(mj_context_t ctx, const mj_adopt_tensors *t_in, const
     mj_adopt_tensors t;
     MJ_CHECK(load_tensors(t_in, who, &t));
     MJ_CHECK(check_tensors(&t, who));
-    const mj_experts_shape sh = {t.hidden, t.intermediate, t.topk, t.n_experts, t.n_experts, 0, 0};
+    /* The routed experts only: an engine runs its shared expert (and a Qwen gate on it) itself. */
+    const mj_experts_shape sh = {t.hidden, t.intermediate, t.topk, t.n_experts, t.n_experts, 0, 0, 0};
     mj_experts_t ex;
     MJ_CHECK(mj_experts_new(ctx, &sh, opts, who, &ex));
     mj_status st;

@@ -28,6 +28,7 @@ struct mj_experts {
                                             shared sub-experts                             */
     int32_t mb;                          /* max batch of the workspace                    */
     int w4a4;                            /* the target has the FP4 MMA                     */
+    int gated;                           /* the shared expert has a sigmoid gate (sgate)   */
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert                */
     uint8_t *w13, *s13, *w2, *s2;        /* [n_local + nsub] packed experts               */
     float *scal;                         /* [n_local + nsub][MJ_EXPERTS_SCAL]: w13's
@@ -40,6 +41,10 @@ struct mj_experts {
                                             sums, [KSPLIT][8 (K + nsub)][2 I]             */
     uint32_t *ucount;                    /* [8 K + nsub][I / 16]: blocks done a tile, 0
                                             between launches                              */
+    uint16_t *sgate;                     /* [H] bf16: the shared expert's sigmoid gate
+                                            (Qwen2-MoE, Qwen3-Next), or NULL               */
+    float *sgate_w;                      /* [mb]: each token's sigmoid(x . sgate), written
+                                            by experts_up, read by experts_down (with sgate) */
     mj_mode_policy policy;               /* the mode for MJ_MODE_AUTO, by batch size      */
     unsigned owned;                      /* MJ_EXPERTS_OWN_*: which of w13, s13, w2, s2 this
                                             handle allocated (an adopted one borrows some)  */
@@ -63,7 +68,8 @@ mj_status mj_experts_free(mj_experts_t ex) {
     void *weights[] = {ex->w13, ex->s13, ex->w2, ex->s2};
     for (int i = 0; i < 4; i++)
         if (ex->owned & (1u << i)) buf_free(ex, weights[i]);
-    void *bufs[] = {ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->upart, ex->ucount};
+    void *bufs[] = {ex->scal, ex->sgate, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->upart, ex->ucount,
+                    ex->sgate_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(ex, bufs[i]);
     mj_adoption_free(ex->device, ex->adoption);
     free(ex);
@@ -129,17 +135,19 @@ mj_status mj_experts_mode(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_we
 
 /* Free the forward's workspace: no workspace at all is mb 0. */
 static void workspace_release(mj_experts *ex) {
-    void *old[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->upart, ex->ucount};
+    void *old[] = {ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->upart, ex->ucount, ex->sgate_w};
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) buf_free(ex, old[i]);
-    ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL, ex->upart = NULL, ex->ucount = NULL, ex->mb = 0;
+    ex->act = NULL, ex->actq = ex->act_sf = ex->xq = ex->xsf = NULL, ex->upart = NULL, ex->ucount = NULL;
+    ex->sgate_w = NULL, ex->mb = 0;
 }
 
 static int32_t up_ksplit(const mj_experts *ex);
 
 /* The forward's workspace for up to mb tokens: the activations between the two GEMMs,
- * (W4A4) the quantized inputs, and the split up's sums and counters (when a plan of at most 8
- * tokens splits up over blocks): act, actq, act_sf, xq, xsf, upart, ucount, in bytes. */
-#define WS_BUFS 7
+ * (W4A4) the quantized inputs, the split up's sums and counters (when a plan of at most 8
+ * tokens splits up over blocks), and a gated shared expert's weights: act, actq, act_sf, xq,
+ * xsf, upart, ucount, sgate_w, in bytes. */
+#define WS_BUFS 8
 static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[WS_BUFS]) {
     const int64_t rows = (int64_t)mb * ex->K + (int64_t)ex->nsub * mb, xrows = (int64_t)mb * (ex->K + 1);
     const int64_t H = ex->H, I = ex->I;
@@ -151,6 +159,7 @@ static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[WS_B
     const int64_t ks = up_ksplit(ex), slots = 8LL * ex->K < ex->E ? 8LL * ex->K : ex->E;
     bytes[5] = ks > 1 ? ks * 8 * (ex->K + ex->nsub) * 2 * I * (int64_t)sizeof(float) : 0;
     bytes[6] = ks > 1 ? (slots + ex->nsub) * (I / 16) * (int64_t)sizeof(uint32_t) : 0;
+    bytes[7] = ex->gated ? (int64_t)mb * (int64_t)sizeof(float) : 0;
 }
 
 /* Replaces what was there. */
@@ -158,8 +167,8 @@ static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
     workspace_release(ex);
     int64_t bytes[WS_BUFS];
     workspace_sizes(ex, mb, bytes);
-    void **bufs[WS_BUFS] = {(void **)&ex->act, (void **)&ex->actq, (void **)&ex->act_sf, (void **)&ex->xq,
-                            (void **)&ex->xsf,  (void **)&ex->upart, (void **)&ex->ucount};
+    void **bufs[WS_BUFS] = {(void **)&ex->act, (void **)&ex->actq,  (void **)&ex->act_sf, (void **)&ex->xq,
+                            (void **)&ex->xsf, (void **)&ex->upart, (void **)&ex->ucount, (void **)&ex->sgate_w};
     for (int i = 0; i < WS_BUFS; i++)
         if (bytes[i]) MJ_CHECK(buf_alloc(ex, (size_t)bytes[i], bufs[i]));
     if (bytes[6]) { /* the counters start at 0 (each launch leaves them so) */
@@ -176,7 +185,7 @@ static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
 int64_t mj_experts_bytes_allocated(mj_experts_t ex) {
     const int64_t X = (int64_t)ex->n_local + ex->nsub;
     const int64_t per[4] = {ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2};
-    int64_t total = X * MJ_EXPERTS_SCAL * (int64_t)sizeof(float), ws[WS_BUFS];
+    int64_t total = X * MJ_EXPERTS_SCAL * (int64_t)sizeof(float) + (ex->gated ? ex->H * 2 : 0), ws[WS_BUFS];
     for (int i = 0; i < 4; i++)
         if (ex->owned & (1u << i)) total += X * per[i];
     workspace_sizes(ex, ex->mb, ws);
@@ -249,6 +258,7 @@ mj_status mj_experts_new(mj_context_t ctx, const mj_experts_shape *sh, const mj_
     ex->H = sh->H, ex->I = sh->I, ex->K = sh->K, ex->E = sh->E;
     ex->n_local = sh->n_local, ex->expert_begin = sh->expert_begin, ex->nsub = sh->nsub, ex->mb = opts.max_batch;
     ex->w4a4 = has_fp4_mma(ex->target);
+    ex->gated = sh->gated && sh->nsub > 0;
     ex->bytes_w13 = mj_pack_w13_bytes(ex->H, ex->I), ex->bytes_s13 = mj_pack_s13_bytes(ex->H, ex->I);
     ex->bytes_w2 = mj_pack_w2_bytes(ex->H, ex->I), ex->bytes_s2 = mj_pack_s2_bytes(ex->H, ex->I);
     const char *policy = opts.mode_policy ? opts.mode_policy : mj_mode_policy_default(ex->target);
@@ -256,6 +266,7 @@ mj_status mj_experts_new(mj_context_t ctx, const mj_experts_shape *sh, const mj_
     mj_status st;
     MJ_CHECK_GOTO(mj_mode_policy_parse(policy, ex->target, &ex->policy), st, fail);
     MJ_CHECK_GOTO(buf_alloc(ex, (size_t)X * MJ_EXPERTS_SCAL * sizeof(float), (void **)&ex->scal), st, fail);
+    if (ex->gated) MJ_CHECK_GOTO(buf_alloc(ex, (size_t)ex->H * 2, (void **)&ex->sgate), st, fail);
     MJ_CHECK_GOTO(workspace_alloc(ex, ex->mb), st, fail);
     *out = ex;
     return MJ_OK;
@@ -305,7 +316,9 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
                                 L->is_local, I);
         nsub = L->is_local / I;
     }
-    const mj_experts_shape sh = {H, I, cfg->topk, cfg->n_experts, L->n_local, L->expert_begin, nsub};
+    /* The shared expert's gate goes where its sub-experts run (each TP rank: the whole gate). */
+    const int gated = nsub > 0 && L->shared_gate != NULL;
+    const mj_experts_shape sh = {H, I, cfg->topk, cfg->n_experts, L->n_local, L->expert_begin, nsub, gated};
     mj_experts *ex;
     MJ_CHECK(mj_experts_new(ctx, &sh, opts, "mj_experts_create", &ex));
     const int64_t X = (int64_t)ex->n_local + nsub;
@@ -341,6 +354,7 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
                              w2->input_scale);
     }
     MJ_CHECK_GOTO(buf_put(ex, ex->scal, scal, (size_t)X * MJ_EXPERTS_SCAL * sizeof(float)), st, fail);
+    if (gated) MJ_CHECK_GOTO(buf_put(ex, ex->sgate, L->shared_gate, (size_t)H * 2), st, fail);
     free(stage);
     free(scal);
     *out = ex;
@@ -488,7 +502,8 @@ static mj_status get_functions(mj_context_t ctx, const mj_knobs_moe_experts *k, 
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *v) {
     *v = (mj_experts_view){ex->H, ex->I, ex->K, ex->E, ex->n_local, ex->expert_begin, ex->nsub, ex->mb,
                            ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2, ex->w13, ex->s13, ex->w2,
-                           ex->s2, ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf};
+                           ex->s2, ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->sgate,
+                           ex->sgate_w};
 }
 
 mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, int32_t max_batch) {
@@ -576,10 +591,10 @@ mj_status mj_experts_forward_out(mj_context_t ctx, mj_experts_t ex, mj_weight_mo
     MJ_CHECK(mj_launch_experts_up(fu, dims[1], hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, B, num_valid, ex->mb,
                                   ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf, ex->upart,
-                                  ex->ucount));
+                                  ex->ucount, ex->sgate, ex->sgate_w));
     return mj_launch_experts_down(fd, dims[2], ex->act, ex->actq, ex->act_sf, ex->w2, ex->s2, ex->scal, r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, r.weights, B,
                                   num_valid, ex->mb, ex->n_local, ex->expert_begin, n_slots,
                                   out_type == MJ_OUT_BF16 ? NULL : (float *)out,
-                                  out_type == MJ_OUT_BF16 ? (uint16_t *)out : NULL);
+                                  out_type == MJ_OUT_BF16 ? (uint16_t *)out : NULL, ex->gated ? ex->sgate_w : NULL);
 }

@@ -23,6 +23,8 @@ typedef struct mj_experts_view {
     float *scal;                                      /* [n_local + nsub][MJ_EXPERTS_SCAL] */
     uint16_t *act;
     uint8_t *actq, *act_sf, *xq, *xsf;
+    uint16_t *sgate;                                  /* [H] bf16 shared-expert gate, or NULL */
+    float *sgate_w;                                   /* [mb] its weights (workspace), or NULL */
 } mj_experts_view;
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
 
@@ -75,6 +77,8 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
  * MJ_EXPERTS_SCAL scalars. */
 typedef struct mj_experts_shape {
     int32_t H, I, K, E, n_local, expert_begin, nsub;
+    int32_t gated;             /* the shared expert (nsub > 0) has a sigmoid gate: its [H] bf16
+                                  buffer and a [mb] f32 workspace for its weights */
 } mj_experts_shape;
 #define MJ_EXPERTS_OWN_W13 1u
 #define MJ_EXPERTS_OWN_S13 2u

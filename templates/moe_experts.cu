@@ -19,6 +19,10 @@
  *                  fixed order that depends only on its token's experts: the same inputs
  *                  give the same bits, whatever else the batch holds (no floating-point
  *                  atomics: the one atomic counts a split up tile's blocks in);
+ *   (gated)        a shared expert with a sigmoid gate (Qwen2-MoE, Qwen3-Next: sgate, bf16
+ *                  [H]): one up block (the first shared sub-expert's tile 0, split 0) also
+ *                  writes each valid token's weight sgate_w[b] = sigmoid(x_b . sgate), and down
+ *                  adds the shared sub-experts with it in place of 1;
  *   experts_silu   a check, not a step of the forward: silu against IEEE division, on the
  *                  interpreter (test_experts) and, compiled with PART 0, on a GPU.
  *
@@ -516,16 +520,43 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
     }
 }
 
+/* The shared expert's gate (Qwen2-MoE, Qwen3-Next): sgate_w[b] = 1 / (1 + e^-(x_b . sgate)) for
+ * each valid token b (x_b and sgate bf16 [H]). One warp a token (warp w: tokens w, w + NW1,
+ * ...); lane l adds the products of elements 8l .. 8l + 7, then 256 + 8l .., in index order, and
+ * the lanes' sums are added by a butterfly (xor 16, 8, 4, 2, 1; float addition commutes, so
+ * every lane holds the same bits): a fixed order, so a token's weight does not depend on the
+ * other tokens or on NW1. The reciprocal is __fdividef's (no IEEE division's slow path in W4A16's
+ * up; within 2 ulp; 0 past d = 2^126, where the weight is below 1e-38 anyway). */
+MJ_DEVICE void shared_gate_weights(const uint16_t *x, const uint16_t *sgate, int nv, int w, int lane, float *sgate_w) {
+    MJ_NO_UNROLL
+    for (int b = w; b < nv; b += NW1) {
+        const uint16_t *xr = x + (long long)b * H;
+        float dot = 0.0f;
+        MJ_NO_UNROLL
+        for (int h0 = 8 * lane; h0 < H; h0 += 256) {
+            const uint4 xv = *(const uint4 *)(xr + h0), gv = *(const uint4 *)(sgate + h0);
+            const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+            for (int i = 0; i < 4; i++) {
+                dot += mj_f32_from_bits(xw[i] << 16) * mj_f32_from_bits(gw[i] << 16);
+                dot += mj_f32_from_bits(xw[i] & 0xFFFF0000u) * mj_f32_from_bits(gw[i] & 0xFFFF0000u);
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
+        if (lane == 0) sgate_w[b] = __fdividef(1.0f, 1.0f + expf(-dot));
+    }
+}
+
 /* grid (I / 16, n_slots + NSUB, KSPLIT), block NW1 * 32, dynamic shared memory NW1 * RING_BYTES
  * (the warps' rings; after the k loop the warps' sums, then the SwiGLU tile), and with
  * SUMS_SMEM NW1 * UPACC + TPE * 4 bytes more (the warps' sums and the chunk's source rows;
- * the tile after the k loop at the start). */
+ * the tile after the k loop at the start). sgate: the shared expert's gate, bf16 [H] (NULL:
+ * none, sgate_w untouched), whose weights one block writes to sgate_w [B] for down. */
 MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
                           int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf,
-                          float *upart, uint32_t *ucount) {
+                          float *upart, uint32_t *ucount, const uint16_t *sgate, float *sgate_w) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
@@ -539,6 +570,8 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
     const int y = (int)blockIdx.y, slot = y < NSUB ? n_slots + y : y - NSUB;
     rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
     if (rs.xi < 0 || rs.n == 0) return;
+    if (sgate && rs.shared && rs.xi == n_local && t == 0 && z == 0) /* one block: the first shared sub-expert's */
+        shared_gate_weights(x, sgate, nv, w, lane, sgate_w);
     const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
     const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
     const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
@@ -854,20 +887,23 @@ MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long 
 
 /* An expert's D fragments (in frag, each lane's own) into the warp's tile: d_i of group c is
  * dim g (+8 for i >= 2) of the expert's row c * 8 + 2p (+1), acc_tile[token - t0][dim] +=
- * weight * alpha * d; each (token, dim) is one lane's, so every element is summed in expert
- * order. One rolled loop: one copy of its code instead of 4 NT. */
+ * weight * alpha * d (a shared sub-expert's weight: 1, or the token's gate sgate_w[token] that
+ * up wrote); each (token, dim) is one lane's, so every element is summed in expert order. One
+ * rolled loop: one copy of its code instead of 4 NT. */
 MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, const float *weights, int t0, int lane,
-                             const float *frag, float *acc_tile) {
+                             const float *frag, float *acc_tile, const float *sgate_w) {
     const int g = lane >> 2, p = lane & 3;
     MJ_NO_UNROLL
     for (int ci = 0; ci < NT * 4; ci++) {
         const int ti = (ci >> 2) * 8 + 2 * p + (ci & 1);
         if (ti >= it->n) continue;
         int tk = t0 + ti;
-        float wgt = 1.0f;
+        float wgt;
         if (it->shared_row0 < 0) {
             const int ri = row_index[it->r0 + ti];
             tk = ri / K, wgt = weights[ri];
+        } else {
+            wgt = sgate_w ? sgate_w[tk] : 1.0f;
         }
         /* x DQ_UNIT first: exact (W4A16's sums are in units of 2^-7) */
         acc_tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += wgt * (frag[((ci >> 2) * 32 + lane) * 4 + (ci & 3)] * DQ_UNIT * it->alpha);
@@ -878,12 +914,14 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, co
  * NW2 * (TPE * 128 + DRING * DSLOT) bytes: each warp's tile and fragments, then each warp's
  * ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
  * nearest even from the same f32 sum, NaN kept quiet, as mj_f32_to_bf16): every element
- * written (0 for padding tokens). */
+ * written (0 for padding tokens). sgate_w: the shared sub-experts' weight of each token (up's
+ * shared_gate_weights), or NULL: 1. */
 MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
                             const uint8_t *s2, const float *scal, const int32_t *counts,
                             const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                             const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,
-                            int mb, int n_local, int expert_begin, int n_slots, float *out, uint16_t *out16) {
+                            int mb, int n_local, int expert_begin, int n_slots, float *out, uint16_t *out16,
+                            const float *sgate_w) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 3 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
@@ -946,7 +984,7 @@ MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint
             } else if (it.n <= 8) {
                 for (int q = 0; q < 4; q++) frag[lane * 4 + q] = accr[0][q];
             }
-            down_epilogue(&it, row_index, weights, t0, lane, frag, acc_tile);
+            down_epilogue(&it, row_index, weights, t0, lane, frag, acc_tile, sgate_w);
         }
         __syncwarp(0xFFFFFFFFu); /* every lane is done with this slot and the one before */
     }

@@ -138,6 +138,7 @@ static void check_same(const char *what, const mj_moe_config *a, const mj_moe_co
     CHECK(a->quant == b->quant, "%s: quant %d vs %d", what, a->quant, b->quant);
     CHECK(a->quant_group_size == b->quant_group_size, "%s: group size %d vs %d", what,
           a->quant_group_size, b->quant_group_size);
+    CHECK(a->shared_gate == b->shared_gate, "%s: shared_gate %d vs %d", what, a->shared_gate, b->shared_gate);
     CHECK(a->group_score == b->group_score, "%s: group_score %d vs %d", what,
           (int)a->group_score, (int)b->group_score);
     CHECK(memcmp(a, b, sizeof *a) == 0, "%s: bytes differ", what);
@@ -723,7 +724,14 @@ static void test_validate(void) {
     BAD(group_score, (mj_group_score)2, MJ_ERR_CONFIG, "group_score 2");
     BAD(group_score, (mj_group_score)-1, MJ_ERR_CONFIG, "mj_group_score");
     BAD(quant_group_size, 32, MJ_ERR_UNSUPPORTED, "group_size 32");
+    BAD(shared_gate, 2, MJ_ERR_CONFIG, "shared_gate 2 must be 0 or 1");
 #undef BAD
+    /* A gate scales the shared expert: none without one. */
+    c = g;
+    c.shared_gate = 1;
+    CHECK_OK(mj_moe_config_validate(&c, 1));
+    c.n_shared = 0;
+    expect_validate_fail("shared_gate without a shared expert", &c, 0, MJ_ERR_CONFIG, "there is none");
     /* Groups: 256 experts in 8 groups of 32, keep 4 -> 128 reachable (DeepSeek-V3). */
     c = g;
     c.n_group = 8;

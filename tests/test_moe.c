@@ -5,6 +5,8 @@
  *              the unsplit CPU reference (mj_moe_forward_ref) within the experts' tolerance
  *              (relative L2: 2e-3 W4A16, 5e-2 W4A4, as tests/test_experts.c derives),
  *              padding rows 0, and the same bits again on a second forward;
+ *   gated      the same with a shared expert scaled by sigmoid(x . shared_expert_gate)
+ *              (Qwen2-MoE, Qwen3-Next): TP 2 and 4, EP 2, W4A16 and W4A4;
  *   routing    the routing a forward used (mj_moe_route_outputs) equals mj_route_ref on
  *              the reference logits, so the comparison above compares like with like;
  *   bytes      the weight bytes a forward streams (the interpreter counts them) are the
@@ -169,6 +171,39 @@ static void test_splits(uint64_t seed) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_split(full, cases[i].par, cases[i].n, cases[i].mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, cases[i].pol,
                   cases[i].k0, cases[i].B, cases[i].nv, seed + 10 + i);
+    mj_layer_free(full);
+}
+
+/* A Qwen2-MoE-shaped layer (softmax top-k, no bias, no renormalization) whose shared expert, 4
+ * expert widths wide, is scaled by sigmoid(x . shared_expert_gate): every TP rank scales its
+ * slice of the shared expert by the whole gate, EP rank 0 alone runs it; the ranks' sum is the
+ * gated reference. H 256 takes up in one block a tile; H 1024 at decode splits a tile over 2
+ * blocks (KSPLIT), of which one writes the gate's weights. (tests/test_families.c checks the
+ * gate itself against the family's rule.) */
+static void test_gated_splits(uint64_t seed) {
+    static const struct { int H; mj_parallel par; int n; int mode; const char *pol; int k0, B, nv; } cases[] = {
+        {256, MJ_PAR_NONE, 1, 0, NULL, 4, 9, 7}, {256, MJ_PAR_TP, 2, 0, NULL, 4, 12, 12},
+        {256, MJ_PAR_TP, 4, 1, "2", 2, 9, 7},    {256, MJ_PAR_EP, 2, 0, "2", 2, 11, 11},
+        {256, MJ_PAR_EP, 2, 1, NULL, 4, 5, 4},   {1024, MJ_PAR_NONE, 1, 0, NULL, 4, 5, 4},
+        {1024, MJ_PAR_TP, 2, 0, "2", 2, 3, 3},
+    };
+    mj_layer_t full = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (!full || full->cfg.hidden != cases[i].H) {
+            mj_layer_free(full), full = NULL;
+            mj_moe_config c = test_moe_cfg(cases[i].H, 256, 16, 4, 4);
+            c.scoring = MJ_SCORING_SOFTMAX, c.has_correction_bias = 0, c.norm_topk_prob = 0;
+            c.routed_scaling_factor = 1.0f, c.shared_gate = 1;
+            CHECK_OK(mj_layer_create_random(&c, seed + (uint64_t)cases[i].H, &full));
+            if (!full) return;
+            CHECK(full->shared_gate != NULL, "a random layer of a gated config has the gate");
+            mj_knobs_moe_experts k;
+            mj_experts_knobs(cases[i].H, 256, 4, 4, MJ_MODE_W4A16, 5, MJ_TARGET_SM120A, &k);
+            CHECK(cases[i].H != 1024 || k.KSPLIT == 2, "H 1024 at 5 tokens splits up over %d blocks", k.KSPLIT);
+        }
+        run_split(full, cases[i].par, cases[i].n, cases[i].mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, cases[i].pol,
+                  cases[i].k0, cases[i].B, cases[i].nv, seed + 10 + i);
+    }
     mj_layer_free(full);
 }
 
@@ -527,6 +562,7 @@ static void case_bytes_and_options(void) { test_bytes_and_options(g_ctx, g_seed 
 static void case_graph(void) { test_graph(g_ctx, g_seed + 200); }
 static void case_plan_strict(void) { test_plan_strict(g_seed + 300); }
 static void case_splits(void) { test_splits(g_seed + 400); }
+static void case_gated_splits(void) { test_gated_splits(g_seed + 500); }
 
 static const test_case cases[] = {
     TEST_CASE("refusals", case_refusals),
@@ -534,6 +570,7 @@ static const test_case cases[] = {
     TEST_CASE("graph", case_graph),
     TEST_CASE("plan_strict", case_plan_strict),
     TEST_CASE("splits", case_splits),
+    TEST_CASE("gated_splits", case_gated_splits),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

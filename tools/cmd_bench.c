@@ -150,6 +150,7 @@ mj_status bench_rank_layer(bench *b, int32_t rows, int from_ck, mj_layer_t *out)
     mj_moe_config c = b->cfg;
     c.intermediate = rows;
     c.n_shared = b->nsub; /* one rank's shared rows: nsub sub-experts of `rows` */
+    c.shared_gate = c.shared_gate && c.n_shared > 0; /* its gate, where it runs */
     return mj_layer_create_random(&c, 1, out);
 }
 

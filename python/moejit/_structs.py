@@ -98,6 +98,7 @@ class MoeConfigC(_Struct):
         ("quant", c_int),
         ("quant_group_size", c_int32),
         ("group_score", c_int),
+        ("shared_gate", c_int32),
     ]
 
 

@@ -42,6 +42,7 @@ class MoeConfig:
     quant: str = "nvfp4"
     quant_group_size: int = 16
     group_score: str = "top2_sum"
+    shared_gate: bool = False
 
     @classmethod
     def _from_c(cls, c):
@@ -50,7 +51,7 @@ class MoeConfig:
                    scoring=_SCORING.get(c.scoring, str(c.scoring)), routed_scaling_factor=c.routed_scaling_factor,
                    norm_topk_prob=bool(c.norm_topk_prob), has_correction_bias=bool(c.has_correction_bias),
                    quant=_QUANT.get(c.quant, str(c.quant)), quant_group_size=c.quant_group_size,
-                   group_score=_GSCORE.get(c.group_score, str(c.group_score)))
+                   group_score=_GSCORE.get(c.group_score, str(c.group_score)), shared_gate=bool(c.shared_gate))
 
     def _to_c(self):
         c = S.MoeConfigC()
@@ -63,6 +64,7 @@ class MoeConfig:
         c.routed_scaling_factor = float(self.routed_scaling_factor)
         c.norm_topk_prob = 1 if self.norm_topk_prob else 0
         c.has_correction_bias = 1 if self.has_correction_bias else 0
+        c.shared_gate = 1 if self.shared_gate else 0
         c.activation = S.MJ_ACT_SILU
         return c
 

@@ -6,7 +6,9 @@
  *
  *   hidden [B,H] bf16 -> router GEMM -> route (OEA, k0) -> for each expert held here:
  *   gather its tokens, y = w2 . (silu(gate . x) * (up . x)) -> combine in slot order
- *   (fp32) -> + shared expert (weight 1).
+ *   (fp32) -> + shared expert (weight 1, or with a gated one (Qwen2-MoE, Qwen3-Next) the
+ *   token's sigmoid(x . shared_expert_gate): the dot product of the bf16 values summed in
+ *   float in index order, then 1 / (1 + expf(-dot))).
  *
  * The GEMMs accumulate in fp64 over exact products. An NVFP4 weight is e2m1 * e4m3 (at most
  * 5 significant bits, exact in any float), so I dequantize it "unit" (without
@@ -53,6 +55,13 @@ static void gemv(const float *W, const float *a, int64_t n, int64_t k, float sca
 }
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* A token's shared-expert weight under a sigmoid gate [H] bf16: the sum in float, in index order. */
+static float shared_gate_weight(const uint16_t *gate, const uint16_t *x, int64_t H) {
+    float dot = 0.0f;
+    for (int64_t h = 0; h < H; h++) dot += mj_bf16_to_f32(x[h]) * mj_bf16_to_f32(gate[h]);
+    return 1.0f / (1.0f + expf(-dot));
+}
 
 /* The activations a linear sees: W4A16 keeps them; W4A4 replaces them by their NVFP4 unit
  * values (e2m1 * e4m3 under gs = 1/input_scale) and returns the scale to apply. */
@@ -182,16 +191,20 @@ mj_status mj_experts_ref(mj_layer_t L, mj_weight_mode mode, const uint16_t *hidd
         }
     }
     /* Combine in a fixed order: slot 0..n_sel-1 (experts not held here contributed 0), then
-     * the shared expert. Padding rows stay 0. */
-    for (int64_t b = 0; b < B; b++)
+     * the shared expert, times its gate's weight where it has one. Padding rows stay 0. */
+    for (int64_t b = 0; b < B; b++) {
+        const float sw = L->has_shared && L->shared_gate && b < num_valid
+                             ? shared_gate_weight(L->shared_gate, hidden + b * H, H)
+                             : 1.0f;
         for (int64_t h = 0; h < H; h++) {
             float acc = 0.0f;
             if (b < num_valid) {
                 for (int64_t j = 0; j < nsel[b]; j++) acc += wts[b * K + j] * slot_out[(b * K + j) * H + h];
-                acc += shared_out[b * H + h];
+                acc += sw * shared_out[b * H + h];
             }
             out[b * H + h] = acc;
         }
+    }
 exit:
     scratch_free(&s);
     free(x), free(slot_out), free(shared_out);

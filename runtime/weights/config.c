@@ -754,6 +754,12 @@ static mj_status validate_kernel(const mj_moe_config *c) {
     if (c->has_correction_bias != 0 && c->has_correction_bias != 1)
         return fail(MJ_ERR_CONFIG, NULL, "has_correction_bias %d must be 0 or 1",
                     (int)c->has_correction_bias);
+    if (c->shared_gate != 0 && c->shared_gate != 1)
+        return fail(MJ_ERR_CONFIG, NULL, "shared_gate %d must be 0 or 1", (int)c->shared_gate);
+    if (c->shared_gate && c->n_shared < 1)
+        return fail(MJ_ERR_CONFIG, NULL,
+                    "shared_gate 1 with n_shared %d: the gate scales the shared expert, and there is none",
+                    (int)c->n_shared);
     if (c->group_score != MJ_GROUP_SCORE_TOP2_SUM && c->group_score != MJ_GROUP_SCORE_MAX)
         return fail(MJ_ERR_CONFIG, NULL,
                     "group_score %d is not a valid mj_group_score (topk_method)",

@@ -5,7 +5,9 @@
  * gate and up and the same columns of down; SwiGLU is per intermediate row, so each rank's
  * partial output is exact on its slice and the partials sum to the whole. EP = n gives rank r
  * experts [r*E/n, (r+1)*E/n) and rank 0 the shared expert. Every rank routes all tokens
- * (the router is replicated), so all ranks agree on the routing.
+ * (the router is replicated), so all ranks agree on the routing. A shared expert's sigmoid gate
+ * (Qwen2-MoE, Qwen3-Next) goes whole with every slice of the shared expert: each rank scales its
+ * partial shared output by the same sigmoid(x . gate), and the partials sum to the gated whole.
  */
 #include "weights/layer.h"
 #include "ref/ref.h"
@@ -47,7 +49,16 @@ mj_status mj_layer_free(mj_layer_t L) {
     mj_linear_free(&L->shared_w2);
     free(L->gate);
     free(L->bias);
+    free(L->shared_gate);
     free(L);
+    return MJ_OK;
+}
+
+mj_status mj_layer_shared_gate_alloc(mj_layer_t L) {
+    free(L->shared_gate);
+    L->shared_gate = malloc((size_t)L->cfg.hidden * sizeof *L->shared_gate);
+    if (!L->shared_gate)
+        return mj_set_error(MJ_ERR_NOMEM, "out of memory allocating the shared expert's gate (H=%d)", L->cfg.hidden);
     return MJ_OK;
 }
 
@@ -138,6 +149,13 @@ mj_status mj_layer_create_random(const mj_moe_config *cfg, uint64_t seed, mj_lay
                                     1.0 / sqrt((double)H), &rng, tmp, "shared w13"), st, fail);
         MJ_CHECK_GOTO(random_linear(&L->shared_w2, (int32_t)H, (int32_t)Is, 1.0 / sqrt((double)Is),
                                     &rng, tmp, "shared w2"), st, fail);
+    }
+    if (L->has_shared && cfg->shared_gate) {
+        /* x . gate of a unit-normal token has std ~1: sigmoid spread over (0.1, 0.9), so a
+         * test sees the gate (an ungated shared expert is off by a factor per token). */
+        MJ_CHECK_GOTO(mj_layer_shared_gate_alloc(L), st, fail);
+        for (int64_t h = 0; h < H; h++)
+            L->shared_gate[h] = mj_f32_to_bf16((float)(mj_rng_normal(&rng) / sqrt((double)H)));
     }
     /* ModelOpt gives fused gate/up one weight_scale_2: ours are one tensor already. */
     MJ_CHECK_GOTO(mj_layer_calibrate_ref(L, calib, MJ_CALIB_TOKENS, x_amax), st, fail);
@@ -248,6 +266,10 @@ mj_status mj_layer_shard(mj_layer_t full, mj_parallel kind, int32_t rank, int32_
             MJ_CHECK_GOTO(copy_linear(&full->shared_w13, &L->shared_w13), st, fail);
             MJ_CHECK_GOTO(copy_linear(&full->shared_w2, &L->shared_w2), st, fail);
         }
+    }
+    if (L->has_shared && full->shared_gate) { /* whole, with every slice of the shared expert */
+        MJ_CHECK_GOTO(mj_layer_shared_gate_alloc(L), st, fail);
+        memcpy(L->shared_gate, full->shared_gate, (size_t)cfg->hidden * sizeof *L->shared_gate);
     }
     *out = L;
     return MJ_OK;

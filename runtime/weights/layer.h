@@ -23,6 +23,9 @@ struct mj_layer {
     int32_t is_local;        /* shared intermediate rows held here                         */
     mj_nvfp4_linear shared_w13; /* [2*is_local, H]                                         */
     mj_nvfp4_linear shared_w2;  /* [H, is_local]                                           */
+    uint16_t *shared_gate;   /* [H] bf16 shared_expert_gate (cfg.shared_gate): whole wherever
+                                has_shared (it scales the whole shared expert, whose slices the
+                                ranks sum); NULL otherwise                                 */
 };
 
 /* A linear [n_out, k_in] with its weight and block scales allocated (contents undefined)
@@ -30,6 +33,9 @@ struct mj_layer {
  * left in l for mj_linear_free. */
 mj_status mj_linear_alloc(mj_nvfp4_linear *l, int32_t n_out, int32_t k_in);
 void mj_linear_free(mj_nvfp4_linear *l);
+
+/* L->shared_gate allocated ([H] bf16, contents undefined). */
+mj_status mj_layer_shared_gate_alloc(mj_layer_t L);
 
 /* A handle for cfg holding n_local routed experts: the router (and bias when the config has
  * one) and the per-expert arrays allocated, every linear empty, one rank of one. */
