@@ -294,13 +294,19 @@ MJ_API mj_status mj_router_ref(mj_layer_t layer, const uint16_t *hidden, int32_t
  *   model.layers.L.mlp.experts.e.P.weight_scale_2      f32 [] or [1]
  *   model.layers.L.mlp.experts.e.P.input_scale         f32 [] or [1]
  *   model.layers.L.mlp.shared_experts.P.*              the same with n_shared * I for I
+ * Qwen2-MoE and Qwen3-Next (model_type qwen2_moe, qwen3_next) name their one shared expert
+ * in the singular and gate it (n_shared * I = shared_expert_intermediate_size):
+ *   model.layers.L.mlp.shared_expert.P.*               the shared expert, as above
+ *   model.layers.L.mlp.shared_expert_gate.weight       bf16 [1, H]   its sigmoid gate (ModelOpt
+ *                                                      leaves it unquantized)
  * Mixtral and MiniMax-M2 (model_type mixtral, minimax_m2) keep the layer in block_sparse_moe:
  *   model.layers.L.block_sparse_moe.gate.weight        the router
  *   model.layers.L.block_sparse_moe.e_score_correction_bias   MiniMax-M2's selection bias
  *   model.layers.L.block_sparse_moe.experts.e.P.*      P: w1 (gate), w3 (up), w2 (down), the
  *                                                      same four tensors each; no shared expert
  * A tensor of a layer's block that the config makes moejit skip (a selection bias the routing
- * does not use, a shared expert it does not declare, a shared-expert gate, a router bias) is
+ * does not use, a shared expert it does not declare, a shared-expert gate it does not
+ * declare, a router bias) is
  * refused naming it (MJ_ERR_UNSUPPORTED); a selection bias of zeros is skipped with a warning.
  * gate_proj and up_proj become w13 = [gate rows ; up rows]. Their weight_scale_2 and
  * input_scale should be equal (ModelOpt fuses them); where they differ the larger is taken

@@ -851,6 +851,62 @@ PY
     expect_rc 0 "$MJ" run --checkpoint ck_$fam --layer 1 --input xf.npy --output yf.npy --backend sim --ep 2 --check $DC
     contains err "interpreter on 2 ranks (EP)"
 done
+# Qwen2-MoE and Qwen3-Next: one shared expert (mlp.shared_expert.*, shared_expert_intermediate_size
+# wide: 8 and 1 expert widths, kept so under --intermediate) scaled by sigmoid(x . gate), the gate
+# mlp.shared_expert_gate.weight bf16 [1, H] (excluded from quantization, as ModelOpt does); run on
+# the interpreter whole, over 2 TP ranks (each scales its slice by the whole gate) and over 2 EP
+# ranks (rank 0 runs it), against the CPU reference (--check).
+for fam in qwen2 qwen3next; do
+    cfg="$FAM/Qwen2-57B-A14B.json"; ratio=8; [ $fam = qwen3next ] && cfg="$FAM/Qwen3-Next-80B-A3B-Thinking.json" && ratio=1
+    expect_rc 0 "$MJ" make-checkpoint --config "$cfg" --out ck_$fam --seed 3 $SMALL --layers 0-1
+    contains out "top-2, $ratio shared (one expert $((ratio * 128)) wide, sigmoid-gated)"
+    python3 - ck_$fam $ratio <<'PY' && ok || bad "ck_$fam does not have Qwen's shared expert and its gate"
+import json, os, struct, sys
+d, ratio = sys.argv[1], int(sys.argv[2])
+c = json.load(open(os.path.join(d, "config.json")))
+assert (c["hidden_size"], c["moe_intermediate_size"], c["num_experts"]) == (128, 128, 8)
+assert c["shared_expert_intermediate_size"] == ratio * 128
+b = open(os.path.join(d, "model.safetensors"), "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+p = "model.layers.1.mlp."
+assert h[p + "shared_expert_gate.weight"]["dtype"] == "BF16" and h[p + "shared_expert_gate.weight"]["shape"] == [1, 128]
+assert h[p + "shared_expert.gate_proj.weight"]["shape"] == [ratio * 128, 64]
+assert h[p + "shared_expert.down_proj.weight"]["shape"] == [128, ratio * 64]
+assert not any(".shared_experts." in k for k in h)
+q = json.load(open(os.path.join(d, "hf_quant_config.json")))
+assert "model.layers.*.mlp.shared_expert_gate" in q["quantization"]["exclude_modules"]
+PY
+    expect_rc 0 "$MJ" run --checkpoint ck_$fam --layer 1 --input xf.npy --output yf.npy --backend sim --check $DC
+    contains out "check: relative L2"
+    for split in "--tp 2" "--ep 2"; do
+        expect_rc 0 "$MJ" run --checkpoint ck_$fam --layer 1 --input xf.npy --output yf.npy --backend sim $split --check $DC
+        contains out "check: relative L2"
+    done
+done
+# A shared_expert_gate the config does not declare (shared_expert_intermediate_size 0) is
+# refused, naming it.
+python3 - "$FAM/Qwen2-57B-A14B.json" qwen_noshared.json <<'PY' && ok || bad "could not write qwen_noshared.json"
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["shared_expert_intermediate_size"] = 0
+json.dump(c, open(sys.argv[2], "w"))
+PY
+expect_rc 0 "$MJ" make-checkpoint --config qwen_noshared.json --out ck_qwen_noshared --seed 3 $SMALL --layers 1
+python3 - ck_qwen_noshared/model.safetensors <<'PY' && ok || bad "could not add a gate to ck_qwen_noshared"
+import json, struct, sys
+p = sys.argv[1]
+b = open(p, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h, data = json.loads(b[8:8 + n]), b[8 + n:]
+assert not any("shared_expert" in k for k in h)
+h["model.layers.1.mlp.shared_expert_gate.weight"] = {"dtype": "BF16", "shape": [1, 128],
+    "data_offsets": [len(data), len(data) + 256]}
+t = json.dumps(h).encode()
+t += b" " * (-len(t) % 8)
+open(p, "wb").write(struct.pack("<Q", len(t)) + t + data + b"\x80\x3f" * 128)
+PY
+expect_fail "$MJ" run --checkpoint ck_qwen_noshared --layer 1 --input xf.npy --output yf.npy --backend sim $DC
+contains err "model.layers.1.mlp.shared_expert_gate.weight"; contains err "sigmoid gate, which the config does not declare"
 # A tensor of the block that the config makes the loader skip is refused naming it: a selection
 # bias on Mixtral, whose router has none.
 python3 - ck_mixtral/model.safetensors <<'PY' && ok || bad "could not add a bias to ck_mixtral"
@@ -1012,10 +1068,13 @@ contains out "mixtral (Mixtral-8x7B, Mixtral-8x22B): supported"
 contains out "model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}"
 contains out "gpt_oss (gpt-oss): refused"; contains out "clamped SwiGLU"
 contains out "renormalize: norm_topk_prob, when top_k > 1"
+contains out "qwen3_next (Qwen3-Next-80B-A3B, its MoE layers): supported"
+contains out "shared expert: shared_expert_intermediate_size wide (5632 when absent; 0: none), its output x sigmoid(x . shared_expert_gate)"
 expect_rc 0 "$MJ" models --json
 json_check 'len(j["families"]) == 13 and len({f["model_type"] for f in j["families"]}) == 13'
-json_check '{f["model_type"] for f in j["families"] if not f["supported"]} == {"qwen3_next", "llama4", "llama4_text", "gpt_oss"}'
-json_check 'all("shared_expert_gate" in f["refused"] for f in j["families"] if f["model_type"] == "qwen3_next")'
+json_check '{f["model_type"] for f in j["families"] if not f["supported"]} == {"llama4", "llama4_text", "gpt_oss"}'
+json_check '[(f["model_type"], f["shared_expert"]["width_key"], f["shared_expert"]["default"], f["tensors"]["shared_expert_gate"]) for f in j["families"] if f["supported"] and f["shared_expert"]["gate"]] == [("qwen2_moe", "shared_expert_intermediate_size", 5632, "model.layers.L.mlp.shared_expert_gate.weight (bf16 [1, H])"), ("qwen3_next", "shared_expert_intermediate_size", 512, "model.layers.L.mlp.shared_expert_gate.weight (bf16 [1, H])")]'
+json_check '[(f["model_type"], f["shared_expert"]["allowed"], f["shared_expert"]["width_key"]) for f in j["families"] if f["model_type"] in ("glm_moe_dsa", "mixtral")] == [("glm_moe_dsa", True, "n_shared_experts"), ("mixtral", False, None)]'
 json_check '[(f["defaults"]["n_group"], f["defaults"]["topk_group"], f["defaults"]["routed_scaling_factor"], f["renormalize"]) for f in j["families"] if f["model_type"] == "deepseek_v3"] == [(8, 4, 2.5, "norm_topk_prob, when top_k > 1")]'
 json_check '[(f["experts_key"], f["width_key"], f["renormalize"], f["tensors"]["bias"], f["routing_keys_read"]) for f in j["families"] if f["model_type"] == "mixtral"] == [("num_local_experts", "intermediate_size", "always", None, False)]'
 json_check '[f["tensors"]["bias"] for f in j["families"] if f["model_type"] == "minimax_m2"] == ["model.layers.L.block_sparse_moe.e_score_correction_bias (unless use_routing_bias is false)"]'

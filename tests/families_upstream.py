@@ -12,9 +12,13 @@ of that class; its router scores with the sigmoid or softmax moejit says, uses t
 bias when moejit does, renormalizes by the rule moejit follows (always, or under `if
 self.norm_topk_prob`), and scores groups by their top-2 sum. For Mixtral and MiniMax-M2 the
 checkpoint names: conversion_mapping.py renames block_sparse_moe to mlp and fuses w1 (gate)
-then w3 (up), w2 as down, and MiniMax's block-level bias. For the refused families, the
-upstream code does what the refusal says. A download that fails is a failure, never a pass.
-The last line is "N passed, N failed".
+then w3 (up), w2 as down, and MiniMax's block-level bias. A family's MoE block gates its shared
+expert (Qwen2-MoE, Qwen3-Next: out = experts + sigmoid(shared_expert_gate(x)) * shared_expert(x),
+shared_expert_intermediate_size wide, its configuration's default) exactly when moejit says so,
+under the tensor names moejit reads; and ModelOpt (nvidia-modelopt, downloaded the same way)
+leaves that gate unquantized by default, as the bf16 tensor moejit reads. For the refused
+families, the upstream code does what the refusal says. A download that fails is a failure,
+never a pass. The last line is "N passed, N failed".
 """
 import ast
 import json
@@ -25,6 +29,7 @@ import sys
 import zipfile
 
 VERSION = "5.25.0"
+MODELOPT = "0.47.0"
 passed = failed = 0
 
 
@@ -48,18 +53,21 @@ UPSTREAM = {
     "qwen2_moe": ("qwen2_moe", "Qwen2MoeTopKRouter", "Qwen2MoeConfig"),
     "mixtral": ("mixtral", "MixtralTopKRouter", "MixtralConfig"),
     "minimax_m2": ("minimax_m2", "MiniMaxM2TopKRouter", "MiniMaxM2Config"),
+    "qwen3_next": ("qwen3_next", "Qwen3NextTopKRouter", "Qwen3NextConfig"),
 }
+# model_type -> the MoE block class whose shared expert is gated
+GATED_BLOCK = {"qwen2_moe": "Qwen2MoeSparseMoeBlock", "qwen3_next": "Qwen3NextSparseMoeBlock"}
 
 
-def wheel(download_dir):
-    name = "transformers-%s-py3-none-any.whl" % VERSION
+def wheel(download_dir, project="transformers", version=VERSION, name=None):
+    name = name or "%s-%s-py3-none-any.whl" % (project, version)
     path = os.path.join(download_dir, name)
     if not os.path.isfile(path):
         os.makedirs(download_dir, exist_ok=True)
         r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
-                            "transformers==" + VERSION, "-d", download_dir], capture_output=True, text=True)
+                            "%s==%s" % (project, version), "-d", download_dir], capture_output=True, text=True)
         if r.returncode != 0 or not os.path.isfile(path):
-            print("FAIL: pip download transformers==%s: %s" % (VERSION, (r.stderr or r.stdout).strip()[-400:]))
+            print("FAIL: pip download %s==%s: %s" % (project, version, (r.stderr or r.stdout).strip()[-400:]))
             print("0 passed, 1 failed")
             sys.exit(1)
     return zipfile.ZipFile(path)
@@ -136,6 +144,26 @@ def main():
             check("norm_topk_prob" not in rsrc, "%s: %s never reads norm_topk_prob (why true is refused)" % (mt, router))
         else:
             check(guarded, "%s: %s renormalizes under `if self.norm_topk_prob`" % (mt, router))
+        # The shared expert's gate: moejit gates exactly the families whose block does.
+        gated = f["shared_expert"]["gate"] == "sigmoid"
+        check(gated == ("self.shared_expert_gate" in modeling),
+              "%s: moejit gates the shared expert: %s; modeling_%s.py has a shared_expert_gate: %s" %
+              (mt, gated, module, "self.shared_expert_gate" in modeling))
+        if gated:
+            blk = class_source(modeling, GATED_BLOCK[mt]) or ""
+            check("self.shared_expert_gate = torch.nn.Linear(config.hidden_size, 1, bias=False)" in blk and
+                  "intermediate_size=config.shared_expert_intermediate_size)" in blk,
+                  "%s: %s has a Linear(H, 1) gate and a shared expert shared_expert_intermediate_size wide" % (mt, GATED_BLOCK[mt]))
+            check(re.search(r"shared_expert_output = F\.sigmoid\(self\.shared_expert_gate\(\w+\)\) \* shared_expert_output",
+                            blk) and "expert_output + shared_expert_output" in blk,
+                  "%s: %s adds sigmoid(shared_expert_gate(x)) * shared_expert(x) to the routed experts" % (mt, GATED_BLOCK[mt]))
+            sk = f["shared_expert"]["width_key"]
+            check(dflt.get(sk) == f["shared_expert"]["default"],
+                  "%s: %s defaults to %r in %s, moejit reads %r" % (mt, sk, dflt.get(sk), config, f["shared_expert"]["default"]))
+            t = f["tensors"]
+            check(t["shared_expert"].startswith("model.layers.L.mlp.shared_expert.{") and
+                  t["shared_expert_gate"].startswith("model.layers.L.mlp.shared_expert_gate.weight"),
+                  "%s: the block's attributes shared_expert / shared_expert_gate are the names moejit reads: %s" % (mt, t))
 
     # Kimi-K2: transformers reads its model_type as DeepSeek-V3's.
     kimi = source(zf, "kimi_k25", "configuration")
@@ -156,11 +184,7 @@ def main():
 
     # The refused families do what the refusals say.
     refused = {f["model_type"]: f for f in fams if not f["supported"]}
-    check(set(refused) == {"qwen3_next", "llama4", "llama4_text", "gpt_oss"}, "refused: %s" % sorted(refused))
-    for mt, module, cls in (("qwen3_next", "qwen3_next", "Qwen3NextSparseMoeBlock"),
-                            ("qwen2_moe", "qwen2_moe", "Qwen2MoeSparseMoeBlock")):
-        src = class_source(source(zf, module, "modeling"), cls) or ""
-        check("F.sigmoid(self.shared_expert_gate(" in src, "%s: %s gates its shared expert by a sigmoid" % (mt, cls))
+    check(set(refused) == {"llama4", "llama4_text", "gpt_oss"}, "refused: %s" % sorted(refused))
     llama = source(zf, "llama4", "modeling")
     moe, rt = class_source(llama, "Llama4TextMoe") or "", class_source(llama, "Llama4Router") or ""
     check("sigmoid" in rt and re.search(r"routed_in = routed_in \* router_scores", moe),
@@ -169,6 +193,14 @@ def main():
     check("_bias" in oss and ".clamp(" in oss and "(up + 1) * glu" in oss,
           "gpt_oss: biased experts with a clamped SwiGLU (up + 1)")
     check("swiglu_alpha: float = 1.702" in source(zf, "gpt_oss", "configuration"), "gpt_oss: alpha 1.702")
+
+    # ModelOpt leaves *mlp.shared_expert_gate.* (and the router, *mlp.gate.*) unquantized by
+    # default: the gate is the bf16 [1, H] weight moejit reads.
+    mo = wheel(download_dir, "nvidia-modelopt", MODELOPT, "nvidia_modelopt-%s-py3-none-any.whl" % MODELOPT)
+    units = mo.read("modelopt_recipes/configs/ptq/units/default_disabled_quantizers.yaml").decode()
+    for pat in ("*mlp.shared_expert_gate.*", "*mlp.gate.*"):
+        check(re.search(r"- quantizer_name: '%s'\s*\n\s*enable: false" % re.escape(pat), units),
+              "modelopt %s: %s is left unquantized by default" % (MODELOPT, pat))
 
     print("%d passed, %d failed" % (passed, failed))
     sys.exit(1 if failed else 0)

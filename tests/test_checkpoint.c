@@ -126,6 +126,9 @@ static int layer_equal(mj_layer_t a, mj_layer_t b) {
         snprintf(w, sizeof w, "expert %d w2", a->expert_begin + e);
         if (!linear_equal(&a->w2[e], &b->w2[e], w)) return 0;
     }
+    if (!a->shared_gate != !b->shared_gate ||
+        (a->shared_gate && memcmp(a->shared_gate, b->shared_gate, (size_t)a->cfg.hidden * 2)))
+        return fprintf(stderr, "shared expert gate differs\n"), 0;
     if (a->has_shared)
         return linear_equal(&a->shared_w13, &b->shared_w13, "shared w13") &&
                linear_equal(&a->shared_w2, &b->shared_w2, "shared w2");
@@ -1262,6 +1265,126 @@ static void case_unread(void) {
     free(cfg), free(good), free(d), free(path), free(g), free(gp);
 }
 
+/* A Qwen family's config (its FP8-free copy) with shared_expert_intermediate_size set (< 0:
+ * as published), under the run's directory. */
+static char *qwen_config(const char *file, int sis) {
+    char src[512], name[96];
+    json_error_t err;
+    snprintf(src, sizeof src, "%s/tests/data/config/families/%s", MJ_SOURCE_DIR, file);
+    json_t *root = json_load_file(src, 0, &err);
+    if (!root) abort();
+    if (sis >= 0) json_object_set_new(root, "shared_expert_intermediate_size", json_integer(sis));
+    snprintf(name, sizeof name, "sis%d_%s", sis, file);
+    char *p = test_path(g_root, name);
+    if (json_dump_file(root, p, JSON_INDENT(2))) abort();
+    json_decref(root);
+    return p;
+}
+
+/* Qwen2-MoE and Qwen3-Next: one shared expert in the singular (mlp.shared_expert.*,
+ * shared_expert_intermediate_size rows: 8 and 1 expert widths) and its sigmoid gate
+ * mlp.shared_expert_gate.weight, bf16 [1, H]. make-checkpoint writes them, the loader reads them
+ * back whole and as every TP / EP slice mj_layer_shard makes (the gate whole with every slice of
+ * the shared expert: each TP rank, EP rank 0). Before, both configs were refused. */
+static void case_qwen_gated(void) {
+    static const struct { const char *file; int ratio; } fam[] = {
+        {"Qwen2-57B-A14B.json", 8}, {"Qwen3-Next-80B-A3B-Thinking.json", 1},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+        char *cfg = qwen_config(fam[i].file, -1), *dir = test_path(g_root, i ? "qwen3_next" : "qwen2_moe");
+        CHECK_OK(make_ck(cfg, dir, 0, 0, 0));
+        const char *sg = "model.layers.0.mlp.shared_expert_gate.weight";
+        CHECK(has_tensor(dir, "model.layers.0.mlp.shared_expert.gate_proj.weight") &&
+                  has_tensor(dir, "model.layers.0.mlp.shared_expert.down_proj.input_scale") && has_tensor(dir, sg) &&
+                  !has_tensor(dir, "model.layers.0.mlp.shared_experts.gate_proj.weight"),
+              "%s: Qwen's shared expert names", fam[i].file);
+        char *path = test_path(dir, MJ_CK_SINGLE), *cfgp = test_path(dir, MJ_CK_CONFIG);
+        stf f;
+        st_load(path, &f);
+        json_t *g = st_entry(&f, sg), *shape = json_object_get(g, "shape");
+        CHECK(!strcmp(json_string_value(json_object_get(g, "dtype")), "BF16") && json_array_size(shape) == 2 &&
+                  json_integer_value(json_array_get(shape, 0)) == 1 && json_integer_value(json_array_get(shape, 1)) == H,
+              "%s: the gate is bf16 [1, H]", fam[i].file);
+        json_decref(f.hdr), free(f.data);
+        json_error_t err;
+        json_t *written = json_load_file(cfgp, 0, &err);
+        CHECK(written && json_integer_value(json_object_get(written, "shared_expert_intermediate_size")) == fam[i].ratio * I,
+              "%s: the written config keeps the shared expert %d expert widths wide", fam[i].file, fam[i].ratio);
+        json_decref(written);
+        mj_checkpoint_t ck = NULL;
+        CHECK_OK(mj_checkpoint_open(dir, &ck));
+        if (ck) {
+            mj_moe_config c;
+            CHECK_OK(mj_checkpoint_config(ck, &c));
+            CHECK(c.n_shared == fam[i].ratio && c.shared_gate == 1, "%s: %d shared, gate %d", fam[i].file, c.n_shared,
+                  c.shared_gate);
+            check_layer_and_slices(ck, 0);
+            /* The gate goes whole with every slice of the shared expert, and nowhere else. */
+            mj_layer_t whole = NULL, tp = NULL, ep0 = NULL, ep1 = NULL;
+            CHECK_OK(mj_layer_load(ck, 0, MJ_PAR_NONE, 0, 1, &whole));
+            CHECK_OK(mj_layer_load(ck, 0, MJ_PAR_TP, 1, 2, &tp));
+            CHECK_OK(mj_layer_load(ck, 0, MJ_PAR_EP, 0, 2, &ep0));
+            CHECK_OK(mj_layer_load(ck, 0, MJ_PAR_EP, 1, 2, &ep1));
+            CHECK(whole && tp && ep0 && ep1 && whole->shared_gate && tp->shared_gate && ep0->shared_gate &&
+                      !ep1->shared_gate && !memcmp(tp->shared_gate, whole->shared_gate, H * 2) &&
+                      !memcmp(ep0->shared_gate, whole->shared_gate, H * 2),
+                  "%s: the gate on TP rank 1 of 2 and EP rank 0 of 2, whole; not on EP rank 1", fam[i].file);
+            mj_layer_free(whole), mj_layer_free(tp), mj_layer_free(ep0), mj_layer_free(ep1);
+            mj_checkpoint_close(ck);
+        }
+        /* The gate's tensor as the config makes it: present, bf16, [1, H], finite. */
+        static const struct { const char *what, *dtype; int nan; mj_status st; const char *needle; } bad[] = {
+            {"missing", NULL, 0, MJ_ERR_PARSE, "is missing"},            /* deleted                 */
+            {"f32", "F32", 0, MJ_ERR_PARSE, "expected BF16"},            /* f32 [1, H]              */
+            {"1-D", "BF16", 0, MJ_ERR_PARSE, "expected [1, 128]"},       /* bf16 [H]                */
+            {"NaN", "BF16", 1, MJ_ERR_NONFINITE, "the gate must be finite"}, /* element 5 a NaN     */
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            char nm[48];
+            snprintf(nm, sizeof nm, "qwen%zu_%s", i, bad[k].what);
+            char *d = copy_ck(dir, nm), *dp = test_path(d, MJ_CK_SINGLE);
+            st_load(dp, &f);
+            if (!bad[k].dtype || !strcmp(bad[k].dtype, "F32")) json_object_del(f.hdr, sg);
+            else if (bad[k].nan) ((uint16_t *)(f.data + st_off(&f, sg, 0)))[5] = 0x7FC0;
+            else st_set_shape(&f, sg, 1, H, 0);
+            st_save(dp, &f);
+            if (bad[k].dtype && !strcmp(bad[k].dtype, "F32")) { /* the gate as f32 [1, H] */
+                float g32[H] = {0};
+                st_add(dp, sg, "F32", H, g32, sizeof g32);
+                st_load(dp, &f);
+                st_set_shape(&f, sg, 2, 1, H);
+                st_save(dp, &f);
+            }
+            expect_refused_at(bad[k].what, d, 0, bad[k].st, sg, bad[k].needle);
+            free(d), free(dp);
+        }
+        free(cfg), free(dir), free(path), free(cfgp);
+    }
+    /* shared_expert_intermediate_size 0: no shared expert and no gate; a checkpoint that has
+     * the gate (or the shared expert) anyway is refused, naming it. */
+    char *cfg0 = qwen_config("Qwen2-57B-A14B.json", 0), *none = test_path(g_root, "qwen_none");
+    CHECK_OK(make_ck(cfg0, none, 0, 0, 0));
+    CHECK(!has_tensor(none, "model.layers.0.mlp.shared_expert_gate.weight") &&
+              !has_tensor(none, "model.layers.0.mlp.shared_expert.up_proj.weight"),
+          "no shared expert written for a width of 0");
+    uint16_t gate[H];
+    for (int h = 0; h < H; h++) gate[h] = 0x3F80;
+    static const struct { const char *name, *needle; } extra[] = {
+        {"model.layers.0.mlp.shared_expert_gate.weight", "the shared expert's sigmoid gate, which the config does not declare"},
+        {"model.layers.0.mlp.shared_expert.up_proj.weight", "a shared expert, which the config does not declare"},
+        {"model.layers.0.mlp.shared_experts.up_proj.weight", "under DeepSeek's name"},
+    };
+    for (size_t k = 0; k < sizeof extra / sizeof extra[0]; k++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "qwen_extra%zu", k);
+        char *d = copy_ck(none, nm), *dp = test_path(d, MJ_CK_SINGLE);
+        st_add(dp, extra[k].name, "BF16", H, gate, sizeof gate);
+        expect_refused_at(extra[k].name, d, 0, MJ_ERR_UNSUPPORTED, extra[k].name, extra[k].needle);
+        free(d), free(dp);
+    }
+    free(cfg0), free(none);
+}
+
 static void test_writer(void) {
     /* The plan says what is written, to the byte. */
     char *dir = test_path(g_root, "planned");
@@ -1382,6 +1505,7 @@ static const test_case cases[] = {
     TEST_CASE("layouts", case_layouts),
     TEST_CASE("families", case_families),
     TEST_CASE("unread", case_unread),
+    TEST_CASE("qwen_gated", case_qwen_gated),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -859,12 +859,58 @@ static void test_families(void) {
           "Qwen3-30B-A3B: scoring %d bias %d norm %d E %d k %d I %d shared %d", (int)c.scoring, c.has_correction_bias,
           c.norm_topk_prob, c.n_experts, c.topk, c.intermediate, c.n_shared);
 
+    /* Qwen2-MoE (Qwen2-57B-A14B): softmax top-8 of 64, not renormalized, and one shared expert
+     * of shared_expert_intermediate_size 20480 = 8 x 2560 rows, sigmoid-gated
+     * (Qwen2MoeSparseMoeBlock); Qwen3-Next's block is the same (512 = 1 x 512), renormalized. */
+    want = (mj_moe_config){.hidden = 3584, .intermediate = 2560, .n_experts = 64, .topk = 8, .n_shared = 8,
+                           .n_group = 1, .topk_group = 1, .scoring = MJ_SCORING_SOFTMAX, .routed_scaling_factor = 1.0f,
+                           .norm_topk_prob = 0, .has_correction_bias = 0, .activation = MJ_ACT_SILU,
+                           .group_score = MJ_GROUP_SCORE_TOP2_SUM, .quant = MJ_QUANT_NONE, .shared_gate = 1};
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "Qwen2-57B-A14B.json", NULL, &c));
+    check_same("Qwen2-57B-A14B", &c, &want);
+    want = (mj_moe_config){.hidden = 2048, .intermediate = 512, .n_experts = 512, .topk = 10, .n_shared = 1,
+                           .n_group = 1, .topk_group = 1, .scoring = MJ_SCORING_SOFTMAX, .routed_scaling_factor = 1.0f,
+                           .norm_topk_prob = 1, .has_correction_bias = 0, .activation = MJ_ACT_SILU,
+                           .group_score = MJ_GROUP_SCORE_TOP2_SUM, .quant = MJ_QUANT_NONE, .shared_gate = 1};
+    fill_ab(&c);
+    CHECK_OK(mj_moe_config_read(FAMILIES "Qwen3-Next-80B-A3B-Thinking.json", NULL, &c));
+    check_same("Qwen3-Next-80B-A3B", &c, &want);
+    /* The width left out: the configuration class's default (Qwen2MoeConfig 5632, Qwen1.5-MoE's
+     * 4 x 1408; Qwen3NextConfig 512); 0: no shared expert and no gate. */
+    family_ok("Qwen2-MoE without the shared width",
+              family_text("Qwen2-57B-A14B.json", "shared_expert_intermediate_size", NULL, "moe_intermediate_size",
+                          json_integer(1408), NULL), &c);
+    CHECK(c.n_shared == 4 && c.shared_gate == 1, "Qwen2-MoE's default width 5632 over 1408: %d shared, gate %d",
+          c.n_shared, c.shared_gate);
+    family_ok("Qwen3-Next without the shared width",
+              family_text("Qwen3-Next-80B-A3B-Thinking.json", "shared_expert_intermediate_size", NULL, NULL), &c);
+    CHECK(c.n_shared == 1 && c.shared_gate == 1, "Qwen3-Next's default width 512: %d shared, gate %d", c.n_shared,
+          c.shared_gate);
+    family_ok("Qwen2-MoE with no shared expert",
+              family_text("Qwen2-57B-A14B.json", "shared_expert_intermediate_size", json_integer(0), NULL), &c);
+    CHECK(c.n_shared == 0 && c.shared_gate == 0, "shared_expert_intermediate_size 0: %d shared, gate %d", c.n_shared,
+          c.shared_gate);
+    /* The kernels run the shared expert as sub-experts of the expert width; the block reads no
+     * n_shared_experts. */
+    expect_field_fail("Qwen2-MoE with a shared width of 1.5 experts",
+                      family_text("Qwen2-57B-A14B.json", "shared_expert_intermediate_size", json_integer(3840), NULL),
+                      MJ_ERR_UNSUPPORTED, "shared_expert_intermediate_size 3840 is not a multiple of moe_intermediate_size 2560");
+    expect_field_fail("Qwen2-MoE without the shared width, of an expert width 5632 is no multiple of",
+                      family_text("Qwen2-57B-A14B.json", "shared_expert_intermediate_size", NULL, NULL),
+                      MJ_ERR_UNSUPPORTED, "shared_expert_intermediate_size 5632 is not a multiple");
+    expect_field_fail("Qwen3-Next with n_shared_experts",
+                      family_text("Qwen3-Next-80B-A3B-Thinking.json", "n_shared_experts", json_integer(1), NULL),
+                      MJ_ERR_UNSUPPORTED, "sizes its one shared expert by 'shared_expert_intermediate_size'");
+    CHECK(mentions("contradicts its model_type"), "Qwen3-Next with n_shared_experts: %s", mj_last_error());
+
     /* Top-1 renormalization, by family: DeepSeek's modeling_deepseek.py renormalizes only when
      * top_k > 1 (one weight stays its score); GLM's, Qwen's, Mixtral's and MiniMax's at any
      * top_k (the one weight becomes 1); a config of no family as its norm_topk_prob says. */
     static const struct { const char *file; int norm, norm2; } top1[] = { /* at top_k 1, at 2 */
         {"DeepSeek-V3.json", 0, 1}, {"Kimi-K2-Instruct.json", 0, 1}, {"DeepSeek-V2-Lite.json", 0, 0},
         {"GLM-4.5-Air.json", 1, 1}, {"GLM-5.abridged.json", 1, 1}, {"Qwen3-30B-A3B.json", 1, 1},
+        {"Qwen3-Next-80B-A3B-Thinking.json", 1, 1},
         {"Mixtral-8x7B-v0.1.json", 1, 1}, {"MiniMax-M2.5.abridged.json", 1, 1},
     };
     for (size_t i = 0; i < sizeof top1 / sizeof top1[0]; i++) {
@@ -903,12 +949,9 @@ static void test_families(void) {
                       family_text("DeepSeek-V2-Lite.json", "norm_topk_prob", json_true(), NULL), MJ_ERR_UNSUPPORTED,
                       "DeepseekV2TopkRouter never renormalizes");
 
-    /* Refused with the reason, not with a missing field: the gated shared expert (Qwen2-MoE,
-     * Qwen3-Next), routing that scales the input (Llama-4), biases / clamped SwiGLU / MXFP4
-     * (gpt-oss). */
+    /* Refused with the reason, not with a missing field: routing that scales the input
+     * (Llama-4), biases / clamped SwiGLU / MXFP4 (gpt-oss). */
     static const struct { const char *file, *needle; } refused[] = {
-        {"Qwen2-57B-A14B.json", "shared_expert_gate"},
-        {"Qwen3-Next-80B-A3B-Thinking.json", "shared_expert_gate"},
         {"Llama-4-Scout-17B-16E-Instruct.abridged.json", "scales each token's input"},
         {"gpt-oss-20b.json", "clamped SwiGLU"},
     };

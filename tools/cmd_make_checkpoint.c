@@ -132,9 +132,11 @@ int cmd_make_checkpoint(int argc, char **argv) {
     const mj_moe_config *cfg = &info.cfg;
     printf("planned: MoE layer%s %d", info.n_layers > 1 ? "s" : "", info.layer_first);
     if (info.n_layers > 1) printf("..%d (%d layers)", info.layer_last, info.n_layers);
-    printf(", hidden %d, intermediate %d, %d experts, top-%d, %d shared; %d shard%s, %lld bytes (%.3f GB) in %s\n",
-           cfg->hidden, cfg->intermediate, cfg->n_experts, cfg->topk, cfg->n_shared, info.n_shards,
-           info.n_shards > 1 ? "s" : "", (long long)info.total_bytes, (double)info.total_bytes / 1e9, o.out_dir);
+    printf(", hidden %d, intermediate %d, %d experts, top-%d, %d shared", cfg->hidden, cfg->intermediate,
+           cfg->n_experts, cfg->topk, cfg->n_shared);
+    if (cfg->shared_gate) printf(" (one expert %d wide, sigmoid-gated)", cfg->n_shared * cfg->intermediate);
+    printf("; %d shard%s, %lld bytes (%.3f GB) in %s\n", info.n_shards, info.n_shards > 1 ? "s" : "",
+           (long long)info.total_bytes, (double)info.total_bytes / 1e9, o.out_dir);
     /* Output that cannot be written (a full disk, a closed pipe): stop before the real work. */
     if (fflush(stdout) != 0 || ferror(stdout))
         return tool_fail("cannot write to standard output: nothing was written to %s", o.out_dir);

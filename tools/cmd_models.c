@@ -14,8 +14,9 @@ static const char k_usage[] =
     "The model families moejit reads, by config.json's model_type (or text_config's): how each\n"
     "routes (scoring, selection bias, groups, renormalization, scaling), the defaults its\n"
     "configuration class gives the routing keys a config leaves out, the keys of its expert\n"
-    "count and width, its checkpoint's tensor names, the upstream code the rules are read from,\n"
-    "and the published config.json the tests run it on (tests/data/config/families/). Families\n"
+    "count and width, its shared expert (its width's key, and the sigmoid gate Qwen2-MoE and\n"
+    "Qwen3-Next scale it by), its checkpoint's tensor names, the upstream code the rules are read\n"
+    "from, and the published config.json the tests run it on (tests/data/config/families/). Families\n"
     "moejit cannot run are listed with the reason their configs are refused. A model_type not\n"
     "listed is read by its keys alone (softmax, plain top-k, no renormalization when absent).\n"
     "\n"
@@ -45,6 +46,25 @@ static void tensor_texts(const mj_family *f, char *router, char *bias, char *exp
     else snprintf(bias, n, "model.layers.L.%s.%s%s", nm->block, nm->bias,
                   f->fixed ? (f->bias_key ? " (unless use_routing_bias is false)" : "") : " (with topk_method noaux_tc)");
     snprintf(experts, n, "model.layers.L.%s.experts.E.{%s,%s,%s}", nm->block, nm->proj[0], nm->proj[1], nm->proj[2]);
+}
+
+/* Its shared expert: how wide (which key), gated or not, and its tensors' names ("" for none:
+ * Mixtral's and MiniMax-M2's routers refuse one). */
+static void shared_texts(const mj_family *f, char *what, char *tensors, char *gate, size_t n) {
+    const mj_ck_names *nm = mj_family_names(f);
+    gate[0] = '\0';
+    if (f->fixed) {
+        snprintf(what, n, "none"), tensors[0] = '\0';
+        return;
+    }
+    if (f->shared_key)
+        snprintf(what, n, "%s wide (%d when absent; 0: none), its output x sigmoid(x . %s)", f->shared_key,
+                 (int)f->shared_width, nm->shared_gate);
+    else
+        snprintf(what, n, "n_shared_experts x the expert width (0 when absent), weight 1");
+    snprintf(tensors, n, "model.layers.L.%s.%s.{%s,%s,%s}", nm->block, nm->shared, nm->proj[0], nm->proj[1],
+             nm->proj[2]);
+    if (nm->shared_gate) snprintf(gate, n, "model.layers.L.%s.%s.weight (bf16 [1, H])", nm->block, nm->shared_gate);
 }
 
 static json_t *family_json(const mj_family *f) {
@@ -77,7 +97,18 @@ static json_t *family_json(const mj_family *f) {
     json_object_set_new(t, "router", json_string(router));
     json_object_set_new(t, "bias", bias[0] ? json_string(bias) : json_null());
     json_object_set_new(t, "experts", json_string(experts));
+    char what[200], shared[200], gate[200];
+    shared_texts(f, what, shared, gate, sizeof what);
+    json_object_set_new(t, "shared_expert", shared[0] ? json_string(shared) : json_null());
+    json_object_set_new(t, "shared_expert_gate", gate[0] ? json_string(gate) : json_null());
     json_object_set_new(o, "tensors", t);
+    json_t *se = json_object();
+    json_object_set_new(se, "width_key",
+                        f->fixed ? json_null() : json_string(f->shared_key ? f->shared_key : "n_shared_experts"));
+    json_object_set_new(se, "default", json_integer(f->shared_key ? f->shared_width : 0));
+    json_object_set_new(se, "gate", f->shared_key ? json_string("sigmoid") : json_null());
+    json_object_set_new(se, "allowed", json_boolean(!f->fixed));
+    json_object_set_new(o, "shared_expert", se);
     return o;
 }
 
@@ -97,6 +128,9 @@ static void family_text(const mj_family *f) {
         printf("  keys:     %s, %s\n", f->experts_key ? f->experts_key : "n_routed_experts",
                f->width_key ? f->width_key : "moe_intermediate_size");
         printf("  tensors:  %s, %s%s%s\n", router, experts, bias[0] ? ", " : "", bias);
+        char what[200], shared[200], gate[200];
+        shared_texts(f, what, shared, gate, sizeof what);
+        printf("  shared expert: %s%s%s%s%s\n", what, shared[0] ? "; " : "", shared, gate[0] ? ", " : "", gate);
     }
     printf("  source:   %s\n", f->source);
     if (f->verified && f->verified[0]) printf("  tested on: tests/data/config/families/%s\n", f->verified);

@@ -11,7 +11,9 @@
  * The layout of a slice is mj_layer_shard's (runtime/ref/layer.c): TP rank r of n holds gate
  * and up rows [r*I/n, (r+1)*I/n) and those columns of down, for every expert and for the
  * shared expert (n_shared * I rows, as mj_layer_create_random makes it); EP rank r holds
- * experts [r*E/n, (r+1)*E/n) whole and rank 0 the shared expert; every rank the router.
+ * experts [r*E/n, (r+1)*E/n) whole and rank 0 the shared expert; every rank the router. A
+ * shared expert's sigmoid gate (Qwen2-MoE, Qwen3-Next) is held whole wherever a slice of the
+ * shared expert is: it scales the whole shared expert, whose slices the ranks sum.
  */
 #include "weights/checkpoint.h"
 #include "weights/layer.h"
@@ -115,7 +117,11 @@ const char *mj_ck_tensor_name(char *buf, size_t n, const mj_ck_names *names, int
     else if (expert == MJ_CK_ROUTER)
         snprintf(buf, n, "model.layers.%d.%s.gate.%s", (int)layer, names->block, field);
     else if (expert == MJ_CK_SHARED)
-        snprintf(buf, n, "model.layers.%d.%s.shared_experts.%s.%s", (int)layer, names->block, names->proj[proj], field);
+        snprintf(buf, n, "model.layers.%d.%s.%s.%s.%s", (int)layer, names->block, names->shared, names->proj[proj],
+                 field);
+    else if (expert == MJ_CK_SHARED_GATE)
+        snprintf(buf, n, "model.layers.%d.%s.%s.%s", (int)layer, names->block,
+                 names->shared_gate ? names->shared_gate : "shared_expert_gate", field);
     else
         snprintf(buf, n, "model.layers.%d.%s.experts.%d.%s.%s", (int)layer, names->block, (int)expert,
                  names->proj[proj], field);
@@ -282,14 +288,15 @@ static int32_t layer_of(const char *name, const char **rest) {
     return (int32_t)L;
 }
 
-/* "model.layers.<L>.BLOCK.experts." (or .BLOCK.gate.weight, .BLOCK.shared_experts.): L, else -1. */
+/* "model.layers.<L>.BLOCK.experts." (or .BLOCK.gate.weight, .BLOCK.SHARED.): L, else -1. */
 static int32_t moe_layer_of(const char *name, const mj_ck_names *names) {
     const char *p;
     int32_t L = layer_of(name, &p);
-    size_t nb = strlen(names->block);
+    size_t nb = strlen(names->block), ns = strlen(names->shared);
     if (L < 0 || p[0] != '.' || strncmp(p + 1, names->block, nb)) return -1;
     p += 1 + nb;
-    if (!strncmp(p, ".experts.", 9) || !strcmp(p, ".gate.weight") || !strncmp(p, ".shared_experts.", 16)) return L;
+    if (!strncmp(p, ".experts.", 9) || !strcmp(p, ".gate.weight")) return L;
+    if (p[0] == '.' && !strncmp(p + 1, names->shared, ns) && p[1 + ns] == '.') return L;
     return -1;
 }
 
@@ -558,7 +565,9 @@ static mj_status proj_resolve(mj_checkpoint_t ck, int32_t layer, int32_t expert,
                             "run (its kernels take NVFP4 experts only); quantize it with ModelOpt (take "
                             "'%s' out of exclude_modules) or use a checkpoint that did",
                             r->w.f->label, name, mj_st_dtype_name(dt), who,
-                            expert == MJ_CK_SHARED ? "*shared_experts*" : "*experts*");
+                            expert == MJ_CK_SHARED ? (!strcmp(ck->names->shared, "shared_expert") ? "*shared_expert.*"
+                                                                                                   : "*shared_experts*")
+                                                   : "*experts*");
     snprintf(what, sizeof what, "%s %s: two E2M1 codes a byte", who, pn);
     MJ_CHECK(ck_expect(&r->w, u8, 1, 2, n_out, k_in / 2, what));
     MJ_CHECK(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, expert, p, "weight_scale"), &r->sf));
@@ -712,14 +721,16 @@ static mj_status all_zero(mj_checkpoint_t ck, const ck_ref *r, int *zero) {
 
 /* Every tensor of MoE layer `layer`'s block (model.layers.L.BLOCK.) is one the loader reads. One
  * it would skip is an error naming it, because the layer would run without it: a selection bias
- * the config's routing does not use, a shared expert the config does not declare, Qwen-MoE's
- * gated shared expert, an expert past n_routed_experts, anything else. The one exception is a
+ * the config's routing does not use, a shared expert (or a shared-expert gate) the config does
+ * not declare, another family's shared expert, an expert past n_routed_experts, anything else. The one exception is a
  * selection bias of zeros, which selects as no bias does: a warning. */
 static mj_status check_unread(mj_checkpoint_t ck, int32_t layer) {
     const mj_moe_config *cfg = &ck->cfg;
     const mj_ck_names *nm = ck->names;
-    char prefix[MJ_CK_NAME_MAX], bias[MJ_CK_NAME_MAX];
+    char prefix[MJ_CK_NAME_MAX], bias[MJ_CK_NAME_MAX], gate_name[MJ_CK_NAME_MAX];
     int np = snprintf(prefix, sizeof prefix, "model.layers.%d.%s.", (int)layer, nm->block);
+    const size_t ns = strlen(nm->shared);
+    snprintf(gate_name, sizeof gate_name, "%s.weight", nm->shared_gate ? nm->shared_gate : "");
     mj_ck_tensor_name(bias, sizeof bias, nm, layer, MJ_CK_ROUTER, 0, "e_score_correction_bias");
     int64_t lo = 0, hi = ck->n_entries; /* the first entry >= prefix */
     while (lo < hi) {
@@ -743,11 +754,24 @@ static mj_status check_unread(mj_checkpoint_t ck, int32_t layer) {
             }
             why = "a selection bias (e_score_correction_bias), which the config's routing does not use (topk_method "
                   "noaux_tc uses one; MiniMax-M2's use_routing_bias false turns it off)";
-        } else if (!strncmp(rest, "shared_experts.", 15) && known_proj(rest + 15, nm, 0, 0)) {
+        } else if (!strncmp(rest, nm->shared, ns) && rest[ns] == '.' && known_proj(rest + ns + 1, nm, 0, 0)) {
             if (cfg->n_shared > 0) continue;
-            why = "a shared expert, which the config does not declare (n_shared_experts is 0 or absent)";
-        } else if (!strncmp(rest, "shared_expert.", 14) || !strncmp(rest, "shared_expert_gate.", 19)) {
-            why = "Qwen-MoE's shared expert with its sigmoid gate, which moejit does not run yet";
+            why = nm->shared_gate ? "a shared expert, which the config does not declare "
+                                    "(shared_expert_intermediate_size is 0)"
+                                  : "a shared expert, which the config does not declare (n_shared_experts is 0 or "
+                                    "absent)";
+        } else if (nm->shared_gate && !strcmp(rest, gate_name)) {
+            if (cfg->shared_gate) continue;
+            why = "the shared expert's sigmoid gate, which the config does not declare "
+                  "(shared_expert_intermediate_size is 0)";
+        } else if (!strncmp(rest, "shared_expert_gate.", 19)) {
+            why = "a sigmoid gate on the shared expert (Qwen2-MoE's and Qwen3-Next's shared_expert_gate), which this "
+                  "model_type's MoE block does not have";
+        } else if (!strncmp(rest, "shared_expert.", 14) || !strncmp(rest, "shared_experts.", 15)) {
+            why = nm->shared_gate ? "a shared expert under DeepSeek's name (shared_experts); this model_type's is "
+                                    "shared_expert"
+                                  : "a shared expert under Qwen-MoE's name (shared_expert); this model_type's are "
+                                    "shared_experts";
         } else if (!strncmp(rest, "experts.", 8) && rest[8] >= '0' && rest[8] <= '9' &&
                    !known_proj(rest + 8, nm, INT32_MAX, 1)) {
             why = "not one of the expert tensors moejit reads";
@@ -776,7 +800,7 @@ mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int
     const int has_shared = cfg->n_shared > 0 && (kind != MJ_PAR_EP || rank == 0);
     mj_status st = MJ_OK;
     char name[MJ_CK_NAME_MAX];
-    ck_ref gate, bias = {NULL, NULL};
+    ck_ref gate, bias = {NULL, NULL}, sgate = {NULL, NULL};
     proj_refs shared[3];
     proj_refs *refs = malloc((size_t)(n_local ? n_local : 1) * 3 * sizeof *refs);
     mj_layer_t L = NULL;
@@ -801,6 +825,12 @@ mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int
     if (has_shared)
         for (int p = 0; p < 3; p++)
             MJ_CHECK_GOTO(proj_resolve(ck, layer, MJ_CK_SHARED, p, p < 2 ? Is : H, p < 2 ? H : Is, &shared[p]), st, fail);
+    if (has_shared && cfg->shared_gate) { /* whole on every rank that holds a slice of the shared expert */
+        MJ_CHECK_GOTO(ck_get(ck, mj_ck_tensor_name(name, sizeof name, ck->names, layer, MJ_CK_SHARED_GATE, 0, "weight"),
+                             &sgate), st, fail);
+        MJ_CHECK_GOTO(ck_expect(&sgate, bf16, 1, 2, 1, H, "the shared expert's sigmoid gate: [1, hidden_size], "
+                                "unquantized"), st, fail);
+    }
 
     /* The handle, as mj_layer_shard lays it out. */
     MJ_CHECK_GOTO(mj_layer_new(cfg, n_local, &L), st, fail);
@@ -827,6 +857,16 @@ mj_status mj_layer_load(mj_checkpoint_t ck, int32_t layer, mj_parallel kind, int
         const proj_refs *r = &refs[e * 3];
         MJ_CHECK_GOTO(load_w13(ck, &r[0], &r[1], H, c0, il, who, &notes, &L->w13[e]), st, fail);
         MJ_CHECK_GOTO(load_w2(ck, &r[2], H, I, c0, il, &L->w2[e]), st, fail);
+    }
+    if (sgate.t) {
+        MJ_CHECK_GOTO(mj_layer_shared_gate_alloc(L), st, fail);
+        MJ_CHECK_GOTO(ck_copy(ck, &sgate, 0, (uint64_t)H * 2, L->shared_gate), st, fail);
+        for (int32_t h = 0; h < H; h++)
+            if (!isfinite(mj_bf16_to_f32(L->shared_gate[h]))) {
+                st = mj_set_error(MJ_ERR_NONFINITE, "%s: tensor '%s': element %d is %g; the gate must be finite",
+                                  sgate.f->label, sgate.t->name, h, (double)mj_bf16_to_f32(L->shared_gate[h]));
+                goto fail;
+            }
     }
     if (has_shared) {
         MJ_CHECK_GOTO(load_w13(ck, &shared[0], &shared[1], H, cs0, isl, "the shared expert", &notes, &L->shared_w13), st,

@@ -47,12 +47,16 @@ int mj_ck_layout_is_moe(const mj_ck_layout *lo, int32_t layer);
 /* The name of one tensor of MoE layer `layer`, as the family names them (weights/family.h;
  * NULL: DeepSeek's and GLM's, the ModelOpt export's names):
  *   expert >= 0: model.layers.L.BLOCK.experts.E.PROJ.FIELD  (proj 0 gate, 1 up, 2 down)
- *   expert == MJ_CK_SHARED: model.layers.L.BLOCK.shared_experts.PROJ.FIELD
+ *   expert == MJ_CK_SHARED: model.layers.L.BLOCK.SHARED.PROJ.FIELD (names->shared:
+ *                           shared_experts, or Qwen's shared_expert)
  *   expert == MJ_CK_ROUTER: model.layers.L.BLOCK.gate.weight (field "weight"), or the selection
  *                           bias (field "e_score_correction_bias": names->bias); proj ignored
+ *   expert == MJ_CK_SHARED_GATE: model.layers.L.BLOCK.SHARED_GATE.FIELD (names->shared_gate,
+ *                           Qwen's shared_expert_gate; only for names that have one); proj ignored
  * Returns buf. */
 #define MJ_CK_SHARED (-1)
 #define MJ_CK_ROUTER (-2)
+#define MJ_CK_SHARED_GATE (-3)
 #define MJ_CK_NAME_MAX 192
 const char *mj_ck_tensor_name(char *buf, size_t n, const mj_ck_names *names, int32_t layer, int32_t expert, int proj,
                               const char *field);

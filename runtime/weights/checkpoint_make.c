@@ -45,7 +45,7 @@ static const char *const k_field[F_COUNT] = {"weight", "weight_scale", "weight_s
 
 typedef struct tsrc {
     int32_t layer;
-    int32_t expert;            /* >= 0, MJ_CK_SHARED, or MJ_CK_ROUTER                         */
+    int32_t expert;            /* >= 0, MJ_CK_SHARED, MJ_CK_ROUTER or MJ_CK_SHARED_GATE       */
     int8_t proj;               /* 0 gate, 1 up, 2 down                                        */
     int8_t field;              /* F_*; for the router: 0 weight, 1 bias                       */
 } tsrc;
@@ -116,6 +116,15 @@ static mj_status build_config(plan *p) {
     } ov[] = {{"hidden_size", o->hidden}, {ikey, o->intermediate}, {ekey, o->n_experts},
               {"num_experts_per_tok", o->topk}};
     int bad = 0;
+    /* A gated shared expert's width (Qwen's shared_expert_intermediate_size) keeps its multiple
+     * of the expert width, as n_shared_experts does elsewhere (a width that is not one is left
+     * for the reader to refuse). */
+    const json_t *w0 = json_object_get(m, ikey);
+    if (fam && fam->shared_key && o->intermediate && json_is_integer(w0) && json_integer_value(w0) > 0) {
+        const json_t *sv = json_object_get(m, fam->shared_key);
+        json_int_t sw = json_is_integer(sv) ? json_integer_value(sv) : fam->shared_width, iw = json_integer_value(w0);
+        if (sw >= 0 && sw % iw == 0) bad |= json_object_set_new(m, fam->shared_key, json_integer(sw / iw * o->intermediate));
+    }
     for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++)
         if (ov[i].v) bad |= json_object_set_new(m, ov[i].key, json_integer(ov[i].v));
     p->config_text = bad ? NULL : json_dumps(root, JSON_INDENT(2));
@@ -136,7 +145,7 @@ static const char k_default_quant[] =
     "    \"quant_algo\": \"NVFP4\",\n"
     "    \"group_size\": 16,\n"
     "    \"kv_cache_quant_algo\": null,\n"
-    "    \"exclude_modules\": [\"lm_head\", \"model.layers.*.self_attn*\", \"model.layers.*.%s.gate\"]\n"
+    "    \"exclude_modules\": [\"lm_head\", \"model.layers.*.self_attn*\", \"model.layers.*.%s.gate\"%s]\n"
     "  }\n"
     "}\n";
 
@@ -146,10 +155,13 @@ static mj_status build_quant_and_cfg(plan *p) {
     if (o->quant_json) {
         MJ_CHECK(mj_ck_read_text(AT_FDCWD, o->quant_json, o->quant_json, MJ_CK_CONFIG_MAX, MJ_FILE_FOLLOW,
                                  &p->quant_text, &len));
-    } else if (asprintf(&p->quant_text, k_default_quant, p->tnames->block) < 0) {
-        p->quant_text = NULL;
-        return mj_set_error(MJ_ERR_NOMEM, "out of memory");
+    } else {
+        char gate[96] = ""; /* Qwen's shared-expert gate: unquantized too, as ModelOpt leaves it */
+        if (p->tnames->shared_gate)
+            snprintf(gate, sizeof gate, ", \"model.layers.*.%s.%s\"", p->tnames->block, p->tnames->shared_gate);
+        if (asprintf(&p->quant_text, k_default_quant, p->tnames->block, gate) < 0) p->quant_text = NULL;
     }
+    if (!p->quant_text) return mj_set_error(MJ_ERR_NOMEM, "out of memory");
     char label[1100];
     snprintf(label, sizeof label, "%s (with the overrides)", o->config_json);
     MJ_CHECK(mj_moe_config_parse(p->config_text, p->quant_text, label, &p->cfg));
@@ -202,12 +214,13 @@ static mj_status choose_layers(plan *p) {
 }
 
 /* Every tensor, in file order (per layer: the router, its bias, experts 0..E-1 gate/up/down,
- * the shared expert), then shards: tensors in order until the next would pass shard_bytes. */
+ * the shared expert, its gate), then shards: tensors in order until the next would pass
+ * shard_bytes. */
 static mj_status build_tensors(plan *p) {
     const mj_moe_config *c = &p->cfg;
     const int64_t H = c->hidden, I = c->intermediate, E = c->n_experts, Is = (int64_t)c->n_shared * I;
     const int64_t experts = E + (c->n_shared > 0);
-    const int64_t per_layer = 1 + (c->has_correction_bias ? 1 : 0) + experts * 3 * F_COUNT;
+    const int64_t per_layer = 1 + (c->has_correction_bias ? 1 : 0) + experts * 3 * F_COUNT + (c->shared_gate ? 1 : 0);
     p->n_t = per_layer * p->n_layers;
     p->t = calloc((size_t)p->n_t, sizeof *p->t);
     p->src = calloc((size_t)p->n_t, sizeof *p->src);
@@ -240,6 +253,12 @@ static mj_status build_tensors(plan *p) {
                     else /* scalars: shape [], as ModelOpt writes them */
                         p->t[k] = (mj_st_entry){name, MJ_ST_F32, 0, {0}, 4};
                 }
+        if (c->shared_gate) { /* a Linear(H, 1): bf16 [1, H], unquantized (ModelOpt excludes it) */
+            char *name = p->names + k * MJ_CK_NAME_MAX;
+            mj_ck_tensor_name(name, MJ_CK_NAME_MAX, p->tnames, L, MJ_CK_SHARED_GATE, 0, "weight");
+            p->src[k] = (tsrc){L, MJ_CK_SHARED_GATE, 0, 0};
+            p->t[k++] = (mj_st_entry){name, MJ_ST_BF16, 2, {1, H}, (uint64_t)H * 2};
+        }
     }
     /* Shards. */
     const int64_t cap = p->o.shard_bytes > 0 ? p->o.shard_bytes : DEFAULT_SHARD_BYTES;
@@ -342,7 +361,7 @@ static int64_t data_bytes(const plan *p) {
     const int64_t router = E * H * 2 + (c->has_correction_bias ? E * 4 : 0);
     const int64_t expert = 2 * I * (H / 2 + H / MJ_NVFP4_GROUP) + H * (I / 2 + I / MJ_NVFP4_GROUP) + 6 * 4;
     const int64_t shared = Is ? 2 * Is * (H / 2 + H / MJ_NVFP4_GROUP) + H * (Is / 2 + Is / MJ_NVFP4_GROUP) + 6 * 4 : 0;
-    return (router + E * expert + shared) * p->n_layers;
+    return (router + E * expert + shared + (c->shared_gate ? H * 2 : 0)) * p->n_layers;
 }
 
 static mj_status make_plan(const mj_checkpoint_make_options *in, plan *p) {
@@ -448,6 +467,10 @@ static void tensor_bytes(const plan *p, mj_layer_t L, int64_t i, const void **pt
     const tsrc *s = &p->src[i];
     if (s->expert == MJ_CK_ROUTER) {
         *ptr = s->field ? (const void *)L->bias : (const void *)L->gate;
+        return;
+    }
+    if (s->expert == MJ_CK_SHARED_GATE) {
+        *ptr = L->shared_gate;
         return;
     }
     const mj_nvfp4_linear *w13 = s->expert == MJ_CK_SHARED ? &L->shared_w13 : &L->w13[s->expert];

@@ -190,12 +190,17 @@ static const json_t *model_section(const json_t *root) {
  * A model_type not listed reads with the generic defaults (softmax, greedy, no
  * renormalization, DeepSeek's tensor names): the keys decide.
  * ------------------------------------------------------------------------------------- */
-const mj_ck_names mj_ck_names_default = {"mlp", {"gate_proj", "up_proj", "down_proj"}, "gate.e_score_correction_bias"};
-static const mj_ck_names k_names_mixtral = {"block_sparse_moe", {"w1", "w3", "w2"}, "e_score_correction_bias"};
+const mj_ck_names mj_ck_names_default = {"mlp", {"gate_proj", "up_proj", "down_proj"}, "gate.e_score_correction_bias",
+                                          "shared_experts", NULL};
+static const mj_ck_names k_names_mixtral = {"block_sparse_moe", {"w1", "w3", "w2"}, "e_score_correction_bias",
+                                            "shared_experts", NULL};
+/* Qwen2-MoE's and Qwen3-Next's block: one shared expert, in the singular, and its gate. */
+static const mj_ck_names k_names_qwen_gated = {"mlp", {"gate_proj", "up_proj", "down_proj"},
+                                               "gate.e_score_correction_bias", "shared_expert", "shared_expert_gate"};
 
-#define MJ_SHARED_GATE_REFUSED                                                                              \
-    "its shared expert is scaled by a sigmoid gate (mlp.shared_expert_gate), which moejit does not apply " \
-    "yet; running without it would give wrong outputs"
+#define MJ_QWEN_GATED_ROUTING                                                                              \
+    "softmax top-k, renormalized when norm_topk_prob (any top_k); the shared expert (shared_expert_intermediate_size " \
+    "wide) scaled by sigmoid(x . shared_expert_gate)"
 /* Llama-4's model_type at the top of its config, and its language model's in text_config. */
 #define MJ_LLAMA4_REFUSED                                                                                  \
     "its router scales each token's input by the expert's score before the expert (top-1, sigmoid), "      \
@@ -241,11 +246,11 @@ static const mj_family k_families[] = {
      .experts_key = "num_experts", .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k)",
      .source = "transformers qwen3_moe Qwen3MoeTopKRouter, Qwen3MoeSparseMoeBlock, Qwen3MoeConfig",
      .verified = "Qwen3-30B-A3B.json"},
-    {.model_type = "qwen2_moe", .models = "Qwen1.5-MoE, Qwen2-MoE without a shared expert", SOFTMAX_DEFAULTS,
-     .norm_rule = MJ_NORM_KEY, .experts_key = "num_experts",
-     .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k); a shared expert is refused",
+    {.model_type = "qwen2_moe", .models = "Qwen1.5-MoE, Qwen2-MoE", SOFTMAX_DEFAULTS, .norm_rule = MJ_NORM_KEY,
+     .experts_key = "num_experts", .shared_key = "shared_expert_intermediate_size", .shared_width = 5632,
+     .names = &k_names_qwen_gated, .routing = MJ_QWEN_GATED_ROUTING,
      .source = "transformers qwen2_moe Qwen2MoeTopKRouter, Qwen2MoeSparseMoeBlock, Qwen2MoeConfig",
-     .verified = "Qwen2-57B-A14B.json (refused: its shared expert)"},
+     .verified = "Qwen2-57B-A14B.json"},
     {.model_type = "mixtral", .models = "Mixtral-8x7B, Mixtral-8x22B", SOFTMAX_DEFAULTS, .norm = 1,
      .norm_rule = MJ_NORM_ALWAYS, .fixed = 1, .experts_key = "num_local_experts", .width_key = "intermediate_size",
      .names = &k_names_mixtral, .routing = "softmax over all experts, top-k, always renormalized; no shared expert",
@@ -259,9 +264,13 @@ static const mj_family k_families[] = {
                 "no shared expert",
      .source = "transformers minimax_m2 MiniMaxM2TopKRouter, MiniMaxM2SparseMoeBlock, MiniMaxM2Config",
      .verified = "MiniMax-M2.5.abridged.json"},
-    {.model_type = "qwen3_next", .models = "Qwen3-Next", REFUSED_DEFAULTS,
-     .source = "transformers qwen3_next Qwen3NextSparseMoeBlock", .verified = "Qwen3-Next-80B-A3B-Thinking.json",
-     .refused = MJ_SHARED_GATE_REFUSED},
+    /* Qwen3NextSparseMoeBlock is Qwen2MoeSparseMoeBlock's: moejit runs the MoE layers (their
+     * attention, hybrid or not, is not its concern). */
+    {.model_type = "qwen3_next", .models = "Qwen3-Next-80B-A3B, its MoE layers", SOFTMAX_DEFAULTS, .norm = 1,
+     .norm_rule = MJ_NORM_KEY, .experts_key = "num_experts", .shared_key = "shared_expert_intermediate_size",
+     .shared_width = 512, .names = &k_names_qwen_gated, .routing = MJ_QWEN_GATED_ROUTING,
+     .source = "transformers qwen3_next Qwen3NextTopKRouter, Qwen3NextSparseMoeBlock, Qwen3NextConfig",
+     .verified = "Qwen3-Next-80B-A3B-Thinking.json"},
     {.model_type = "llama4", .models = "Llama-4", REFUSED_DEFAULTS,
      .source = "transformers llama4 Llama4Router, Llama4TextMoe",
      .verified = "Llama-4-Scout-17B-16E-Instruct.abridged.json", .refused = MJ_LLAMA4_REFUSED},
@@ -299,14 +308,6 @@ static mj_status parse_family(const json_t *root, const json_t *m, const char *l
             if (!*out) *out = f;
         }
     }
-    /* Qwen2-MoE's shared expert is gated: out += sigmoid(x . shared_expert_gate) *
-     * shared_expert(x). Dropping it, or running it ungated, is wrong. */
-    const json_t *sis = json_object_get(m, "shared_expert_intermediate_size");
-    if (*out && !strcmp((*out)->model_type, "qwen2_moe") && json_is_integer(sis) && json_integer_value(sis) > 0)
-        return fail(MJ_ERR_UNSUPPORTED, label,
-                    "model_type 'qwen2_moe' (Qwen2-MoE) with shared_expert_intermediate_size %lld is not supported: "
-                    MJ_SHARED_GATE_REFUSED,
-                    (long long)json_integer_value(sis));
     return MJ_OK;
 }
 
@@ -321,6 +322,30 @@ mj_status mj_family_of(const char *config_text, const char *label, const mj_fami
     st = parse_family(root, model_section(root), label, out);
     json_decref(root);
     return st;
+}
+
+/* Qwen2-MoE's and Qwen3-Next's shared expert: one MLP of shared_expert_intermediate_size rows
+ * (the configuration class's default when the key is absent; 0: none), its output scaled by
+ * sigmoid(x . shared_expert_gate) (Qwen2MoeSparseMoeBlock, Qwen3NextSparseMoeBlock). moejit
+ * runs it as n_shared sub-experts of the routed experts' width, so the width must be a
+ * multiple of it. Their block reads no n_shared_experts: a config that sets one contradicts
+ * its model_type. */
+static mj_status gated_shared(const json_t *m, const mj_family *fam, const char *label, mj_moe_config *c) {
+    int32_t width = 0;
+    if (c->n_shared != 0)
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "model_type '%s' (%s): field 'n_shared_experts' asks for what its MoE block does not do: it sizes "
+                    "its one shared expert by '%s' and reads no such key (%s); the file contradicts its model_type",
+                    fam->model_type, fam->models, fam->shared_key, fam->source);
+    MJ_CHECK(get_int(m, fam->shared_key, fam->shared_key, OPTIONAL, 0, fam->shared_width, label, &width));
+    if (width % c->intermediate != 0)
+        return fail(MJ_ERR_UNSUPPORTED, label,
+                    "%s %d is not a multiple of moe_intermediate_size %d: moejit runs the shared expert as "
+                    "sub-experts of the routed experts' width",
+                    fam->shared_key, (int)width, (int)c->intermediate);
+    c->n_shared = width / c->intermediate;
+    c->shared_gate = width > 0;
+    return MJ_OK;
 }
 
 static mj_status parse_sizes(const json_t *m, const mj_family *fam, const char *label, mj_moe_config *c) {
@@ -346,7 +371,7 @@ static mj_status parse_sizes(const json_t *m, const mj_family *fam, const char *
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         MJ_CHECK(get_int(m, f[i].key, f[i].key, f[i].required, f[i].min, f[i].dflt, label,
                          f[i].out));
-    return MJ_OK;
+    return fam && fam->shared_key ? gated_shared(m, fam, label, c) : MJ_OK;
 }
 
 /* What the family's router code does beyond the keys (c holds what the keys said):

@@ -10,12 +10,15 @@
  *   BLOCK.gate.weight                      the router
  *   BLOCK.BIAS                             the selection bias (e_score_correction_bias)
  *   BLOCK.experts.E.PROJ.FIELD             PROJ: proj[0] gate, proj[1] up, proj[2] down
- *   BLOCK.shared_experts.PROJ.FIELD        (DeepSeek-style names only) */
+ *   BLOCK.SHARED.PROJ.FIELD                the shared expert
+ *   BLOCK.SHARED_GATE.weight               its sigmoid gate, bf16 [1, H] (Qwen2-MoE, Qwen3-Next) */
 typedef struct mj_ck_names {
     const char *block;         /* "mlp" (DeepSeek, GLM, Qwen) or "block_sparse_moe" (Mixtral) */
     const char *proj[3];       /* gate_proj up_proj down_proj, or w1 w3 w2                     */
     const char *bias;          /* below BLOCK: "gate.e_score_correction_bias" or
                                   "e_score_correction_bias" (MiniMax-M2's sits on the block)  */
+    const char *shared;        /* "shared_experts" (DeepSeek, GLM), or Qwen's "shared_expert"  */
+    const char *shared_gate;   /* "shared_expert_gate" (Qwen2-MoE, Qwen3-Next), or NULL: none */
 } mj_ck_names;
 
 /* The names of a checkpoint of no known family: DeepSeek-V3's, GLM's. */
@@ -44,6 +47,11 @@ typedef struct mj_family {
     const char *experts_key;   /* the expert count's key (NULL: n_routed_experts, or num_experts) */
     const char *width_key;     /* one expert's width (NULL: moe_intermediate_size)            */
     const char *bias_key;      /* a boolean key that turns the selection bias off, or NULL    */
+    const char *shared_key;    /* the gated shared expert's width key (Qwen's
+                                  shared_expert_intermediate_size: n_shared = it / I, and
+                                  shared_gate = 1 when it is not 0), or NULL: n_shared_experts,
+                                  ungated                                                     */
+    int32_t shared_width;      /* shared_key's value when the config has none                 */
     const mj_ck_names *names;  /* its tensors' names (NULL: mj_ck_names_default)              */
     const char *routing;       /* how it routes, one line                                    */
     const char *source;        /* the upstream code the rules are read from                  */
@@ -55,8 +63,8 @@ typedef struct mj_family {
 const mj_family *mj_families(size_t *n);
 
 /* The family of a config.json's text (its model_type, or the language model's in text_config):
- * *out NULL when none is known. A family moejit cannot run (and Qwen2-MoE with a shared expert)
- * is refused, MJ_ERR_UNSUPPORTED naming the reason. `label` names the file in errors. */
+ * *out NULL when none is known. A family moejit cannot run is refused, MJ_ERR_UNSUPPORTED
+ * naming the reason. `label` names the file in errors. */
 mj_status mj_family_of(const char *config_text, const char *label, const mj_family **out);
 
 /* The tensor names of a family (the default ones for NULL). */
