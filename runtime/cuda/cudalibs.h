@@ -77,8 +77,8 @@ mj_status mj_cuda_launch(mj_cuda_function f, const uint32_t grid[3], const uint3
                          uint32_t smem_bytes, void *stream, void **args);
 /* The same, and with pdl != 0 as a programmatic dependent of the stream's previous kernel
  * (cuLaunchKernelEx, PROGRAMMATIC_STREAM_SERIALIZATION: the kernel must call
- * griddepcontrol.wait before it touches memory). A driver without cuLaunchKernelEx (before
- * CUDA 12) launches it plainly. */
+ * griddepcontrol.wait before it touches memory). A driver without cuLaunchKernelEx, or older
+ * than CUDA 12.3 (programmatic launches in captured graphs), launches it plainly. */
 mj_status mj_cuda_launch_ex(mj_cuda_function f, const uint32_t grid[3], const uint32_t block[3],
                             uint32_t smem_bytes, void *stream, void **args, int pdl);
 void mj_cuda_module_unload(mj_cuda_module *m);

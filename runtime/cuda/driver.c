@@ -491,7 +491,9 @@ mj_status mj_cuda_launch_ex(mj_cuda_function f, const uint32_t grid[3], const ui
                                 grid[0], grid[1], grid[2], block[0], block[1], block[2]);
     MJ_CHECK(mj_cuda_load());
     CUresult r;
-    if (pdl && g_launch_ex) {
+    /* Programmatic launches inside a captured graph need a CUDA 12.3 driver or later; an older
+     * one gets plain launches (the kernels' griddepcontrol.wait then returns at once). */
+    if (pdl && g_launch_ex && g_driver_version >= 12030) {
         mj_cu_launch_attr attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
         attr.value.programmatic_stream_serialization = 1;
         const mj_cu_launch_config cfg = {grid[0], grid[1],    grid[2], block[0], block[1], block[2],
