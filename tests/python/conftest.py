@@ -130,6 +130,15 @@ class FakeTensor:
     def __getitem__(self, i):
         return self.arr[i]
 
+    def index_select(self, dim, index):   # CPU tensors only
+        assert dim == 0 and self.device.type == "cpu"
+        return FakeTensor(np.ascontiguousarray(self.arr[index.arr]), self.dtype, "cpu")
+
+    def copy_(self, src):
+        assert self.device.type == "cpu"
+        self.arr[...] = src.arr
+        return self
+
 
 class _Block:
     __slots__ = ("raw", "buf", "nbytes", "stream", "recorded")
@@ -210,6 +219,7 @@ def make_fake_torch():
     t = types.ModuleType("torch")
     t.float32 = FakeDtype("float32", np.float32)
     t.int32 = FakeDtype("int32", np.int32)
+    t.int64 = FakeDtype("int64", np.int64)
     t.uint16 = FakeDtype("uint16", np.uint16)
     t.bfloat16 = FakeDtype("bfloat16", np.uint16)   # bf16 bits in a uint16 array
     t.float16 = FakeDtype("float16", np.float16)
@@ -257,6 +267,12 @@ def make_fake_torch():
         return x
 
     t.as_tensor = as_tensor
+
+    def tensor(data, *, dtype=None, device=None):   # CPU tensors only
+        assert device is None or str(device) == "cpu"
+        return FakeTensor(np.asarray(data, (dtype or t.float32).np_dtype), dtype or t.float32, "cpu")
+
+    t.tensor = tensor
 
     @contextlib.contextmanager
     def stream(s):

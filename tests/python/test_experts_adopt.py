@@ -204,3 +204,104 @@ def test_torch_op_registration(fake_torch, rng, monkeypatch):
     ex.close()
     with pytest.raises(ValueError, match="no open Experts"):
         call(x, w, ids)
+
+
+def sglang_ep_layer(t, *, rank, ep, shared, storage_rank=None, per_rank_slots=False):
+    """An SGLang FusedMoE under EP as 0.5.23 lays it out (fused_moe_triton/layer.py), from one
+    rank's engine tensors t (E_loc experts: the routed ones, then `shared` fused shared
+    experts): the input scales hold a row for every expert of the model, the rank's routed
+    experts at storage_rank * routed_loc + x (_map_global_expert_id_to_local_expert_id), its
+    shared experts after all the routed ones (global slots: num_experts = routed + shared).
+    Other rows hold 1e3, far off. Returns (layer, rows)."""
+    e_loc = t["w13_weight"].shape[0]
+    routed_loc = e_loc - shared
+    routed = routed_loc * ep
+    storage_rank = rank if storage_rank is None else storage_rank
+    n = routed + (shared * ep if per_rank_slots else shared)
+    rows = [storage_rank * routed_loc + x for x in range(routed_loc)] + [routed + i for i in range(shared)]
+    in13 = np.full((n, 2), 1e3, np.float32)
+    in2 = np.full(n, 1e3, np.float32)
+    in13[rows], in2[rows] = t["w13_input_scale"], t["w2_input_scale"]
+    g = dict(t, w13_input_scale=in13, w2_input_scale=in2)
+    layer = types.SimpleNamespace(**{k: types.SimpleNamespace(data=v) for k, v in g.items()})
+    layer.top_k, layer.num_experts, layer.num_local_experts = K, n, e_loc
+    layer.num_fused_shared_experts, layer.moe_ep_rank, layer.moe_ep_size = shared, rank, ep
+    layer.num_global_routed_experts, layer._expert_storage_rank = routed, storage_rank
+    return layer, rows
+
+
+@pytest.mark.parametrize("rank,storage_rank", [(0, None), (1, None), (3, None), (0, 2)],
+                         ids=["rank0", "rank1", "last_rank", "elastic_storage_rank2"])
+def test_from_layer_sglang_fused_shared_ep(rng, rank, storage_rank):
+    """SGLang under EP 4 with one shared expert fused as local expert 3 (routed experts 0..2):
+    the input scales' rows of this rank's experts are not one run (the shared expert's row
+    follows every routed expert of the model), so from_layer reads each expert's own rows;
+    the result is the same bits as an adoption of the rank's rows copied out. After release
+    and a reload of the scales, readopt reads them again."""
+    t, _ = make_engine(rng, 4, H, I)
+    local = {k: v.copy() for k, v in t.items()}
+    layer, rows = sglang_ep_layer(t, rank=rank, ep=4, shared=1, storage_rank=storage_rank)
+    ex = moejit.Experts.from_layer(layer, max_batch=8, mode="w4a4")
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    x = hidden(rng, 5)
+    ids, w = routing(rng, 5, K, 4)
+    ids[:, 0] = 3                                     # every token reaches the shared expert
+    first = ex(x, w, ids)
+    np.testing.assert_array_equal(first, ref(x, w, ids))
+    # the engine reloads: new input scales for the shared expert and routed expert 0 (not
+    # powers of 2, which would move every block scale by the same exponent: the same bits)
+    ex.release(), ref.release()
+    layer.w13_input_scale.data[rows[3]] *= 3
+    layer.w2_input_scale.data[rows[0]] *= 3
+    local["w13_input_scale"][3] *= 3
+    local["w2_input_scale"][0] *= 3
+    ex.readopt()
+    ref.close()
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    again = ex(x, w, ids)
+    np.testing.assert_array_equal(again, ref(x, w, ids))
+    assert not np.array_equal(again, first), "the reloaded scales are used"
+    ex.close(), ref.close()
+
+
+def test_from_layer_sglang_fused_shared_ep_torch(fake_torch, rng):
+    """The same with (stand-in) CPU torch tensors: the rank's rows taken with index_select
+    into a tensor of their own, and copied into it again by readopt."""
+    tt = fake_torch
+    tt.uint8 = type(tt.float32)("uint8", np.uint8)
+    tt.float8_e4m3fn = type(tt.float32)("float8_e4m3fn", np.uint8)
+    dt = dict(w13_weight=tt.uint8, w2_weight=tt.uint8, w13_weight_scale=tt.float8_e4m3fn,
+              w2_weight_scale=tt.float8_e4m3fn)
+    t, _ = make_engine(rng, 4, H, I)
+    local = {k: v.copy() for k, v in t.items()}
+    layer, rows = sglang_ep_layer(t, rank=1, ep=4, shared=1)
+    for k in t:
+        getattr(layer, k).data = FakeTensor(getattr(layer, k).data, dt.get(k, tt.float32))
+    ex = moejit.Experts.from_layer(layer, max_batch=8, mode="w4a4")
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    x = moejit.bf16_from_f32(hidden(rng, 3))
+    ids, w = routing(rng, 3, K, 4)
+    ids[:, 0] = 3
+    call = lambda e: e(FakeTensor(x, tt.bfloat16), FakeTensor(w, tt.float32), FakeTensor(ids, tt.int32)).numpy()
+    np.testing.assert_array_equal(call(ex), ref(x, w, ids))
+    ex.release(), ref.release()
+    layer.w13_input_scale.data.arr[rows[3]] *= 3
+    local["w13_input_scale"][3] *= 3
+    ex.readopt()
+    ref.close()
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    np.testing.assert_array_equal(call(ex), ref(x, w, ids))
+    ex.close(), ref.close()
+
+
+def test_from_layer_sglang_per_rank_shared_slots_refused(rng):
+    """SGLang's DeepEP-class and MegaMoE backends give every rank its own shared-expert slot
+    (num_experts = routed + shared x ranks), and its loader writes those slots' input scales
+    into rows routed experts use too: refused, the tensors untouched."""
+    t, _ = make_engine(rng, 4, H, I)
+    layer, _ = sglang_ep_layer(t, rank=1, ep=4, shared=1, per_rank_slots=True)
+    before = {k: getattr(layer, k).data.copy() for k in t}
+    with pytest.raises(ValueError, match="per-rank shared-expert slots"):
+        moejit.Experts.from_layer(layer, max_batch=8)
+    for k in t:
+        np.testing.assert_array_equal(getattr(layer, k).data, before[k], err_msg=k)
