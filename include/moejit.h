@@ -645,7 +645,8 @@ typedef struct mj_adopt_tensors {
                                   (the larger of gate's and up's is used)                    */
     mj_adopt_scale w2_input_scale;     /* rows 1 or at least expert_begin + E_loc, cols 1     */
     int32_t expert_begin;      /* the input scales' row of local expert 0 (under EP with
-                                  E_global rows: rank * E_loc)                               */
+                                  E_global rows: rank * E_loc; rows not in one run, as
+                                  SGLang's fused shared experts': pass a copy of the rank's) */
     uint32_t flags;            /* MJ_ADOPT_*                                                  */
 } mj_adopt_tensors;
 #define MJ_ADOPT_TENSORS_INIT \

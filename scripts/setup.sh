@@ -31,6 +31,6 @@ if ! command -v nvdisasm >/dev/null 2>&1; then
     [ -x "$nv" ] || { echo "setup: nvdisasm not found after install ($nv)" >&2; exit 1; }
     $SUDO ln -sf "$nv" /usr/local/bin/nvdisasm
 fi
-# The serving engines' sources the Python tests check moejit.integrations against (sglang and
-# vllm wheels from PyPI, .py files only, into ~/.cache/moejit-engines or $MJ_ENGINE_SOURCES).
+# The real sources the Python tests check moejit against (sglang, vllm and torch wheels from
+# PyPI, the .py and .pyi files they read, into ~/.cache/moejit-engines or $MJ_ENGINE_SOURCES).
 /usr/bin/python3 "$(dirname "$0")/../tests/python/engine_sources.py" >/dev/null

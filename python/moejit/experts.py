@@ -125,6 +125,7 @@ class Experts(Handle):
         self._tensors = tuple(a.obj for a in arrs)   # the engine's storage lives as long as we do
         self._like = w13
         self._inflight = None
+        self._refresh = None   # from_layer's copy of the rank's input-scale rows, taken again
         return self
 
     @classmethod
@@ -132,9 +133,12 @@ class Experts(Handle):
         """Adopt the experts of an engine's MoE layer (SGLang's FusedMoE, vLLM's FusedMoE /
         RoutedExperts with ModelOpt NVFP4 weights): its w13_weight ... w2_input_scale
         parameters, top_k from the layer (flags override: top_k, expert_begin, up_first,
-        scales_swizzled, in_place, ...). expert_begin defaults to the rank's first expert when
-        the input scales hold every expert of the model (SGLang: moe_ep_rank *
-        num_local_experts), else 0."""
+        scales_swizzled, in_place, ...). When the input scales hold a row for every expert of
+        the model (SGLang under EP), each local expert reads its own (_input_rows): the rank's
+        routed experts from its first one on, its fused shared experts from after every
+        routed expert of the model. Where those rows are one run, expert_begin is its first;
+        otherwise the rank's rows are copied out (a few floats an expert) and copied again by
+        readopt(). Input scales with a row per local expert (vLLM) are read from row 0."""
         names = ("w13_weight", "w13_weight_scale", "w13_weight_scale_2", "w2_weight", "w2_weight_scale",
                  "w2_weight_scale_2", "w13_input_scale", "w2_input_scale")
         missing = [n for n in names if getattr(layer, n, None) is None]
@@ -145,14 +149,22 @@ class Experts(Handle):
         kw = dict(flags)
         if "top_k" not in kw:
             kw["top_k"] = _layer_top_k(layer)
-        if "expert_begin" not in kw:
-            e_loc = int(tensors["w13_weight"].shape[0])
-            rows = int(tensors["w13_input_scale"].shape[0]) if len(tensors["w13_input_scale"].shape) else 1
-            rank = getattr(layer, "moe_ep_rank", None)
-            if rank is None:
-                rank = getattr(layer, "ep_rank", 0)
-            kw["expert_begin"] = int(rank) * e_loc if rows > e_loc else 0
-        return cls.adopt(**tensors, **kw)
+        if "expert_begin" in kw:
+            return cls.adopt(**tensors, **kw)
+        e_loc = int(tensors["w13_weight"].shape[0])
+        in_rows = int(tensors["w13_input_scale"].shape[0]) if len(tensors["w13_input_scale"].shape) else 1
+        rows = _input_rows(layer, e_loc, in_rows)
+        if rows is None or rows == list(range(rows[0], rows[0] + e_loc)):
+            return cls.adopt(**tensors, **kw, expert_begin=0 if rows is None else rows[0])
+        names = ("w13_input_scale", "w2_input_scale")
+        mine = {n: _take_rows(tensors[n], rows, n) for n in names}
+        self = cls.adopt(**dict(tensors, **mine), **kw, expert_begin=0)
+
+        def refresh():   # the engine reloaded its scales into the same storage
+            for n in names:
+                _take_rows(tensors[n], rows, n, into=mine[n])
+        self._refresh = refresh
+        return self
 
     # ---- using it ------------------------------------------------------------------------------
 
@@ -212,6 +224,8 @@ class Experts(Handle):
     def readopt(self):
         """Pack the tensors again after the engine reloaded every expert into the same storage
         (or after release())."""
+        if self._refresh is not None:
+            self._refresh()
         lib().mj_experts_readopt(self._handle(), ctypes.byref(self._c_tensors))
 
     @property
@@ -245,6 +259,56 @@ def _scale(x, name, rows_needed, max_cols, exact_rows=False):
                                                                       if max_cols == 2 else ""))
         raise ValueError("%s has shape %s; it must be %s, or hold one value" % (name, list(shp), want))
     return a, int(rows), int(cols)
+
+
+def _input_rows(layer, e_loc, in_rows):
+    """The input scales' row of each local expert, or None where they have a row per local
+    expert (in_rows <= e_loc: vLLM, or no EP). SGLang 0.5.23's FusedMoE keeps a row for every
+    expert of the model (_sglang_require_global_experts) and loads each by its global id: the
+    rank's routed experts 0..R-1 at storage_rank * R + x (moe_ep_rank, or the storage rank of
+    an elastic EP join), its fused shared experts R.. at num_global_routed_experts + i, after
+    every routed expert of the model (global shared slots). The per-rank shared slots of its
+    DeepEP-class and MegaMoE backends (one a rank) have no rows of their own: refused."""
+    if in_rows <= e_loc:
+        return None
+    shared = int(getattr(layer, "num_fused_shared_experts", 0) or 0)
+    routed = e_loc - shared
+    rank = next((int(v) for v in (getattr(layer, a, None) for a in ("_expert_storage_rank", "moe_ep_rank", "ep_rank"))
+                 if v is not None), 0)
+    routed_all = getattr(layer, "num_global_routed_experts", None)
+    routed_all = in_rows - shared if routed_all is None else int(routed_all)
+    if shared and in_rows - routed_all != shared:
+        raise ValueError(
+            "the layer keeps its %d fused shared expert(s) in per-rank shared-expert slots (num_experts %d = %d routed "
+            "+ %d slots: SGLang's DeepEP, MoRI, Mooncake, NIXL or MegaMoE all-to-all), whose input scales SGLang loads "
+            "into rows routed experts use too: run moejit with SGLang's standard dispatcher (no --moe-a2a-backend), "
+            "or pass --disable-shared-experts-fusion" % (shared, in_rows, routed_all, in_rows - routed_all))
+    rows = [rank * routed + x for x in range(routed)] + [routed_all + i for i in range(shared)]
+    if rows and max(rows) >= in_rows:
+        raise ValueError("the layer's input scales have %d rows; rank %d's %d routed experts reach row %d: pass "
+                         "expert_begin= (or copies of the rank's rows)" % (in_rows, rank, routed, max(rows)))
+    return rows
+
+
+def _take_rows(x, rows, name, into=None):
+    """x's rows `rows` (a numpy array or a torch tensor), as a new contiguous one on x's device
+    or copied into `into`. A CUDA copy is waited for: C reads it with a plain memcpy."""
+    if isinstance(x, np.ndarray):
+        if into is None:
+            return np.ascontiguousarray(x[np.asarray(rows)])
+        into[...] = x[np.asarray(rows)]
+        return into
+    if not A.is_torch(x):
+        raise TypeError("%s is a %s; pass a numpy array or a torch tensor" % (name, type(x).__name__))
+    torch = sys.modules["torch"]
+    got = x.index_select(0, torch.tensor(rows, dtype=torch.int64, device=x.device))   # a new, contiguous tensor
+    if into is None:
+        into = got
+    else:
+        into.copy_(got)
+    if str(x.device).startswith("cuda"):
+        torch.cuda.current_stream(x.device).synchronize()
+    return into
 
 
 def _layer_top_k(layer):

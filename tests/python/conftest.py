@@ -6,6 +6,7 @@ are compiled into $MJ_TEST_CACHE (the suite's shared cache) or a session tmp dir
 interpreter compiles each specialization once across runs.
 """
 import contextlib
+import inspect
 import os
 import sys
 import types
@@ -130,6 +131,15 @@ class FakeTensor:
     def __getitem__(self, i):
         return self.arr[i]
 
+    def index_select(self, dim, index):   # CPU tensors only
+        assert dim == 0 and self.device.type == "cpu"
+        return FakeTensor(np.ascontiguousarray(self.arr[index.arr]), self.dtype, "cpu")
+
+    def copy_(self, src):
+        assert self.device.type == "cpu"
+        self.arr[...] = src.arr
+        return self
+
 
 class _Block:
     __slots__ = ("raw", "buf", "nbytes", "stream", "recorded")
@@ -206,10 +216,139 @@ class FakeStream:
         self.gpu.wait(self.cuda_stream, int(other.cuda_stream))
 
 
+# ---- torch.library in the stand-in: the custom op moejit::experts ------------------------------
+# The binding registers moejit::experts with torch.library.custom_op and register_fake (torch >=
+# 2.4), else with a Library and its define / impl. These have real torch 2.14.1's signatures
+# (tests/python/test_torch_api.py compares them with its source) and what the binding relies on:
+# custom_op infers the schema from the function's annotations as torch's infer_schema does
+# (string annotations evaluated in the function's module globals; positional-or-keyword and
+# keyword-only parameters only; int is SymInt), and a call checks its arguments against the
+# schema (a Tensor is a tensor). A call on tensors of the "meta" device runs the fake (Meta)
+# kernel alone, else the CPU or CUDA one. A Library's definitions go when it is collected, as
+# torch's finalizer removes them. What is registered is in torch.library.registry.
+
+_SCHEMA_TYPES = {"Tensor": None, "SymInt": int, "int": int, "float": float, "bool": bool, "str": str}
+
+
+class FakeOp:
+    """One registered operator: its schema and kernels by dispatch key."""
+
+    def __init__(self, torch, qualname, schema):
+        self.torch, self.qualname, self.schema, self.kernels = torch, qualname, schema, {}
+
+    def _check(self, args):
+        params = [p.strip().split(" ") for p in self.schema.split(") ->")[0].split("(", 1)[1].split(",")]
+        if len(args) != len(params):
+            raise TypeError("%s() takes %d arguments (%d given)" % (self.qualname, len(params), len(args)))
+        for (ty, name), a in zip(params, args):
+            want = self.torch.Tensor if ty == "Tensor" else _SCHEMA_TYPES[ty]
+            if not isinstance(a, want) or (want is int and isinstance(a, bool)):
+                raise TypeError("%s(): argument '%s' must be %s, not %s" % (self.qualname, name, ty, type(a).__name__))
+
+    def __call__(self, *args):
+        self._check(args)
+        devices = {a.device.type for a in args if isinstance(a, self.torch.Tensor)}
+        key = "Meta" if "meta" in devices else "CUDA" if "cuda" in devices else "CPU"
+        if key not in self.kernels:
+            raise NotImplementedError("Could not run '%s' with arguments from the '%s' backend" % (self.qualname, key))
+        return self.kernels[key](*args)
+
+
+class FakeCustomOpDef(FakeOp):
+    def __init__(self, torch, qualname, schema, fn):
+        FakeOp.__init__(self, torch, qualname, schema)
+        self.kernels["CPU"] = self.kernels["CUDA"] = fn
+
+    def register_fake(self, fn, /):
+        self.kernels["Meta"] = fn
+        return fn
+
+
+def _infer_schema(torch, fn):
+    """torch's infer_schema for the types the binding uses."""
+    sig = inspect.signature(fn)
+    types_ = {torch.Tensor: "Tensor", int: "SymInt", float: "float", bool: "bool", str: "str"}
+
+    def resolve(ann, what):
+        if ann is inspect.Parameter.empty:
+            raise ValueError("infer_schema(func): %s must have a type annotation" % what)
+        if isinstance(ann, str):   # torch evaluates it in the function's module globals
+            try:
+                ann = eval(ann, fn.__globals__)
+            except Exception:
+                raise ValueError("infer_schema(func): Unsupported type annotation %s. It is not a type." % ann)
+        if ann not in types_:
+            raise ValueError("infer_schema(func): %s has unsupported type %s" % (what, ann))
+        return types_[ann]
+
+    params = []
+    for name, p in sig.parameters.items():
+        if p.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            raise ValueError("infer_schema(func): We do not support positional-only args, varargs, or varkwargs.")
+        params.append("%s %s" % (resolve(p.annotation, "Parameter " + name), name))
+    return "(%s) -> %s" % (", ".join(params), resolve(sig.return_annotation, "the return"))
+
+
+def _fake_library(t):
+    registry = {}
+
+    def custom_op(name, fn=None, /, *, mutates_args, device_types=None, schema=None, tags=None):
+        if name.count("::") != 1 or not all(name.split("::")):
+            raise ValueError("Expected name to be of the form namespace::opname, got %s" % name)
+        if isinstance(mutates_args, str) and mutates_args != "unknown":
+            raise ValueError("mutates_args must either be a sequence of the names of the arguments that are "
+                             "mutated or the string 'unknown'.")
+
+        def inner(fn):
+            op = FakeCustomOpDef(t, name, schema if schema is not None else _infer_schema(t, fn), fn)
+            registry[name] = op
+            return op
+        if fn is None:
+            return inner
+        return inner(fn)
+
+    class Library:
+        def __init__(self, ns, kind, dispatch_key=""):
+            if kind not in ("IMPL", "DEF", "FRAGMENT"):
+                raise ValueError("Unsupported kind: %s" % kind)
+            self.ns, self.kind, self.dispatch_key, self._defs = ns, kind, dispatch_key, []
+            weakref.finalize(self, lambda defs: [registry.pop(d, None) for d in defs], self._defs)
+
+        def define(self, schema, alias_analysis="", *, tags=()):
+            name, rest = schema.split("(", 1)
+            qualname = "%s::%s" % (self.ns, name)
+            registry[qualname] = FakeOp(t, qualname, "(" + rest)
+            self._defs.append(qualname)
+            return name
+
+        def impl(self, op_name, fn, dispatch_key="", *, with_keyset=False, allow_override=True):
+            registry["%s::%s" % (self.ns, op_name)].kernels[dispatch_key or self.dispatch_key] = fn
+
+    class Namespace:
+        def __init__(self, ns):
+            self.ns = ns
+
+        def __getattr__(self, op_name):
+            op = registry.get("%s::%s" % (self.ns, op_name))
+            if op is None:
+                raise AttributeError("'_OpNamespace' '%s' object has no attribute '%s'" % (self.ns, op_name))
+            return op
+
+    class Ops:
+        def __getattr__(self, name):
+            return Namespace(name)
+
+    return types.SimpleNamespace(custom_op=custom_op, Library=Library, CustomOpDef=FakeCustomOpDef,
+                                 registry=registry), Ops()
+
+
 def make_fake_torch():
     t = types.ModuleType("torch")
+    t.Tensor = FakeTensor
+    t.library, t.ops = _fake_library(t)
     t.float32 = FakeDtype("float32", np.float32)
     t.int32 = FakeDtype("int32", np.int32)
+    t.int64 = FakeDtype("int64", np.int64)
     t.uint16 = FakeDtype("uint16", np.uint16)
     t.bfloat16 = FakeDtype("bfloat16", np.uint16)   # bf16 bits in a uint16 array
     t.float16 = FakeDtype("float16", np.float16)
@@ -233,7 +372,10 @@ def make_fake_torch():
             gpu.op(gpu.current, "torch.full", writes=[x.data_ptr()])
         return x
 
-    t.empty, t.full = _alloc, full
+    def empty(size, *, dtype=None, device=None):
+        return _alloc(tuple(size), dtype or t.float32, "cpu" if device is None else device)
+
+    t.empty, t.full = empty, full
     t.from_numpy = lambda a: FakeTensor(a, {np.dtype(np.float32): t.float32, np.dtype(np.int32): t.int32}[a.dtype],
                                         "cpu")
 
@@ -257,6 +399,12 @@ def make_fake_torch():
         return x
 
     t.as_tensor = as_tensor
+
+    def tensor(data, *, dtype=None, device=None):   # CPU tensors only
+        assert device is None or str(device) == "cpu"
+        return FakeTensor(np.asarray(data, (dtype or t.float32).np_dtype), dtype or t.float32, "cpu")
+
+    t.tensor = tensor
 
     @contextlib.contextmanager
     def stream(s):

@@ -128,6 +128,63 @@ def test_sglang_dispatch_types_and_rsf(sg):
         assert re.search(r"self\.%s = " % attr, layer), attr
 
 
+def real_function(path, cls_name, fn_name):
+    """A method of the engine's source, compiled on its own (it must need no imports)."""
+    tree = parse(path)
+    fn = methods(find_class(tree, cls_name))[fn_name]
+    fn.decorator_list = []
+    ns = {}
+    exec(compile(ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[])), path, "exec"), ns)
+    return ns[fn_name]
+
+
+@pytest.mark.parametrize("ep,rank,storage_rank,shared", [(4, 0, 0, 1), (4, 1, 1, 1), (4, 3, 3, 1), (4, 0, 2, 1),
+                                                         (2, 1, 1, 2), (4, 2, 2, 0), (1, 0, 0, 1)])
+def test_sglang_input_scale_rows(sg, ep, rank, storage_rank, shared):
+    """The input scales' row Experts.from_layer reads for each local expert is the global id
+    SGLang's FusedMoE loads into that local expert (its own _map_global_expert_id_to_local_
+    expert_id, run here): the input scales are loaded by global id (_sglang_require_global_
+    experts), the shared experts' at _num_global_routed + i; and a layer with per-rank shared
+    slots (num_experts = routed + shared x ranks) is the one refused."""
+    from moejit.experts import _input_rows
+    path = os.path.join(sg, "sglang/srt/layers/moe/fused_moe_triton/layer.py")
+    to_local = real_function(path, "FusedMoE", "_map_global_expert_id_to_local_expert_id")
+    routed_loc = 3
+    routed = routed_loc * ep
+    me = types.SimpleNamespace(_expert_storage_rank=storage_rank, _num_local_routed=routed_loc,
+                               _num_global_routed=routed, _has_fused_shared=shared > 0)
+    e_loc = routed_loc + shared
+    owner = {}
+    for g in range(routed + shared):
+        x = to_local(me, g)
+        if x >= 0:
+            owner.setdefault(x, g)
+    layer = types.SimpleNamespace(num_fused_shared_experts=shared, moe_ep_rank=rank, _expert_storage_rank=storage_rank,
+                                  num_global_routed_experts=routed)
+    rows = _input_rows(layer, e_loc, routed + shared)
+    if ep == 1:
+        assert rows is None and owner == {x: x for x in range(e_loc)}, "one rank: row x is local expert x"
+    else:
+        assert rows == [owner[x] for x in range(e_loc)]
+    text = open(path).read()
+    assert "physical_expert_ids = [self._num_global_routed + shared_expert_id]" in text
+    assert "rank * self.num_local_experts\n                    + self._num_local_routed\n" \
+           "                    + shared_expert_id" in text, "per-rank slots' input-scale rows"
+    assert "num_shared_slots = num_fused_shared_experts * self.moe_ep_size" in text
+    for attr in ("num_fused_shared_experts", "_expert_storage_rank"):
+        assert re.search(r"self\.%s = " % attr, text), attr
+    prop = methods(find_class(parse(path), "FusedMoE"))["num_global_routed_experts"]
+    assert any(getattr(d, "id", None) == "property" for d in prop.decorator_list)
+    mq = open(os.path.join(sg, "sglang/srt/layers/quantization/modelopt_quant.py")).read()
+    for n in ("w13_input_scale", "w2_input_scale"):
+        assert "%s._sglang_require_global_experts = True" % n in mq, n
+    if shared and ep > 1:
+        per_rank = types.SimpleNamespace(num_fused_shared_experts=shared, moe_ep_rank=rank,
+                                         num_global_routed_experts=routed)
+        with pytest.raises(ValueError, match="per-rank shared-expert slots"):
+            _input_rows(per_rank, e_loc, routed + shared * ep)
+
+
 def test_sglang_plugin(sg):
     plug = open(os.path.join(sg, "sglang/srt/plugins/__init__.py")).read()
     assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in plug
@@ -204,6 +261,26 @@ def test_vllm_method(vl):
     text = open(os.path.join(vl, "vllm/model_executor/layers/quantization/modelopt.py")).read()
     assert "ModelOptNvFp4Config.FusedMoEMethodCls = ModelOptNvFp4FusedMoE" in text
     assert re.search(r"self\.FusedMoEMethodCls\(\s*quant_config=self, moe_config=layer\.moe_config\s*\)", text)
+
+
+def test_vllm_input_scales_per_local_expert(vl):
+    """vLLM loads the input scales by local id (the layer's expert_map, as the weights) unless
+    the method sets use_global_sf, which the integration turns off: row x is local expert x
+    whatever the placement (linear, round_robin, EPLB's redundant experts), and from_layer
+    reads them from row 0."""
+    re_ = open(os.path.join(vl, "vllm/model_executor/layers/fused_moe/routed_experts.py")).read()
+    assert "expert_id = self._map_global_expert_id_to_local_expert_id(global_expert_id)" in re_
+    assert "scale_expert_id = global_expert_id if use_global_sf else expert_id" in re_
+    assert "expert_id=global_expert_id if use_global_sf else expert_id" in re_
+    mo = open(os.path.join(vl, "vllm/model_executor/layers/quantization/modelopt.py")).read()
+    assert re.search(r"global_sf_num_experts = \(\s*global_num_experts if self\.use_global_sf else "
+                     r"num_experts\s*\)", mo)
+    init = methods(ours("vllm.py", "MoejitNvFp4FusedMoE"))["__init__"]
+    sets = {t.attr: n.value for n in ast.walk(init) if isinstance(n, ast.Assign) for t in n.targets
+            if isinstance(t, ast.Attribute)}
+    assert isinstance(sets["use_global_sf"], ast.Constant) and sets["use_global_sf"].value is False
+    from moejit.experts import _input_rows
+    assert _input_rows(types.SimpleNamespace(ep_rank=3), 8, 8) is None
 
 
 def test_vllm_layer_and_plugin(vl):

@@ -136,14 +136,9 @@ def test_forward_arguments(rng):
 def test_torch_cpu_tensors(fake_torch, rng):
     """CPU torch tensors (the stand-in) run on the interpreter: bf16 in, bf16 out."""
     tt = fake_torch
-    tt.uint8 = type(tt.float32)("uint8", np.uint8)
-    tt.float8_e4m3fn = type(tt.float32)("float8_e4m3fn", np.uint8)
     t, nat = make_engine(rng, E, H, I)
     ref_t = {k: v.copy() for k, v in t.items()}
-    dt = dict(w13_weight=tt.uint8, w2_weight=tt.uint8, w13_weight_scale=tt.float8_e4m3fn,
-              w2_weight_scale=tt.float8_e4m3fn)
-    tens = {k: FakeTensor(v, dt.get(k, tt.float32)) for k, v in t.items()}
-    ex = moejit.Experts.adopt(**tens, top_k=K, max_batch=8)
+    ex = moejit.Experts.adopt(**torch_tensors(tt, t), top_k=K, max_batch=8)
     x = hidden(rng, 3)
     ids, w = routing(rng, 3, K, E)
     got = ex(FakeTensor(moejit.bf16_from_f32(x), tt.bfloat16), FakeTensor(w, tt.float32), FakeTensor(ids, tt.int32))
@@ -169,38 +164,143 @@ def test_from_layer(rng):
                                                           if k != "w2_input_scale"}))
 
 
-def test_torch_op_registration(fake_torch, rng, monkeypatch):
-    """moejit::experts goes through torch.library.custom_op with a fake (meta) kernel that
-    gives the output's shape and dtype without running anything."""
-    reg = {}
+def torch_tensors(tt, t):
+    """The engine's arrays as (stand-in) CPU torch tensors of its dtypes (no copy)."""
+    tt.uint8 = type(tt.float32)("uint8", np.uint8)
+    tt.float8_e4m3fn = type(tt.float32)("float8_e4m3fn", np.uint8)
+    dt = dict(w13_weight=tt.uint8, w2_weight=tt.uint8, w13_weight_scale=tt.float8_e4m3fn,
+              w2_weight_scale=tt.float8_e4m3fn)
+    return {k: FakeTensor(v, dt.get(k, tt.float32)) for k, v in t.items()}
 
-    class Op:
-        def __init__(self, fn):
-            self.fn = fn
 
-        def register_fake(self, f):
-            reg["fake"] = f
+def op_args(tt, rng, T, device="cpu"):
+    x = moejit.bf16_from_f32(hidden(rng, T))
+    ids, w = routing(rng, T, K, E)
+    return (FakeTensor(x, tt.bfloat16, device), FakeTensor(w, tt.float32, device), FakeTensor(ids, tt.int32, device))
 
-        def __call__(self, *a):
-            return self.fn(*a)
 
-    def custom_op(name, mutates_args):
-        reg["name"], reg["mutates"] = name, mutates_args
-        return lambda fn: reg.setdefault("op", Op(fn))
-
-    fake_torch.Tensor = FakeTensor
-    fake_torch.library = types.SimpleNamespace(custom_op=custom_op)
+@pytest.mark.parametrize("api", ["custom_op", "Library"])
+def test_torch_op_registration(fake_torch, rng, monkeypatch, api):
+    """moejit::experts through torch.library.custom_op and register_fake (torch >= 2.4), or a
+    Library's define and CPU / CUDA / Meta impls before that (the stand-in has real torch
+    2.14.1's signatures, infers the schema from the annotations and checks a call's arguments
+    as torch does; test_torch_api.py). A call on CPU tensors runs the experts; one on meta
+    tensors runs the fake kernel alone: shape and dtype, nothing run (the handle is closed)."""
+    tt = fake_torch
+    if api == "Library":
+        monkeypatch.delattr(tt.library, "custom_op")
     monkeypatch.setitem(experts_mod._op, "fn", None)
     t, _ = make_engine(rng, E, H, I)
-    ex = moejit.Experts.adopt(**t, top_k=K, max_batch=8)
+    ex = moejit.Experts.adopt(**torch_tensors(tt, t), top_k=K, max_batch=8)
     call = ex.as_torch_op()
-    assert reg["name"] == "moejit::experts" and reg["mutates"] == ()
-    x = moejit.bf16_from_f32(hidden(rng, 2))
-    ids, w = routing(rng, 2, K, E)
-    np.testing.assert_array_equal(call(x, w, ids), ex(x, w, ids))
-    meta = reg["fake"](FakeTensor(x, fake_torch.bfloat16), FakeTensor(w, fake_torch.float32),
-                       FakeTensor(ids, fake_torch.int32), 0)
-    assert meta.shape == (2, H) and meta.dtype is fake_torch.bfloat16
+    op = tt.library.registry["moejit::experts"]
+    assert op.schema == ("(Tensor hidden_states, Tensor topk_weights, Tensor topk_ids, %s handle) -> Tensor" %
+                         ("SymInt" if api == "custom_op" else "int"))
+    assert sorted(op.kernels) == ["CPU", "CUDA", "Meta"]
+    args = op_args(tt, rng, 2)
+    got = call(*args)
+    assert isinstance(got, FakeTensor) and got.dtype is tt.bfloat16
+    np.testing.assert_array_equal(got.numpy(), ex(*args).numpy())
     ex.close()
+    meta = call(*op_args(tt, rng, 3, "meta"))
+    assert meta.shape == (3, H) and meta.dtype is tt.bfloat16 and meta.device.type == "meta"
     with pytest.raises(ValueError, match="no open Experts"):
-        call(x, w, ids)
+        call(*args)
+    with pytest.raises(TypeError, match="argument 'hidden_states' must be Tensor"):
+        call(args[0].numpy(), *args[1:])
+
+def sglang_ep_layer(t, *, rank, ep, shared, storage_rank=None, per_rank_slots=False):
+    """An SGLang FusedMoE under EP as 0.5.23 lays it out (fused_moe_triton/layer.py), from one
+    rank's engine tensors t (E_loc experts: the routed ones, then `shared` fused shared
+    experts): the input scales hold a row for every expert of the model, the rank's routed
+    experts at storage_rank * routed_loc + x (_map_global_expert_id_to_local_expert_id), its
+    shared experts after all the routed ones (global slots: num_experts = routed + shared).
+    Other rows hold 1e3, far off. Returns (layer, rows)."""
+    e_loc = t["w13_weight"].shape[0]
+    routed_loc = e_loc - shared
+    routed = routed_loc * ep
+    storage_rank = rank if storage_rank is None else storage_rank
+    n = routed + (shared * ep if per_rank_slots else shared)
+    rows = [storage_rank * routed_loc + x for x in range(routed_loc)] + [routed + i for i in range(shared)]
+    in13 = np.full((n, 2), 1e3, np.float32)
+    in2 = np.full(n, 1e3, np.float32)
+    in13[rows], in2[rows] = t["w13_input_scale"], t["w2_input_scale"]
+    g = dict(t, w13_input_scale=in13, w2_input_scale=in2)
+    layer = types.SimpleNamespace(**{k: types.SimpleNamespace(data=v) for k, v in g.items()})
+    layer.top_k, layer.num_experts, layer.num_local_experts = K, n, e_loc
+    layer.num_fused_shared_experts, layer.moe_ep_rank, layer.moe_ep_size = shared, rank, ep
+    layer.num_global_routed_experts, layer._expert_storage_rank = routed, storage_rank
+    return layer, rows
+
+
+@pytest.mark.parametrize("rank,storage_rank", [(0, None), (1, None), (3, None), (0, 2)],
+                         ids=["rank0", "rank1", "last_rank", "elastic_storage_rank2"])
+def test_from_layer_sglang_fused_shared_ep(rng, rank, storage_rank):
+    """SGLang under EP 4 with one shared expert fused as local expert 3 (routed experts 0..2):
+    the input scales' rows of this rank's experts are not one run (the shared expert's row
+    follows every routed expert of the model), so from_layer reads each expert's own rows;
+    the result is the same bits as an adoption of the rank's rows copied out. After release
+    and a reload of the scales, readopt reads them again."""
+    t, _ = make_engine(rng, 4, H, I)
+    local = {k: v.copy() for k, v in t.items()}
+    layer, rows = sglang_ep_layer(t, rank=rank, ep=4, shared=1, storage_rank=storage_rank)
+    ex = moejit.Experts.from_layer(layer, max_batch=8, mode="w4a4")
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    x = hidden(rng, 5)
+    ids, w = routing(rng, 5, K, 4)
+    ids[:, 0] = 3                                     # every token reaches the shared expert
+    first = ex(x, w, ids)
+    np.testing.assert_array_equal(first, ref(x, w, ids))
+    # the engine reloads: new input scales for the shared expert and routed expert 0 (not
+    # powers of 2, which would move every block scale by the same exponent: the same bits)
+    ex.release(), ref.release()
+    layer.w13_input_scale.data[rows[3]] *= 3
+    layer.w2_input_scale.data[rows[0]] *= 3
+    local["w13_input_scale"][3] *= 3
+    local["w2_input_scale"][0] *= 3
+    ex.readopt()
+    ref.close()
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    again = ex(x, w, ids)
+    np.testing.assert_array_equal(again, ref(x, w, ids))
+    assert not np.array_equal(again, first), "the reloaded scales are used"
+    ex.close(), ref.close()
+
+
+def test_from_layer_sglang_fused_shared_ep_torch(fake_torch, rng):
+    """The same with (stand-in) CPU torch tensors: the rank's rows taken with index_select
+    into a tensor of their own, and copied into it again by readopt."""
+    tt = fake_torch
+    t, _ = make_engine(rng, 4, H, I)
+    local = {k: v.copy() for k, v in t.items()}
+    layer, rows = sglang_ep_layer(t, rank=1, ep=4, shared=1)
+    for k, v in torch_tensors(tt, {k: getattr(layer, k).data for k in t}).items():
+        getattr(layer, k).data = v
+    ex = moejit.Experts.from_layer(layer, max_batch=8, mode="w4a4")
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    x = moejit.bf16_from_f32(hidden(rng, 3))
+    ids, w = routing(rng, 3, K, 4)
+    ids[:, 0] = 3
+    call = lambda e: e(FakeTensor(x, tt.bfloat16), FakeTensor(w, tt.float32), FakeTensor(ids, tt.int32)).numpy()
+    np.testing.assert_array_equal(call(ex), ref(x, w, ids))
+    ex.release(), ref.release()
+    layer.w13_input_scale.data.arr[rows[3]] *= 3
+    local["w13_input_scale"][3] *= 3
+    ex.readopt()
+    ref.close()
+    ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
+    np.testing.assert_array_equal(call(ex), ref(x, w, ids))
+    ex.close(), ref.close()
+
+
+def test_from_layer_sglang_per_rank_shared_slots_refused(rng):
+    """SGLang's DeepEP-class and MegaMoE backends give every rank its own shared-expert slot
+    (num_experts = routed + shared x ranks), and its loader writes those slots' input scales
+    into rows routed experts use too: refused, the tensors untouched."""
+    t, _ = make_engine(rng, 4, H, I)
+    layer, _ = sglang_ep_layer(t, rank=1, ep=4, shared=1, per_rank_slots=True)
+    before = {k: getattr(layer, k).data.copy() for k in t}
+    with pytest.raises(ValueError, match="per-rank shared-expert slots"):
+        moejit.Experts.from_layer(layer, max_batch=8)
+    for k in t:
+        np.testing.assert_array_equal(getattr(layer, k).data, before[k], err_msg=k)
