@@ -858,6 +858,20 @@ static void test_families(void) {
               c.topk == 8 && c.intermediate == 768 && c.n_shared == 0,
           "Qwen3-30B-A3B: scoring %d bias %d norm %d E %d k %d I %d shared %d", (int)c.scoring, c.has_correction_bias,
           c.norm_topk_prob, c.n_experts, c.topk, c.intermediate, c.n_shared);
+    /* Qwen3MoeSparseMoeBlock has no shared expert: a qwen3_moe config that asks for one (either
+     * family's key) is refused, not run with a shared expert the model does not have. */
+    {
+        static const char *const keys[] = {"n_shared_experts", "shared_expert_intermediate_size"};
+        for (int i = 0; i < 2; i++) {
+            char *t = family_text("Qwen3-30B-A3B.json", keys[i], json_integer(i ? 768 : 1), NULL);
+            fill_ab(&c);
+            mj_status st = mj_moe_config_parse(t, NULL, NAME, &c);
+            CHECK(st == MJ_ERR_UNSUPPORTED && strstr(mj_last_error(), keys[i]) &&
+                      strstr(mj_last_error(), "no shared expert"),
+                  "qwen3_moe with %s: %s: %s", keys[i], mj_status_string(st), mj_last_error());
+            free(t);
+        }
+    }
 
     /* Qwen2-MoE (Qwen2-57B-A14B): softmax top-8 of 64, not renormalized, and one shared expert
      * of shared_expert_intermediate_size 20480 = 8 x 2560 rows, sigmoid-gated

@@ -243,7 +243,8 @@ static const mj_family k_families[] = {
      .source = "transformers deepseek_v2 DeepseekV2TopkRouter, DeepseekV2Config; DeepSeek-V2's modeling_deepseek.py",
      .verified = "DeepSeek-V2-Lite.json"},
     {.model_type = "qwen3_moe", .models = "Qwen3-30B-A3B, Qwen3-235B-A22B", SOFTMAX_DEFAULTS, .norm_rule = MJ_NORM_KEY,
-     .experts_key = "num_experts", .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k)",
+     .experts_key = "num_experts", .no_shared = 1,
+     .routing = "softmax top-k, renormalized when norm_topk_prob (any top_k); no shared expert",
      .source = "transformers qwen3_moe Qwen3MoeTopKRouter, Qwen3MoeSparseMoeBlock, Qwen3MoeConfig",
      .verified = "Qwen3-30B-A3B.json"},
     {.model_type = "qwen2_moe", .models = "Qwen1.5-MoE, Qwen2-MoE", SOFTMAX_DEFAULTS, .norm_rule = MJ_NORM_KEY,
@@ -406,6 +407,17 @@ static mj_status family_rules(const json_t *m, const mj_family *fam, const char 
                             "model_type '%s' (%s): field '%s' asks for what its router does not do: %s %s and reads "
                             "no such key; the file contradicts its model_type",
                             fam->model_type, fam->models, k[i].key, fam->source, k[i].does);
+    }
+    if (fam->no_shared) {
+        int32_t sei = 0;
+        MJ_CHECK(get_int(m, "shared_expert_intermediate_size", "shared_expert_intermediate_size", OPTIONAL, 0, 0, label,
+                         &sei));
+        const char *key = c->n_shared ? "n_shared_experts" : sei ? "shared_expert_intermediate_size" : NULL;
+        if (key)
+            return fail(MJ_ERR_UNSUPPORTED, label,
+                        "model_type '%s' (%s): field '%s' sizes a shared expert, and its MoE block (%s) has no "
+                        "shared expert; the file contradicts its model_type",
+                        fam->model_type, fam->models, key, fam->source);
     }
     if (fam->bias_key && c->has_correction_bias) MJ_CHECK(get_bool(m, fam->bias_key, fam->bias_key, 1, label, &c->has_correction_bias));
     if (fam->norm_rule == MJ_NORM_ALWAYS) c->norm_topk_prob = 1;

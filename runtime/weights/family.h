@@ -52,6 +52,9 @@ typedef struct mj_family {
                                   shared_gate = 1 when it is not 0), or NULL: n_shared_experts,
                                   ungated                                                     */
     int32_t shared_width;      /* shared_key's value when the config has none                 */
+    int no_shared;             /* its MoE block has no shared expert: a config that sizes one
+                                  (n_shared_experts, shared_expert_intermediate_size) is
+                                  refused                                                     */
     const mj_ck_names *names;  /* its tensors' names (NULL: mj_ck_names_default)              */
     const char *routing;       /* how it routes, one line                                    */
     const char *source;        /* the upstream code the rules are read from                  */
