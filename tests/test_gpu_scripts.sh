@@ -57,7 +57,7 @@ cp "$G/run.sh" "$G/torch_baseline.py" "$G/summarize.py" "$B/"
 
 # --dry-run: every step with its time limit.
 (cd / && env -i PATH=/usr/bin:/bin bash "$B/run.sh" --dry-run) >dry 2>&1 && ok || bad "run.sh --dry-run: $(cat dry)"
-for s in device test_route test_experts test_layer test_graph test_silu test_dequant test_nccl memcheck checkpoint bench torch profile; do
+for s in device test_route test_experts test_layer test_graph test_silu test_dequant test_nccl memcheck checkpoint bench bench_nopdl torch profile; do
     grep -q "^$s " dry && ok || bad "run.sh --dry-run does not list $s: $(cat dry)"
 done
 bash "$B/run.sh" --frobnicate >/dev/null 2>&1

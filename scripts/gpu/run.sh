@@ -21,12 +21,16 @@
 #   checkpoint    moejit make-checkpoint: GLM-5's MoE layer with experts of 256 rows (a TP-8
 #                 rank's shapes), 256 experts
 #   bench         moejit bench --json on that checkpoint (one rank holds it)
+#   bench_nopdl   the same at B 1, 8, 32 and k0 8 with MOEJIT_PDL=0 (plain launches):
+#                 bench_nopdl.json, what programmatic dependent launch saves (the model
+#                 assumes pdl_launch_us)
 #   torch         scripts/gpu/torch_baseline.py: the same layer in PyTorch, timed the same
 #                 way, checked against `moejit run`
 #   profile       Nsight Compute (where ncu is) on the expert and routing kernels of that
 #                 bench at B 1, 8, 32, k0 8 and 4: ncu.csv
 # Results go under $OUT (default ./gpu-results), at most 8 flat files: results.json (every
-# step: status, exit code, seconds), bench.json, torch.json, ncu.csv, nvidia-smi.txt, logs.txt (every
+# step: status, exit code, seconds), bench.json, bench_nopdl.json, torch.json, ncu.csv,
+# nvidia-smi.txt, logs.txt (every
 # step's output) and summary.txt; a short table is printed last. Exit status: 0 when every
 # check passed, 1 when one failed, 77 when there is no GPU (then the parts that need none run:
 # the GPU tests' checks on the interpreter, the bench without a GPU).
@@ -145,6 +149,8 @@ if [ "$GPU" = 1 ] || [ "$DRY" = 1 ]; then
     step checkpoint 240 "$B/bin/moejit" make-checkpoint $GLM --out "$WORK/ck" --seed 1 --intermediate 256
     step bench 240 sh -c "\"$B/bin/moejit\" bench --checkpoint \"$WORK/ck\" --json --reps 1 --no-sim --iters 50 \
         --cache-dir \"$WORK/cache\" >\"$WORK/bench.json\""
+    step bench_nopdl 120 sh -c "MOEJIT_PDL=0 \"$B/bin/moejit\" bench --checkpoint \"$WORK/ck\" --json --reps 1 --no-sim \
+        --no-compile --bench-batch 1,8,32 --k0 8 --iters 50 -q --cache-dir \"$WORK/cache\" >\"$WORK/bench_nopdl.json\""
     step torch 200 python3 "$B/torch_baseline.py" --checkpoint "$WORK/ck" --moejit "$B/bin/moejit" \
         --out "$WORK/torch.json" --work "$WORK"
     # Nsight Compute on the expert kernels and the routing of that bench at B 1, 8, 32 and k0
@@ -179,6 +185,7 @@ fi
 mkdir -p "$OUT"
 [ -f "$WORK/logs/device.log" ] && cp "$WORK/logs/device.log" "$OUT/nvidia-smi.txt"
 [ -s "$WORK/bench.json" ] && cp "$WORK/bench.json" "$OUT/bench.json"
+[ -s "$WORK/bench_nopdl.json" ] && cp "$WORK/bench_nopdl.json" "$OUT/bench_nopdl.json"
 [ -s "$WORK/torch.json" ] && cp "$WORK/torch.json" "$OUT/torch.json"
 [ -s "$WORK/ncu.csv" ] && cp "$WORK/ncu.csv" "$OUT/ncu.csv"
 for f in "$WORK"/logs/*.log; do
