@@ -381,7 +381,7 @@ def _op_fake(hidden_states, topk_weights, topk_ids, handle):
 def torch_op():
     """The op moejit::experts(hidden_states, topk_weights, topk_ids, handle) -> Tensor, registered
     with torch.library once (torch.library.custom_op and register_fake on torch >= 2.4; a
-    Library with CPU, CUDA and Meta kernels before that)."""
+    Library with CPU, CUDA, Meta and AutogradMeta kernels before that)."""
     if _op["fn"] is not None:
         return _op["fn"]
     import torch
@@ -394,7 +394,10 @@ def torch_op():
         L.define("experts(Tensor hidden_states, Tensor topk_weights, Tensor topk_ids, int handle) -> Tensor")
         for key in ("CPU", "CUDA"):
             L.impl("experts", _op_impl, key)
-        L.impl("experts", _op_fake, "Meta")
+        # torch < 2.0 has no autograd fallthrough for meta tensors: without a kernel at
+        # AutogradMeta a call on them never reaches Meta's
+        for fake_key in ("Meta", "AutogradMeta"):
+            L.impl("experts", _op_fake, fake_key)
         _op["lib"] = L
         fn = torch.ops.moejit.experts
     _op["fn"] = fn

@@ -243,10 +243,10 @@ def test_library(th, ours):
         k = c.args[2]
         if isinstance(k, ast.Constant):
             keys.add(k.value)
-        else:   # for key in (...): L.impl("experts", _op_impl, key)
+        else:   # for key in (...): L.impl("experts", fn, key)
             loop = next(n for n in ast.walk(tp) if isinstance(n, ast.For) and getattr(n.target, "id", None) == k.id)
             keys |= set(ast.literal_eval(loop.iter))
-    assert keys == {"CPU", "CUDA", "Meta"}
+    assert keys == {"CPU", "CUDA", "Meta", "AutogradMeta"}
     dk = next(n for n in parse(os.path.join(th, "torch", "_C", "__init__.pyi")).body
               if isinstance(n, ast.ClassDef) and n.name == "DispatchKey")
     members = {t.id for n in dk.body if isinstance(n, ast.Assign) for t in n.targets}
