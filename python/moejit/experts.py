@@ -210,6 +210,8 @@ class Experts(Handle):
             lib().mj_experts_forward_topk(self.context._handle(), self._handle(), MODES[self.mode], x.ptr, T,
                                           ids.ptr, w.ptr, None, o.ptr, S.MJ_OUT_BF16 if bf16_out else S.MJ_OUT_F32, s)
         self._inflight = (ids.obj, w.obj)   # read by the kernels after the call returns (GPU)
+        if A.is_torch(hidden_states) and str(hidden_states.dtype) in ("torch.float16", "torch.float32"):
+            out = out.to(hidden_states.dtype)  # the hidden states' dtype, as the fake kernel says
         return out
 
     # ---- reloads ---------------------------------------------------------------------------------
