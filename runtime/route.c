@@ -154,9 +154,11 @@ static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
     return 2LL * nw * E * 4 + (int64_t)E * 4 + 32 * 4 + (int64_t)nw * k * 4 + (int64_t)B * k * 4;
 }
 
-/* Warps per block: 8, fewer when the shared memory would not fit the budget. */
+/* Warps per block: 8, and 16 for one block of more than 8 tokens (each warp routes its
+ * tokens one after another: half as many a warp); fewer when the shared memory would not fit
+ * the budget. */
 static int32_t route_warps(int32_t E, int32_t k, int32_t B) {
-    int32_t nw = 8;
+    int32_t nw = B > 8 ? 16 : 8;
     while (nw > 1 && route_smem(nw, E, k, B) > MJ_ROUTE_SMEM_BUDGET) nw /= 2;
     return nw;
 }

@@ -419,15 +419,16 @@ rm ylink.npy yq.weight.npy
 
 # ---- prewarm --config ---------------------------------------------------------------------
 GLM5="$SRC/tests/data/model/glm5_moe_config.json"
-# GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 1/2/4/8, plain top-k routing, experts
-# TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE 16/32/64 (W4A4: up, down, and one
-# experts_quant for all three): 14 specializations, listed.
+# GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 1/2/4/8, plain top-k routing (8 warps up
+# to 8 tokens, 16 past), experts TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE 16/32/64 (W4A4:
+# up, down, and one experts_quant for all three): 15 specializations, listed.
 Q="--quant $SRC/tests/data/model/hf_quant_config.example.json"
 expect_rc 1 "$MJ" prewarm --config "$GLM5" --tp 8 --dry-run --cache-dir "$T/pc"; contains err "--quant"
 expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --tp 8 --dry-run --cache-dir "$T/pc"
 contains err "plan for sm_120a: H 6144, E 256, top-8, TP, 256 batch sizes (1-256), k0 = top-k"
-contains err "14 specializations"
-[ "$(wc -l <out)" = 14 ] && [ "$(grep -c '"arch":"sm_120a"' out)" = 14 ] && ok || bad "dry run: $(cat out)"
+contains err "15 specializations"
+[ "$(wc -l <out)" = 15 ] && [ "$(grep -c '"arch":"sm_120a"' out)" = 15 ] && ok || bad "dry run: $(cat out)"
+[ "$(grep -c '"template":"oea_route".*"NWARPS":16' out)" = 1 ] && ok || bad "dry run routing past 8 tokens: $(cat out)"
 [ "$(grep -c '"template":"moe_experts"' out)" = 9 ] && ok || bad "dry run experts: $(cat out)"
 [ "$(grep -c '"PART":1' out)" = 1 ] && [ "$(grep -c '"PART":2' out)" = 4 ] && [ "$(grep -c '"PART":3' out)" = 4 ] &&
     ok || bad "dry run experts, one specialization per kernel: $(cat out)"

@@ -347,10 +347,10 @@ static void test_plan_strict(uint64_t seed) {
         CHECK_OK(mj_plan_build(warm, &req, &plan));
         prewarm_plan(warm, &plan);
         planned += plan.n;
-        /* TP: router GEMM ROWS 1/2/4/8, two routings (k0 4 and 2), experts TPE 8 in W4A16
-         * (1-8) and TPE 16 in W4A4 (9-16) -> 4 + 2 + 2. EP: rank 0's experts with the shared
-         * expert and the others' without: 2 more. */
-        int want = s == 0 ? 8 : 10;
+        /* TP: router GEMM ROWS 1/2/4/8, three routings (k0 4; k0 2 with 8 warps at 5-8 tokens
+         * and 16 past 8), experts TPE 8 in W4A16 (1-8) and TPE 16 in W4A4 (9-16) -> 4 + 3 + 2.
+         * EP: rank 0's experts with the shared expert and the others' without: 2 more. */
+        int want = s == 0 ? 9 : 11;
         CHECK(plan.n == want, "%s=2 plan: %d specializations, want %d", s ? "EP" : "TP", plan.n, want);
         for (int i = 0; i < plan.n; i++)
             printf("  plan %s=2: %-12s B %2d..%-2d %s\n", s ? "EP" : "TP", plan.e[i].what, plan.e[i].b_lo,

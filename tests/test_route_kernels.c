@@ -265,7 +265,7 @@ static void test_branches_reached(mj_context_t ctx) {
     mj_knobs_oea_route w4 = {.E = 1024, .K = 16, .K0 = 8, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4};
     mj_knobs_oea_route w2 = {.E = 1024, .K = 16, .K0 = 5, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 2};
     mj_knobs_oea_route w2max = w2, v2 = {.E = 160, .K = 6, .K0 = 2, .NG = 8, .TG = 3, .GSCORE = 1, .SCORING = 1,
-                                         .RENORM = 0, .NWARPS = 8};
+                                         .RENORM = 0, .NWARPS = 16}; /* one block past 8 tokens: 16 warps */
     w2max.GSCORE = 1;
     CHECK(built(ctx, w4), "the 4-warp route kernel was not reached");
     CHECK(built(ctx, w2), "the 2-warp route kernel was not reached");
