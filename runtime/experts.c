@@ -387,8 +387,7 @@ static int32_t pow2_at_least(int32_t v) {
  * groups (SUMS_SMEM: TPE > 16). */
 #define UP_RING (5 * 1024 + 2 * 512)
 #define DOWN_RING(dsteps) (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT(dsteps))
-#define QUANT_THREADS 64 /* the template's QT */
-#define QUANT_VALUES (16 * QUANT_THREADS * (uint32_t)sizeof(float))
+#define QUANT_VALUES (16 * MJ_EXPERTS_QT * (uint32_t)sizeof(float))
 
 /* Up's: each warp's ring, and with the sums in shared memory each warp's (TPE * 128 bytes)
  * and the chunk's source rows. */
@@ -537,8 +536,8 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
 }
 
 void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]) {
-    const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, (uint32_t)((k->H / 16 + QUANT_THREADS - 1) / QUANT_THREADS)},
-                              {QUANT_THREADS, 1, 1}, QUANT_VALUES, stream};
+    const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, (uint32_t)((k->H / 16 + MJ_EXPERTS_QT - 1) / MJ_EXPERTS_QT)},
+                              {MJ_EXPERTS_QT, 1, 1}, QUANT_VALUES, stream};
     const mj_launch_dims u = {{(uint32_t)(k->I / 16), (uint32_t)(n_slots + k->NSUB), (uint32_t)k->KSPLIT},
                               {(uint32_t)k->NW1 * 32, 1, 1},
                               up_smem(k), stream};

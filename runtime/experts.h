@@ -16,6 +16,7 @@
  * chunk, the item record). test_experts holds them against the template. */
 #define MJ_EXPERTS_DRING 3
 #define MJ_EXPERTS_DSLOT(dsteps) ((dsteps) * 512 + 256 + 32)
+#define MJ_EXPERTS_QT 64 /* experts_quant's threads a block, the template's QT */
 typedef struct mj_experts_view {
     int32_t H, I, K, E, n_local, expert_begin, nsub, mb;
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert */

@@ -48,6 +48,8 @@ struct mj_function {
     mj_cuda_function fns[MJ_MAX_KERNELS]; /* per kernel of the template                    */
     _Atomic uint32_t smem_max[MJ_MAX_KERNELS]; /* dynamic shared memory allowed so far (bytes) */
     int n_fns;
+    int pdl;                          /* launched as programmatic dependents (set at load:
+                                         an MJ_PDL template, sm_90+, the context allows it)  */
 };
 
 /* The in-memory table is read without locks: a table is an array of slots published
@@ -240,7 +242,7 @@ static void function_reset(mj_function *f) {
     mj_sim_module_unload(f->sim);
     mj_cache_entry_free(&f->entry);
     memset(&f->entry, 0, sizeof f->entry);
-    f->module = NULL, f->sim = NULL, f->n_fns = 0, f->from_disk = 0;
+    f->module = NULL, f->sim = NULL, f->n_fns = 0, f->from_disk = 0, f->pdl = 0;
     memset(f->fns, 0, sizeof f->fns);
     memset(&f->report, 0, sizeof f->report);
 }
@@ -492,6 +494,10 @@ static mj_status build(mj_context_t c, mj_function *f) {
         MJ_CHECK_GOTO(mj_cuda_module_load(c->device, f->entry.binary, f->entry.binary_len, &f->module),
                       st, exit);
         f->n_fns = t->n_kernels;
+        /* A template whose kernels all wait on the grid before them (MJ_PDL, checked by
+         * gen/reflect) launches as a programmatic dependent on sm_90+: its blocks are
+         * scheduled while the kernel before it finishes, instead of after. */
+        f->pdl = c->pdl && t->pdl && mj_target_sm(s->target) >= 90;
         for (int i = 0; i < f->n_fns; i++)
             MJ_CHECK_GOTO(mj_cuda_module_function(f->module, t->kernels[i].name, &f->fns[i]), st, exit);
     }
@@ -744,11 +750,7 @@ mj_status mj_function_launch(const mj_function *fn, int tpl, int kernel, mj_laun
         MJ_CHECK(mj_cuda_set_max_dynamic_smem(fn->fns[kernel], (int)d.smem));
         atomic_store_explicit(allowed, d.smem, memory_order_relaxed);
     }
-    /* A template whose kernels all wait on the grid before them (MJ_PDL, checked by
-     * gen/reflect) launches as a programmatic dependent on sm_90+: its blocks are scheduled
-     * while the kernel before it finishes, instead of after. */
-    const int pdl = fn->ctx->pdl && t->pdl && mj_target_sm(fn->spec.target) >= 90;
-    return mj_cuda_launch_ex(fn->fns[kernel], d.grid, d.block, d.smem, d.stream, args, pdl);
+    return mj_cuda_launch_ex(fn->fns[kernel], d.grid, d.block, d.smem, d.stream, args, fn->pdl);
 }
 
 mj_status mj_prewarm_json(mj_context_t c, const char *line, int *was_cached) {

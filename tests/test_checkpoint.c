@@ -1226,6 +1226,16 @@ static void st_add(const char *path, const char *name, const char *dtype, int64_
     st_save(path, &f);
 }
 
+/* A copy of checkpoint src (named tag) with tensor `name` added (as st_add) is refused at layer
+ * 0 with MJ_ERR_UNSUPPORTED, naming the tensor and saying `needle`. */
+static void expect_extra_refused(const char *src, const char *tag, const char *name, const char *dtype, int64_t n,
+                                 const void *bytes, size_t len, const char *needle) {
+    char *d = copy_ck(src, tag), *path = test_path(d, MJ_CK_SINGLE);
+    st_add(path, name, dtype, n, bytes, len);
+    expect_refused_at(name, d, 0, MJ_ERR_UNSUPPORTED, name, needle);
+    free(d), free(path);
+}
+
 /* MoE tensors the config makes the loader skip are refused, naming the tensor: a selection
  * bias the routing does not use, a shared expert the config does not declare, Qwen-MoE's
  * shared-expert gate, a router bias, an expert past n_routed_experts. A selection bias of zeros
@@ -1246,10 +1256,7 @@ static void case_unread(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char nm[32];
         snprintf(nm, sizeof nm, "unread%zu", i);
-        char *d = copy_ck(good, nm), *path = test_path(d, MJ_CK_SINGLE);
-        st_add(path, cases[i].name, "F32", E, ones, sizeof ones);
-        expect_refused_at(cases[i].name, d, 0, MJ_ERR_UNSUPPORTED, cases[i].name, cases[i].needle);
-        free(d), free(path);
+        expect_extra_refused(good, nm, cases[i].name, "F32", E, ones, sizeof ones, cases[i].needle);
     }
     /* All zeros (either sign): skipped, as it changes no selection. */
     char *d = copy_ck(good, "unread_zero"), *path = test_path(d, MJ_CK_SINGLE);
@@ -1377,10 +1384,7 @@ static void case_qwen_gated(void) {
     for (size_t k = 0; k < sizeof extra / sizeof extra[0]; k++) {
         char nm[32];
         snprintf(nm, sizeof nm, "qwen_extra%zu", k);
-        char *d = copy_ck(none, nm), *dp = test_path(d, MJ_CK_SINGLE);
-        st_add(dp, extra[k].name, "BF16", H, gate, sizeof gate);
-        expect_refused_at(extra[k].name, d, 0, MJ_ERR_UNSUPPORTED, extra[k].name, extra[k].needle);
-        free(d), free(dp);
+        expect_extra_refused(none, nm, extra[k].name, "BF16", H, gate, sizeof gate, extra[k].needle);
     }
     free(cfg0), free(none);
 }

@@ -15,20 +15,11 @@ import weakref
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from moejit_testenv import REPO, seed_of, use_test_cache  # noqa: E402
 
-if not os.environ.get("MOEJIT_CACHE_DIR"):
-    if os.environ.get("MJ_TEST_CACHE"):
-        os.environ["MOEJIT_CACHE_DIR"] = os.environ["MJ_TEST_CACHE"]
-    else:  # a cache of this run's own, removed when it ends
-        import atexit
-        import shutil
-        import tempfile
-        _own_cache = tempfile.mkdtemp(prefix="moejit-pytest-cache-")
-        atexit.register(shutil.rmtree, _own_cache, True)
-        os.environ["MOEJIT_CACHE_DIR"] = _own_cache
-os.environ.setdefault("MOEJIT_SIM_THREADS", "2")
+sys.path.insert(0, os.path.join(REPO, "python"))
+use_test_cache()
 
 import moejit  # noqa: E402
 
@@ -36,13 +27,6 @@ GLM5_CONFIG = os.path.join(REPO, "tests", "data", "model", "glm5_moe_config.json
 # The small GLM-5-shaped layer every test runs: TP 2 leaves 64 intermediate rows a rank (one
 # MJ_DIM_ALIGN), EP 2 eight experts a rank.
 SMALL = dict(hidden=128, intermediate=128, n_experts=16, topk=4)
-
-
-def seed_of(request):
-    """A test's seed: $MJ_TEST_SEED, else a fixed one; printed so a failure can be replayed."""
-    s = int(os.environ.get("MJ_TEST_SEED", "1234"))
-    print("%s: seed %d (replay with MJ_TEST_SEED=%d)" % (request.node.name, s, s))
-    return s
 
 
 @pytest.fixture

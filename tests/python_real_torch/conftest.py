@@ -8,8 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [os.path.join(REPO, "python"), os.path.join(REPO, "tests", "python")]
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")]
+from moejit_testenv import REPO, seed_of, use_test_cache  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "python"))
 
 try:
     import torch  # noqa: F401
@@ -17,22 +19,10 @@ except ImportError as e:
     raise ImportError("tests/python_real_torch needs torch in %s (%s): run `bash scripts/setup.sh`, which installs "
                       "Debian's python3-torch" % (sys.executable, e)) from e
 
-if not os.environ.get("MOEJIT_CACHE_DIR"):
-    if os.environ.get("MJ_TEST_CACHE"):
-        os.environ["MOEJIT_CACHE_DIR"] = os.environ["MJ_TEST_CACHE"]
-    else:  # a cache of this run's own, removed when it ends
-        import atexit
-        import shutil
-        import tempfile
-        _own_cache = tempfile.mkdtemp(prefix="moejit-pytest-cache-")
-        atexit.register(shutil.rmtree, _own_cache, True)
-        os.environ["MOEJIT_CACHE_DIR"] = _own_cache
-os.environ.setdefault("MOEJIT_SIM_THREADS", "2")
+use_test_cache()
 
 
 @pytest.fixture
 def rng(request):
-    """A test's generator: $MJ_TEST_SEED, else a fixed seed; printed so a failure can be replayed."""
-    s = int(os.environ.get("MJ_TEST_SEED", "1234"))
-    print("%s: seed %d (replay with MJ_TEST_SEED=%d)" % (request.node.name, s, s))
-    return np.random.default_rng(s)
+    """A test's generator, seeded as tests/python's (printed so a failure can be replayed)."""
+    return np.random.default_rng(seed_of(request))
