@@ -141,16 +141,14 @@ static mj_status read_scales(int device, const mj_adopt_tensors *t, const dims *
 
 /* NaN or negative block scales are refused (as the checkpoint loader refuses them). */
 static mj_status check_scales(const uint8_t *sf, int64_t rows, int64_t k16, const char *name, int64_t x) {
-    for (int64_t i = 0; i < rows * k16; i++) {
-        const uint8_t b = sf[i];
-        if ((b & 0x7F) == 0x7F || (b & 0x80))
-            return mj_set_error((b & 0x7F) == 0x7F ? MJ_ERR_NONFINITE : MJ_ERR_INVALID_ARG,
-                                "mj_experts_adopt: %s of local expert %lld: block scale [%lld, %lld] is %s (e4m3 "
-                                "0x%02X); NVFP4 block scales are finite and unsigned. Nothing was changed",
-                                name, (long long)x, (long long)(i / k16), (long long)(i % k16),
-                                (b & 0x7F) == 0x7F ? "NaN" : "negative", b);
-    }
-    return MJ_OK;
+    const int64_t i = mj_nvfp4_scale_bad(sf, rows * k16);
+    if (i < 0) return MJ_OK;
+    const uint8_t b = sf[i];
+    return mj_set_error((b & 0x7F) == 0x7F ? MJ_ERR_NONFINITE : MJ_ERR_INVALID_ARG,
+                        "mj_experts_adopt: %s of local expert %lld: block scale [%lld, %lld] is %s (e4m3 0x%02X); "
+                        "NVFP4 block scales are finite and unsigned. Nothing was changed",
+                        name, (long long)x, (long long)(i / k16), (long long)(i % k16),
+                        (b & 0x7F) == 0x7F ? "NaN" : "negative", b);
 }
 
 /* ---- the per-tensor scales ---------------------------------------------------------------- */

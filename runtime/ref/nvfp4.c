@@ -297,3 +297,9 @@ void mj_nvfp4_scales_reexpress(uint8_t *sf, int64_t n, float ratio) {
         sf[i] = b ? b : 0x01;
     }
 }
+
+int64_t mj_nvfp4_scale_bad(const uint8_t *sf, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if ((sf[i] & 0x7F) == 0x7F || (sf[i] & 0x80)) return i;
+    return -1;
+}

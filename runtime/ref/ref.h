@@ -26,6 +26,10 @@ uint8_t mj_e4m3_encode(float x);
  * that had values keeps them. The checkpoint loader and mj_experts_adopt use it when gate's
  * and up's weight_scale_2 differ. */
 void mj_nvfp4_scales_reexpress(uint8_t *sf, int64_t n, float ratio);
+/* The first of n UE4M3 block scales NVFP4 cannot hold (the e4m3 NaN 0x7F / 0xFF, or a
+ * negative one: the kernels read them unsigned), or -1: the checkpoint loader's and the
+ * adoption's checks. */
+int64_t mj_nvfp4_scale_bad(const uint8_t *sf, int64_t n);
 
 #define MJ_E2M1_MAX 6.0f
 #define MJ_E4M3_MAX 448.0f

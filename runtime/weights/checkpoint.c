@@ -531,18 +531,15 @@ static mj_status ck_scalar(mj_checkpoint_t ck, const ck_ref *r, int kind, float 
  * (the kernels read them as unsigned e4m3). `row0` is the first row's index in the tensor. */
 static mj_status check_block_scales(const ck_ref *r, const uint8_t *sf, int64_t rows, int64_t k16, int64_t row0,
                                     int64_t col0) {
-    for (int64_t i = 0; i < rows * k16; i++) {
-        uint8_t b = sf[i];
-        if ((b & 0x7F) == 0x7F)
-            return mj_set_error(MJ_ERR_NONFINITE, "%s: tensor '%s': block scale [%lld, %lld] is NaN (e4m3 0x%02X)",
-                                r->f->label, r->t->name, (long long)(row0 + i / k16), (long long)(col0 + i % k16),
-                                b);
-        if (b & 0x80)
-            return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s': block scale [%lld, %lld] is negative (e4m3 0x%02X); "
-                                "NVFP4 block scales are unsigned", r->f->label, r->t->name,
-                                (long long)(row0 + i / k16), (long long)(col0 + i % k16), b);
-    }
-    return MJ_OK;
+    const int64_t i = mj_nvfp4_scale_bad(sf, rows * k16);
+    if (i < 0) return MJ_OK;
+    const uint8_t b = sf[i];
+    if ((b & 0x7F) == 0x7F)
+        return mj_set_error(MJ_ERR_NONFINITE, "%s: tensor '%s': block scale [%lld, %lld] is NaN (e4m3 0x%02X)",
+                            r->f->label, r->t->name, (long long)(row0 + i / k16), (long long)(col0 + i % k16), b);
+    return mj_set_error(MJ_ERR_PARSE, "%s: tensor '%s': block scale [%lld, %lld] is negative (e4m3 0x%02X); "
+                        "NVFP4 block scales are unsigned", r->f->label, r->t->name,
+                        (long long)(row0 + i / k16), (long long)(col0 + i % k16), b);
 }
 
 /* ---- one projection ------------------------------------------------------------------------ */
