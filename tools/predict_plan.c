@@ -54,6 +54,7 @@ typedef struct kernel_row {
     pm_launch l;
     pm_sass s;
     int has_sass;
+    int after;                   /* not the forward's first kernel: it follows one of ours */
     pm_result r;
 } kernel_row;
 
@@ -67,9 +68,9 @@ static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spe
     if (st != MJ_OK) return tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
     const mj_ptxas_report *rep = mj_function_report(f);
     k->l.kernel = k->name;
-    /* every kernel of the forward after the router GEMM follows one of ours: a programmatic
+    /* every kernel of the forward but its first follows one of ours: a programmatic
      * dependent where the runtime launches it so (runtime/jit.c: MJ_PDL templates, sm_90+) */
-    k->l.pdl = strcmp(k->name, "router_gemm") != 0 && mj_template_at(spec->tpl)->pdl &&
+    k->l.pdl = k->after && mj_template_at(spec->tpl)->pdl &&
                mj_target_sm(spec->target) >= 90;
     k->l.regs = rep ? rep->registers : 0;
     k->l.smem += rep ? rep->smem_static : 0;
@@ -195,6 +196,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 mj_spec s;
                 mj_spec_router_gemm(ctx, &kn, &s);
                 kernel_row *k = &kr[nk++];
+                k->after = nk > 1;
                 const int ch = (H / 8 + kn.NWARPS * 32 - 1) / (kn.NWARPS * 32);
                 k->name = "router_gemm";
                 k->l.blocks = (int64_t)E * ((B + 63) / 64), k->l.threads = kn.NWARPS * 32;
@@ -214,6 +216,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 mj_spec s;
                 mj_spec_oea_route(ctx, &kn, &s);
                 kernel_row *k = &kr[nk++];
+                k->after = nk > 1;
                 k->name = "oea_route";
                 k->l.blocks = 1, k->l.threads = kn.NWARPS * 32, k->l.smem = B * K * 4;
                 k->l.bytes = 4.0 * B * E, k->l.iters = 0;
@@ -247,6 +250,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 const int part = nx - x == 3 ? 1 : nx - x == 2 ? 2 : 3;
                 const mj_launch_dims *d = &dims[part - 1];
                 kernel_row *k = &kr[nk++];
+                k->after = nk > 1;
                 k->l.threads = (int)d->block[0], k->l.smem = (int)d->smem, k->l.extra = -1;
                 if (part == 1) {
                     k->name = "experts_quant";
