@@ -18,9 +18,9 @@
 
 /* The one-block OEA kernel takes up to this many tokens; above it, plain top-k only. */
 #define MJ_ROUTE_ONE_BLOCK_MAX 256
-/* Shared memory a route kernel may use, static and dynamic (of the 48 KiB every target
- * gives without opting in). */
-#define MJ_ROUTE_SMEM_BUDGET (44 * 1024)
+/* Shared memory a route kernel may use, static and dynamic: within the 99 KiB a block that
+ * every target allows once a kernel opts in (runtime/jit.c does, past 48 KiB). */
+#define MJ_ROUTE_SMEM_BUDGET (96 * 1024)
 
 /* ---- k0 policy ---------------------------------------------------------------------- */
 
@@ -147,18 +147,24 @@ static mj_status check_route(const mj_route_params *p, int32_t B) {
     return MJ_OK;
 }
 
-/* Shared memory of a route kernel: per warp a token's s and c, the dispatch's counts, S_base
- * (32 mask words), per warp the picks (static), and the B x k ids of the one-block kernel
- * (dynamic). */
-static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
-    return 2LL * nw * E * 4 + (int64_t)E * 4 + 32 * 4 + (int64_t)nw * k * 4 + (int64_t)B * k * 4;
+/* The dynamic shared memory of a launch: the warps' score rows, and the ids when B > 0 (the
+ * one-block kernel). */
+static int64_t route_dyn_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
+    return 2LL * nw * E * 4 + (int64_t)B * k * 4;
 }
 
-/* Warps per block: 8, and 16 for one block of more than 8 tokens (each warp routes its
- * tokens one after another: half as many a warp); fewer when the shared memory would not fit
- * the budget. */
+/* Shared memory of a route kernel: per warp a token's s and c (dynamic), the dispatch's
+ * counts and S_base (32 mask words; static), and the B x k ids of the one-block kernel
+ * (dynamic). */
+static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
+    return route_dyn_smem(nw, E, k, B) + (int64_t)E * 4 + 32 * 4;
+}
+
+/* Warps per block: one a token up to 32 (at least 8: the dispatch's loops over the experts
+ * share them out), so that a warp routes one token and scores it once; fewer when the shared
+ * memory would not fit the budget. */
 static int32_t route_warps(int32_t E, int32_t k, int32_t B) {
-    int32_t nw = B > 8 ? 16 : 8;
+    int32_t nw = B > 16 ? 32 : B > 8 ? 16 : 8;
     while (nw > 1 && route_smem(nw, E, k, B) > MJ_ROUTE_SMEM_BUDGET) nw /= 2;
     return nw;
 }
@@ -212,7 +218,7 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
     mj_spec_oea_route(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     if (B <= MJ_ROUTE_ONE_BLOCK_MAX) {
-        mj_launch_dims d = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, (uint32_t)B * (uint32_t)k * 4, stream};
+        mj_launch_dims d = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, (uint32_t)route_dyn_smem(nw, kn.E, k, B), stream};
         return mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
                                    out.weights, out.n_sel, out.expert_counts, out.expert_offsets,
                                    out.active_experts, out.n_active, out.permutation, out.row_index);
@@ -224,14 +230,15 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
     int64_t blocks = (B + nw - 1) / nw, cap = mj_context_max_blocks(ctx);
     if (blocks > cap) blocks = cap;
     if (blocks < 2) blocks = 2;
-    mj_launch_dims d = {{(uint32_t)blocks, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
+    mj_launch_dims d = {{(uint32_t)blocks, 1, 1}, {(uint32_t)nw * 32, 1, 1}, (uint32_t)route_dyn_smem(nw, kn.E, k, 0),
+                        stream};
     MJ_CHECK(mj_launch_oea_route(fn, d, logits, bias, B, num_valid, p.routed_scaling_factor, out.ids,
                                  out.weights, out.n_sel, NULL, NULL, NULL, NULL, NULL, NULL));
     if (!out.expert_counts && !out.expert_offsets && !out.active_experts && !out.n_active &&
         !out.permutation && !out.row_index)
         return MJ_OK;
     /* The dispatch: the same kernel in one block with logits NULL reads the ids just written. */
-    mj_launch_dims d1 = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, 0, stream};
+    mj_launch_dims d1 = {{1, 1, 1}, {(uint32_t)nw * 32, 1, 1}, (uint32_t)route_dyn_smem(nw, kn.E, k, 0), stream};
     return mj_launch_oea_route(fn, d1, NULL, NULL, B, NULL, 0.0f, out.ids, NULL, NULL, out.expert_counts,
                                out.expert_offsets, out.active_experts, out.n_active, out.permutation,
                                out.row_index);
@@ -254,7 +261,8 @@ mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int
     mj_spec_oea_route(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     if (B <= 0) return MJ_OK;
-    mj_launch_dims d = {{1, 1, 1}, {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
+    mj_launch_dims d = {{1, 1, 1}, {(uint32_t)kn.NWARPS * 32, 1, 1}, (uint32_t)route_dyn_smem(kn.NWARPS, E, k, 0),
+                        stream};
     /* ids are only read in this launch shape (logits NULL) */
     return mj_launch_oea_route(fn, d, NULL, NULL, B, NULL, 0.0f, (int32_t *)ids, NULL, NULL, out->expert_counts,
                                out->expert_offsets, out->active_experts, out->n_active, out->permutation,

@@ -20,7 +20,7 @@
  *
  * Compile time is part of the design (a cold NVRTC compile is paid on a server's first call
  * of a shape): one entry holds the routing code once (ptxas optimizes every entry with its
- * callees inlined, so a second entry calling route_token or the dispatch would double its
+ * callees inlined, so a second entry calling a token's routing or the dispatch would double its
  * work), loops whose trips depend on each other stay rolled, the dispatch's loops (one or
  * two trips a thread) too, per-expert math (expf, divisions) runs in rolled loops over
  * values its global loads left in shared memory (the loads themselves stay unrolled, all
@@ -37,7 +37,7 @@ MJ_KNOB_RANGE(TG, int, 1, 32, "groups kept per token")
 MJ_KNOB_SET(GSCORE, int, "0 1", "group score when NG > 1: 0 the sum of its top-2 (noaux_tc), 1 its max (group_limited_greedy)")
 MJ_KNOB_SET(SCORING, int, "0 1", "0 sigmoid, 1 softmax")
 MJ_KNOB_SET(RENORM, int, "0 1", "renormalize the chosen weights to sum 1 (then x rsf)")
-MJ_KNOB_SET(NWARPS, int, "1 2 4 8 16", "warps per block (tokens routed at once)")
+MJ_KNOB_SET(NWARPS, int, "1 2 4 8 16 32", "warps per block (tokens routed at once)")
 MJ_CONSTRAINT("K0 <= K", "phase 1 keeps at most top-k experts")
 MJ_CONSTRAINT("K <= E", "top-k cannot exceed the experts")
 MJ_CONSTRAINT("E % NG == 0", "groups split the experts evenly")
@@ -45,7 +45,7 @@ MJ_CONSTRAINT("TG <= NG", "cannot keep more groups than there are")
 MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
 MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
 MJ_CONSTRAINT("NG > 1 || GSCORE == 0", "without groups the group score decides nothing: one specialization, GSCORE 0")
-MJ_CONSTRAINT("(2 * NWARPS * E + E + NWARPS * K + 32) * 4 <= 48 * 1024", "static shared memory fits the 48 KiB every target gives")
+MJ_CONSTRAINT("(2 * NWARPS * E + E + 32) * 4 <= 96 * 1024", "the warps' score rows (dynamic) and the counts fit the 99 KiB a block every target allows (runtime/route.c keeps the B x K ids within it too)")
 
 /* A helper ptxas compiles as a function of its own (called, not inlined): ptxas's time grows
  * faster than the size of what it optimizes at once, so a once-a-launch step is cheaper to
@@ -116,12 +116,16 @@ MJ_DEVICE int warp_sum_i(int v) {
  * the one serial step), the division per expert. Branch-free where it costs nothing:
  * every expert's sigmoid is computed and NaN selected away. */
 MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_t *c, int lane) {
-    const float *bp = bias ? bias : x; /* a load that is always valid: no branch on bias */
+    /* No branch on bias (ptxas would keep a copy of each loop for either case): without one,
+     * a load that is always valid whose bits are masked to +0.0f, which adds nothing. */
+    const float *bp = bias ? bias : x;
+    const uint32_t bmask = bias ? 0xFFFFFFFFu : 0u;
+    const float qnan = mj_f32_from_bits(0x7FC00000u); /* a NaN: order_bits makes any NaN 1 */
     if (SCORING == 0) {
         for (int i = 0; i < LOCAL; i++) { /* the loads, all in flight at once (each lane its own e) */
             int e = lane + 32 * i;
             if (e >= E) break;
-            s[e] = x[e], c[e] = mj_f32_bits(bp[e]);
+            s[e] = x[e], c[e] = mj_f32_bits(bp[e]) & bmask;
         }
 #pragma unroll 1 /* the math from shared memory: one copy of expf and the division */
         for (int i = 0; i < LOCAL; i++) {
@@ -130,7 +134,7 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_
             float v = s[e], b = mj_f32_from_bits(c[e]), sg = 1.0f / (1.0f + expf(-v));
             float se = (v != v) ? 0.0f : sg;
             s[e] = se;
-            c[e] = order_bits((v != v) ? (0.0f / 0.0f) : se + (bias ? b : 0.0f));
+            c[e] = order_bits((v != v) ? qnan : se + b);
         }
         __syncwarp(0xFFFFFFFFu);
         return;
@@ -196,8 +200,8 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_
     for (int i = 0; i < LOCAL; i++) {
         int e = lane + 32 * i;
         if (e >= E) break;
-        float v = x[e], b = bp[e];
-        c[e] = order_bits((v != v) ? (0.0f / 0.0f) : s[e] + (bias ? b : 0.0f));
+        float v = x[e], b = mj_f32_from_bits(mj_f32_bits(bp[e]) & bmask);
+        c[e] = order_bits((v != v) ? qnan : s[e] + b);
     }
     __syncwarp(0xFFFFFFFFu);
 }
@@ -248,60 +252,80 @@ MJ_DEVICE uint32_t eligible_mask(const uint32_t *c, int lane) {
     return m;
 }
 
-/* The best expert among the lane-local candidates `cand` (bit i: expert lane + 32 i), or -1. */
-MJ_DEVICE int pick(const uint32_t *c, uint32_t cand, int lane) {
-    /* The lane's best: the highest score bits, the first (lowest expert) among equal ones;
-     * 32-bit compares, no branch (a slot not in cand is read and ignored). */
+/* The lane's best among its candidates `cand` (bit i: expert lane + 32 i): the highest
+ * score bits, the first (lowest expert) among equal ones; 0 when it has none. 32-bit
+ * compares, no branch (a slot not in cand is read and ignored). */
+MJ_DEVICE uint32_t lane_best(const uint32_t *c, uint32_t cand, int lane, int *bi) {
     uint32_t best = 0; /* below every score's bits (NaN's are 1): none yet */
-    int bi = 0;
+    int at = 0;
     for (int i = 0; i < LOCAL; i++) {
         const uint32_t ob = c[lane + 32 * i < E ? lane + 32 * i : E - 1];
         const int take = ((cand >> i) & 1u) & (ob > best);
         best = take ? ob : best;
-        bi = take ? i : bi;
+        at = take ? i : at;
     }
-    uint64_t key = best ? make_key_bits(best, lane + 32 * bi) : KEY_NONE;
-    key = warp_max_key(key);
-    return key == KEY_NONE ? -1 : key_expert(key);
+    *bi = at;
+    return best;
 }
 
-/* Route one token: its best K0 eligible experts, then (while it has fewer than kmax) the
- * best of the rest that are in S_base (in_base: S_base as a mask a lane, bit i of word l
- * for expert l + 32 i; 0: no restriction, plain top-k). The
- * picks land in sel[] (by lane 0) in ranking order; returns how many. A pick depends on the
- * one before, so the loop is not unrolled (unrolling would only copy the code). */
-MJ_DEVICE int route_token(const float *x, const float *bias, const uint32_t *in_base, int kmax, float *s,
-                          uint32_t *c, int *sel, int lane) {
+/* One token's picking state, a lane's share: its candidates, the best of them and where. */
+typedef struct route_state {
+    uint32_t cand, best;
+    int bi;
+    int sel; /* lane j: the token's pick j (-1: none) */
+    int n;   /* picks made (the same in every lane) */
+} route_state;
+
+/* Scores of token x into s and c, its eligible experts, each lane's best: a token's start. */
+MJ_DEVICE void token_begin(const float *x, const float *bias, float *s, uint32_t *c, int lane, route_state *st) {
     token_scores(x, bias, s, c, lane);
-    const uint32_t base = in_base ? in_base[lane] : ~0u;
-    uint32_t cand = eligible_mask(c, lane);
-    int n = 0;
-#pragma unroll 1
-    for (int j = 0; j < kmax; j++) {
-        int e = pick(c, j < K0 ? cand : (cand & base), lane);
-        if (__all_sync(0xFFFFFFFFu, e < 0)) break; /* e is the same in every lane: a vote says so */
-        if (e % 32 == lane) cand &= ~(1u << (e / 32));
-        if (lane == 0) sel[j] = e;
-        __syncwarp(0xFFFFFFFFu);
-        n = j + 1;
-    }
-    return n;
+    st->cand = eligible_mask(c, lane);
+    st->best = lane_best(c, st->cand, lane, &st->bi);
+    st->sel = -1;
+    st->n = 0;
 }
 
-/* Weights of a token's n chosen experts: the sum in slot order (every lane the same), then
- * lane j writes slot j: w = s / (sum + 1e-20) * rsf (or s * rsf); slots past n get id -1
- * and weight 0. */
-MJ_DEVICE void token_finish(const float *s, const int *sel, int n, float rsf, int32_t *ids,
-                            float *weights, int32_t *n_sel, int b, int lane) {
+/* Picks st->n .. kmax - 1: each is the best expert left, the highest bits and among equal
+ * ones the lowest expert: the largest lane best (one REDUX), then the lowest expert among
+ * the lanes holding it (a second); the winning lane drops it and finds its next best (the
+ * other lanes keep theirs). Stops for good when no candidate is left. A pick depends on the
+ * one before, so the loop is not unrolled (unrolling would only copy the code). */
+MJ_DEVICE void token_picks(const uint32_t *c, int kmax, int lane, route_state *st) {
+#pragma unroll 1
+    for (int j = st->n; j < kmax; j++) {
+        const uint32_t top = mj_warp_umax(st->best);
+        if (top == 0) break; /* the same in every lane: no candidate left */
+        const int e = (int)mj_warp_umin(st->best == top ? (uint32_t)(lane + 32 * st->bi) : 0xFFFFFFFFu);
+        if (e % 32 == lane) {
+            st->cand &= ~(1u << (e / 32));
+            st->best = lane_best(c, st->cand, lane, &st->bi);
+        }
+        if (lane == j) st->sel = e;
+        st->n = j + 1;
+    }
+}
+
+/* The picks past K0 come from S_base only (in_base: S_base as a mask a lane, bit i of word l
+ * for expert l + 32 i): the lanes' candidates narrowed to it, their bests found again. */
+MJ_DEVICE void token_narrow(const uint32_t *c, const uint32_t *in_base, int lane, route_state *st) {
+    st->cand &= in_base[lane];
+    st->best = lane_best(c, st->cand, lane, &st->bi);
+}
+
+/* Weights of a token's n chosen experts (lane j holds slot j's expert in sel): the sum in
+ * slot order (every lane the same), then lane j writes slot j: w = s / (sum + 1e-20) * rsf
+ * (or s * rsf); slots past n get id -1 and weight 0. */
+MJ_DEVICE void token_finish(const float *s, int sel, int n, float rsf, int32_t *ids, float *weights,
+                            int32_t *n_sel, int b, int lane) {
     float denom = 1.0f;
-    const float sv = lane < n ? s[sel[lane]] : 0.0f; /* lane j: slot j's score */
+    const float sv = lane < n ? s[sel] : 0.0f; /* lane j: slot j's score */
     if (RENORM) { /* the slots past n add +0.0f, which leaves the sum as it is */
         float sum = 0.0f;
         for (int j = 0; j < K; j++) sum += __shfl_sync(0xFFFFFFFFu, sv, j);
         denom = sum + 1e-20f;
     }
     if (lane < K) {
-        ids[b * K + lane] = lane < n ? sel[lane] : -1;
+        ids[b * K + lane] = lane < n ? sel : -1;
         weights[b * K + lane] = lane < n ? (RENORM ? sv / denom * rsf : sv * rsf) : 0.0f;
     }
     if (lane == 0) n_sel[b] = n;
@@ -357,7 +381,7 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
         cnt[e] = run;
     }
     __syncthreads();
-    { /* every warp scans (no branch around the shuffles), warp 0 writes */
+    if (w == 0) { /* warp 0 alone (w is known warp-uniform: no divergent shuffles) */
         int tot = 0, nz = 0;
 #pragma unroll 1
         for (int i = 0; i < LOCAL; i++) {
@@ -370,7 +394,7 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
             it += lane >= d ? a : 0, iz += lane >= d ? z : 0;
         }
         const int n_act = __shfl_sync(0xFFFFFFFFu, iz, 31);
-        if (w == 0) {
+        {
             int off = it - tot, na = iz - nz;
 #pragma unroll 1
             for (int i = 0; i < LOCAL; i++) {
@@ -421,37 +445,42 @@ MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
     return v < 0 ? 0 : v > B ? B : v;
 }
 
-/* Routing, one launch shape per use:
+/* Routing, one launch shape per use (dynamic shared memory in each: a token's s and c per
+ * warp, NWARPS x E floats and as many words, which the dispatch reuses as its scratch; the
+ * one-block launch adds the B x K ids):
  *   grid 1     the whole batch (B <= 256) in one block, with OEA when K0 < K, and the
- *              dispatch; dynamic shared memory: B * K int32 (the ids);
+ *              dispatch;
  *   grid > 1   plain top-k (K0 == K) for big batches: a block's warps take tokens
- *              blockIdx.x * NWARPS + w, stepping by the grid; no dispatch, no dynamic
- *              shared memory; then
+ *              blockIdx.x * NWARPS + w, stepping by the grid; no dispatch; then
  *   grid 1, logits NULL: the dispatch alone, of the ids [B, K] in global memory (written by
  *              the launch before); nothing else is read or written but the dispatch's
- *              outputs; no dynamic shared memory.
- * Both run one loop over the phases, so route_token is inlined once (every copy of it
+ *              outputs.
+ * Both run one loop over the phases, so a token's routing is inlined once (every copy of it
  * costs compile time, none of them speed): phase 0 takes each valid token's first K0 (they
  * make S_base), phase 1 each token's K (past K0 from S_base only). Plain top-k skips phase
- * 0: with K0 == K phase 1 never looks at S_base. */
+ * 0: with K0 == K phase 1 never looks at S_base. When every warp has one token at most (B <=
+ * NWARPS), phase 1 goes on from where phase 0 stopped (its first K0 picks are phase 0's,
+ * the token's scores still in the warp's rows): a token is scored once. */
 MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
                          float rsf, int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
                          int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm,
                          int32_t *row_index) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
-    MJ_SHARED float sm_s[NWARPS][E];
-    MJ_SHARED uint32_t sm_c[NWARPS][E];
     MJ_SHARED int sm_cnt[E];        /* the dispatch's counts */
-    MJ_SHARED uint32_t sm_base[32]; /* S_base, a mask a lane (see route_token) */
-    MJ_SHARED int sm_sel[NWARPS][K];
-    MJ_DYNAMIC_SHARED(int32_t, sm_ids);
+    MJ_SHARED uint32_t sm_base[32]; /* S_base, a mask a lane (see token_narrow) */
+    MJ_DYNAMIC_SHARED(int32_t, sm_dyn);
+    float *const sm_s = (float *)sm_dyn;                        /* [NWARPS][E] */
+    uint32_t *const sm_c = (uint32_t *)(sm_dyn + NWARPS * E);   /* [NWARPS][E] */
+    int32_t *const sm_ids = sm_dyn + 2 * NWARPS * E;            /* [B][K], one block */
     const int num_valid = valid_rows(num_valid_p, B);
     const int lane = (int)threadIdx.x % 32, w = warp_index();
     const int only_dispatch = logits == 0; /* the same in every thread: a kernel argument */
     const int one_block = gridDim.x == 1, oea = one_block && K0 < K && !only_dispatch;
-    float *s = sm_s[w];
-    uint32_t *c = sm_c[w];
-    int *sel = sm_sel[w];
+    const int keep = oea && B <= NWARPS; /* phase 1 goes on with phase 0's state */
+    float *s = sm_s + w * E;
+    uint32_t *c = sm_c + w * E;
+    route_state st;
+    st.cand = 0, st.best = 0, st.bi = 0, st.sel = -1, st.n = 0;
 
     if (oea) {
         if (threadIdx.x < 32) sm_base[threadIdx.x] = 0;
@@ -461,14 +490,21 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     for (int phase = oea ? 0 : 1; phase < 2 && !only_dispatch; phase++) {
         const int rows = phase ? B : num_valid;
         for (int b = (int)blockIdx.x * NWARPS + w; b < rows; b += (int)gridDim.x * NWARPS) {
-            int n = b < num_valid ? route_token(logits + (long long)b * E, bias, oea && phase ? sm_base : 0,
-                                                phase ? K : K0, s, c, sel, lane)
-                                  : 0;
-            if (phase == 0) {
-                if (lane < n) atomicOr(&sm_base[sel[lane] % 32], 1u << (sel[lane] / 32));
+            if (b < num_valid) {
+                if (!(keep && phase)) {
+                    token_begin(logits + (long long)b * E, bias, s, c, lane, &st);
+                    token_picks(c, K0, lane, &st);
+                }
+                if (phase && oea) token_narrow(c, sm_base, lane, &st);
+                if (phase) token_picks(c, K, lane, &st);
             } else {
-                token_finish(s, sel, n, rsf, ids, weights, n_sel, b, lane);
-                if (one_block && lane < K) sm_ids[b * K + lane] = lane < n ? sel[lane] : -1;
+                st.sel = -1, st.n = 0;
+            }
+            if (phase == 0) {
+                if (lane < st.n) atomicOr(&sm_base[st.sel % 32], 1u << (st.sel / 32));
+            } else {
+                token_finish(s, st.sel, st.n, rsf, ids, weights, n_sel, b, lane);
+                if (one_block && lane < K) sm_ids[b * K + lane] = lane < st.n ? st.sel : -1;
             }
             __syncwarp(0xFFFFFFFFu);
         }
@@ -477,5 +513,5 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
     dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt,
-             (int32_t *)&sm_s[0][0], (int32_t *)&sm_c[0][0]);
+             (int32_t *)sm_s, (int32_t *)sm_c);
 }

@@ -98,6 +98,10 @@ MJ_DEVICE void mj_grid_dep_wait(void) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+/* The largest and the smallest of an unsigned value over every lane of the warp, in every
+ * lane: one REDUX instruction (sm_80 and later, every target of ours). */
+MJ_DEVICE uint32_t mj_warp_umax(uint32_t v) { return __reduce_max_sync(0xFFFFFFFFu, v); }
+MJ_DEVICE uint32_t mj_warp_umin(uint32_t v) { return __reduce_min_sync(0xFFFFFFFFu, v); }
 #define mj_cp_async_wait(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 /* Conversions to the FP4 / FP8 formats: the cvt.rn.satfinite instruction where the target
  * has it, else prelude_fp.h's C, which follows the instruction's rule (nearest even, sign-

@@ -53,6 +53,8 @@ enum mj_sim_op {
     MJ_SIM_OP_ALL,
     MJ_SIM_OP_ACTIVEMASK,      /* the lanes that reached it together (no mask)             */
     MJ_SIM_OP_MMA,             /* a warp-wide mma.sync: value points at the lane's fragments */
+    MJ_SIM_OP_REDUX_UMAX,      /* __reduce_max_sync on unsigned: the largest of the mask's values */
+    MJ_SIM_OP_REDUX_UMIN,      /* __reduce_min_sync on unsigned: the smallest                 */
     MJ_SIM_OP_COUNT
 };
 
@@ -213,6 +215,12 @@ static inline double mj_sim_shfl_d(int op, unsigned m, double v, int a, int w, c
     ((int)mj_sim_warp_(MJ_SIM_OP_ANY, (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
 #define __all_sync(mask, pred) \
     ((int)mj_sim_warp_(MJ_SIM_OP_ALL, (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
+/* The unsigned warp reductions of every lane (prelude_cuda.h: __reduce_max/min_sync, one
+ * REDUX instruction on sm_80 and later). */
+#define mj_warp_umax(v) \
+    ((unsigned)mj_sim_warp_(MJ_SIM_OP_REDUX_UMAX, 0xFFFFFFFFu, (unsigned)(v), 0, 32, __FILE__, __LINE__))
+#define mj_warp_umin(v) \
+    ((unsigned)mj_sim_warp_(MJ_SIM_OP_REDUX_UMIN, 0xFFFFFFFFu, (unsigned)(v), 0, 32, __FILE__, __LINE__))
 
 /* ---- bit and math intrinsics ------------------------------------------------------------ */
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }

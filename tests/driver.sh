@@ -420,15 +420,16 @@ rm ylink.npy yq.weight.npy
 # ---- prewarm --config ---------------------------------------------------------------------
 GLM5="$SRC/tests/data/model/glm5_moe_config.json"
 # GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 1/2/4/8, plain top-k routing (8 warps up
-# to 8 tokens, 16 past), experts TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE 16/32/64 (W4A4:
-# up, down, and one experts_quant for all three): 15 specializations, listed.
+# to 8 tokens, 16 up to 16, 32 past), experts TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE
+# 16/32/64 (W4A4: up, down, and one experts_quant for all three): 16 specializations, listed.
 Q="--quant $SRC/tests/data/model/hf_quant_config.example.json"
 expect_rc 1 "$MJ" prewarm --config "$GLM5" --tp 8 --dry-run --cache-dir "$T/pc"; contains err "--quant"
 expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --tp 8 --dry-run --cache-dir "$T/pc"
 contains err "plan for sm_120a: H 6144, E 256, top-8, TP, 256 batch sizes (1-256), k0 = top-k"
-contains err "15 specializations"
-[ "$(wc -l <out)" = 15 ] && [ "$(grep -c '"arch":"sm_120a"' out)" = 15 ] && ok || bad "dry run: $(cat out)"
-[ "$(grep -c '"template":"oea_route".*"NWARPS":16' out)" = 1 ] && ok || bad "dry run routing past 8 tokens: $(cat out)"
+contains err "16 specializations"
+[ "$(wc -l <out)" = 16 ] && [ "$(grep -c '"arch":"sm_120a"' out)" = 16 ] && ok || bad "dry run: $(cat out)"
+[ "$(grep -c '"template":"oea_route".*"NWARPS":16' out)" = 1 ] && [ "$(grep -c '"template":"oea_route".*"NWARPS":32' out)" = 1 ] &&
+    ok || bad "dry run routing past 8 and 16 tokens: $(cat out)"
 [ "$(grep -c '"template":"moe_experts"' out)" = 9 ] && ok || bad "dry run experts: $(cat out)"
 [ "$(grep -c '"PART":1' out)" = 1 ] && [ "$(grep -c '"PART":2' out)" = 4 ] && [ "$(grep -c '"PART":3' out)" = 4 ] &&
     ok || bad "dry run experts, one specialization per kernel: $(cat out)"
@@ -976,6 +977,10 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   json_check 'all(abs(r["layer"]["predicted_us"] - sum(k["predicted_us"] for k in r["kernels"].values())) < 1e-3 * r["layer"]["predicted_us"] and r["layer"]["of_floor"] >= 1 for r in j["predict"]["rows"])'
   json_check 'all(r["kernels"]["experts_up"]["hot_loop"]["tensor"] > 0 and r["kernels"]["oea_route"]["bound"] == "waves" for r in j["predict"]["rows"])'
   json_check 'all(a["layer"]["predicted_us"] < b["layer"]["predicted_us"] for a in j["predict"]["rows"] for b in j["predict"]["rows"] if a["k0"] == b["k0"] and a["B"] < b["B"])'
+  # oea_route's pieces read from its SASS (a pick's REDUX loop, a token's loop, the dispatch),
+  # a warp's instructions made of them: OEA at B 32 (k0 4, a token a warp) scores once
+  json_check 'all(0 < r["kernels"]["oea_route"]["route_sass"]["pick"] < r["kernels"]["oea_route"]["route_sass"]["token"] and r["kernels"]["oea_route"]["route_sass"]["dispatch"] > 0 for r in j["predict"]["rows"])'
+  json_check 'all(abs(k["insts_warp"] - (s["outside"] + s["dispatch"] + s["token"] + 8 * s["pick"])) < 1e-6 for r in j["predict"]["rows"] if r["B"] == 32 for k in [r["kernels"]["oea_route"]] for s in [k["route_sass"]])'
   # sm_90a: every kernel after the router GEMM is a programmatic dependent, with its fixed cost
   json_check 'all([n for n, k in r["kernels"].items() if k["pdl"]] == ["oea_route", "experts_up", "experts_down"] for r in j["predict"]["rows"]) and j["predict"]["assumptions"]["pdl_launch_us"] < j["predict"]["assumptions"]["launch_us"]'
   # B 32 (TPE 32): a few routed rows an expert, so the one-group registers' path runs, and

@@ -129,8 +129,46 @@ static void test_waves(void) {
     CHECK(r4.bound == PM_BOUND_ISSUE, "4 on 4: %s", pm_bound_names[r4.bound]);
 }
 
+/* The routing kernel read into its pieces (tests/data/sass/route_toy.sass), counted by hand,
+ * and a warp's instructions for the launches the runtime makes. */
+static void test_route(void) {
+    char *text = slurp(MJ_SOURCE_DIR "/tests/data/sass/route_toy.sass");
+    CHECK(text != NULL, "the fixture tests/data/sass/route_toy.sass");
+    if (!text) return;
+    pm_route_sass r;
+    CHECK(pm_sass_route(text, "missing", &r) == -1, "no such function");
+    CHECK(pm_sass_route(text, "oea_route", &r) == 0 && r.found && r.pick_loops == 1, "read: found %d, pick loops %d",
+          r.found, r.pick_loops);
+    free(text);
+    /* By hand. token: LDG, UMOV, the score loop's 4 instructions x 4 (its trip count on
+     * UP0's compare with 0x4), STG, ISETP, BRA = 21. pick: REDUX x 2, IADD3, ISETP, BRA = 5
+     * (once: a pick is one trip). outside: S2R, MOV, BAR, CALL, EXIT = 5. dispatch: MOV, the
+     * loop's 4 x 4 (0x400 / 0x100), RET = 18; the slow path is not counted. */
+    CHECK_NEAR(r.token, 21, 0);
+    CHECK_NEAR(r.pick, 5, 0);
+    CHECK_NEAR(r.outside, 5, 0);
+    CHECK_NEAR(r.dispatch, 18, 0);
+    /* A warp's instructions: 23 + tokens x (scorings x 21 + picks x 5). */
+    CHECK_NEAR(pm_route_insts(&r, 1, 8, 8, 8), 23 + 21 + 8 * 5, 0);      /* plain top-8, one token */
+    CHECK_NEAR(pm_route_insts(&r, 32, 32, 8, 4), 23 + 21 + 8 * 5, 0);    /* OEA, a token a warp: scored once */
+    CHECK_NEAR(pm_route_insts(&r, 32, 16, 8, 4), 23 + 2 * (2 * 21 + 12 * 5), 0); /* 2 a warp: phase 1 again */
+    CHECK_NEAR(pm_route_insts(&r, 32, 8, 8, 8), 23 + 4 * (21 + 8 * 5), 0); /* plain, 4 a warp */
+    /* Made slow on purpose: the batch on 8 warps in place of 32 (4 tokens a warp, each scored
+     * twice under OEA) is predicted slower on one block, though its warps share schedulers less. */
+    pm_assume a;
+    pm_assume_default(&a);
+    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 8, 4), 0, 1};
+    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 8, 4), 0, 1};
+    pm_result r32, r8;
+    pm_predict(&k_toy, &a, NULL, &w32, &r32);
+    pm_predict(&k_toy, &a, NULL, &w8, &r8);
+    CHECK(r8.predicted_us > 2 * r32.predicted_us, "8 warps %.2f us, 32 warps %.2f", r8.predicted_us, r32.predicted_us);
+    CHECK(r32.bound == PM_BOUND_WAVES, "one block on 4 SMs: %s", pm_bound_names[r32.bound]);
+}
+
 static const test_case cases[] = {
     TEST_CASE("sass", test_toy_sass),
+    TEST_CASE("route", test_route),
     TEST_CASE("launch", test_launch),
     TEST_CASE("waves", test_waves),
 };

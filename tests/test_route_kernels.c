@@ -238,10 +238,10 @@ static int build_table(rcase *t) {
     t[n++] = (rcase){32, 31, 256, 8, 4, 1, 1, 0, 1, 1, 5, 0};  /* NaNs of both signs, GLM-5's shape */
     t[n++] = (rcase){32, 32, 384, 8, 3, 8, 4, 1, 1, 1, 5, 0};  /* the same under softmax and groups */
     t[n++] = (rcase){32, 32, 64, 6, 6, 8, 3, 0, 1, 1, 5, 1};   /* and under the max rule */
-    t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0, 0}; /* big E and k: 4 warps */
-    t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 0}; /* and B = 256: 2 warps */
-    t[n++] = (rcase){256, 250, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 1}; /* max rule, 2 warps */
-    t[n++] = (rcase){600, 599, 1024, 16, 16, 1, 1, 1, 1, 1, 0, 0}; /* multi-block, 4 warps */
+    t[n++] = (rcase){64, 60, 1024, 16, 8, 1, 1, 0, 1, 1, 0, 0}; /* big E and k: 8 warps, not 32 */
+    t[n++] = (rcase){256, 256, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 0}; /* and B = 256: 8 warps */
+    t[n++] = (rcase){256, 250, 1024, 16, 5, 32, 8, 0, 1, 1, 0, 1}; /* max rule, 8 warps */
+    t[n++] = (rcase){600, 599, 1024, 16, 16, 1, 1, 1, 1, 1, 0, 0}; /* multi-block, 8 warps */
     t[n++] = (rcase){16, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0, 0}; /* all padding */
     t[n++] = (rcase){0, 0, 64, 4, 2, 1, 1, 0, 1, 1, 0, 0};  /* empty batch */
     return n;
@@ -261,16 +261,19 @@ static int built(mj_context_t ctx, mj_knobs_oea_route kn) {
 }
 
 static void test_branches_reached(mj_context_t ctx) {
-    /* The cases above reached the smaller warp counts and the grid cap. */
-    mj_knobs_oea_route w4 = {.E = 1024, .K = 16, .K0 = 8, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4};
-    mj_knobs_oea_route w2 = {.E = 1024, .K = 16, .K0 = 5, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 2};
-    mj_knobs_oea_route w2max = w2, v2 = {.E = 160, .K = 6, .K0 = 2, .NG = 8, .TG = 3, .GSCORE = 1, .SCORING = 1,
-                                         .RENORM = 0, .NWARPS = 16}; /* one block past 8 tokens: 16 warps */
-    w2max.GSCORE = 1;
-    CHECK(built(ctx, w4), "the 4-warp route kernel was not reached");
-    CHECK(built(ctx, w2), "the 2-warp route kernel was not reached");
-    CHECK(built(ctx, w2max), "the 2-warp max-rule route kernel was not reached");
+    /* The cases above reached the warp counts the shared-memory budget cuts to, 32 warps
+     * (one a token) and the grid cap. */
+    mj_knobs_oea_route w8 = {.E = 1024, .K = 16, .K0 = 8, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 8};
+    mj_knobs_oea_route w8g = {.E = 1024, .K = 16, .K0 = 5, .NG = 32, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 8};
+    mj_knobs_oea_route w8max = w8g, v2 = {.E = 160, .K = 6, .K0 = 2, .NG = 8, .TG = 3, .GSCORE = 1, .SCORING = 1,
+                                          .RENORM = 0, .NWARPS = 32}; /* past 16 tokens: 32 warps */
+    mj_knobs_oea_route w32 = {.E = 256, .K = 8, .K0 = 3, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 32};
+    w8max.GSCORE = 1;
+    CHECK(built(ctx, w8), "the 8-warp route kernel of E 1024, k 16 was not reached");
+    CHECK(built(ctx, w8g), "the 8-warp grouped route kernel of E 1024 was not reached");
+    CHECK(built(ctx, w8max), "the 8-warp max-rule route kernel was not reached");
     CHECK(built(ctx, v2), "the DeepSeek-V2 OEA route kernel (GSCORE 1) was not reached");
+    CHECK(built(ctx, w32), "the 32-warp OEA route kernel of GLM-5's shape was not reached");
     int32_t cap = mj_context_max_blocks(ctx);
     CHECK((1024 + 7) / 8 > cap && (257 + 7) / 8 <= cap,
           "B = 1024 must exceed the grid cap (%d blocks) and B = 257 stay under it", cap);
@@ -567,7 +570,7 @@ static void test_constraints(mj_context_t ctx) {
         {{.E = 64, .K = 4, .K0 = 2, .NG = 3, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "E % NG == 0"},
         {{.E = 64, .K = 4, .K0 = 2, .NG = 4, .TG = 8, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "TG <= NG"},
         {{.E = 64, .K = 8, .K0 = 2, .NG = 16, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4}, "TG * (E / NG) >= K"},
-        {{.E = 1024, .K = 8, .K0 = 2, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 16}, "48 * 1024"},
+        {{.E = 1024, .K = 8, .K0 = 2, .NG = 1, .TG = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 16}, "96 * 1024"},
         {{.E = 64, .K = 4, .K0 = 2, .NG = 1, .TG = 1, .GSCORE = 1, .SCORING = 0, .RENORM = 1, .NWARPS = 4},
          "NG > 1 || GSCORE == 0"},
     };

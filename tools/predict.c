@@ -27,8 +27,8 @@ const char *const pm_bound_names[4] = {"memory", "issue", "latency", "waves"};
 
 void pm_assume_default(pm_assume *a) {
     /* Calibrated against the H200 run of 2026-12-04 (bench/results/2026-12-04-h200-predict/
-     * docs/performance.md says how): a kernel's fixed cost, one warp's issue interval and the routing
-     * kernel's counts; the rates are the CUDA guide's throughput table per scheduler. */
+     * docs/performance.md says how): a kernel's fixed cost and one warp's issue interval; the
+     * rates are the CUDA guide's throughput table per scheduler. */
     a->launch_us = 2.5;
     a->pdl_launch_us = 1.0; /* assumed, not yet measured: the next GPU run calibrates it      */
     a->warp_cpi = 6.0;
@@ -36,8 +36,6 @@ void pm_assume_default(pm_assume *a) {
     a->tensor_rate = 0.125; /* an m16n8k16 bf16 MMA every 8 cycles a scheduler (mma.sync)   */
     a->mem_rate = 0.25;     /* 32 lanes of LSU an SM: a warp-instruction a cycle, 4 schedulers */
     a->half_rate = 1.0;     /* packed half: 2 x 16 lanes a scheduler                         */
-    a->route_fixed = 2000;
-    a->route_per_token = 1300;
     a->waves_imbalance = 1.25;
 }
 
@@ -56,9 +54,10 @@ void pm_assume_print(FILE *f, const pm_assume *a, const tool_gpu *g) {
                "    after the router GEMM; assumed); one warp alone issues every %.1f cycles; per scheduler a cycle:\n"
                "    tensor %.3f, load/store %.2f, half2 %.2f, fp32 and the rest 1; a dependent global-load chain\n"
                "    of 2 or more costs chain x latency an iteration (a chain of 1 is prefetched by the rings);\n"
-               "    oea_route %.0f + %.0f x B / warps instructions a warp; \"waves\" past %.2fx the average SM's blocks\n",
-            a->launch_us, a->pdl_launch_us, a->warp_cpi, a->tensor_rate, a->mem_rate, a->half_rate, a->route_fixed,
-            a->route_per_token, a->waves_imbalance);
+               "    oea_route's instructions a warp from its SASS's pieces (token, pick, dispatch) times the\n"
+               "    launch's tokens and picks; \"waves\" past %.2fx the average SM's blocks\n",
+            a->launch_us, a->pdl_launch_us, a->warp_cpi, a->tensor_rate, a->mem_rate, a->half_rate,
+            a->waves_imbalance);
 }
 
 /* ---- SASS --------------------------------------------------------------------------------- */
@@ -74,6 +73,8 @@ typedef struct inst {
 typedef struct label {
     char name[32];
     int at;            /* the instruction that follows it                                     */
+    int sub;           /* a subroutine's start ("$name:"): 1, 2 a libdevice slow path, 3 the
+                          route kernel's dispatch; 0 a branch label                          */
 } label;
 
 static int op_is(const char *op, const char *base) {
@@ -132,12 +133,13 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
         char *s = line;
         while (isspace((unsigned char)*s)) s++;
         if (!strncmp(s, "//---", 5) || !strncmp(s, ".section", 8)) break;
-        if (s[0] == '.' && s[1] == 'L') { /* a label */
-            char *c = strchr(s, ':');
+        if ((s[0] == '.' && s[1] == 'L') || s[0] == '$') { /* a label, or a subroutine's start */
+            char *c = strrchr(s, ':');
             if (!c) continue;
             *c = '\0';
             if (nl == lcap && !(lab = realloc(lab, sizeof *lab * (size_t)(lcap *= 2)))) abort();
             snprintf(lab[nl].name, sizeof lab[nl].name, "%.31s", s);
+            lab[nl].sub = s[0] != '$' ? 0 : strstr(s, "slowpath") ? 2 : strstr(s, "dispatch") ? 3 : 1;
             lab[nl++].at = n;
             continue;
         }
@@ -176,6 +178,10 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
                 abort();
         }
         want_target[n][0] = '\0';
+        if (op_is(in.op, "BRA") && in.pred < 0) { /* BRA.U UP0, `(.L_x_7): a uniform predicate */
+            const char *u = in.args[0] == '!' ? in.args + 1 : in.args;
+            if (u[0] == 'U' && u[1] == 'P' && isdigit((unsigned char)u[2])) in.pred = 10 + (u[2] - '0'), in.pred_neg = in.args[0] == '!';
+        }
         if (op_is(in.op, "BRA")) { /* BRA `(.L_x_17) */
             char *l = strstr(in.args, ".L");
             if (l) {
@@ -317,6 +323,132 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
     free(v);
     free(lab);
     return 0;
+}
+
+/* The trip count of the loop closed by branch b (first..b) for a loop that may step by more
+ * than one: the guard's compare "ISETP... Pn, PT, Rx, imm, ..." and an add to Rx inside the
+ * loop ("IADD3 Rx, PT, PT, Rx, step, RZ", "VIADD Rx, Rx, step") give ceil(imm / step): the
+ * trips of a thread that starts below step (lane, thread or warp index: the busiest one). No
+ * such add: trip_count's reading. */
+static int strided_trips(const inst *v, int first, int b) {
+    if (v[b].pred < 0) return 1;
+    const int uni = v[b].pred >= 10, pn = v[b].pred % 10; /* UPn (uniform) or Pn */
+    for (int i = b - 1; i >= first; i--) {
+        if (strncmp(v[i].op, uni ? "UISETP" : "ISETP", uni ? 6 : 5)) continue;
+        const char *a0 = v[i].args + uni;
+        if ((uni && v[i].args[0] != 'U') || a0[0] != 'P' || a0[1] - '0' != pn) continue;
+        char tmp[192], reg[16] = "";
+        long bound = -1;
+        snprintf(tmp, sizeof tmp, "%s", v[i].args);
+        int field = 0;
+        for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save), field++) {
+            while (isspace((unsigned char)*t)) t++;
+            if (field == 2 && (t[0] == 'R' || (t[0] == 'U' && t[1] == 'R')) && isdigit((unsigned char)t[t[0] == 'U' ? 2 : 1]))
+                snprintf(reg, sizeof reg, "%.15s", t);
+            if (field == 3 && isdigit((unsigned char)t[0])) bound = strtol(t, NULL, 0);
+        }
+        if (bound < 1 || !reg[0]) return trip_count(v, first, b);
+        for (char *d = reg; *d; d++) /* "R5.reuse": R5 */
+            if (isspace((unsigned char)*d) || *d == '.') *d = '\0';
+        const size_t rl = strlen(reg);
+        for (int j = first; j < b; j++) {
+            const int viadd = op_is(v[j].op, "VIADD"),
+                      iadd = op_is(v[j].op, "IADD3") || op_is(v[j].op, "UIADD3");
+            if (!viadd && !iadd) continue;
+            if (strncmp(v[j].args, reg, rl) || v[j].args[rl] != ',') continue; /* writes Rx */
+            /* the operands after the destination: Rx and an immediate step */
+            const char *q = v[j].args + rl + 1;
+            if (iadd) {
+                const char *pp = strstr(q, "PT, PT,"), *up = strstr(q, "UPT, UPT,");
+                q = up ? up + 9 : pp ? pp + 7 : q;
+            }
+            while (isspace((unsigned char)*q)) q++;
+            if (strncmp(q, reg, rl) || q[rl] != ',') continue;
+            q += rl + 1;
+            while (isspace((unsigned char)*q)) q++;
+            if (!isdigit((unsigned char)*q)) continue;
+            const long step = strtol(q, NULL, 0);
+            if (step < 1) continue;
+            const long trips = (bound + step - 1) / step;
+            return trips < 1 ? 1 : trips > 4096 ? 4096 : (int)trips;
+        }
+        return trip_count(v, first, b);
+    }
+    return 1;
+}
+
+/* Instructions of v[a..b) but those in the ranges skip[0..ns) (first, last), each counted
+ * times the trips of the loops inside a..b that hold it (strided_trips: unknown counts
+ * once), but the loop closed at self (the piece's own loop: -1 none). */
+static double weighted(const inst *v, int a, int b, const int (*skip)[2], int ns, int self) {
+    double sum = 0;
+    for (int i = a; i < b; i++) {
+        int skipped = 0;
+        for (int k = 0; k < ns && !skipped; k++) skipped = i >= skip[k][0] && i <= skip[k][1];
+        if (skipped) continue;
+        double w = 1;
+        for (int j = a; j < b; j++)
+            if (j != self && v[j].target >= a && v[j].target <= i && i <= j) w *= strided_trips(v, v[j].target, j);
+        sum += w;
+    }
+    return sum;
+}
+
+/* Whether v[i] is a warp-wide reduction step: REDUX, or a butterfly shuffle. */
+static int warp_reduce(const inst *in) { return op_is(in->op, "REDUX") || !strncmp(in->op, "SHFL.BFLY", 9); }
+
+int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
+    memset(r, 0, sizeof *r);
+    inst *v = NULL;
+    label *lab = NULL;
+    int n = 0, nl = 0;
+    if (!text || parse_function(text, function, &v, &n, &lab, &nl)) return -1;
+    /* The kernel's own code ends where its first subroutine starts. */
+    int main_end = n, disp = -1, disp_end = n;
+    for (int j = 0; j < nl; j++)
+        if (lab[j].sub && lab[j].at < main_end) main_end = lab[j].at;
+    for (int j = 0; j < nl; j++)
+        if (lab[j].sub == 3) disp = lab[j].at;
+    for (int j = 0; j < nl && disp >= 0; j++)
+        if (lab[j].sub && lab[j].at > disp && lab[j].at < disp_end) disp_end = lab[j].at;
+    /* The token loop: the innermost loop of the kernel's code that loads global memory. */
+    int tf = -1, tl = -1;
+    for (int b = 0; b < main_end; b++) {
+        if (v[b].target < 0 || v[b].target > b) continue;
+        int ldg = 0;
+        for (int i = v[b].target; i <= b; i++) ldg |= op_is(v[i].op, "LDG");
+        if (ldg && (tf < 0 || b - v[b].target < tl - tf)) tf = v[b].target, tl = b;
+    }
+    if (tf >= 0) {
+        /* Its pick loops: the innermost loops inside it that hold a warp reduction. */
+        int picks[8][2], np = 0;
+        for (int b = tf; b < tl && np < 8; b++) {
+            if (v[b].target < tf || v[b].target > b) continue;
+            int red = 0, inner = 0;
+            for (int i = v[b].target; i <= b; i++) {
+                red |= warp_reduce(&v[i]);
+                if (i < b && v[i].target >= v[b].target && v[i].target <= i) inner = 1;
+            }
+            if (red && !inner) picks[np][0] = v[b].target, picks[np][1] = b, np++;
+        }
+        r->found = np > 0;
+        r->pick_loops = np;
+        if (np) r->pick = weighted(v, picks[0][0], picks[0][1] + 1, NULL, 0, picks[0][1]);
+        r->token = weighted(v, tf, tl + 1, (const int(*)[2])picks, np, tl);
+        const int tok[1][2] = {{tf, tl}};
+        r->outside = weighted(v, 0, main_end, tok, 1, -1);
+    }
+    if (disp >= 0) r->dispatch = weighted(v, disp, disp_end, NULL, 0, -1);
+    free(v);
+    free(lab);
+    return 0;
+}
+
+double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0) {
+    const int oea = k0 < k, keep = oea && B <= nwarps;
+    const double tpw = nwarps > 0 ? ceil((double)B / nwarps) : B, scored = oea && !keep ? 2 : 1,
+                 picks = oea && !keep ? k0 + k : k;
+    return r->outside + r->dispatch + tpw * (scored * r->token + picks * r->pick);
 }
 
 /* ---- the model ------------------------------------------------------------------------------ */

@@ -47,6 +47,27 @@ typedef struct pm_sass {
  * 0, or -1 when the text has no such function. */
 int pm_sass_analyze(const char *text, const char *function, pm_sass *s);
 
+/* The routing kernel (templates/oea_route.cu) read from its SASS: its loops depend on the
+ * data, so the counts are of the pieces a warp runs, which the launch multiplies (loops of a
+ * known trip count inside a piece times that count, others once):
+ *   token     the token loop (the innermost loop of the kernel's own code that loads global
+ *             memory: a token's scores, its eligible set, its weights) without its picks;
+ *   pick      one pick: the first innermost loop inside it holding a warp reduction (REDUX,
+ *             or the butterfly shuffles of a warp max);
+ *   outside   the kernel's own code outside the token loop (set-up, the phases' barriers);
+ *   dispatch  the dispatch subroutine (counts, offsets, the permutation: once a warp). */
+typedef struct pm_route_sass {
+    int found;                   /* a token loop with a pick loop inside                      */
+    int pick_loops;
+    double token, pick, outside, dispatch;
+} pm_route_sass;
+int pm_sass_route(const char *text, const char *function, pm_route_sass *r);
+/* A warp's instructions in the one-block launch of B tokens over nwarps warps (top-k, OEA's
+ * k0): ceil(B / nwarps) tokens, each scored once (twice under OEA when a warp has more than
+ * one: phase 1 scores it again) and picked k times (k0 + k in that case), plus the dispatch
+ * and the kernel's set-up once. */
+double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0);
+
 /* ---- the model -------------------------------------------------------------------------- */
 
 /* What the model assumes beyond a GPU's table row (tools/gpus.c). */
@@ -63,9 +84,6 @@ typedef struct pm_assume {
     double tensor_rate;          /* MMA warp-instructions a scheduler issues per cycle        */
     double mem_rate;             /* load/store warp-instructions a scheduler issues per cycle */
     double half_rate;            /* HMUL2/HFMA2 warp-instructions per scheduler per cycle     */
-    double route_fixed, route_per_token; /* oea_route: warp-instructions of a warp, fixed and
-                                    per token (spread over the block's warps): its loops
-                                    depend on the data, so they are not read from the SASS   */
     double waves_imbalance;      /* the busiest SM with this many times the average SM's
                                     blocks (or a grid under half the SMs) makes a per-SM bound
                                     "waves"                                                   */

@@ -10,8 +10,9 @@
  *   router_gemm   a block an expert (x tiles of 64 rows), NWARPS warps; the gate row in
  *                 flight (CH 16-byte chunks a thread); the hot loop walks the rows ROWS at
  *                 a time: ceil(B / ROWS) iterations;
- *   oea_route     one block (B <= 256): its loops depend on the data, so its instructions
- *                 are pm_assume's route_fixed + route_per_token x B / NWARPS a warp;
+ *   oea_route     one block (B <= 256) of NWARPS warps: a warp's instructions are its
+ *                 pieces' counts from the SASS (pm_sass_route) times its tokens, scorings
+ *                 and picks (fetch_route);
  *   experts_quant (W4A4) blocks of 2 warps a (token, expert slot), a 16-value group a thread;
  *   experts_up    KSPLIT blocks a (16-row tile, active expert or shared sub-expert), NW1 warps
  *                 each, splitting H: H / 64 / (NW1 KSPLIT) k-steps a warp, 4 of 1 KiB in flight;
@@ -54,6 +55,8 @@ typedef struct kernel_row {
     pm_launch l;
     pm_sass s;
     int has_sass;
+    pm_route_sass rs;            /* oea_route: its pieces (has_route)                         */
+    int has_route;
     int after;                   /* not the forward's first kernel: it follows one of ours */
     pm_result r;
 } kernel_row;
@@ -89,6 +92,23 @@ static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spe
     return 0;
 }
 
+/* The routing kernel: its pieces read from the SASS (pm_sass_route), times what a warp of
+ * the one-block launch runs (pm_route_insts). */
+static int fetch_route(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_knobs_oea_route *kn, int B,
+                       kernel_row *k, const tool_gpu *gpu, const pm_assume *a) {
+    if (fetch(ctx, rd, spec, NULL, k, gpu, a, 0)) return 1;
+    const mj_function *f = NULL;
+    if (mj_jit_get(ctx, spec, &f) != MJ_OK) return tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
+    const char *text = sass_of(rd, f);
+    if (!text) return 1;
+    if (pm_sass_route(text, k->name, &k->rs) || !k->rs.found)
+        return tool_fail("--predict: no token loop with picks in %s's SASS", k->name);
+    k->has_route = 1;
+    k->l.extra = pm_route_insts(&k->rs, B, kn->NWARPS, kn->K, kn->K0);
+    pm_predict(gpu, a, NULL, &k->l, &k->r);
+    return 0;
+}
+
 static json_t *result_json(const kernel_row *k) {
     json_t *o = json_object();
     json_object_set_new(o, "predicted_us", json_real(k->r.predicted_us));
@@ -110,6 +130,14 @@ static json_t *result_json(const kernel_row *k) {
     json_object_set_new(o, "iters_warp", json_real(k->l.iters));
     json_object_set_new(o, "insts_warp", json_real(k->r.insts_warp));
     json_object_set_new(o, "pdl", json_boolean(k->l.pdl));
+    if (k->has_route) {
+        json_t *h = json_object();
+        json_object_set_new(h, "token", json_real(k->rs.token));
+        json_object_set_new(h, "pick", json_real(k->rs.pick));
+        json_object_set_new(h, "outside", json_real(k->rs.outside));
+        json_object_set_new(h, "dispatch", json_real(k->rs.dispatch));
+        json_object_set_new(o, "route_sass", h);
+    }
     if (k->has_sass) {
         json_t *h = json_object();
         json_object_set_new(h, "insts", json_real(k->s.iter_total));
@@ -161,8 +189,6 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
     json_object_set_new(ja, "lat_ns", json_real(gpu->lat_ns));
     json_object_set_new(ja, "clock_mhz", json_real(gpu->clock_mhz));
     json_object_set_new(ja, "sms", json_integer(gpu->sms));
-    json_object_set_new(ja, "route_fixed", json_real(a.route_fixed));
-    json_object_set_new(ja, "route_per_token", json_real(a.route_per_token));
     json_object_set_new(jp, "assumptions", ja);
     json_object_set_new(jp, "rows", rows);
     if (!in->active)
@@ -218,10 +244,10 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 kernel_row *k = &kr[nk++];
                 k->after = nk > 1;
                 k->name = "oea_route";
-                k->l.blocks = 1, k->l.threads = kn.NWARPS * 32, k->l.smem = B * K * 4;
+                k->l.blocks = 1, k->l.threads = kn.NWARPS * 32;
+                k->l.smem = (2 * kn.NWARPS * E + B * K) * 4; /* dynamic; fetch adds the static */
                 k->l.bytes = 4.0 * B * E, k->l.iters = 0;
-                k->l.extra = a.route_fixed + a.route_per_token * B / kn.NWARPS;
-                if ((rc = fetch(ctx, &rd, &s, NULL, k, gpu, &a, 0))) goto out;
+                if ((rc = fetch_route(ctx, &rd, &s, &kn, B, k, gpu, &a))) goto out;
             }
             /* the experts */
             mj_knobs_moe_experts kx;

@@ -218,6 +218,7 @@ static const char *const k_op_names[MJ_SIM_OP_COUNT] = {
     [MJ_SIM_OP_SHFL_XOR] = "__shfl_xor_sync",  [MJ_SIM_OP_BALLOT] = "__ballot_sync",
     [MJ_SIM_OP_ANY] = "__any_sync",            [MJ_SIM_OP_ALL] = "__all_sync",
     [MJ_SIM_OP_ACTIVEMASK] = "__activemask",  [MJ_SIM_OP_MMA] = "mma.sync",
+    [MJ_SIM_OP_REDUX_UMAX] = "__reduce_max_sync", [MJ_SIM_OP_REDUX_UMIN] = "__reduce_min_sync",
 };
 
 static const char *op_name(int op) {
@@ -521,6 +522,17 @@ static int collective(worker *w, fiber *lanes, const fiber *f0, unsigned m) {
             if ((m >> j & 1) && lanes[j].value) bits |= 1u << j;
         uint64_t r = op == MJ_SIM_OP_BALLOT ? bits : op == MJ_SIM_OP_ANY ? bits != 0
                                                    : op == MJ_SIM_OP_ALL ? bits == m : 0;
+        for (unsigned j = 0; j < 32; j++)
+            if (m >> j & 1) lanes[j].result = r;
+        return 0;
+    }
+    if (op == MJ_SIM_OP_REDUX_UMAX || op == MJ_SIM_OP_REDUX_UMIN) { /* over the mask's lanes */
+        unsigned r = op == MJ_SIM_OP_REDUX_UMAX ? 0u : 0xFFFFFFFFu;
+        for (unsigned j = 0; j < 32; j++) {
+            if (!(m >> j & 1)) continue;
+            const unsigned v = (unsigned)lanes[j].value;
+            r = op == MJ_SIM_OP_REDUX_UMAX ? (v > r ? v : r) : (v < r ? v : r);
+        }
         for (unsigned j = 0; j < 32; j++)
             if (m >> j & 1) lanes[j].result = r;
         return 0;
