@@ -59,6 +59,9 @@ mj_status mj_route_knobs(const mj_route_params *p, int32_t B, mj_knobs_oea_route
 mj_status mj_route_dispatch_knobs(int32_t E, int32_t k, mj_knobs_oea_route *kn);
 mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int32_t k, int32_t E,
                             const mj_route_outputs *out, void *stream);
+/* The dynamic shared memory of a route launch of kn: the warps' score rows, and with B > 0
+ * (the one-block launch) the B x K ids, bytes. */
+int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B);
 void mj_router_knobs(int32_t H, int32_t E, int32_t B, mj_knobs_router_gemm *kn);
 
 /* Batch sizes from text: "1-256", "1,2,4,8" or a mix ("1-8,16,32"), ascending and

@@ -153,6 +153,8 @@ static int64_t route_dyn_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
     return 2LL * nw * E * 4 + (int64_t)B * k * 4;
 }
 
+int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B) { return route_dyn_smem(kn->NWARPS, kn->E, kn->K, B); }
+
 /* Shared memory of a route kernel: per warp a token's s and c (dynamic), the dispatch's
  * counts and S_base (32 mask words; static), and the B x k ids of the one-block kernel
  * (dynamic). */

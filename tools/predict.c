@@ -201,28 +201,44 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
     return 0;
 }
 
-/* The trip count of the loop closed by branch b (first..b): the immediate its guard's
- * predicate was last compared with ("ISETP.GE.U32.AND P1, PT, R37, 0x2, PT": 2) when that is
- * 2..256, else 1 (unknown: counted once). */
-static int trip_count(const inst *v, int first, int b) {
-    if (v[b].pred < 0) return 1;
+/* The compare that sets the guard of the loop closed by branch b (first..b): the last
+ * "ISETP... Pn, PT, Rx, imm, ..." before b writing b's predicate (with uniform, also
+ * "UISETP... UPn, UPT, URx, imm, ..." for a BRA.U on UPn). 1 when found, with its register
+ * in reg ("R5" of "R5.reuse"; "" when not a register) and its immediate in *bound (-1 when
+ * not one); 0 when none. */
+static int guard_compare(const inst *v, int first, int b, int uniform, char reg[16], long *bound) {
+    reg[0] = '\0', *bound = -1;
+    if (v[b].pred < 0 || (v[b].pred >= 10 && !uniform)) return 0;
+    const int uni = v[b].pred >= 10, pn = v[b].pred % 10; /* UPn (uniform) or Pn */
     for (int i = b - 1; i >= first; i--) {
-        if (strncmp(v[i].op, "ISETP", 5)) continue;
-        if (v[i].args[0] != 'P' || v[i].args[1] - '0' != v[b].pred) continue;
+        if (strncmp(v[i].op, uni ? "UISETP" : "ISETP", uni ? 6 : 5)) continue;
+        const char *a0 = v[i].args + uni;
+        if ((uni && v[i].args[0] != 'U') || a0[0] != 'P' || a0[1] - '0' != pn) continue;
         /* the operands: Pd, Pq, Ra, imm, Pc */
         char tmp[192];
         snprintf(tmp, sizeof tmp, "%s", v[i].args);
         int field = 0;
         for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save), field++) {
             while (isspace((unsigned char)*t)) t++;
-            if (field == 3 && (isdigit((unsigned char)t[0]))) {
-                long im = strtol(t, NULL, 0);
-                return im >= 2 && im <= 256 ? (int)im : 1;
-            }
+            if (field == 2 && (t[0] == 'R' || (t[0] == 'U' && t[1] == 'R')) && isdigit((unsigned char)t[t[0] == 'U' ? 2 : 1]))
+                snprintf(reg, 16, "%.15s", t);
+            if (field == 3 && isdigit((unsigned char)t[0])) *bound = strtol(t, NULL, 0);
         }
+        for (char *d = reg; *d; d++) /* "R5.reuse": R5 */
+            if (isspace((unsigned char)*d) || *d == '.') *d = '\0';
         return 1;
     }
-    return 1;
+    return 0;
+}
+
+/* The trip count of the loop closed by branch b (first..b): the immediate its guard's
+ * predicate was last compared with ("ISETP.GE.U32.AND P1, PT, R37, 0x2, PT": 2) when that is
+ * 2..256, else 1 (unknown: counted once). */
+static int trip_count(const inst *v, int first, int b) {
+    char reg[16];
+    long im;
+    if (!guard_compare(v, first, b, 0, reg, &im)) return 1;
+    return im >= 2 && im <= 256 ? (int)im : 1;
 }
 
 /* Registers named in s ("R12", "R10.64": R10 and R11), not UR or SR_ ones: up to 8. */
@@ -331,50 +347,33 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
  * trips of a thread that starts below step (lane, thread or warp index: the busiest one). No
  * such add: trip_count's reading. */
 static int strided_trips(const inst *v, int first, int b) {
-    if (v[b].pred < 0) return 1;
-    const int uni = v[b].pred >= 10, pn = v[b].pred % 10; /* UPn (uniform) or Pn */
-    for (int i = b - 1; i >= first; i--) {
-        if (strncmp(v[i].op, uni ? "UISETP" : "ISETP", uni ? 6 : 5)) continue;
-        const char *a0 = v[i].args + uni;
-        if ((uni && v[i].args[0] != 'U') || a0[0] != 'P' || a0[1] - '0' != pn) continue;
-        char tmp[192], reg[16] = "";
-        long bound = -1;
-        snprintf(tmp, sizeof tmp, "%s", v[i].args);
-        int field = 0;
-        for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save), field++) {
-            while (isspace((unsigned char)*t)) t++;
-            if (field == 2 && (t[0] == 'R' || (t[0] == 'U' && t[1] == 'R')) && isdigit((unsigned char)t[t[0] == 'U' ? 2 : 1]))
-                snprintf(reg, sizeof reg, "%.15s", t);
-            if (field == 3 && isdigit((unsigned char)t[0])) bound = strtol(t, NULL, 0);
+    char reg[16];
+    long bound;
+    if (!guard_compare(v, first, b, 1, reg, &bound)) return 1;
+    if (bound < 1 || !reg[0]) return trip_count(v, first, b);
+    const size_t rl = strlen(reg);
+    for (int j = first; j < b; j++) {
+        const int viadd = op_is(v[j].op, "VIADD"),
+                  iadd = op_is(v[j].op, "IADD3") || op_is(v[j].op, "UIADD3");
+        if (!viadd && !iadd) continue;
+        if (strncmp(v[j].args, reg, rl) || v[j].args[rl] != ',') continue; /* writes Rx */
+        /* the operands after the destination: Rx and an immediate step */
+        const char *q = v[j].args + rl + 1;
+        if (iadd) {
+            const char *pp = strstr(q, "PT, PT,"), *up = strstr(q, "UPT, UPT,");
+            q = up ? up + 9 : pp ? pp + 7 : q;
         }
-        if (bound < 1 || !reg[0]) return trip_count(v, first, b);
-        for (char *d = reg; *d; d++) /* "R5.reuse": R5 */
-            if (isspace((unsigned char)*d) || *d == '.') *d = '\0';
-        const size_t rl = strlen(reg);
-        for (int j = first; j < b; j++) {
-            const int viadd = op_is(v[j].op, "VIADD"),
-                      iadd = op_is(v[j].op, "IADD3") || op_is(v[j].op, "UIADD3");
-            if (!viadd && !iadd) continue;
-            if (strncmp(v[j].args, reg, rl) || v[j].args[rl] != ',') continue; /* writes Rx */
-            /* the operands after the destination: Rx and an immediate step */
-            const char *q = v[j].args + rl + 1;
-            if (iadd) {
-                const char *pp = strstr(q, "PT, PT,"), *up = strstr(q, "UPT, UPT,");
-                q = up ? up + 9 : pp ? pp + 7 : q;
-            }
-            while (isspace((unsigned char)*q)) q++;
-            if (strncmp(q, reg, rl) || q[rl] != ',') continue;
-            q += rl + 1;
-            while (isspace((unsigned char)*q)) q++;
-            if (!isdigit((unsigned char)*q)) continue;
-            const long step = strtol(q, NULL, 0);
-            if (step < 1) continue;
-            const long trips = (bound + step - 1) / step;
-            return trips < 1 ? 1 : trips > 4096 ? 4096 : (int)trips;
-        }
-        return trip_count(v, first, b);
+        while (isspace((unsigned char)*q)) q++;
+        if (strncmp(q, reg, rl) || q[rl] != ',') continue;
+        q += rl + 1;
+        while (isspace((unsigned char)*q)) q++;
+        if (!isdigit((unsigned char)*q)) continue;
+        const long step = strtol(q, NULL, 0);
+        if (step < 1) continue;
+        const long trips = (bound + step - 1) / step;
+        return trips < 1 ? 1 : trips > 4096 ? 4096 : (int)trips;
     }
-    return 1;
+    return trip_count(v, first, b);
 }
 
 /* Instructions of v[a..b) but those in the ranges skip[0..ns) (first, last), each counted
@@ -434,7 +433,7 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
         r->found = np > 0;
         r->pick_loops = np;
         if (np) r->pick = weighted(v, picks[0][0], picks[0][1] + 1, NULL, 0, picks[0][1]);
-        r->token = weighted(v, tf, tl + 1, (const int(*)[2])picks, np, tl);
+        r->token = weighted(v, tf, tl + 1, picks, np, tl);
         const int tok[1][2] = {{tf, tl}};
         r->outside = weighted(v, 0, main_end, tok, 1, -1);
     }

@@ -61,14 +61,15 @@ typedef struct kernel_row {
     pm_result r;
 } kernel_row;
 
-/* The kernel of spec: its ptxas report (registers, static shared memory) and, with use_sass,
- * its hot loop, read from the SASS of sass_spec when given (a twin whose hot loop is the
- * one this kernel runs on the data: see the experts below), else of spec. */
-static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spec *sass_spec, kernel_row *k,
-                 const tool_gpu *gpu, const pm_assume *a, int use_sass) {
+/* The kernel of spec compiled (or from the cache) into k's launch: ptxas' registers and
+ * static shared memory, and whether it launches as a programmatic dependent. NULL after the
+ * error line. */
+static const mj_function *load(mj_context_t ctx, const mj_spec *spec, kernel_row *k) {
     const mj_function *f = NULL;
-    mj_status st = mj_jit_get(ctx, spec, &f);
-    if (st != MJ_OK) return tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
+    if (mj_jit_get(ctx, spec, &f) != MJ_OK) {
+        tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
+        return NULL;
+    }
     const mj_ptxas_report *rep = mj_function_report(f);
     k->l.kernel = k->name;
     /* every kernel of the forward but its first follows one of ours: a programmatic
@@ -77,6 +78,16 @@ static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spe
                mj_target_sm(spec->target) >= 90;
     k->l.regs = rep ? rep->registers : 0;
     k->l.smem += rep ? rep->smem_static : 0;
+    return f;
+}
+
+/* The kernel of spec: its ptxas report (load) and, with use_sass, its hot loop, read from the
+ * SASS of sass_spec when given (a twin whose hot loop is the one this kernel runs on the
+ * data: see the experts below), else of spec. */
+static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spec *sass_spec, kernel_row *k,
+                 const tool_gpu *gpu, const pm_assume *a, int use_sass) {
+    const mj_function *f = load(ctx, spec, k);
+    if (!f) return 1;
     k->has_sass = 0;
     if (use_sass && sass_spec) {
         if (mj_jit_get(ctx, sass_spec, &f) != MJ_OK)
@@ -96,9 +107,8 @@ static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spe
  * the one-block launch runs (pm_route_insts). */
 static int fetch_route(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_knobs_oea_route *kn, int B,
                        kernel_row *k, const tool_gpu *gpu, const pm_assume *a) {
-    if (fetch(ctx, rd, spec, NULL, k, gpu, a, 0)) return 1;
-    const mj_function *f = NULL;
-    if (mj_jit_get(ctx, spec, &f) != MJ_OK) return tool_fail("--predict: compiling %s: %s", k->name, mj_last_error());
+    const mj_function *f = load(ctx, spec, k);
+    if (!f) return 1;
     const char *text = sass_of(rd, f);
     if (!text) return 1;
     if (pm_sass_route(text, k->name, &k->rs) || !k->rs.found)
@@ -245,7 +255,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k->after = nk > 1;
                 k->name = "oea_route";
                 k->l.blocks = 1, k->l.threads = kn.NWARPS * 32;
-                k->l.smem = (2 * kn.NWARPS * E + B * K) * 4; /* dynamic; fetch adds the static */
+                k->l.smem = (int)mj_route_dyn_smem(&kn, B); /* dynamic; load adds the static */
                 k->l.bytes = 4.0 * B * E, k->l.iters = 0;
                 if ((rc = fetch_route(ctx, &rd, &s, &kn, B, k, gpu, &a))) goto out;
             }
