@@ -431,6 +431,27 @@ static void test_warp(mj_context_t c) {
     }
     CHECK(bad == 0, "bit intrinsics: %d wrong", bad);
 
+    /* unsigned warp reductions, each warp its own: values past 2^31 (an int compare would
+     * take them for the smallest), every lane equal, the extremes 0 and 2^32 - 1 */
+    unsigned rin[64], rmx[64], rmn[64];
+    for (int pat = 0; pat < 4; pat++) {
+        for (int t = 0; t < 64; t++)
+            rin[t] = pat == 0 ? (unsigned)mj_rng_next(&rng) : pat == 1 ? 0x80000000u + (unsigned)(t * 37 % 64)
+                   : pat == 2 ? 7u : (t % 32 == 9 ? 0u : t % 32 == 30 ? 0xFFFFFFFFu : 5u + (unsigned)t);
+        memset(rmx, 0xEE, sizeof rmx), memset(rmn, 0xEE, sizeof rmn);
+        CHECK_OK(mj_launch_fixture_sim_redux(f, dims1(1, 64), rin, rmx, rmn));
+        bad = 0;
+        for (int t = 0; t < 64; t++) {
+            unsigned hi = 0, lw = 0xFFFFFFFFu;
+            for (int l = 0; l < 32; l++) {
+                const unsigned v = rin[(t / 32) * 32 + l];
+                hi = v > hi ? v : hi, lw = v < lw ? v : lw;
+            }
+            bad += rmx[t] != hi || rmn[t] != lw;
+        }
+        CHECK(bad == 0, "warp reductions, pattern %d: %d lanes wrong", pat, bad);
+    }
+
     unsigned act[40];
     CHECK_OK(mj_launch_fixture_sim_active(f, dims1(1, 40), act, 32));
     CHECK(act[0] == 0xFFFFFFFFu && act[31] == 0xFFFFFFFFu && act[32] == 0xFFu && act[39] == 0xFFu,
