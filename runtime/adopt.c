@@ -37,6 +37,7 @@ struct mj_adoption {
     int device;
     int32_t E_d;                 /* experts of the dispatch kernel (E_loc, at least 8 and k) */
     int in_place, s13_in_place, s2_in_place, released;
+    int placed;                  /* the codes bit-placed for W4A16 (mj_experts_view.placed)  */
     int64_t bytes_allocated;     /* the dispatch metadata's; the handle adds its own        */
     int32_t *counts, *offsets, *active, *n_active, *perm, *row_index; /* the dispatch's    */
     uint8_t fp[2][FINGERPRINT];  /* expert 0's packed w13 and w2, as written                */
@@ -251,7 +252,7 @@ static dest dest_of(mj_experts_t ex) {
 
 /* Read expert x in the engine's layout, pack it, write it to dst; its scalars into scal. */
 static mj_status pack_one(int device, const mj_adopt_tensors *t, const dims *d, const scalars *sc, const dest *dst,
-                          int64_t x, stage *s, float *scal) {
+                          int placed, int64_t x, stage *s, float *scal) {
     MJ_CHECK(mj_mem_get(device, s->w13, t->w13_weight + x * d->w13, (size_t)d->w13));
     MJ_CHECK(mj_mem_get(device, s->w2, t->w2_weight + x * d->w2, (size_t)d->w2));
     MJ_CHECK(read_scales(device, t, d, x, s));
@@ -266,7 +267,7 @@ static mj_status pack_one(int device, const mj_adopt_tensors *t, const dims *d, 
     mj_nvfp4_linear w13 = {(int32_t)(2 * d->I), (int32_t)d->H, s->w13, s->s13, ws13, sc->in13[x]};
     mj_nvfp4_linear w2 = {(int32_t)d->H, (int32_t)d->I, s->w2, s->s2, sc->ws2[x], sc->in2[x]};
     const int32_t I = (int32_t)d->I, gate0 = d->up_first ? I : 0, up0 = d->up_first ? 0 : I;
-    MJ_CHECK(mj_pack_expert(&w13, gate0, up0, I, &w2, 0, s->p13, s->q13, s->p2, s->q2));
+    MJ_CHECK(mj_pack_expert(&w13, gate0, up0, I, &w2, 0, placed, s->p13, s->q13, s->p2, s->q2));
     MJ_CHECK(mj_mem_put(device, dst->w13 + x * d->pw13, s->p13, (size_t)d->pw13));
     MJ_CHECK(mj_mem_put(device, dst->s13 + x * d->ps13, s->q13, (size_t)d->ps13));
     MJ_CHECK(mj_mem_put(device, dst->w2 + x * d->pw2, s->p2, (size_t)d->pw2));
@@ -285,7 +286,7 @@ static mj_status unpack_one(int device, const mj_adoption *a, const dims *d, con
     MJ_CHECK(mj_mem_get(device, s->q2, src->s2 + x * d->ps2, (size_t)d->ps2));
     mj_nvfp4_linear w13 = {(int32_t)(2 * d->I), (int32_t)d->H, s->w13, s->s13, 0.0f, 0.0f};
     mj_nvfp4_linear w2 = {(int32_t)d->H, (int32_t)d->I, s->w2, s->s2, 0.0f, 0.0f};
-    MJ_CHECK(mj_unpack_expert(s->p13, s->q13, s->p2, s->q2, (int32_t)d->H, (int32_t)d->I, &w13, &w2));
+    MJ_CHECK(mj_unpack_expert(s->p13, s->q13, s->p2, s->q2, (int32_t)d->H, (int32_t)d->I, a->placed, &w13, &w2));
     if (d->up_first) { /* unpacked as [gate; up] */
         swap_halves(s->w13, 2 * d->I, d->H / 2, s->tmp);
         swap_halves(s->s13, 2 * d->I, d->H / 16, s->tmp);
@@ -404,7 +405,7 @@ static mj_status pack_all(mj_experts_t ex, mj_adoption *a, const mj_adopt_tensor
     const dest dst = dest_of(ex);
     int64_t x = 0;
     for (; x < d.E; x++) {
-        st = pack_one(device, t, &d, &sc, &dst, x, &s, scal);
+        st = pack_one(device, t, &d, &sc, &dst, a->placed, x, &s, scal);
         if (st != MJ_OK) break;
     }
     if (st == MJ_OK) {
@@ -500,6 +501,7 @@ mj_status mj_experts_adopt(mj_context_t ctx, const mj_adopt_tensors *t_in, const
     mj_experts_bind(ex, NULL, NULL, NULL, NULL, a); /* freed with the handle from here on */
     mj_experts_view v;
     mj_experts_view_get(ex, &v);
+    a->placed = v.placed;
     MJ_CHECK_GOTO(dispatch_alloc(a, v.mb), st, fail);
     const unsigned own = (a->in_place ? 0 : MJ_EXPERTS_OWN_W13 | MJ_EXPERTS_OWN_W2) |
                          (a->s13_in_place ? 0 : MJ_EXPERTS_OWN_S13) | (a->s2_in_place ? 0 : MJ_EXPERTS_OWN_S2);

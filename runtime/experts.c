@@ -345,7 +345,7 @@ mj_status mj_experts_create(mj_context_t ctx, mj_layer_t L, const mj_experts_opt
             gate0 = j * I, up0 = L->is_local + j * I, col0 = j * I;
         }
         uint8_t *p13 = stage, *q13 = p13 + ex->bytes_w13, *p2 = q13 + ex->bytes_s13, *q2 = p2 + ex->bytes_w2;
-        MJ_CHECK_GOTO(mj_pack_expert(w13, gate0, up0, I, w2, col0, p13, q13, p2, q2), st, fail);
+        MJ_CHECK_GOTO(mj_pack_expert(w13, gate0, up0, I, w2, col0, !ex->w4a4, p13, q13, p2, q2), st, fail);
         MJ_CHECK_GOTO(buf_put(ex, ex->w13 + x * ex->bytes_w13, p13, (size_t)ex->bytes_w13), st, fail);
         MJ_CHECK_GOTO(buf_put(ex, ex->s13 + x * ex->bytes_s13, q13, (size_t)ex->bytes_s13), st, fail);
         MJ_CHECK_GOTO(buf_put(ex, ex->w2 + x * ex->bytes_w2, p2, (size_t)ex->bytes_w2), st, fail);
@@ -502,7 +502,7 @@ void mj_experts_view_get(mj_experts_t ex, mj_experts_view *v) {
     *v = (mj_experts_view){ex->H, ex->I, ex->K, ex->E, ex->n_local, ex->expert_begin, ex->nsub, ex->mb,
                            ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2, ex->w13, ex->s13, ex->w2,
                            ex->s2, ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->sgate,
-                           ex->sgate_w};
+                           ex->sgate_w, !ex->w4a4};
 }
 
 mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, int32_t max_batch) {

@@ -26,6 +26,10 @@ typedef struct mj_experts_view {
     uint8_t *actq, *act_sf, *xq, *xsf;
     uint16_t *sgate;                                  /* [H] bf16 shared-expert gate, or NULL */
     float *sgate_w;                                   /* [mb] its weights (workspace), or NULL */
+    int placed;                                       /* the code words are bit-placed for W4A16
+                                                         (mj_pack_place_word): the target has no
+                                                         FP4 MMA (sm below 120, the kernels'
+                                                         MJ_TARGET_SM < 120) */
 } mj_experts_view;
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
 

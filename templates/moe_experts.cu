@@ -152,23 +152,40 @@ MJ_DEVICE void store_q16(uint8_t *row, int grp, uint32_t w0, uint32_t w1) {
  * straight into place below, with no table. */
 #define DQ_UNIT (MODE == 0 ? 128.0f : 1.0f)
 
-/* Eight E2M1 codes (w, code j in nibble j) as bf16 pairs times sc (a bf16 pair, both halves
- * the block scale times 2^119): pair q holds codes 2q (low half) and 2q + 1. A code's
- * exponent and mantissa bits (e1 e0 m) go to a bf16's two lowest exponent bits and its top
- * mantissa bit, its sign to the sign: that bf16 is the code's value times 2^-126, exactly,
- * for all 16 codes (the exponent-0 codes 0 and 0.5 become bf16 subnormals, which the bf16
- * multiply keeps), and times sc it is value x scale x 2^-7. A byte permute puts codes 2q
- * and 2q + 1 at bits 0 and 16, a mask clears the rest, one multiply by 2^6 + 2^12 moves
- * the magnitude bits by 6 and the sign bit by 12 at once (the two shifted copies share no
- * bit), a mask keeps those: 5 instructions a pair, with the scale's multiply. */
+/* Eight E2M1 codes as bf16 pairs times sc (a bf16 pair, both halves the block scale times
+ * 2^119): pair q holds codes 2q (low half) and 2q + 1. A code's exponent and mantissa bits
+ * (e1 e0 m) go to a bf16's two lowest exponent bits and its top mantissa bit (bits 8 7 6 of
+ * its half), its sign to the sign (bit 15): that bf16 is the code's value times 2^-126,
+ * exactly, for all 16 codes (the exponent-0 codes 0 and 0.5 become bf16 subnormals, which
+ * the bf16 multiply keeps), and times sc it is value x scale x 2^-7.
+ *
+ * Below sm_120 (W4A16 alone) the packed words are bit-placed (runtime/weights/pack.c,
+ * mj_pack_place_word): pairs 0 .. 2 are one shift and a mask each, pair 3 a shift, a mask,
+ * a multiply by 1 + 2^5 + 2^11 (three copies that share no bit) and a mask; with the
+ * scale's multiply, 3 to 5 instructions a pair, 2 of the integer pipe's at most (a left
+ * shift can be an IMAD, which Hopper issues to its FMA pipe). On sm_120a / sm_121a the
+ * words are the codes as W4A4's MMA reads them (code j in nibble j): a byte permute puts
+ * codes 2q and 2q + 1 at bits 0 and 16, a mask clears the rest, one multiply by 2^6 + 2^12
+ * moves the magnitude bits by 6 and the sign bit by 12 at once (the two shifted copies
+ * share no bit), a mask keeps those: 5 instructions a pair, with the scale's multiply. */
+#define DQ_MASK 0x81C081C0u
+#if MJ_TARGET_SM < 120
+MJ_DEVICE void e2m1x8_bf16(uint32_t w, uint32_t sc, uint32_t r[4]) {
+    r[0] = mj_mul_bf16x2((w << 6) & DQ_MASK, sc);
+    r[1] = mj_mul_bf16x2((w << 3) & DQ_MASK, sc);
+    r[2] = mj_mul_bf16x2(w & DQ_MASK, sc);
+    r[3] = mj_mul_bf16x2(((w >> 7) & 0x00D800D8u) * 0x821u & DQ_MASK, sc);
+}
+#else
 MJ_DEVICE void e2m1x8_bf16(uint32_t w, uint32_t sc, uint32_t r[4]) {
     const uint32_t w4 = w >> 4;
     MJ_UNROLL
     for (int q = 0; q < 4; q++) {
         const uint32_t t = __byte_perm(w, w4, 0x4400u + 0x1111u * (uint32_t)q) & 0x000F000Fu;
-        r[q] = mj_mul_bf16x2((t * 0x1040u) & 0x81C081C0u, sc);
+        r[q] = mj_mul_bf16x2((t * 0x1040u) & DQ_MASK, sc);
     }
 }
+#endif
 
 MJ_DEVICE uint32_t bf16_bits(float x) { /* round to nearest even; x finite */
     uint32_t u = mj_f32_bits(x);
@@ -1024,7 +1041,7 @@ MJ_KERNEL void experts_silu(const float *x, int n, float *y, float *want) {
 
 /* ---- experts_dequant (a check of W4A16's dequantization) ------------------------------------
  * out[8i + 4hf .. + 3] = the four bf16 pairs e2m1x8_bf16 makes of the eight codes in words[i]
- * with the block scale in byte 2hf of scales[i] (as e4m3x2_bf16 brings both), a grid-stride loop;
+ * (as the target's packed weights hold them: bit-placed below sm_120) with the block scale in byte 2hf of scales[i] (as e4m3x2_bf16 brings both), a grid-stride loop;
  * a body only in PART 0: test_experts (on the interpreter) and test_moe_gpu dequant (on a
  * GPU) compare each bf16 with the code's value x the scale x 2^-7, bit for bit, for every
  * code and every scale byte. */

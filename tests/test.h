@@ -8,6 +8,7 @@
 #define MJ_TEST_H
 
 #include "jit.h"
+#include "weights/pack.h"
 
 #include <float.h>
 #include <fnmatch.h>
@@ -558,6 +559,12 @@ static inline void test_dequant_inputs(uint32_t *words, uint32_t *scales) {
             words[i] = w, scales[i] = sb | 0xA500A500u | ((sb2 & 0x7F) == 0x7F ? 0x00u : sb2) << 16; /* bytes 1, 3 unread */
         }
     }
+}
+/* The words as the packed weights of ctx's target hold them, into dev: bit-placed below
+ * sm_120 (W4A16 alone: runtime/weights/pack.c), else as they are. */
+static inline void test_dequant_layout(mj_context_t ctx, const uint32_t *words, uint32_t *dev) {
+    const int placed = mj_target_sm(mj_context_target(ctx)) < 120;
+    for (int i = 0; i < TEST_DQ_WORDS; i++) dev[i] = placed ? mj_pack_place_word(words[i]) : words[i];
 }
 static inline int test_dequant_bad(const uint32_t *words, const uint32_t *scales, const uint32_t *out) {
     static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};

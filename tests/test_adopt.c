@@ -606,6 +606,53 @@ static void case_prepared(void) {
     mj_layer_free(L);
 }
 
+/* On sm_90a (no FP4 MMA) the packed code words are bit-placed for W4A16 (runtime/weights/
+ * pack.c): adopted in place, the engine's w13 and w2 hold placed words, the forward is the
+ * created handle's bit for bit and near the reference, and release gives the engine's bytes
+ * back exactly (the placement undone). */
+static void case_placed(void) {
+    uint64_t rng = g_seed + 9;
+    mj_context_t c90 = test_new_context(g_cache, MJ_BACKEND_SIM, "sm_90a", 0), keep = g_ctx;
+    mj_layer_t L = random_layer(H0, I0, EL, K0, g_seed + 90);
+    if (!c90 || !L) {
+        mj_context_destroy(c90), mj_layer_free(L);
+        return;
+    }
+    g_ctx = c90; /* check_forward's and forward_created's context */
+    engine g;
+    engine_make(L, EL, MJ_ADOPT_SCALES_SWIZZLED | MJ_ADOPT_UP_FIRST, &g);
+    snapshot s;
+    snap(&g, &s);
+    mj_experts_t ex = adopt(&g, 8);
+    if (ex) {
+        mj_experts_view v;
+        mj_experts_view_get(ex, &v);
+        CHECK(v.placed == 1, "sm_90a: the code words are bit-placed");
+        /* expert 0's w2, tile 0, step 0, lane 0, word a0: row 0, natural bytes 0..3 (w2 is
+         * [E, H, I/2] in the engine, packed in place) */
+        uint32_t nat, got;
+        memcpy(&nat, s.b[2], 4), memcpy(&got, g.w2, 4);
+        CHECK(got == mj_pack_place_word(nat), "the engine's w2 word 0 holds the placed codes: 0x%08X, want 0x%08X",
+              got, mj_pack_place_word(nat));
+        for (int B = 1; B <= 8; B += 7) {
+            topk r;
+            topk_make(B, B, K0, EL, 0, &rng, &r);
+            char what[64];
+            snprintf(what, sizeof what, "sm_90a placed, B %d", B);
+            check_forward(what, ex, L, MJ_MODE_W4A16, &r, &rng);
+            topk_free(&r);
+        }
+        CHECK_OK(mj_experts_release(ex));
+        CHECK(unchanged(&g, &s, 8), "sm_90a: released, the engine's bytes are back exactly");
+    }
+    mj_experts_free(ex);
+    g_ctx = keep;
+    snap_free(&s);
+    engine_free(&g);
+    mj_layer_free(L);
+    mj_context_destroy(c90);
+}
+
 static int setup(void) {
     g_seed = test_seed(2027);
     g_cache = test_shared_cache();
@@ -623,6 +670,7 @@ static const test_case cases[] = {
     TEST_CASE("readopt", case_readopt),
     TEST_CASE("refusals", case_refusals),
     TEST_CASE("prepared", case_prepared),
+    TEST_CASE("placed", case_placed),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), setup, teardown); }

@@ -399,7 +399,7 @@ static void test_pack(uint64_t seed) {
     CHECK(b13 == 2 * I * H / 2 && b2 == H * I / 2, "packed code bytes equal the natural ones");
     CHECK(s13 == (I / 16) * 2 * 512 && s2 == (H / 16) * 1 * 256, "scale chunks: runs of 4 k-steps, padded");
     uint8_t *p13 = malloc((size_t)b13), *q13 = malloc((size_t)s13), *p2 = malloc((size_t)b2), *q2 = malloc((size_t)s2);
-    CHECK_OK(mj_pack_expert(&L->w13[1], 0, I, I, &L->w2[1], 0, p13, q13, p2, q2));
+    CHECK_OK(mj_pack_expert(&L->w13[1], 0, I, I, &L->w2[1], 0, 0, p13, q13, p2, q2));
     /* Lane 13 = (g 3, p 1), word a2 of tile 2 / step 3 / up: row I + 32 + 3, bytes 32*3 + 16 + 4. */
     CHECK(!memcmp(p13 + 2 * (H / 64) * 1024 + 3 * 1024 + 512 + 13 * 16 + 8,
                   L->w13[1].weight + (int64_t)(I + 32 + 3) * (H / 2) + 96 + 16 + 4, 4),
@@ -410,7 +410,7 @@ static void test_pack(uint64_t seed) {
           "w13 scale chunk of a partial run, zero padded");
     mj_nvfp4_linear w13 = {2 * I, H, malloc((size_t)I * H), malloc((size_t)2 * I * H / 16), 0, 0};
     mj_nvfp4_linear w2 = {H, I, malloc((size_t)H * I / 2), malloc((size_t)H * I / 16), 0, 0};
-    CHECK_OK(mj_unpack_expert(p13, q13, p2, q2, H, I, &w13, &w2));
+    CHECK_OK(mj_unpack_expert(p13, q13, p2, q2, H, I, 0, &w13, &w2));
     CHECK(!memcmp(w13.weight, L->w13[1].weight, (size_t)I * H) &&
               !memcmp(w13.weight_scale, L->w13[1].weight_scale, (size_t)2 * I * H / 16),
           "w13 round trip");
@@ -422,19 +422,74 @@ static void test_pack(uint64_t seed) {
     CHECK_OK(mj_layer_create_random(&c2, seed + 1, &L2));
     if (L2) {
         uint8_t *a = malloc(64 * 128), *b = malloc(64 * 128 / 8 * 2), *cc = malloc(64 * 128 / 2), *d = malloc(8 * 256);
-        CHECK_OK(mj_pack_expert(&L2->shared_w13, 64, 128 + 64, 64, &L2->shared_w2, 64, a, b, cc, d));
+        CHECK_OK(mj_pack_expert(&L2->shared_w13, 64, 128 + 64, 64, &L2->shared_w2, 64, 0, a, b, cc, d));
         /* step 0 lane 0 word a0 of the gate half: row 64, bytes 0..3 */
         CHECK(!memcmp(a, L2->shared_w13.weight + 64 * 64, 4), "shared sub-expert gate rows");
         CHECK(!memcmp(a + 512, L2->shared_w13.weight + 192 * 64, 4), "shared sub-expert up rows");
         /* w2 tile 0 step 0 lane 0 word a0: row 0, columns 64.. = bytes 32.. */
         CHECK(!memcmp(cc, L2->shared_w2.weight + 32, 4), "shared sub-expert w2 columns");
-        CHECK_STATUS(mj_pack_expert(&L2->shared_w13, 64, 200, 64, &L2->shared_w2, 64, a, b, cc, d), MJ_ERR_INVALID_ARG);
+        CHECK_STATUS(mj_pack_expert(&L2->shared_w13, 64, 200, 64, &L2->shared_w2, 64, 0, a, b, cc, d), MJ_ERR_INVALID_ARG);
         free(a), free(b), free(cc), free(d);
         mj_layer_free(L2);
     }
+    /* Placed (W4A16 below sm_120): the same bytes, each code word bit-placed, and back. */
+    uint8_t *r13 = malloc((size_t)b13), *r2 = malloc((size_t)b2), *t13 = malloc((size_t)s13), *t2 = malloc((size_t)s2);
+    CHECK_OK(mj_pack_expert(&L->w13[1], 0, I, I, &L->w2[1], 0, 1, r13, t13, r2, t2));
+    int off = 0;
+    for (int64_t i = 0; i < b13; i += 4) {
+        uint32_t a, b;
+        memcpy(&a, p13 + i, 4), memcpy(&b, r13 + i, 4);
+        off += b != mj_pack_place_word(a);
+    }
+    for (int64_t i = 0; i < b2; i += 4) {
+        uint32_t a, b;
+        memcpy(&a, p2 + i, 4), memcpy(&b, r2 + i, 4);
+        off += b != mj_pack_place_word(a);
+    }
+    CHECK(off == 0 && !memcmp(t13, q13, (size_t)s13) && !memcmp(t2, q2, (size_t)s2),
+          "placed: %d code words are not the plain pack's placed; the scales are the plain pack's", off);
+    memset(w13.weight, 0, (size_t)I * H), memset(w2.weight, 0, (size_t)H * I / 2);
+    CHECK_OK(mj_unpack_expert(r13, t13, r2, t2, H, I, 1, &w13, &w2));
+    CHECK(!memcmp(w13.weight, L->w13[1].weight, (size_t)I * H) && !memcmp(w2.weight, L->w2[1].weight, (size_t)H * I / 2),
+          "placed: w13 and w2 round trip");
+    free(r13), free(r2), free(t13), free(t2);
     free(w13.weight), free(w13.weight_scale), free(w2.weight), free(w2.weight_scale);
     free(p13), free(q13), free(p2), free(q2);
     mj_layer_free(L);
+}
+
+/* The bit placement by hand (runtime/weights/pack.c's map: pair q's code 2q has m, e0, e1, s
+ * at {0 1 2 9}, {3 4 5 12}, {6 7 8 15}, {13 14 10 11}; code 2q + 1 16 higher), a bijection on
+ * random words, and what the kernel's placed e2m1x8_bf16 computes from a placed word (its four
+ * expressions, here in C) is each code's e1 e0 m at bits 8 7 6 and s at 15 of its half. */
+static void test_placement(uint64_t seed) {
+    static const struct { uint32_t nat, placed; } hand[] = {
+        {0x00000001u, 0x00000001u}, {0x00000008u, 0x00000200u}, {0x000000F0u, 0x02070000u},
+        {0x00000F00u, 0x00001038u}, {0x0000F000u, 0x10380000u}, {0x000F0000u, 0x000081C0u},
+        {0x00F00000u, 0x81C00000u}, {0x01000000u, 0x00002000u}, {0x02000000u, 0x00004000u},
+        {0x04000000u, 0x00000400u}, {0x08000000u, 0x00000800u}, {0xF0000000u, 0x6C000000u},
+        {0xFFFFFFFFu, 0xFFFFFFFFu}, {0u, 0u},
+    };
+    for (size_t i = 0; i < sizeof hand / sizeof hand[0]; i++) {
+        CHECK(mj_pack_place_word(hand[i].nat) == hand[i].placed, "place(0x%08X) = 0x%08X, want 0x%08X", hand[i].nat,
+              mj_pack_place_word(hand[i].nat), hand[i].placed);
+        CHECK(mj_pack_unplace_word(hand[i].placed) == hand[i].nat, "unplace(0x%08X) = 0x%08X, want 0x%08X",
+              hand[i].placed, mj_pack_unplace_word(hand[i].placed), hand[i].nat);
+    }
+    uint64_t rng = seed;
+    int bad = 0, dq = 0;
+    for (int i = 0; i < 100000; i++) {
+        const uint32_t w = (uint32_t)(mj_rng_next(&rng) >> 32), p = mj_pack_place_word(w);
+        bad += mj_pack_unplace_word(p) != w;
+        const uint32_t r[4] = {(p << 6) & 0x81C081C0u, (p << 3) & 0x81C081C0u, p & 0x81C081C0u,
+                               (((p >> 7) & 0x00D800D8u) * 0x821u) & 0x81C081C0u};
+        for (int j = 0; j < 8; j++) {
+            const uint32_t c = w >> (4 * j) & 15u, half = r[j / 2] >> (16 * (j & 1)) & 0xFFFFu;
+            dq += half != ((c & 7u) << 6 | (c & 8u) << 12);
+        }
+    }
+    CHECK(bad == 0, "placement: %d of 100000 random words (seed %llu) do not come back", bad, (unsigned long long)seed);
+    CHECK(dq == 0, "placement: %d codes of 100000 random words do not come out at bits 8 7 6 and 15", dq);
 }
 
 static mj_experts_t make_experts(mj_context_t ctx, mj_layer_t L, int mb) {
@@ -452,19 +507,22 @@ static mj_experts_t make_experts(mj_context_t ctx, mj_layer_t L, int mb) {
  * bit (the exponent-0 codes are bf16 subnormals on the way: the interpreter's bf16 multiply
  * keeps them, as the GPU's must; test_moe_gpu dequant checks that one). */
 static void test_dequant(mj_context_t ctx) {
-    uint32_t *words = malloc(4 * TEST_DQ_WORDS), *scales = malloc(4 * TEST_DQ_WORDS), *out = malloc(32 * TEST_DQ_WORDS);
+    uint32_t *words = malloc(4 * TEST_DQ_WORDS), *laid = malloc(4 * TEST_DQ_WORDS), *scales = malloc(4 * TEST_DQ_WORDS),
+             *out = malloc(32 * TEST_DQ_WORDS);
     const mj_function *f = NULL;
     CHECK_OK(test_silu_kernel(ctx, &f));
-    CHECK(words && scales && out, "dequant: no memory");
-    if (f && words && scales && out) {
+    CHECK(words && laid && scales && out, "dequant: no memory");
+    if (f && words && laid && scales && out) {
         test_dequant_inputs(words, scales);
+        test_dequant_layout(ctx, words, laid);
         memset(out, 0xEE, 32 * TEST_DQ_WORDS);
         const mj_launch_dims d = {{16, 1, 1}, {128, 1, 1}, 0, NULL};
-        CHECK_OK(mj_launch_experts_dequant(f, d, words, scales, TEST_DQ_WORDS, out));
+        CHECK_OK(mj_launch_experts_dequant(f, d, laid, scales, TEST_DQ_WORDS, out));
         const int bad = test_dequant_bad(words, scales, out);
-        CHECK(bad == 0, "dequant: %d of %d bf16 values are not code x scale x 2^-7", bad, 16 * TEST_DQ_WORDS);
+        CHECK(bad == 0, "dequant (%s): %d of %d bf16 values are not code x scale x 2^-7",
+              mj_target_name(mj_context_target(ctx)), bad, 16 * TEST_DQ_WORDS);
     }
-    free(words), free(scales), free(out);
+    free(words), free(laid), free(scales), free(out);
 }
 
 /* ---- silu ------------------------------------------------------------------------------------ */
@@ -586,6 +644,46 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
     free(hidden);
     mj_experts_free(ex);
     mj_layer_free(L);
+}
+
+/* W4A16 on sm_90a, where the packed code words are bit-placed (runtime/weights/pack.c) and
+ * up and down dequantize them with the placed e2m1x8_bf16: every stage against its check and
+ * the forward against mj_experts_ref, over the token buckets, up split over blocks and 8 up
+ * warps, the shared expert, and down's items of two runs. */
+static void test_placed_forward(const char *cache, uint64_t seed) {
+    static const struct { int H, I, E, k, B, nv, k0; } cases[] = {
+        {256, 128, 16, 4, 1, 1, 4}, {1024, 64, 16, 4, 5, 4, 4}, {2048, 64, 16, 4, 12, 12, 4},
+        {1024, 320, 16, 4, 32, 29, 4}, {2048, 64, 16, 4, 64, 61, 4},
+    };
+    mj_context_t c90 = test_new_context(cache, MJ_BACKEND_SIM, "sm_90a", 0);
+    if (!c90) return;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        mj_moe_config c = test_moe_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
+        mj_layer_t L = NULL;
+        CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
+        if (!L) continue;
+        mj_experts_t ex = make_experts(c90, L, 64);
+        if (ex) {
+            mj_experts_view v;
+            mj_experts_view_get(ex, &v);
+            CHECK(v.placed == 1, "sm_90a: the packed code words are bit-placed");
+            uint64_t rng = seed * 31 + ci;
+            uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * c.hidden);
+            test_random_hidden(hidden, (size_t)cases[ci].B * c.hidden, &rng);
+            routing r;
+            route_layer(L, hidden, cases[ci].B, cases[ci].nv, cases[ci].k0, &r);
+            char what[96];
+            snprintf(what, sizeof what, "sm_90a placed case %zu", ci);
+            run_forward(c90, L, ex, MJ_MODE_W4A16, hidden, &r, what);
+            routing_free(&r);
+            free(hidden);
+        }
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
+    /* its dequantization on every code and scale, in the placed layout */
+    test_dequant(c90);
+    mj_context_destroy(c90);
 }
 
 /* Prefill: 4096 tokens (experts with hundreds of rows, 64 token tiles in down). */
@@ -1249,6 +1347,8 @@ static void case_ring(void) {
 }
 
 static void case_pack(void) { test_pack(g_seed); }
+static void case_placement(void) { test_placement(g_seed + 10); }
+static void case_placed(void) { test_placed_forward(g_cache, g_seed + 20); }
 static void case_silu(void) { test_silu(g_ctx); }
 static void case_dequant(void) { test_dequant(g_ctx); }
 static void case_small(void) { test_small(g_ctx, g_seed); check_seen(); }
@@ -1268,6 +1368,8 @@ static void case_compile(void) { test_compile(g_cache); }
 static const test_case cases[] = {
     TEST_CASE("ring", case_ring),
     TEST_CASE("pack", case_pack),
+    TEST_CASE("placement", case_placement),
+    TEST_CASE("placed", case_placed),
     TEST_CASE("silu", case_silu),
     TEST_CASE("dequant", case_dequant),
     TEST_CASE("small", case_small),

@@ -448,14 +448,21 @@ static void test_dequant(mj_context_t ctx) {
         return;
     }
     test_dequant_inputs(words, scales);
+    uint32_t *laid = malloc(4 * TEST_DQ_WORDS); /* the words in the target's layout */
+    CHECK(laid != NULL, "dequant: no memory");
+    if (!laid) {
+        free(words), free(scales), free(out);
+        return;
+    }
+    test_dequant_layout(ctx, words, laid);
     memset(out, 0xEE, 32 * TEST_DQ_WORDS);
     uint64_t dw = 0, ds = 0, dout = 0;
-    uint32_t *pw = words, *ps = scales, *po = out;
+    uint32_t *pw = laid, *ps = scales, *po = out;
     if (g_dev) {
         CHECK_OK(mj_cuda_malloc(4 * TEST_DQ_WORDS, &dw));
         CHECK_OK(mj_cuda_malloc(4 * TEST_DQ_WORDS, &ds));
         CHECK_OK(mj_cuda_malloc(32 * TEST_DQ_WORDS, &dout));
-        CHECK_OK(mj_cuda_memcpy_htod(dw, words, 4 * TEST_DQ_WORDS));
+        CHECK_OK(mj_cuda_memcpy_htod(dw, laid, 4 * TEST_DQ_WORDS));
         CHECK_OK(mj_cuda_memcpy_htod(ds, scales, 4 * TEST_DQ_WORDS));
         CHECK_OK(mj_cuda_memcpy_htod(dout, out, 32 * TEST_DQ_WORDS)); /* poisoned: every word must be written */
         pw = (uint32_t *)(uintptr_t)dw, ps = (uint32_t *)(uintptr_t)ds, po = (uint32_t *)(uintptr_t)dout;
@@ -472,7 +479,7 @@ static void test_dequant(mj_context_t ctx) {
         printf("dequant: %d codes x scales, value x scale x 2^-7 bit for bit: %s\n", 16 * TEST_DQ_WORDS, bad ? "no" : "yes");
     }
     if (g_dev) mj_cuda_free(dw), mj_cuda_free(ds), mj_cuda_free(dout);
-    free(words), free(scales), free(out);
+    free(words), free(scales), free(out), free(laid);
 }
 
 /* What the cases share (setup): the seed and a context on the GPU (or, with --sim, on the

@@ -19,6 +19,7 @@
 #include "weights/pack.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static int64_t runs_of(int64_t k) { return (k / 64 + 3) / 4; }
 
@@ -44,6 +45,54 @@ static void frag_walk(uint8_t *nat, int64_t row_bytes, int64_t row0, int32_t ks,
                 else memcpy(n, q, 4);
             }
         }
+}
+
+/* The bits of E2M1 code c (s e1 e0 m, bit 3 .. 0) at positions m, e0, e1 and s. */
+static uint32_t code_at(uint32_t c, int m, int e0, int e1, int s) {
+    return (c & 1u) << m | (c >> 1 & 1u) << e0 | (c >> 2 & 1u) << e1 | (c >> 3 & 1u) << s;
+}
+static uint32_t code_from(uint32_t w, int m, int e0, int e1, int s) {
+    return (w >> m & 1u) | (w >> e0 & 1u) << 1 | (w >> e1 & 1u) << 2 | (w >> s & 1u) << 3;
+}
+
+/* Where the bits (m, e0, e1, s) of code 2q of a word go (code 2q + 1's: 16 higher), pair q
+ * by pair q. templates/moe_experts.cu's placed e2m1x8_bf16 reads pair q of the bf16 pairs
+ * (code 2q low, 2q + 1 high; a code's e1 e0 m at bits 8 7 6 of its half, s at 15) as
+ *   q 0: (w << 6) & 0x81C081C0        q 1: (w << 3) & 0x81C081C0
+ *   q 2: w & 0x81C081C0               q 3: (((w >> 7) & 0x00D800D8) * 0x821) & 0x81C081C0
+ * (q 3: the three copies of the masked bits, by 1, 2^5 and 2^11, share no bit, so the
+ * product is their OR). The four can't all be one shift and a mask: three such pairs leave
+ * no run of three bits for the fourth's e1 e0 m. */
+static const int8_t k_place[4][4] = {{0, 1, 2, 9}, {3, 4, 5, 12}, {6, 7, 8, 15}, {13, 14, 10, 11}};
+
+uint32_t mj_pack_place_word(uint32_t w) {
+    uint32_t r = 0;
+    for (int q = 0; q < 4; q++)
+        for (int h = 0; h < 2; h++) {
+            const int8_t *a = k_place[q];
+            r |= code_at(w >> (4 * (2 * q + h)) & 15u, a[0] + 16 * h, a[1] + 16 * h, a[2] + 16 * h, a[3] + 16 * h);
+        }
+    return r;
+}
+
+uint32_t mj_pack_unplace_word(uint32_t w) {
+    uint32_t r = 0;
+    for (int q = 0; q < 4; q++)
+        for (int h = 0; h < 2; h++) {
+            const int8_t *a = k_place[q];
+            r |= code_from(w, a[0] + 16 * h, a[1] + 16 * h, a[2] + 16 * h, a[3] + 16 * h) << (4 * (2 * q + h));
+        }
+    return r;
+}
+
+/* Every code word of n bytes, placed (dir 1) or back (dir 0). */
+static void place_all(uint8_t *p, int64_t n, int dir) {
+    for (int64_t i = 0; i + 4 <= n; i += 4) {
+        uint32_t w;
+        memcpy(&w, p + i, 4);
+        w = dir ? mj_pack_place_word(w) : mj_pack_unplace_word(w);
+        memcpy(p + i, &w, 4);
+    }
 }
 
 static void scale_walk(uint8_t *nat, int64_t row_groups, int64_t row0, int32_t runs, uint8_t *packed,
@@ -82,8 +131,8 @@ static mj_status check_expert(const mj_nvfp4_linear *w13, int32_t gate0, int32_t
 }
 
 mj_status mj_pack_expert(const mj_nvfp4_linear *w13, int32_t gate0, int32_t up0, int32_t I,
-                         const mj_nvfp4_linear *w2, int32_t col0, uint8_t *w13p, uint8_t *s13p, uint8_t *w2p,
-                         uint8_t *s2p) {
+                         const mj_nvfp4_linear *w2, int32_t col0, int placed, uint8_t *w13p, uint8_t *s13p,
+                         uint8_t *w2p, uint8_t *s2p) {
     MJ_CHECK(check_expert(w13, gate0, up0, I, w2, col0));
     const int32_t H = w13->k_in, ks1 = H / 64, ks2 = I / 64;
     const int32_t r1 = (int32_t)runs_of(H), r2 = (int32_t)runs_of(I);
@@ -111,11 +160,12 @@ mj_status mj_pack_expert(const mj_nvfp4_linear *w13, int32_t gate0, int32_t up0,
                         grp < I / 16 ? w2->weight_scale[(16 * (int64_t)d + r) * w2_groups + col0 / 16 + grp] : 0;
                 }
     }
+    if (placed) place_all(w13p, mj_pack_w13_bytes(H, I), 1), place_all(w2p, mj_pack_w2_bytes(H, I), 1);
     return MJ_OK;
 }
 
 mj_status mj_unpack_expert(const uint8_t *w13p, const uint8_t *s13p, const uint8_t *w2p, const uint8_t *s2p,
-                           int32_t H, int32_t I, mj_nvfp4_linear *w13, mj_nvfp4_linear *w2) {
+                           int32_t H, int32_t I, int placed, mj_nvfp4_linear *w13, mj_nvfp4_linear *w2) {
     if (!w13p || !s13p || !w2p || !s2p || !w13 || !w2 || !w13->weight || !w13->weight_scale || !w2->weight ||
         !w2->weight_scale || w13->n_out != 2 * I || w13->k_in != H || w2->n_out != H || w2->k_in != I ||
         H % 64 || I % 64)
@@ -133,5 +183,7 @@ mj_status mj_unpack_expert(const uint8_t *w13p, const uint8_t *s13p, const uint8
         frag_walk(w2->weight, I / 2, 16 * (int64_t)d, ks2, (uint8_t *)w2p + (int64_t)d * ks2 * 512, 0);
         scale_walk(w2->weight_scale, I / 16, 16 * (int64_t)d, r2, (uint8_t *)s2p + (int64_t)d * r2 * 256, 256, 0);
     }
+    /* the natural bytes are each a placed word's bytes, moved: unplace them where they are */
+    if (placed) place_all(w13->weight, (int64_t)I * H, 0), place_all(w2->weight, (int64_t)H * I / 2, 0);
     return MJ_OK;
 }

@@ -17,12 +17,19 @@ int64_t mj_pack_expert_bytes(int32_t H, int32_t I);
 /* Pack one expert: gate rows [gate0, gate0 + I) and up rows [up0, up0 + I) of w13 (a
  * [rows, H] linear), columns [col0, col0 + I) of w2 ([H, cols]). A routed expert is
  * (0, I, I, 0); sub-expert j of a shared expert of I_s rows is (jI, I_s + jI, I, jI). */
+/* placed: the code words bit-placed for W4A16 (a target without the FP4 MMA: see
+ * mj_experts_view.placed), else as the FP4 MMA reads them. */
 mj_status mj_pack_expert(const mj_nvfp4_linear *w13, int32_t gate0, int32_t up0, int32_t I,
-                         const mj_nvfp4_linear *w2, int32_t col0, uint8_t *w13p, uint8_t *s13p, uint8_t *w2p,
-                         uint8_t *s2p);
+                         const mj_nvfp4_linear *w2, int32_t col0, int placed, uint8_t *w13p, uint8_t *s13p,
+                         uint8_t *w2p, uint8_t *s2p);
 
 /* The inverse, into a [2I, H] w13 and a [H, I] w2 (allocated by the caller). */
 mj_status mj_unpack_expert(const uint8_t *w13p, const uint8_t *s13p, const uint8_t *w2p, const uint8_t *s2p,
-                           int32_t H, int32_t I, mj_nvfp4_linear *w13, mj_nvfp4_linear *w2);
+                           int32_t H, int32_t I, int placed, mj_nvfp4_linear *w13, mj_nvfp4_linear *w2);
+
+/* One packed code word (eight E2M1 codes, code j in nibble j) bit-placed for W4A16's
+ * dequantization (pack.c has the map), and back. */
+uint32_t mj_pack_place_word(uint32_t w);
+uint32_t mj_pack_unplace_word(uint32_t w);
 
 #endif
