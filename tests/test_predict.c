@@ -61,6 +61,7 @@ static void test_toy_sass(void) {
     CHECK_NEAR(s.iter[PM_HALF], 1, 0);
     CHECK_NEAR(s.iter[PM_OTHER], 1 + 3, 0); /* the BRAs */
     CHECK_NEAR(s.iter_total, 19, 0);
+    CHECK_NEAR(s.iter_imad, 1, 0); /* the IMAD.WIDE */
     CHECK(s.ldg == 2 && s.ldgsts == 1, "loads %d + %d", s.ldg, s.ldgsts);
     CHECK(s.chain == 2, "chain %d, want 2 (R4's load feeds R6.64's)", s.chain);
     CHECK(s.outside == 17 - 13, "outside %d", s.outside);
@@ -129,6 +130,38 @@ static void test_waves(void) {
     CHECK(r4.bound == PM_BOUND_ISSUE, "4 on 4: %s", pm_bound_names[r4.bound]);
 }
 
+/* The pipes of a scheduler where the integer rate is half (the toy, like Hopper): the ALU
+ * takes the integer instructions but IMAD at half a warp-instruction a cycle; IMAD goes to
+ * the FMA pipes (heavy alone, 16 lanes), which packed half occupies both of for a cycle, and
+ * which FP32 shares. One block of 32 warps an SM (8 a scheduler), 100 iterations, worked out
+ * by hand: the busiest scheduler's cycles are 8 x the largest of a warp's instructions, its
+ * ALU cycles and its FMA cycles. */
+static void test_pipes(void) {
+    pm_assume a;
+    pm_assume_default(&a);
+    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0};
+    static const struct { double alu, imad, fp32, half, cycles; const char *why; } c[] = {
+        {10, 10, 0, 0, 20, "10 ALU + 10 IMAD: 20 cycles on each pipe, 20 instructions"},
+        {20, 0, 0, 0, 40, "20 ALU: 40 cycles"},
+        {0, 20, 0, 0, 40, "20 IMAD: the heavy FMA pipe alone, 40 cycles"},
+        {0, 10, 0, 10, 30, "10 IMAD + 10 half: 20 + 10 cycles of the heavy pipe"},
+        {0, 10, 20, 10, 40, "10 IMAD + 20 FP32 + 10 half: the two FMA pipes share 60 lane-cycles, 30 + 10"},
+        {16, 0, 8, 16, 40, "16 ALU + 8 FP32 + 16 half: 40 instructions, each pipe under"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        pm_sass s;
+        memset(&s, 0, sizeof s);
+        s.found = 1, s.chain = 1;
+        s.iter[PM_INT] = c[i].alu + c[i].imad, s.iter_imad = c[i].imad;
+        s.iter[PM_FP32] = c[i].fp32, s.iter[PM_HALF] = c[i].half;
+        s.iter_total = c[i].alu + c[i].imad + c[i].fp32 + c[i].half;
+        pm_result r;
+        pm_predict(&k_toy, &a, &s, &l, &r);
+        CHECK_NEAR(r.t_issue, 8 * 100 * c[i].cycles / 1000.0, 1e-9);
+        if (fabs(r.t_issue - 8 * 100 * c[i].cycles / 1000.0) > 1e-9) fprintf(stderr, "  %s\n", c[i].why);
+    }
+}
+
 /* The routing kernel read into its pieces (tests/data/sass/route_toy.sass), counted by hand,
  * and a warp's instructions for the launches the runtime makes. */
 static void test_route(void) {
@@ -171,6 +204,7 @@ static const test_case cases[] = {
     TEST_CASE("route", test_route),
     TEST_CASE("launch", test_launch),
     TEST_CASE("waves", test_waves),
+    TEST_CASE("pipes", test_pipes),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

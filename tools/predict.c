@@ -7,8 +7,9 @@
  *            flight per DRAM latency), or a chain of dependent global loads that each
  *            iteration of a warp waits for in turn (chain x latency an iteration);
  *   issue    the busiest SM's schedulers: each warp's instructions (hot loop x iterations,
- *            plus what runs outside it), each pipe at its rate (the integer pipe at half a
- *            warp-instruction a cycle before Blackwell), or one warp's own dependent issue
+ *            plus what runs outside it), each pipe at its rate (the integer ALU at half a
+ *            warp-instruction a cycle before Blackwell, IMAD then on the FMA pipes with
+ *            FP32 and packed half), or one warp's own dependent issue
  *            (warp_cpi cycles an instruction) when too few warps share a scheduler;
  *   waves    not a term of its own: a per-SM bound (latency, issue) is called "waves" when
  *            the busiest SM holds clearly more blocks than the average one, or when the
@@ -46,10 +47,11 @@ double pm_copy_gbps(const tool_gpu *gpu, const pm_assume *a) {
 void pm_assume_print(FILE *f, const pm_assume *a, const tool_gpu *g) {
     fprintf(f, "model assumptions (tools/predict.c, tools/gpus.c):\n");
     fprintf(f, "  %s: %d SMs at %.0f MHz, %.0f GB/s peak, copy %.0f GB/s (%s), DRAM latency %.0f ns (assumed),\n"
-               "    integer pipe %.2f warp-instructions a scheduler a cycle, %d registers / %d KiB shared memory /\n"
+               "    integer pipe %.2f warp-instructions a scheduler a cycle%s, %d registers / %d KiB shared memory /\n"
                "    %d warps / %d blocks an SM\n",
             g->name, g->sms, g->clock_mhz, g->gbps, pm_copy_gbps(g, a), g->copy_gbps > 0 ? "measured" : "assumed",
-            g->lat_ns, g->int_rate, g->regs_sm, g->smem_sm / 1024, g->warps_sm, g->blocks_sm);
+            g->lat_ns, g->int_rate, g->int_rate < 1.0 ? " (the ALU; IMAD on the FMA pipes)" : "", g->regs_sm,
+            g->smem_sm / 1024, g->warps_sm, g->blocks_sm);
     fprintf(f, "  launch %.1f us a kernel, %.1f launched as a programmatic dependent (sm_90+: the kernels\n"
                "    after the router GEMM; assumed); one warp alone issues every %.1f cycles; per scheduler a cycle:\n"
                "    tensor %.3f, load/store %.2f, half2 %.2f, fp32 and the rest 1; a dependent global-load chain\n"
@@ -328,6 +330,7 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
                     w *= trip_count(v, v[b].target, b);
             s->iter[v[i].cls] += w;
             s->iter_total += w;
+            if (op_is(v[i].op, "IMAD") || op_is(v[i].op, "IMUL")) s->iter_imad += w;
             if (op_is(v[i].op, "LDGSTS")) s->ldgsts++;
             else if (op_is(v[i].op, "LDG")) s->ldg++;
         }
@@ -489,7 +492,20 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
         const double rate[PM_NCLASS] = {a->mem_rate, a->tensor_rate, 1.0, g->int_rate, a->half_rate, 1.0};
         for (int c = 0; c < PM_NCLASS; c++) {
             double cyc = it * s->iter[c] / rate[c];
+            if (c == PM_INT && g->int_rate < 1.0) cyc = it * (s->iter[c] - s->iter_imad) / rate[c];
             if (cyc > pipe) pipe = cyc;
+        }
+        if (g->int_rate < 1.0) {
+            /* A scheduler's ALU (16 lanes) takes the integer instructions but IMAD; its FMA
+             * pipes, heavy (FP32, IMAD) and lite (FP32), 16 lanes each, take the rest, and a
+             * packed-half instruction both for a cycle (GA10x, GH100, as NVIDIA describes
+             * them: docs/performance.md, the model's assumptions). IMAD alone fills the heavy
+             * one at the integer rate; with FP32 and half the two share the load. */
+            const double imad = it * s->iter_imad, fp = it * s->iter[PM_FP32], hf = it * s->iter[PM_HALF] / a->half_rate;
+            double fma = imad / g->int_rate + hf;
+            const double both = (imad + fp) / (2.0 * g->int_rate) + hf;
+            if (both > fma) fma = both;
+            if (fma > pipe) pipe = fma;
         }
     }
     r->insts_warp = n;

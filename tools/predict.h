@@ -21,7 +21,8 @@ enum {
     PM_MEM,    /* LDG LDGSTS LDS STS STG LDSM ATOM(S) RED LDL STL: the load/store unit        */
     PM_TENSOR, /* HMMA OMMA QMMA IMMA MMA HGMMA ...                                          */
     PM_FP32,   /* FFMA FMUL FADD FMNMX FSETP FSEL FCHK                                       */
-    PM_INT,    /* IMAD IADD3 LOP3 SHF PRMT ISETP LEA SEL VIADD IMNMX ...: the integer pipe   */
+    PM_INT,    /* IMAD IADD3 LOP3 SHF PRMT ISETP LEA SEL VIADD IMNMX ...: integer (the ALU,
+                  and IMAD the FMA pipe where the integer rate is half: see pm_predict)      */
     PM_HALF,   /* HMUL2 HFMA2 HADD2 HMNMX2 HSETP2                                            */
     PM_OTHER,  /* the rest: MOV S2R BRA BAR SHFL MUFU F2F I2F LDC DEPBAR ...                 */
     PM_NCLASS
@@ -37,6 +38,8 @@ typedef struct pm_sass {
     double iter[PM_NCLASS];      /* warp-instructions one iteration issues, by class; a loop
                                     nested inside counts its body times its trip count       */
     double iter_total;
+    double iter_imad;            /* of iter[PM_INT], the IMADs (IMAD.SHL, IMAD.MOV, ...): before
+                                    Blackwell the FMA pipe issues them, not the ALU            */
     int ldgsts, ldg;             /* global loads in its body (static)                         */
     int chain;                   /* the longest chain of dependent global loads in one
                                     iteration: a load whose address comes from another's data */

@@ -152,6 +152,7 @@ static json_t *result_json(const kernel_row *k) {
         json_t *h = json_object();
         json_object_set_new(h, "insts", json_real(k->s.iter_total));
         for (int c = 0; c < PM_NCLASS; c++) json_object_set_new(h, pm_class_names[c], json_real(k->s.iter[c]));
+        json_object_set_new(h, "imad", json_real(k->s.iter_imad));
         json_object_set_new(h, "chain", json_integer(k->s.chain));
         json_object_set_new(h, "found", json_boolean(k->s.found));
         json_object_set_new(o, "hot_loop", h);
