@@ -394,7 +394,9 @@ static int32_t pow2_at_least(int32_t v) {
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
     return (uint32_t)(k->NW1 * UP_RING + (k->TPE > 16 ? k->NW1 * k->TPE * 128 + k->TPE * 4 : 0));
 }
-/* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring. */
+/* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring; DOWN_BIG the most
+ * a block of 8 down warps takes (3 blocks an SM of 228 KiB). */
+#define DOWN_BIG (72 * 1024)
 static uint32_t down_smem(const mj_knobs_moe_experts *k) {
     return (uint32_t)(k->NW2 * (k->TPE * 128 + DOWN_RING(k->DSTEPS)));
 }
@@ -426,11 +428,20 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
      * about 100 KiB of shared memory (sm_120a, sm_121a, sm_86, sm_89), items of 2, which
      * halve the rings (a warp's 7 KiB to 4 KiB): with the larger token tiles' sums, 4 warps
      * then take 24 KiB (TPE 16) or 32 KiB (TPE 32), so 3 to 4 blocks fit an SM, not 2, and
-     * the H / 16 blocks of a decode batch run in one round, not two. Where an SM has 228 KiB
-     * (sm_90a, sm_100a) they fit anyway, and twice the items would cost issue slots. */
+     * the H / 16 blocks of a decode batch run in one round, not two. Down's warps: 4 within
+     * 48 KiB (no opt-in). Where an SM has 228 KiB (sm_90a, sm_100a; not sm_80's 164), 8
+     * while a block takes at most 72 KiB, so that 3 still fit an SM (W4A16 at TPE 32 with
+     * items of 2 k-steps): a decode batch's H / 16 blocks (GLM-5 at TP 8: 384 on 132 SMs)
+     * keep twice the warps at work, each with half the chain of experts (a warp's own issue
+     * sets down's pace there). */
     k.DSTEPS = !k.MODE && k.TPE > 8 && mj_target_smem_max(target) < 128 * 1024 ? 2 : 4;
     k.NW2 = 4;
-    while (k.NW2 > 1 && down_smem(&k) > MJ_SMEM_DEFAULT_LIMIT) k.NW2 /= 2;
+    if (mj_target_smem_max(target) >= 3 * (DOWN_BIG + 1024)) { /* a block's 1 KiB of the system's */
+        k.NW2 = 8;
+        if (down_smem(&k) > DOWN_BIG && !k.MODE) k.DSTEPS = 2;
+        if (down_smem(&k) > DOWN_BIG) k.NW2 = 4, k.DSTEPS = 4;
+    }
+    while (k.NW2 < 8 && k.NW2 > 1 && down_smem(&k) > MJ_SMEM_DEFAULT_LIMIT) k.NW2 /= 2;
     *out = k;
 }
 

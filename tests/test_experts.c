@@ -1234,9 +1234,16 @@ static void test_compile(const char *cache) {
                     mj_target tg;
                     CHECK_OK(mj_target_parse(targets[t], &tg));
                     mj_experts_knobs(6144, ii ? 2048 : 256, 8, 1, mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, tg, &k);
-                    /* items of 2 k-steps: W4A16 past TPE 8 where an SM has 100 KiB (sm_120a) */
-                    CHECK(k.DSTEPS == (mode == 0 && tpe > 8 && t == 0 ? 2 : 4), "%s %s TPE %d: down's items of %d k-steps",
-                          targets[t], mode ? "W4A4" : "W4A16", tpe, k.DSTEPS);
+                    /* items of 2 k-steps: W4A16 past TPE 8 where an SM has 100 KiB (sm_120a), and at
+                     * TPE 32 where it has 228 KiB (sm_90a), for 8 down warps in 72 KiB */
+                    const int ds = mode == 0 && ((tpe > 8 && t == 0) || (tpe == 32 && t == 1)) ? 2 : 4;
+                    CHECK(k.DSTEPS == ds, "%s %s TPE %d: down's items of %d k-steps, want %d", targets[t],
+                          mode ? "W4A4" : "W4A16", tpe, k.DSTEPS, ds);
+                    /* down's warps: 8 on sm_90a up to TPE 32 (3 blocks an SM of 228 KiB; not sm_80's
+                     * 164), else 4 within 48 KiB (2 at TPE 64 with items of 4 k-steps) */
+                    const int nw2 = t == 1 && tpe <= 32 ? 8 : tpe == 64 && ds == 4 ? 2 : 4;
+                    CHECK(k.NW2 == nw2, "%s %s TPE %d: %d down warps, want %d", targets[t], mode ? "W4A4" : "W4A16",
+                          tpe, k.NW2, nw2);
                     mj_spec s[3];
                     const int32_t n = mj_experts_specs(c, &k, s);
                     CHECK(n == (mode ? 3 : 2), "%s %s: %d specializations, want one per kernel launched",
