@@ -681,6 +681,7 @@ static void test_placed_forward(const char *cache, uint64_t seed) {
         mj_experts_free(ex);
         mj_layer_free(L);
     }
+    CHECK(g_seen_nw2[8], "sm_90a: down's 8-warp blocks reached");
     /* its dequantization on every code and scale, in the placed layout */
     test_dequant(c90);
     mj_context_destroy(c90);
