@@ -7,6 +7,7 @@
 #define __shared__
 #define __forceinline__ inline
 #define __restrict__ restrict
+#define __launch_bounds__(...)
 #define MJ_KERNEL __attribute__((annotate("mj_kernel")))
 #define MJ_DEVICE static inline
 #define MJ_SHARED

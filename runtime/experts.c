@@ -403,9 +403,9 @@ static uint32_t down_smem(const mj_knobs_moe_experts *k) {
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
- * up to 8 warps, and a down block (16 hidden dims) deals its experts to up to 4 warps, so
- * that each warp's chain of experts is a quarter as long; both within 48 KiB of shared
- * memory (no opt-in). */
+ * up to 8 warps (within 48 KiB of shared memory, no opt-in), and a down block (16 hidden
+ * dims) deals its experts to its warps, 4 (within 48 KiB) or 8 (where an SM has 228 KiB;
+ * below), so that each warp's chain of experts is a quarter or an eighth as long. */
 void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_mode mode, int32_t B,
                       mj_target target, mj_knobs_moe_experts *out) {
     mj_knobs_moe_experts k = {.MODE = mode == MJ_MODE_W4A4, .H = H, .I = I, .K = K, .NSUB = nsub};
@@ -509,6 +509,18 @@ static mj_status get_functions(mj_context_t ctx, const mj_knobs_moe_experts *k, 
     return MJ_OK;
 }
 
+/* The experts' packed weights (bit-placed below sm_120) and their kernels' shapes are their
+ * target's: a context of another target would run kernels that read them wrongly. */
+static mj_status same_target(mj_context_t ctx, const mj_experts *ex, const char *who) {
+    if (mj_context_target(ctx) == ex->target) return MJ_OK;
+    return mj_set_error(MJ_ERR_INVALID_ARG,
+                        "%s: these experts were made for %s (their packed weights and kernel shapes are that "
+                        "target's) but the context targets %s: use a context of %s, or make the experts again "
+                        "with this one",
+                        who, mj_target_name(ex->target), mj_target_name(mj_context_target(ctx)),
+                        mj_target_name(ex->target));
+}
+
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *v) {
     *v = (mj_experts_view){ex->H, ex->I, ex->K, ex->E, ex->n_local, ex->expert_begin, ex->nsub, ex->mb,
                            ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2, ex->w13, ex->s13, ex->w2,
@@ -518,6 +530,7 @@ void mj_experts_view_get(mj_experts_t ex, mj_experts_view *v) {
 
 mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, int32_t max_batch) {
     if (!ctx || !ex) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_prepare: NULL argument");
+    MJ_CHECK(same_target(ctx, ex, "mj_experts_prepare"));
     if (max_batch < 1 || max_batch > ex->mb)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_prepare: max_batch %d must be in 1..%d (the workspace's)",
                             max_batch, ex->mb);
@@ -570,6 +583,7 @@ mj_status mj_experts_forward_out(mj_context_t ctx, mj_experts_t ex, mj_weight_mo
                                  mj_out_type out_type, void *stream) {
     if (!ctx || !ex || !route_in)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_forward: NULL context, experts or route outputs");
+    MJ_CHECK(same_target(ctx, ex, "mj_experts_forward"));
     mj_route_outputs r = MJ_ROUTE_OUTPUTS_INIT;
     MJ_CHECK(mj_struct_load(route_in, MJ_ROUTE_OUTPUTS_V1_SIZE, sizeof r, &r, "mj_route_outputs",
                             "MJ_ROUTE_OUTPUTS_INIT"));

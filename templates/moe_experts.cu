@@ -37,7 +37,8 @@
  * expert its 8-column side (N). W4A4 runs the block-scaled FP4 MMA m16n8k64 (sm_120a);
  * W4A16 dequantizes FP4 to bf16 in registers for the bf16 MMA m16n8k16 (every target). Both
  * stream the same packed weights, so one copy serves both modes (runtime/weights/pack.c
- * writes it from the ModelOpt tensors):
+ * writes it from the ModelOpt tensors; below sm_120, W4A16 alone, each code word's bits are
+ * placed for its dequantization: e2m1x8_bf16):
  *
  *   W13, one expert: for tile t (rows 16t.. of gate and of up), for k-step s (64 of H):
  *     +----------------------------+----------------------------+
@@ -257,8 +258,8 @@ MJ_DEVICE uint32_t bf16_bcast(uint32_t v, int hf) { return __byte_perm(v, 0u, 0x
  * A fragments (in units of 2^-7, DQ_UNIT) from this lane's words w (row g: w.x, row g + 8:
  * w.y; k 32hf + 8p ..: words 2hf and 2hf + 1 of the m16n8k64 fragment), dequantized with
  * row g's scale pair sp and row g + 8's sp8 (e4m3x2_bf16 of the step's scale words: half hf
- * is this half's). Step kk takes bytes 2kk and 2kk + 1 (nibbles 4kk .. 4kk + 3) of the
- * words. */
+ * is this half's). Step kk takes codes 4kk .. 4kk + 3 of the words (bytes 2kk and 2kk + 1,
+ * or below sm_120 where e2m1x8_bf16's placement puts them). */
 MJ_DEVICE void dequant_half(uint2 w, uint32_t sp, uint32_t sp8, int hf, uint32_t a[2][4]) {
     uint32_t u[4], v[4];
     e2m1x8_bf16(w.x, bf16_bcast(sp, hf), u);
@@ -933,8 +934,9 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, co
  * ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
  * nearest even from the same f32 sum, NaN kept quiet, as mj_f32_to_bf16): every element
  * written (0 for padding tokens). sgate_w: the shared sub-experts' weight of each token (up's
- * shared_gate_weights), or NULL: 1. */
-MJ_KERNEL void experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
+ * shared_gate_weights), or NULL: 1. With 8 warps, 3 blocks an SM (the knobs' choice where an SM
+ * has 228 KiB, runtime/experts.c): ptxas keeps to the registers that lets (80). */
+MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
                             const uint8_t *s2, const float *scal, const int32_t *counts,
                             const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                             const int32_t *row_index, const float *weights, int B, const int32_t *num_valid,

@@ -1086,6 +1086,15 @@ static void test_refusals(mj_context_t ctx, const char *cache) {
             CHECK(strstr(mj_last_error(), "sm_90a") && strstr(mj_last_error(), "MJ_MODE_W4A16"), "%s", mj_last_error());
             CHECK_OK(mj_experts_mode(ex90, MJ_MODE_AUTO, 64, &m));
             CHECK(m == MJ_MODE_W4A16, "sm_90a's default policy is W4A16 for every B");
+            /* sm_90a's experts (bit-placed code words, sm_90a's shapes) with an sm_120a context */
+            mj_route_outputs ro = MJ_ROUTE_OUTPUTS_INIT;
+            uint16_t h[256] = {0};
+            float o[256];
+            CHECK_STATUS(mj_experts_forward(ctx, ex90, MJ_MODE_W4A16, h, &ro, 1, NULL, o, NULL), MJ_ERR_INVALID_ARG);
+            CHECK(strstr(mj_last_error(), "made for sm_90a") && strstr(mj_last_error(), "targets sm_120a"),
+                  "another target's context: %s", mj_last_error());
+            CHECK_STATUS(mj_experts_prepare(ctx, ex90, MJ_MODE_AUTO, 1), MJ_ERR_INVALID_ARG);
+            CHECK(strstr(mj_last_error(), "made for sm_90a") != NULL, "prepare: %s", mj_last_error());
         }
         mj_experts_free(ex90);
         mj_context_destroy(c90);
@@ -1264,6 +1273,9 @@ static void test_compile(const char *cache) {
                               mode ? "W4A4" : "W4A16", kernel[part], k.I, tpe, rep->spill_stores, rep->spill_loads,
                               rep->stack_frame);
                         CHECK(rep->smem_static == 0, "%s: %d B of static shared memory", targets[t], rep->smem_static);
+                        /* 8 down warps: 3 blocks of 256 threads an SM need 80 registers or fewer */
+                        CHECK(part != 3 || k.NW2 != 8 || rep->registers <= 80, "%s %s TPE %d down: %d registers for "
+                              "3 blocks of 8 warps an SM", targets[t], kernel[part], tpe, rep->registers);
                         if (ii == 0)
                             printf("plan %-7s %-5s TPE %2d %-5s: %3d registers, %d spill bytes\n", targets[t],
                                    mode ? "W4A4" : "W4A16", tpe, kernel[part], rep->registers, rep->spill_stores);

@@ -14,7 +14,8 @@
  * Scales go by runs of 4 k-steps: per tile and run, each of the 16 rows' 16 scale bytes
  * (k-groups 16m .. 16m+15; zeros past the row's end). w13's tiles interleave gate and up
  * (the up kernel computes 16 gate and 16 up rows together, for SwiGLU), w2's are plain.
- * Packing moves bytes only: no value changes, so unpacking gives the input back exactly.
+ * Packing moves bits only (bytes, and below sm_120 the bits within a code word, below): no
+ * value changes, so unpacking gives the input back exactly.
  */
 #include "weights/pack.h"
 
