@@ -162,6 +162,35 @@ static void test_pipes(void) {
     }
 }
 
+/* The busiest warp's experts (experts_down deals them by id): by hand for small cases, and
+ * against dealing random ids (a seeded simulation, 40000 deals) for GLM-5's at TP 8. */
+static void test_busiest(void) {
+    CHECK_NEAR(pm_busiest_share(7, 1, 2), 9, 1e-12);         /* one warp takes them all */
+    CHECK_NEAR(pm_busiest_share(0, 4, 6), 2, 1e-12);         /* shared only: 2, 2, 1, 1 */
+    CHECK_NEAR(pm_busiest_share(2, 2, 0), 1.5, 1e-12);       /* 2 or 1, even odds */
+    CHECK_NEAR(pm_busiest_share(1, 2, 1), 1.5, 1e-12);       /* warp 0 has the shared one */
+    CHECK_NEAR(pm_busiest_share(3, 3, 0), 51.0 / 27, 1e-12); /* 6 of 27 deals 1, 18 deal 2, 3 deal 3 */
+    uint64_t rng = test_seed(77);
+    static const struct { int n, w, s; } c[] = {{8, 4, 1}, {8, 8, 1}, {50, 4, 1}, {50, 8, 1}, {103, 8, 1}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        double sum = 0;
+        const int deals = 40000;
+        for (int d = 0; d < deals; d++) {
+            int cnt[8] = {0}, mx = 0;
+            for (int j = 0; j < c[i].s; j++) cnt[j % c[i].w]++;
+            for (int j = 0; j < c[i].n; j++) cnt[mj_rng_next(&rng) % (uint64_t)c[i].w]++;
+            for (int q = 0; q < c[i].w; q++) mx = cnt[q] > mx ? cnt[q] : mx;
+            sum += mx;
+        }
+        const double sim = sum / deals, got = pm_busiest_share(c[i].n, c[i].w, c[i].s);
+        CHECK(fabs(got - sim) <= 0.02 * sim, "%d experts on %d warps (+%d shared): %.3f, dealt %.3f", c[i].n, c[i].w,
+              c[i].s, got, sim);
+    }
+    /* the even split the model used before is well below it where it matters */
+    CHECK(pm_busiest_share(50, 8, 1) > 1.4 * (51.0 / 8), "B 8's busiest down warp: %.2f experts",
+          pm_busiest_share(50, 8, 1));
+}
+
 /* The routing kernel read into its pieces (tests/data/sass/route_toy.sass), counted by hand,
  * and a warp's instructions for the launches the runtime makes. */
 static void test_route(void) {
@@ -205,6 +234,7 @@ static const test_case cases[] = {
     TEST_CASE("launch", test_launch),
     TEST_CASE("waves", test_waves),
     TEST_CASE("pipes", test_pipes),
+    TEST_CASE("busiest", test_busiest),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

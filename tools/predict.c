@@ -446,6 +446,51 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
     return 0;
 }
 
+/* P(every warp i takes at most lim[i]): the routed counts as a chain of binomials (warp i
+ * takes Binomial(left, 1 / (warps left)) of what the warps before it left), a distribution
+ * over the experts not yet dealt. */
+static double all_within(int n, int w, const int *lim, double *dp, double *nx) {
+    for (int r = 0; r <= n; r++) dp[r] = r == n;
+    for (int i = 0; i < w; i++) {
+        const int q = w - i; /* warps left, this one included */
+        for (int r = 0; r <= n; r++) nx[r] = 0;
+        for (int r = 0; r <= n; r++) {
+            if (dp[r] == 0) continue;
+            if (q == 1) { /* the last warp takes what is left */
+                if (r <= lim[i]) nx[0] += dp[r];
+                continue;
+            }
+            const double lp = log(1.0 / q), lq = log(1.0 - 1.0 / q);
+            for (int c = 0; c <= r && c <= lim[i]; c++)
+                nx[r - c] += dp[r] * exp(lgamma(r + 1.0) - lgamma(c + 1.0) - lgamma(r - c + 1.0) + c * lp + (r - c) * lq);
+        }
+        for (int r = 0; r <= n; r++) dp[r] = nx[r];
+    }
+    return dp[0];
+}
+
+double pm_busiest_share(int n, int w, int s) {
+    if (n < 0) n = 0;
+    if (s < 0) s = 0;
+    if (w <= 1) return (double)n + s;
+    double *dp = malloc(sizeof(double) * (size_t)(n + 1) * 2);
+    int *lim = malloc(sizeof(int) * (size_t)w);
+    if (!dp || !lim) abort();
+    /* E[max] = sum over k >= 1 of P(max >= k) = 1 - P(every warp's total <= k - 1) */
+    double e = 0;
+    for (int k = 1; k <= n + s; k++) {
+        for (int i = 0; i < w; i++) lim[i] = k - 1 - (s / w + (i < s % w));
+        int none = 0;
+        for (int i = 0; i < w; i++) none |= lim[i] < 0;
+        const double p = none ? 0.0 : all_within(n, w, lim, dp, dp + n + 1);
+        e += 1.0 - p;
+        if (1.0 - p < 1e-12) break;
+    }
+    free(dp);
+    free(lim);
+    return e;
+}
+
 double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0) {
     const int oea = k0 < k, keep = oea && B <= nwarps;
     const double tpw = nwarps > 0 ? ceil((double)B / nwarps) : B, scored = oea && !keep ? 2 : 1,

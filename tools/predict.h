@@ -71,6 +71,12 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r);
  * and the kernel's set-up once. */
 double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0);
 
+/* The experts the busiest of w warps takes when n routed experts are dealt by id modulo w
+ * (ids at random: each warp equally likely) and s shared sub-experts j to warp j modulo w:
+ * the expected largest share, exactly (the routed counts are multinomial). What experts_down's
+ * warps each walk is the busiest one's: a block waits for it. */
+double pm_busiest_share(int n, int w, int s);
+
 /* ---- the model -------------------------------------------------------------------------- */
 
 /* What the model assumes beyond a GPU's table row (tools/gpus.c). */
