@@ -394,11 +394,12 @@ static int32_t pow2_at_least(int32_t v) {
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
     return (uint32_t)(k->NW1 * UP_RING + (k->TPE > 16 ? k->NW1 * k->TPE * 128 + k->TPE * 4 : 0));
 }
-/* Down's: each warp's tile and fragments (TPE * 128 bytes) and its ring; DOWN_BIG the most
- * a block of 8 down warps takes (3 blocks an SM of 228 KiB). */
+/* Down's: each warp's fragments (TPE * 64 bytes) and its ring, and the sums: each warp's
+ * (TPE * 64 bytes, DEAL 0) or the block's slot tile (TPE x (K + NSUB) x 16 floats, DEAL 1);
+ * DOWN_BIG the most a block of 8 down warps takes (3 blocks an SM of 228 KiB). */
 #define DOWN_BIG (72 * 1024)
 static uint32_t down_smem(const mj_knobs_moe_experts *k) {
-    return (uint32_t)(k->NW2 * (k->TPE * 128 + DOWN_RING(k->DSTEPS)));
+    return (uint32_t)(k->NW2 * (k->TPE * 64 * (2 - k->DEAL) + DOWN_RING(k->DSTEPS)) + k->DEAL * k->TPE * (k->K + k->NSUB) * 64);
 }
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
@@ -442,6 +443,16 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
         if (down_smem(&k) > DOWN_BIG) k.NW2 = 4, k.DSTEPS = 4;
     }
     while (k.NW2 < 8 && k.NW2 > 1 && down_smem(&k) > MJ_SMEM_DEFAULT_LIMIT) k.NW2 /= 2;
+    /* Then the experts dealt to the warps by place (even shares, each (token, expert) a slot of
+     * the block's tile) where that tile fits the same budget and as many blocks an SM (its
+     * shared memory, a block's 1 KiB of the system's); else by id, each warp's sums its own
+     * (a block waits for its busiest warp: at GLM-5's B 8 with 8 warps, 11 experts, not 7). */
+    if (k.NW2 > 1) {
+        const uint32_t sm = (uint32_t)mj_target_smem_max(target) + 1024, by_id = sm / (down_smem(&k) + 1024);
+        k.DEAL = 1;
+        if (down_smem(&k) > (k.NW2 == 8 ? DOWN_BIG : MJ_SMEM_DEFAULT_LIMIT) || sm / (down_smem(&k) + 1024) < by_id)
+            k.DEAL = 0;
+    }
     *out = k;
 }
 
@@ -473,8 +484,8 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
 static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t part) {
     mj_knobs_moe_experts p = *k;
     p.PART = part;
-    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4, p.KSPLIT = 1;
-    if (part == 2) p.NW2 = 1, p.DSTEPS = 4;
+    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4, p.KSPLIT = 1, p.DEAL = 0;
+    if (part == 2) p.NW2 = 1, p.DSTEPS = 4, p.DEAL = 0;
     if (part == 3) p.KSPLIT = 1;
     if (part == 3) p.NW1 = 1;
     return p;

@@ -12,13 +12,18 @@
  *                  the last of them adds their sums in block order); SwiGLU; the activation
  *                  written as bf16 (W4A16) or requantized to NVFP4 with w2's input_scale (W4A4);
  *   experts_down   block (16 hidden dims, a tile of TPE tokens): its NW2 warps share the
- *                  active experts out by id (warp w: the ids w modulo NW2, ascending, then
- *                  the shared sub-experts w, w + NW2, ...), each adding weight x (w2 . act)
- *                  into accumulators of its own; then the warps' sums are added in warp
- *                  order. The combine is fused and every output element is summed in one
- *                  fixed order that depends only on its token's experts: the same inputs
- *                  give the same bits, whatever else the batch holds (no floating-point
- *                  atomics: the one atomic counts a split up tile's blocks in);
+ *                  active experts out. DEAL 1: by place in the list (warp w: entries w, w +
+ *                  NW2, ..., then the shared sub-experts w, w + NW2, ...), each writing
+ *                  weight x (w2 . act) of a (token, expert) into that token's slot of the
+ *                  block's tile (its top-k slot, or K + the shared sub-expert); then each
+ *                  token's slots are added in slot order. DEAL 0 (where that tile does not
+ *                  fit): by id (warp w: the ids w modulo NW2, ascending, then the shared
+ *                  sub-experts w, w + NW2, ...), each adding into sums of its own; then the
+ *                  warps' sums are added in warp order. The combine is fused and every
+ *                  output element is summed in one fixed order that depends only on its
+ *                  token's routing: the same inputs give the same bits, whatever else the
+ *                  batch holds (no floating-point atomics: the one atomic counts a split up
+ *                  tile's blocks in);
  *   (gated)        a shared expert with a sigmoid gate (Qwen2-MoE, Qwen3-Next: sgate, bf16
  *                  [H]): one up block (the first shared sub-expert's tile 0, split 0) also
  *                  writes each valid token's weight sgate_w[b] = sigmoid(x_b . sgate), and down
@@ -72,11 +77,13 @@ MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared ex
 MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
 MJ_KNOB_SET(KSPLIT, int, "1 2 4 8", "blocks an up tile's H is split over (TPE 8: one chunk a block); past 1 their sums meet in the workspace and the last block to finish adds them in order")
 MJ_KNOB_SET(DSTEPS, int, "2 4", "k-steps of w2 an item of down brings: 4 (a scale run), or 2 (half the ring's shared memory, so more blocks fit an SM)")
+MJ_KNOB_SET(DEAL, int, "0 1", "down's experts to its warps: 0 by id, each warp's sums its own, added in warp order; 1 by place in the active list (even shares), each (token, expert) a slot of the block's tile, added in slot order")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
-MJ_CONSTRAINT("NW2 * (TPE * 128 + 3 * (DSTEPS * 512 + 256 + 32)) <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's accumulators, fragments and weight rings fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
+MJ_CONSTRAINT("NW2 * (TPE * 64 * (2 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32)) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
+MJ_CONSTRAINT("PART == 0 || PART == 3 || DEAL == 0", "only experts_down reads DEAL: 0 elsewhere")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DSTEPS == 4", "only experts_down reads DSTEPS: 4 elsewhere")
@@ -85,6 +92,8 @@ MJ_CONSTRAINT("KSPLIT == 1 || TPE == 8", "an up block split over H holds one chu
 MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
+#define NSLOT (K + NSUB)              /* down's slots a token: its top-k, its shared sub-experts */
+#define DTILE (DEAL ? TPE * NSLOT * 16 : NW2 * TPE * 16) /* down's sums: floats of the block's */
 #define KS1 (H / 64)                  /* k-steps of up                                       */
 #define KS2 (I / 64)                  /* k-steps of down                                     */
 #define RUNS1 ((KS1 + 3) / 4)         /* runs of 4 k-steps: one scale chunk each             */
@@ -762,18 +771,21 @@ typedef struct down_item_t {
     int part;        /* which DSTEPS k-steps of the expert (in the ring)                   */
 } down_item_t;
 
-/* A warp's next expert with rows in [t0, t1): its share is the routed experts whose id is w
- * modulo NW2 (in the active list's ascending order; *cursor: where its scan goes on, 32 slots
- * a ballot), then the shared sub-experts w, w + NW2, ... (*sj). Dealt by id, not by place in
- * the list, so a token's sum goes over the same warps in the same order whatever else the
- * batch holds: its output does not depend on the other tokens (padding rows included). */
+/* A warp's next expert with rows in [t0, t1): its share is the routed experts at places w,
+ * w + NW2, ... of the active list (DEAL 1), or whose id is w modulo NW2 (DEAL 0), in the
+ * list's ascending order (*cursor: where its scan goes on, 32 places a ballot), then the
+ * shared sub-experts w, w + NW2, ... (*sj). By place the warps' shares differ by one at most,
+ * and which warp takes an expert does not reach the output (each (token, expert) has a slot
+ * of its own, added in slot order); by id a token's sum goes over the same warps in the same
+ * order whatever else the batch holds. Either way a token's output does not depend on the
+ * other tokens (padding rows included). */
 MJ_DEVICE down_item_t next_expert(int *cursor, int *sj, int na, const int32_t *counts, const int32_t *offsets,
                                   const int32_t *active, const int32_t *row_index, const float *scal, int n_local,
                                   int expert_begin, int mb, int t0, int t1, int ts, int w, int lane) {
     down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
     while (*cursor < na) {
         const int c = *cursor + lane, e = c < na ? active[c] : -1;
-        const unsigned m = __ballot_sync(0xFFFFFFFFu, e >= 0 && (e & (NW2 - 1)) == w);
+        const unsigned m = __ballot_sync(0xFFFFFFFFu, e >= 0 && ((DEAL ? c : e) & (NW2 - 1)) == w);
         if (!m) {
             *cursor += 32;
             continue;
@@ -904,34 +916,38 @@ MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long 
     }
 }
 
-/* An expert's D fragments (in frag, each lane's own) into the warp's tile: d_i of group c is
- * dim g (+8 for i >= 2) of the expert's row c * 8 + 2p (+1), acc_tile[token - t0][dim] +=
- * weight * alpha * d (a shared sub-expert's weight: 1, or the token's gate sgate_w[token] that
- * up wrote); each (token, dim) is one lane's, so every element is summed in expert order. One
+/* An expert's D fragments (in frag, each lane's own) into the sums: d_i of group c is dim g
+ * (+8 for i >= 2) of the expert's row c * 8 + 2p (+1), times weight * alpha (a shared
+ * sub-expert's weight: 1, or the token's gate sgate_w[token] that up wrote). DEAL 1: into the
+ * block's slot tile, tile[token - t0][slot][dim] =, slot the row's top-k slot (row_index's,
+ * modulo K) or K + j for shared sub-expert j; DEAL 0: into the warp's own, tile[token -
+ * t0][dim] +=, in the warp's expert order. Each element is one lane's of one warp's. One
  * rolled loop: one copy of its code instead of 4 NT. */
 MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, const float *weights, int t0, int lane,
-                             const float *frag, float *acc_tile, const float *sgate_w) {
+                             const float *frag, float *tile, const float *sgate_w, int n_local) {
     const int g = lane >> 2, p = lane & 3;
     MJ_NO_UNROLL
     for (int ci = 0; ci < NT * 4; ci++) {
         const int ti = (ci >> 2) * 8 + 2 * p + (ci & 1);
         if (ti >= it->n) continue;
-        int tk = t0 + ti;
+        int tk = t0 + ti, slot = K + it->xi - n_local;
         float wgt;
         if (it->shared_row0 < 0) {
             const int ri = row_index[it->r0 + ti];
-            tk = ri / K, wgt = weights[ri];
+            tk = ri / K, slot = ri - tk * K, wgt = weights[ri];
         } else {
             wgt = sgate_w ? sgate_w[tk] : 1.0f;
         }
         /* x DQ_UNIT first: exact (W4A16's sums are in units of 2^-7) */
-        acc_tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += wgt * (frag[((ci >> 2) * 32 + lane) * 4 + (ci & 3)] * DQ_UNIT * it->alpha);
+        const float v = wgt * (frag[((ci >> 2) * 32 + lane) * 4 + (ci & 3)] * DQ_UNIT * it->alpha);
+        if (DEAL) tile[((tk - t0) * NSLOT + slot) * 16 + g + 8 * ((ci & 3) >> 1)] = v;
+        else tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += v;
     }
 }
 
 /* grid (H / 16, ceil(B / TPE)), block NW2 * 32, dynamic shared memory
- * NW2 * (TPE * 128 + DRING * DSLOT) bytes: each warp's tile and fragments, then each warp's
- * ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
+ * NW2 * (TPE * 64 + DRING * DSLOT) + DTILE * 4 bytes: each warp's fragments, the sums (the
+ * block's slot tile, or each warp's), then each warp's ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
  * nearest even from the same f32 sum, NaN kept quiet, as mj_f32_to_bf16): every element
  * written (0 for padding tokens). sgate_w: the shared sub-experts' weight of each token (up's
  * shared_gate_weights), or NULL: 1. With 8 warps, 3 blocks an SM (the knobs' choice where an SM
@@ -949,13 +965,15 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     const int d = (int)blockIdx.x; /* the block's 16 dims: 16d .. */
     const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
     const int nv = valid_tokens(num_valid, B);
-    float *acc_tile = smem + w * TPE * 32, *frag = acc_tile + TPE * 16; /* this warp's alone: [TPE][16], [NT][32][4] */
+    /* this warp's [NT][32][4]; the sums: [TPE][NSLOT][16] (DEAL 1) or [NW2][TPE][16] */
+    float *frag = smem + w * TPE * 16, *sums = smem + NW2 * TPE * 16;
+    float *tile = DEAL ? sums : sums + w * TPE * 16;
     MJ_NO_UNROLL
-    for (int i = lane; i < TPE * 16; i += 32) acc_tile[i] = 0.0f;
-    __syncwarp(0xFFFFFFFFu);
+    for (int i = (int)threadIdx.x; i < DTILE; i += NW2 * 32) sums[i] = 0.0f; /* what no expert fills stays 0 */
+    __syncthreads();
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
     const int ts = nv < t1 ? nv : t1; /* shared experts: the valid tokens of the tile */
-    uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 128 + w * DRING * DSLOT;
+    uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 64 + DTILE * 4 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
      * items, so next_expert's searches are compiled once). */
     int cursor = 0, sj = w, ppart = DPARTS - 1; /* this warp's share: next_expert */
@@ -1004,18 +1022,20 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
             } else if (it.n <= 8) {
                 for (int q = 0; q < 4; q++) frag[lane * 4 + q] = accr[0][q];
             }
-            down_epilogue(&it, row_index, weights, t0, lane, frag, acc_tile, sgate_w);
+            down_epilogue(&it, row_index, weights, t0, lane, frag, tile, sgate_w, n_local);
         }
         __syncwarp(0xFFFFFFFFu); /* every lane is done with this slot and the one before */
     }
     mj_cp_async_wait(0); /* nothing lands after the warp is done (the empty groups) */
-    __syncthreads();     /* every warp's tile is summed */
-    /* The warps' tiles added in warp order (each its experts' in ascending order). */
+    __syncthreads();     /* every warp's experts are in the sums */
+    /* Each token's slots added in slot order (its top-k slots, then the shared sub-experts),
+     * or the warps' sums in warp order (each its experts' in ascending id). */
     MJ_NO_UNROLL
     for (int i = (int)threadIdx.x; i < (t1 - t0) * 16; i += NW2 * 32) {
-        float v = smem[i];
+        const float *ts = DEAL ? sums + (i / 16) * NSLOT * 16 + i % 16 : sums + i;
+        float v = ts[0];
         MJ_NO_UNROLL
-        for (int u = 1; u < NW2; u++) v += smem[u * TPE * 32 + i];
+        for (int u = 1; u < (DEAL ? NSLOT : NW2); u++) v += ts[u * (DEAL ? 16 : TPE * 16)];
         const long long o = (long long)(t0 + i / 16) * H + 16 * d + i % 16;
         if (out16) {
             const uint32_t u = mj_f32_bits(v);

@@ -656,7 +656,7 @@ expect_fail env PATH=/nonexistent MOEJIT_NVDISASM= "$MJ" inspect --cache-dir "$C
 # An expert GEMM entry says what it reads per active expert, and the floor on a named GPU:
 # GLM-5 at TP 8 (H 6144, I_local 256) is 2654208 bytes an expert, 9 experts for one token on
 # an RTX PRO 6000 at 1792 GB/s: 13.3 us.
-printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1,"PART":0,"KSPLIT":1,"DSTEPS":4},"arch":"sm_120a"}\n' >ex.jsonl
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1,"PART":0,"KSPLIT":1,"DSTEPS":4,"DEAL":0},"arch":"sm_120a"}\n' >ex.jsonl
 EC=$T/ecache
 expect_rc 0 "$MJ" prewarm -q --cache-dir "$EC" ex.jsonl
 ekey=$("$MJ" inspect --cache-dir "$EC" list | awk '$2=="moe_experts" {print $1; exit}')
@@ -664,7 +664,7 @@ expect_rc 0 "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline rtx-pro-6000
 contains out "moves      2654208 bytes per active expert"; contains out "1.48 us per active expert on rtx-pro-6000"
 contains out "reads 9 experts: 13.3 us"
 # On a GPU each expert kernel is an entry of its own: the entry says which share it reads.
-printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2,"KSPLIT":1,"DSTEPS":4},"arch":"sm_120a"}\n' >up.jsonl
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2,"KSPLIT":1,"DSTEPS":4,"DEAL":0},"arch":"sm_120a"}\n' >up.jsonl
 expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/upcache" up.jsonl
 ukey=$("$MJ" inspect --cache-dir "$T/upcache" list | awk '$2=="moe_experts" {print $1; exit}')
 expect_rc 0 "$MJ" inspect --cache-dir "$T/upcache" show "$ukey" --roofline rtx-pro-6000

@@ -335,7 +335,8 @@ static mj_route_outputs route_outputs(const routing *r) {
 }
 
 /* What the tests saw of the dispatcher's choices. */
-static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_ks[9], g_seen_chunks, g_seen_tiles;
+static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_ks[9], g_seen_deal[2], g_seen_chunks,
+    g_seen_tiles;
 
 /* One forward of routing r on L in mode, checked stage by stage and against mj_experts_ref.
  * Returns the stage failures when counting (mutation tests). */
@@ -346,7 +347,7 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     mj_experts_view_get(ex, &f.v);
     mj_experts_plan(ex, mode, B, &f.kn);
     g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = g_seen_ds[f.kn.DSTEPS] = 1;
-    g_seen_ks[f.kn.KSPLIT] = 1;
+    g_seen_ks[f.kn.KSPLIT] = g_seen_deal[f.kn.DEAL] = 1;
     for (int e = 0; e < r->E; e++) g_seen_chunks |= r->cnt[e] > f.kn.TPE;
     g_seen_tiles |= B > f.kn.TPE;
     tbuf out = tbuf_new(sizeof(float) * (size_t)B * H, 0);
@@ -681,7 +682,7 @@ static void test_placed_forward(const char *cache, uint64_t seed) {
         mj_experts_free(ex);
         mj_layer_free(L);
     }
-    CHECK(g_seen_nw2[8], "sm_90a: down's 8-warp blocks reached");
+    CHECK(g_seen_nw2[8] && g_seen_deal[1], "sm_90a: down's 8-warp blocks, dealt by place, reached");
     /* its dequantization on every code and scale, in the placed layout */
     test_dequant(c90);
     mj_context_destroy(c90);
@@ -1189,11 +1190,11 @@ static void test_specs(const char *cache) {
     }
     static const char *const bad[] = {
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"KSPLIT\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"KSPLIT\": 1, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"KSPLIT\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"KSPLIT\": 1, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"KSPLIT\": 1, \"DSTEPS\": 4}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"KSPLIT\": 1, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
     };
     /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
      * nothing at all for n = 0. */
@@ -1254,6 +1255,12 @@ static void test_compile(const char *cache) {
                     const int nw2 = t == 1 && tpe <= 32 ? 8 : tpe == 64 && ds == 4 ? 2 : 4;
                     CHECK(k.NW2 == nw2, "%s %s TPE %d: %d down warps, want %d", targets[t], mode ? "W4A4" : "W4A16",
                           tpe, k.NW2, nw2);
+                    /* by place where the slot tile keeps the blocks an SM: sm_90a's 8 warps (GLM-5: 9
+                     * slots a token), sm_120a's W4A4 at TPE 16 (2 blocks of 4 warps either way);
+                     * elsewhere it would cost a block an SM */
+                    const int deal = (t == 1 && tpe <= 32) || (t == 0 && mode == 1 && tpe == 16);
+                    CHECK(k.DEAL == deal, "%s %s TPE %d: down's experts dealt %s", targets[t], mode ? "W4A4" : "W4A16",
+                          tpe, k.DEAL ? "by place" : "by id");
                     mj_spec s[3];
                     const int32_t n = mj_experts_specs(c, &k, s);
                     CHECK(n == (mode ? 3 : 2), "%s %s: %d specializations, want one per kernel launched",
@@ -1332,6 +1339,7 @@ static void check_seen(void) {
     CHECK(g_seen_ks[1] && g_seen_ks[2] && g_seen_ks[8], "up split over 1, 2 and 8 blocks reached");
     CHECK(g_seen_nw2[4], "down's 4-warp blocks reached");
     CHECK(g_seen_ds[4] && g_seen_ds[2], "both item sizes of down reached (4 k-steps at TPE 8, 2 past it)");
+    CHECK(g_seen_deal[0] && g_seen_deal[1], "down's experts dealt by id and by place both reached");
     CHECK(g_seen_chunks && g_seen_tiles, "an expert with more tokens than a bucket, and several token tiles");
 }
 
