@@ -13,7 +13,7 @@
  *                  written as bf16 (W4A16) or requantized to NVFP4 with w2's input_scale (W4A4);
  *   experts_down   block (16 hidden dims, a tile of TPE tokens): its NW2 warps share the
  *                  active experts out. DEAL 1: by place in the list (warp w: entries w, w +
- *                  NW2, ..., then the shared sub-experts w, w + NW2, ...), each writing
+ *                  NW2, ..., the shared sub-experts as places after the list's), each writing
  *                  weight x (w2 . act) of a (token, expert) into that token's slot of the
  *                  block's tile (its top-k slot, or K + the shared sub-expert); then each
  *                  token's slots are added in slot order. DEAL 0 (where that tile does not
@@ -774,7 +774,8 @@ typedef struct down_item_t {
 /* A warp's next expert with rows in [t0, t1): its share is the routed experts at places w,
  * w + NW2, ... of the active list (DEAL 1), or whose id is w modulo NW2 (DEAL 0), in the
  * list's ascending order (*cursor: where its scan goes on, 32 places a ballot), then the
- * shared sub-experts w, w + NW2, ... (*sj). By place the warps' shares differ by one at most,
+ * shared sub-experts *sj, *sj + NW2, ... (the first: w, or by place the one at place na + j
+ * that is w's). By place the warps' shares differ by one at most,
  * and which warp takes an expert does not reach the output (each (token, expert) has a slot
  * of its own, added in slot order); by id a token's sum goes over the same warps in the same
  * order whatever else the batch holds. Either way a token's output does not depend on the
@@ -976,7 +977,9 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 64 + DTILE * 4 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
      * items, so next_expert's searches are compiled once). */
-    int cursor = 0, sj = w, ppart = DPARTS - 1; /* this warp's share: next_expert */
+    /* this warp's share: next_expert. By place the shared sub-experts take the places after
+     * the list's (na + j), so the warp that took the last routed place is not given one too */
+    int cursor = 0, sj = DEAL ? (w - na) & (NW2 - 1) : w, ppart = DPARTS - 1;
     down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
     long long row0 = 0; /* the item's first act row (token t0 + i at row0 + i) */
     float accr[SUMS_SMEM ? 1 : NT][4];

@@ -300,10 +300,12 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     k->name = "experts_down";
                     const int parts = (I / 64 + kx.DSTEPS - 1) / kx.DSTEPS;
                     k->l.blocks = (int64_t)d->grid[0] * d->grid[1], k->l.bytes = items * w2;
-                    /* a block waits for its busiest warp: dealt by place (DEAL 1) warp 0 takes
-                     * the most, by id (DEAL 0) the busiest share of random ids */
-                    k->l.iters = kx.DEAL ? parts * (ceil(na / kx.NW2) + ceil((double)nsub / kx.NW2))
-                                         : parts * pm_busiest_share((int)lround(na), kx.NW2, nsub);
+                    /* a block waits for its busiest warp: dealt by place (DEAL 1, the shared
+                     * sub-experts places after the list's) an even share, by id (DEAL 0) the
+                     * busiest share of random ids */
+                    const long nr = lround(na);
+                    k->l.iters = kx.DEAL ? parts * (double)((nr + nsub + kx.NW2 - 1) / kx.NW2)
+                                         : parts * pm_busiest_share((int)nr, kx.NW2, nsub);
                     k->l.inflight = (MJ_EXPERTS_DRING - 2) * (double)MJ_EXPERTS_DSLOT(kx.DSTEPS);
                 }
                 if ((rc = fetch(ctx, &rd, &xs[x], use_twin && part > 1 ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
