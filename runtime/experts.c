@@ -401,6 +401,10 @@ static uint32_t up_smem(const mj_knobs_moe_experts *k) {
 static uint32_t down_smem(const mj_knobs_moe_experts *k) {
     return (uint32_t)(k->NW2 * (k->TPE * 64 * (2 - k->DEAL) + DOWN_RING(k->DSTEPS)) + k->DEAL * k->TPE * (k->K + k->NSUB) * 64);
 }
+/* What a down block may take: DOWN_BIG with 8 warps, else 48 KiB (no opt-in). */
+static uint32_t down_budget(const mj_knobs_moe_experts *k) {
+    return k->NW2 == 8 ? DOWN_BIG : MJ_SMEM_DEFAULT_LIMIT;
+}
 
 /* The specialization for B tokens: an expert takes up to TPE tokens at once (B rounded up
  * to a power of two: at decode each weight byte is read once), the up blocks split H over
@@ -442,7 +446,7 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
         if (down_smem(&k) > DOWN_BIG && !k.MODE) k.DSTEPS = 2;
         if (down_smem(&k) > DOWN_BIG) k.NW2 = 4, k.DSTEPS = 4;
     }
-    while (k.NW2 < 8 && k.NW2 > 1 && down_smem(&k) > MJ_SMEM_DEFAULT_LIMIT) k.NW2 /= 2;
+    while (k.NW2 > 1 && down_smem(&k) > down_budget(&k)) k.NW2 /= 2;
     /* Then the experts dealt to the warps by place (even shares, each (token, expert) a slot of
      * the block's tile) where that tile fits the same budget and as many blocks an SM (its
      * shared memory, a block's 1 KiB of the system's); else by id, each warp's sums its own
@@ -450,7 +454,7 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
     if (k.NW2 > 1) {
         const uint32_t sm = (uint32_t)mj_target_smem_max(target) + 1024, by_id = sm / (down_smem(&k) + 1024);
         k.DEAL = 1;
-        if (down_smem(&k) > (k.NW2 == 8 ? DOWN_BIG : MJ_SMEM_DEFAULT_LIMIT) || sm / (down_smem(&k) + 1024) < by_id)
+        if (down_smem(&k) > down_budget(&k) || sm / (down_smem(&k) + 1024) < by_id)
             k.DEAL = 0;
     }
     *out = k;

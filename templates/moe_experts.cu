@@ -172,8 +172,8 @@ MJ_DEVICE void store_q16(uint8_t *row, int grp, uint32_t w0, uint32_t w1) {
  * Below sm_120 (W4A16 alone) the packed words are bit-placed (runtime/weights/pack.c,
  * mj_pack_place_word): pairs 0 .. 2 are one shift and a mask each, pair 3 a shift, a mask,
  * a multiply by 1 + 2^5 + 2^11 (three copies that share no bit) and a mask; with the
- * scale's multiply, 3 to 5 instructions a pair, 2 of the integer pipe's at most (a left
- * shift can be an IMAD, which Hopper issues to its FMA pipe). On sm_120a / sm_121a the
+ * scale's multiply, 2 to 5 instructions a pair (a left shift can be an IMAD, which Hopper
+ * issues to its FMA pipe, not its ALU: 6 ALU instructions a word of 4 pairs). On sm_120a / sm_121a the
  * words are the codes as W4A4's MMA reads them (code j in nibble j): a byte permute puts
  * codes 2q and 2q + 1 at bits 0 and 16, a mask clears the rest, one multiply by 2^6 + 2^12
  * moves the magnitude bits by 6 and the sign bit by 12 at once (the two shifted copies

@@ -592,10 +592,49 @@ static void test_silu(mj_context_t ctx) {
     free(x), free(y), free(want);
 }
 
+/* A forward case: a random layer (one shared expert) of hidden H, intermediate I, E experts,
+ * top-k; B random tokens, nv valid, routed by the router with OEA's k0. */
+typedef struct fwd_case {
+    int H, I, E, k, B, nv, k0;
+} fwd_case;
+
+/* Case ci of cases (seed + ci) on experts of workspace mb in ctx, checked by run_forward in
+ * W4A16 and, with both_modes, W4A4; placed >= 0: the handle's code words must be bit-placed
+ * (1) or not (0). */
+static void forward_cases(mj_context_t ctx, const fwd_case *cases, size_t n, uint64_t seed, int mb, int both_modes,
+                          int placed, const char *label) {
+    for (size_t ci = 0; ci < n; ci++) {
+        mj_moe_config c = test_moe_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
+        mj_layer_t L = NULL;
+        CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
+        if (!L) continue;
+        mj_experts_t ex = make_experts(ctx, L, mb);
+        if (ex) {
+            mj_experts_view v;
+            mj_experts_view_get(ex, &v);
+            CHECK(placed < 0 || v.placed == placed, "%s: the packed code words %sbit-placed", label,
+                  placed ? "" : "not ");
+            uint64_t rng = seed * 31 + ci;
+            uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * c.hidden);
+            test_random_hidden(hidden, (size_t)cases[ci].B * c.hidden, &rng);
+            routing r;
+            route_layer(L, hidden, cases[ci].B, cases[ci].nv, cases[ci].k0, &r);
+            char what[96];
+            snprintf(what, sizeof what, "%s case %zu", label, ci);
+            for (int m = 0; m < (both_modes ? 2 : 1); m++)
+                run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, what);
+            routing_free(&r);
+            free(hidden);
+        }
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
+}
+
 /* Small shapes: every bucket, split-K and tile choice, routing from the router (k0 = k and
  * k0 < k, padding) and by hand (experts with 0, 1, 8, 9, 33 tokens), both modes. */
 static void test_small(mj_context_t ctx, uint64_t seed) {
-    static const struct { int H, I, E, k, B, nv, k0; } cases[] = {
+    static const fwd_case cases[] = {
         {256, 128, 16, 4, 1, 1, 4},   {256, 128, 16, 4, 2, 2, 2},  {512, 64, 16, 4, 7, 5, 4},
         {1024, 128, 16, 4, 16, 16, 2}, {2048, 64, 16, 4, 64, 61, 4}, {512, 128, 16, 4, 257, 250, 4},
         {4096, 64, 8, 2, 3, 3, 1},    {256, 64, 16, 4, 32, 30, 2},
@@ -606,27 +645,7 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
          * (I 320: the second short): TPE 32 NW1 4; TPE 64 over chunks; TPE 64 NW1 2 */
         {1024, 320, 16, 4, 32, 29, 4}, {1024, 320, 16, 4, 100, 97, 4}, {4096, 320, 8, 4, 40, 40, 4},
     };
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        mj_moe_config c = test_moe_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
-        mj_layer_t L = NULL;
-        CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
-        if (!L) continue;
-        mj_experts_t ex = make_experts(ctx, L, 320);
-        uint64_t rng = seed * 31 + ci;
-        uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * c.hidden);
-        test_random_hidden(hidden, (size_t)cases[ci].B * c.hidden, &rng);
-        routing r;
-        route_layer(L, hidden, cases[ci].B, cases[ci].nv, cases[ci].k0, &r);
-        char what[96];
-        for (int m = 0; m < 2 && ex; m++) {
-            snprintf(what, sizeof what, "small case %zu", ci);
-            run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, what);
-        }
-        routing_free(&r);
-        free(hidden);
-        mj_experts_free(ex);
-        mj_layer_free(L);
-    }
+    forward_cases(ctx, cases, sizeof cases / sizeof cases[0], seed, 320, 1, -1, "small");
     /* Token counts by hand: experts with 0, 1, 8, 9 and 33 tokens. */
     mj_moe_config c = test_moe_cfg(512, 128, 16, 4, 1);
     mj_layer_t L = NULL;
@@ -652,36 +671,13 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
  * the forward against mj_experts_ref, over the token buckets, up split over blocks and 8 up
  * warps, the shared expert, and down's items of two runs. */
 static void test_placed_forward(const char *cache, uint64_t seed) {
-    static const struct { int H, I, E, k, B, nv, k0; } cases[] = {
+    static const fwd_case cases[] = {
         {256, 128, 16, 4, 1, 1, 4}, {1024, 64, 16, 4, 5, 4, 4}, {2048, 64, 16, 4, 12, 12, 4},
         {1024, 320, 16, 4, 32, 29, 4}, {2048, 64, 16, 4, 64, 61, 4},
     };
     mj_context_t c90 = test_new_context(cache, MJ_BACKEND_SIM, "sm_90a", 0);
     if (!c90) return;
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        mj_moe_config c = test_moe_cfg(cases[ci].H, cases[ci].I, cases[ci].E, cases[ci].k, 1);
-        mj_layer_t L = NULL;
-        CHECK_OK(mj_layer_create_random(&c, seed + ci, &L));
-        if (!L) continue;
-        mj_experts_t ex = make_experts(c90, L, 64);
-        if (ex) {
-            mj_experts_view v;
-            mj_experts_view_get(ex, &v);
-            CHECK(v.placed == 1, "sm_90a: the packed code words are bit-placed");
-            uint64_t rng = seed * 31 + ci;
-            uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)cases[ci].B * c.hidden);
-            test_random_hidden(hidden, (size_t)cases[ci].B * c.hidden, &rng);
-            routing r;
-            route_layer(L, hidden, cases[ci].B, cases[ci].nv, cases[ci].k0, &r);
-            char what[96];
-            snprintf(what, sizeof what, "sm_90a placed case %zu", ci);
-            run_forward(c90, L, ex, MJ_MODE_W4A16, hidden, &r, what);
-            routing_free(&r);
-            free(hidden);
-        }
-        mj_experts_free(ex);
-        mj_layer_free(L);
-    }
+    forward_cases(c90, cases, sizeof cases / sizeof cases[0], seed, 64, 0, 1, "sm_90a placed");
     CHECK(g_seen_nw2[8] && g_seen_deal[1], "sm_90a: down's 8-warp blocks, dealt by place, reached");
     /* its dequantization on every code and scale, in the placed layout */
     test_dequant(c90);
