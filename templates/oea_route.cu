@@ -331,62 +331,54 @@ MJ_DEVICE void token_finish(const float *s, int sel, int n, float rsf, int32_t *
     if (lane == 0) n_sel[b] = n;
 }
 
+/* Mask words an expert in one chunk of the dispatch's rank step (DW x 32 entries a chunk),
+ * within the scratch of the warps' score rows (2 x NWARPS x E words). */
+#define DW (2 * NWARPS < 8 ? 2 * NWARPS : 8)
+
 /* The dispatch metadata (the permutation and its inverse, row_index, among it) from ids
- * [B, K]: a token's rows in slot order, tokens in order, -1 in empty slots (row_index -1 in
- * rows past the routed ones), a token's experts distinct (every pick removes its expert). The block's
- * NWARPS warps each take a contiguous segment of tokens (warp w: tokens w*per .. ), and
- *   1. count their segment's rows per expert into seg[w][e] (shared integer atomics: the
- *      totals do not depend on the order);
- *   2. a thread per expert: the expert's count, and each warp's first row within the expert
- *      (an exclusive scan over the warps, in order);
- *   3. warp 0: the exclusive scan over the experts (offsets, into seg[0][e], which step 2
- *      left 0) and the active list, lane l taking experts l*LOCAL .. l*LOCAL+LOCAL-1 and a
- *      shuffle scan across the lanes;
- *   4. the outputs, copied in parallel; then each warp walks its tokens in order, lane j
- *      slot j: the row is the next free row of (its warp, the expert), so rows are grouped
- *      by expert, within an expert by token.
- * Integer work only, each result in a fixed place: deterministic. cnt: E ints; seg: NWARPS
- * * E ints; act: E ints (all shared). */
+ * [B, K]: rows grouped by expert (experts in id order), within an expert in entry order
+ * (entry r = b * K + j: tokens in order, a token's slots in order), -1 in empty slots (row_index
+ * -1 in rows past the routed ones). An id outside 0..E-1 is an empty slot. The block's
+ * threads take entries and experts in strides, and
+ *   1. count each expert's entries (shared integer atomics: the totals do not depend on the
+ *      order);
+ *   2. warp 0: the exclusive scan over the experts (offsets) and the active list, lane l
+ *      taking experts l*LOCAL .. l*LOCAL+LOCAL-1 and a shuffle scan across the lanes;
+ *   3. the outputs, copied in parallel;
+ *   4. by chunks of DW x 32 entries: each entry sets its bit in its expert's mask (atomicOr:
+ *      the masks do not depend on the order), and its row is the expert's base (offset plus
+ *      the entries of the chunks before) plus the bits below its own: its rank among the
+ *      expert's entries. O(1) a thread at decode batches, however many tokens an expert has.
+ * Integer work only, each result in a fixed place: deterministic; duplicate ids in a token
+ * get rows of their own, in slot order, as the reference gives them. cnt: E ints (shared);
+ * scr: 2 x NWARPS x E words (shared): the offsets and the active list (steps 2-3), then the
+ * masks [DW][E] (step 4). */
 MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
                           int32_t *active, int32_t *n_active, int32_t *perm, int32_t *row_index,
-                          int32_t *cnt, int32_t *seg, int32_t *act) {
-    const int t = (int)threadIdx.x, lane = t % 32, w = warp_index();
-    const int per = (B + NWARPS - 1) / NWARPS;
-    const int b0 = w * per < B ? w * per : B, b1 = b0 + per < B ? b0 + per : B;
-    int32_t *mine = seg + w * E;
+                          int32_t *cnt, uint32_t *scr) {
+    const int t = (int)threadIdx.x, lane = t % 32, w = warp_index(), n = B * K;
+    int32_t *const off = (int32_t *)scr, *const act = (int32_t *)scr + E;
 #pragma unroll 1
-    for (int i = t; i < NWARPS * E; i += NWARPS * 32) seg[i] = 0;
+    for (int e = t; e < E; e += NWARPS * 32) cnt[e] = 0;
     /* Rows past the routed ones have no source: -1 (the routed rows are written in step 4,
      * after barriers). */
     if (row_index) {
 #pragma unroll 1
-        for (int r = t; r < B * K; r += NWARPS * 32) row_index[r] = -1;
+        for (int r = t; r < n; r += NWARPS * 32) row_index[r] = -1;
     }
     __syncthreads();
 #pragma unroll 1
-    for (int r = b0 * K + lane; r < b1 * K; r += 32) {
-        int e = ids[r];
-        if (e >= 0) atomicAdd(&mine[e], 1);
-    }
-    __syncthreads();
-#pragma unroll 1
-    for (int e = t; e < E; e += NWARPS * 32) {
-        int run = 0;
-#pragma unroll 1
-        for (int v = 0; v < NWARPS; v++) {
-            int n = seg[v * E + e];
-            seg[v * E + e] = run;
-            run += n;
-        }
-        cnt[e] = run;
+    for (int r = t; r < n; r += NWARPS * 32) {
+        const int e = ids[r];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
     if (w == 0) { /* warp 0 alone (w is known warp-uniform: no divergent shuffles) */
         int tot = 0, nz = 0;
 #pragma unroll 1
         for (int i = 0; i < LOCAL; i++) {
-            int e = lane * LOCAL + i, n = e < E ? cnt[e] : 0;
-            tot += n, nz += n > 0;
+            int e = lane * LOCAL + i, c = e < E ? cnt[e] : 0;
+            tot += c, nz += c > 0;
         }
         int it = tot, iz = nz; /* inclusive scans over the lanes */
         for (int d = 1; d < 32; d *= 2) {
@@ -394,46 +386,68 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
             it += lane >= d ? a : 0, iz += lane >= d ? z : 0;
         }
         const int n_act = __shfl_sync(0xFFFFFFFFu, iz, 31);
-        {
-            int off = it - tot, na = iz - nz;
+        int o = it - tot, na = iz - nz;
 #pragma unroll 1
-            for (int i = 0; i < LOCAL; i++) {
-                int e = lane * LOCAL + i;
-                if (e < E) {
-                    seg[e] = off;
-                    if (cnt[e]) act[na++] = e;
-                    off += cnt[e];
-                }
+        for (int i = 0; i < LOCAL; i++) {
+            int e = lane * LOCAL + i;
+            if (e < E) {
+                off[e] = o;
+                if (cnt[e]) act[na++] = e;
+                o += cnt[e];
             }
+        }
 #pragma unroll 1
-            for (int e = n_act + lane; e < E; e += 32) act[e] = -1;
-            if (lane == 31) {
-                if (offsets) offsets[E] = it;
-                if (n_active) n_active[0] = iz;
-            }
+        for (int e = n_act + lane; e < E; e += 32) act[e] = -1;
+        if (lane == 31) {
+            if (offsets) offsets[E] = it;
+            if (n_active) n_active[0] = iz;
         }
     }
     __syncthreads();
 #pragma unroll 1
     for (int e = t; e < E; e += NWARPS * 32) {
         if (counts) counts[e] = cnt[e];
-        if (offsets) offsets[e] = seg[e];
+        if (offsets) offsets[e] = off[e];
         if (active) active[e] = act[e];
+        cnt[e] = off[e]; /* from here: the expert's next chunk's first row */
     }
     if (!perm && !row_index) return;
-    if (w > 0) {
+    __syncthreads(); /* off and act are read: the scratch takes the masks */
 #pragma unroll 1
-        for (int e = lane; e < E; e += 32) mine[e] += seg[e];
-    }
-    __syncthreads();
+    for (int c0 = 0; c0 < n; c0 += DW * 32) {
+        const int c1 = c0 + DW * 32 < n ? c0 + DW * 32 : n;
 #pragma unroll 1
-    for (int b = b0; b < b1; b++) {
-        if (lane < K) {
-            int e = ids[b * K + lane], row = e >= 0 ? mine[e]++ : -1;
-            if (perm) perm[b * K + lane] = row;
-            if (row_index && row >= 0) row_index[row] = b * K + lane;
+        for (int i = t; i < DW * E; i += NWARPS * 32) scr[i] = 0;
+        __syncthreads();
+#pragma unroll 1
+        for (int r = c0 + t; r < c1; r += NWARPS * 32) {
+            const int e = ids[r];
+            if (e >= 0 && e < E) atomicOr(&scr[(r - c0) / 32 * E + e], 1u << ((r - c0) % 32));
         }
-        __syncwarp(0xFFFFFFFFu);
+        __syncthreads();
+#pragma unroll 1
+        for (int r = c0 + t; r < c1; r += NWARPS * 32) {
+            const int e = ids[r], q = (r - c0) / 32;
+            int row = -1;
+            if (e >= 0 && e < E) {
+                row = cnt[e] + __popc(scr[q * E + e] & ((1u << ((r - c0) % 32)) - 1u));
+#pragma unroll 1
+                for (int j = 0; j < q; j++) row += __popc(scr[j * E + e]);
+            }
+            if (perm) perm[r] = row;
+            if (row_index && row >= 0) row_index[row] = r;
+        }
+        if (c1 < n) { /* another chunk: the bases move past this one's entries */
+            __syncthreads();
+#pragma unroll 1
+            for (int e = t; e < E; e += NWARPS * 32) {
+                int m = 0;
+#pragma unroll 1
+                for (int j = 0; j < DW; j++) m += __popc(scr[j * E + e]);
+                cnt[e] += m;
+            }
+            __syncthreads();
+        }
     }
 }
 
@@ -513,5 +527,5 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
     dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt,
-             (int32_t *)sm_s, (int32_t *)sm_c);
+             (uint32_t *)sm_dyn);
 }

@@ -9,6 +9,7 @@
  * table with every special input. With ROUTE_TEST_GPU (tests/test_route_gpu.c) the same
  * table runs on a GPU. */
 #include "mj_kernels.h"
+#include "plan.h"
 #include "sim/sim.h"
 #include "test.h"
 
@@ -319,6 +320,55 @@ static void test_replay(mj_context_t ctx, uint64_t seed) {
         mj_sim_graph_free(g);
         dbufs_free(&d);
         free(x), free(bias);
+    }
+}
+
+/* The dispatch of ids given (mj_route_dispatch: what mj_experts_forward_topk launches on an
+ * engine's top-k) against the reference: empty slots after a token's picks, an expert twice
+ * in one token (each entry gets a row of its own, in slot order), one expert in every token,
+ * and batches past one chunk of the rank step (256 entries at 8 warps and more) up to many
+ * chunks, so the bases carry over. */
+static void test_dispatch(mj_context_t ctx, uint64_t seed) {
+    static const int shapes[][3] = {{1, 8, 256}, {7, 8, 8},    {33, 8, 256}, {32, 8, 256},
+                                    {100, 16, 64}, {700, 6, 256}, {2000, 1, 8}, {90, 16, 1024}};
+    for (int si = 0; si < 8; si++) {
+        const int B = shapes[si][0], k = shapes[si][1], E = shapes[si][2];
+        uint64_t rng = seed + 31 * (uint64_t)si;
+        routed want = routed_new(B, E, k);
+        for (int b = 0; b < B; b++) {
+            const int n = (int)(mj_rng_next(&rng) % (uint64_t)(k + 1));
+            want.n[b] = n;
+            for (int j = 0; j < k; j++) {
+                int e = (int)(mj_rng_next(&rng) % (uint64_t)E);
+                if (j > 0 && mj_rng_uniform(&rng) < 0.2) e = want.ids[b * k + j - 1]; /* twice in a token */
+                if (b % 5 == 0 && j == 0) e = E - 1;                                  /* a hot expert */
+                want.ids[b * k + j] = j < n ? e : -1;
+            }
+        }
+        CHECK_OK(mj_route_dispatch_ref(want.ids, want.n, B, k, E, want.cnt, want.off, want.act, &want.na, want.perm,
+                                       want.rix));
+        dbufs d = dbufs_new(B, E, k);
+        dbufs_poison(&d);
+        tbuf_put(&d.ids, want.ids, 4 * (size_t)B * k);
+        mj_route_outputs o = dbufs_outputs(&d);
+        CHECK_OK(mj_route_dispatch(ctx, d.ids.p, B, k, E, &o, NULL));
+        routed got = routed_new(B, E, k);
+        tbuf_get(&d.cnt, got.cnt, "expert_counts");
+        tbuf_get(&d.off, got.off, "expert_offsets");
+        tbuf_get(&d.act, got.act, "active_experts");
+        tbuf_get(&d.na, &got.na, "n_active");
+        tbuf_get(&d.perm, got.perm, "permutation");
+        tbuf_get(&d.rix, got.rix, "row_index");
+        const int before = g_fail;
+        CHECK(!memcmp(got.cnt, want.cnt, 4 * (size_t)E), "counts differ");
+        CHECK(!memcmp(got.off, want.off, 4 * (size_t)(E + 1)), "offsets differ");
+        CHECK(!memcmp(got.act, want.act, 4 * (size_t)E) && got.na == want.na, "active experts differ");
+        CHECK(!memcmp(got.perm, want.perm, 4 * (size_t)B * k), "permutation differs");
+        CHECK(!memcmp(got.rix, want.rix, 4 * (size_t)B * k), "row_index differs");
+        if (g_fail != before) fprintf(stderr, "  dispatch B=%d k=%d E=%d seed=%llu\n", B, k, E, (unsigned long long)seed);
+        routed_free(&got);
+        routed_free(&want);
+        dbufs_free(&d);
     }
 }
 
@@ -774,6 +824,7 @@ static void case_refusals(void) { test_refusals(g_ctx); }
 static void case_compile(void) { test_compile(g_dir); }
 static void case_replay(void) { test_replay(g_ctx, g_seed); }
 static void case_constraints(void) { test_constraints(g_ctx); }
+static void case_dispatch(void) { test_dispatch(g_ctx, g_seed); }
 
 /* The cases a GPU runs first (test_route_gpu: the first N_GPU_CASES), then the interpreter's
  * own. */
@@ -782,12 +833,13 @@ static const test_case cases[] = {
     TEST_CASE("table", case_table),
     TEST_CASE("group_rules", case_group_rules),
     TEST_CASE("refusals", case_refusals),
+    TEST_CASE("dispatch", case_dispatch),
     TEST_CASE("policy", test_policy),
     TEST_CASE("compile", case_compile),
     TEST_CASE("replay", case_replay),
     TEST_CASE("constraints", case_constraints),
 };
-enum { N_GPU_CASES = 4 };
+enum { N_GPU_CASES = 5 };
 
 int main(int argc, char **argv) {
     return test_main(argc, argv, cases, ROUTE_TEST_GPU ? N_GPU_CASES : TEST_N(cases), setup, teardown);
