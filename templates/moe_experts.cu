@@ -771,41 +771,72 @@ typedef struct down_item_t {
     int part;        /* which DSTEPS k-steps of the expert (in the ring)                   */
 } down_item_t;
 
-/* A warp's next expert with rows in [t0, t1): its share is the routed experts at places w,
- * w + NW2, ... of the active list (DEAL 1), or whose id is w modulo NW2 (DEAL 0), in the
- * list's ascending order (*cursor: where its scan goes on, 32 places a ballot), then the
- * shared sub-experts *sj, *sj + NW2, ... (the first: w, or by place the one at place na + j
- * that is w's). By place the warps' shares differ by one at most,
- * and which warp takes an expert does not reach the output (each (token, expert) has a slot
- * of its own, added in slot order); by id a token's sum goes over the same warps in the same
- * order whatever else the batch holds. Either way a token's output does not depend on the
- * other tokens (padding rows included). */
-MJ_DEVICE down_item_t next_expert(int *cursor, int *sj, int na, const int32_t *counts, const int32_t *offsets,
-                                  const int32_t *active, const int32_t *row_index, const float *scal, int n_local,
-                                  int expert_begin, int mb, int t0, int t1, int ts, int w, int lane) {
-    down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
-    while (*cursor < na) {
-        const int c = *cursor + lane, e = c < na ? active[c] : -1;
-        const unsigned m = __ballot_sync(0xFFFFFFFFu, e >= 0 && ((DEAL ? c : e) & (NW2 - 1)) == w);
-        if (!m) {
-            *cursor += 32;
-            continue;
-        }
-        const int f = __ffs((int)m) - 1, ef = __shfl_sync(0xFFFFFFFFu, e, f), xi = ef - expert_begin;
-        *cursor += f + 1;
-        if (xi < 0 || xi >= n_local) continue;
-        const int off = offsets[ef], cnt = counts[ef];
-        const int lo = first_row(row_index, off, off + cnt, t0), hi = first_row(row_index, lo, off + cnt, t1);
-        if (hi == lo) continue;
-        it.xi = xi, it.r0 = lo, it.n = hi - lo;
-        const float ws2 = scal[xi * SCAL + 2];
-        it.alpha = MODE == 1 ? scal[xi * SCAL + 3] * ws2 : ws2;
-        return it;
+/* A warp's share of the active list goes 32 of its places at a time (a chunk; lane l: the
+ * chunk's l-th). Its places are w, w + NW2, ... (DEAL 1: by place) or every place whose
+ * expert's id is w modulo NW2 (DEAL 0: by id; a chunk is then 32 consecutive places, the
+ * others' lanes empty). A lane keeps its place's expert in one register (the loop keeps it
+ * across its MMAs): the expert (low 16 bits) and its rows in the tile (high; 0 when the place
+ * is not the warp's to take, or is taken). The warp's position, one register too: the next
+ * chunk's first place (low 15 bits: in the warp's places for DEAL 1, in the list's for DEAL
+ * 0), whether the chunk before was its last (bit 15), its next shared sub-expert (high 16). */
+#define POS_CHUNK(pos) ((pos) & 0x7FFF)
+#define POS_LAST(pos) ((pos) & 0x8000)
+#define POS_SHARED(pos) ((pos) >> 16)
+
+/* The token tile's bounds, again where needed (not kept in registers across the loop). */
+MJ_DEVICE int tile_t0(void) { return (int)blockIdx.y * TPE; }
+MJ_DEVICE int tile_t1(int B) { return tile_t0() + TPE < B ? tile_t0() + TPE : B; }
+
+/* The warp's next chunk (from *pos on) into the lane's place register *xn: every lane its own
+ * place's expert, offset and count at once, one chain of dependent loads (the id, then its
+ * offset and count) a chunk, not one an expert. A tile that holds the whole batch takes an
+ * expert's rows as the dispatch counted them; others search them by token (first_row). */
+MJ_DEVICE void fill_places(int *pos, int *xn, int na, const int32_t *counts, const int32_t *offsets,
+                           const int32_t *active, const int32_t *row_index, int n_local, int expert_begin, int B, int w,
+                           int lane) {
+    const int t0 = tile_t0(), t1 = tile_t1(B);
+    const int k = POS_CHUNK(*pos) + lane, c = DEAL ? w + NW2 * k : k, e = c < na ? active[c] : -1, xi = e - expert_begin;
+    const int ok = e >= 0 && (DEAL || (e & (NW2 - 1)) == w) && xi >= 0 && xi < n_local;
+    int n = 0;
+    if (ok) {
+        const int off = offsets[e], cnt = counts[e];
+        n = t0 == 0 && t1 == B ? cnt : first_row(row_index, off, off + cnt, t1) - first_row(row_index, off, off + cnt, t0);
     }
-    if (*sj < NSUB && ts > t0) {
-        const int j = *sj;
-        *sj += NW2;
-        it.xi = n_local + j, it.r0 = 0, it.n = ts - t0, it.shared_row0 = mb * K + j * mb;
+    *xn = ok ? (xi & 0xFFFF) | (n << 16) : 0;
+    *pos += 32;
+    if ((DEAL ? w + NW2 * POS_CHUNK(*pos) : POS_CHUNK(*pos)) >= na) *pos |= 0x8000;
+}
+
+/* The warp's next expert of its chunk (lowest place first), then after its last chunk
+ * (POS_LAST) the shared sub-experts j, j + NW2, ... (POS_SHARED; the first: w, or by place the
+ * one at place na + j that is w's); xi -1 when the chunk has no more. The expert's first row
+ * (its offset, or for a tile that is not the whole batch the search by token) and its scales
+ * are loaded here, side by side: one latency an expert. By place the warps' shares differ by
+ * one at most, and which warp takes an expert does not reach the output (each (token, expert)
+ * has a slot of its own, added in slot order); by id a token's sum goes over the same warps in
+ * the same order whatever else the batch holds. Either way a token's output does not depend
+ * on the other tokens (padding rows included). */
+MJ_DEVICE down_item_t next_expert(int *xn, int *pos, const int32_t *counts, const int32_t *offsets,
+                                  const int32_t *row_index, const float *scal, int n_local, int expert_begin, int mb,
+                                  int B, const int32_t *num_valid, int lane) {
+    down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
+    const unsigned m = __ballot_sync(0xFFFFFFFFu, *xn >> 16 != 0);
+    const int t0 = tile_t0();
+    if (m) {
+        const int f = __ffs((int)m) - 1, v = __shfl_sync(0xFFFFFFFFu, *xn, f);
+        if (lane == f) *xn = 0; /* taken */
+        it.xi = v & 0xFFFF, it.n = v >> 16;
+        const int e = it.xi + expert_begin, off = offsets[e];
+        it.r0 = t0 == 0 && tile_t1(B) == B ? off : first_row(row_index, off, off + counts[e], t0);
+    } else if (POS_LAST(*pos) && POS_SHARED(*pos) < NSUB) {
+        const int nv = valid_tokens(num_valid, B), ts = nv < tile_t1(B) ? nv : tile_t1(B); /* the tile's valid tokens */
+        if (ts > t0) {
+            const int j = POS_SHARED(*pos);
+            *pos += NW2 << 16;
+            it.xi = n_local + j, it.r0 = 0, it.n = ts - t0, it.shared_row0 = mb * K + j * mb;
+        }
+    }
+    if (it.xi >= 0) {
         const float ws2 = scal[it.xi * SCAL + 2];
         it.alpha = MODE == 1 ? scal[it.xi * SCAL + 3] * ws2 : ws2;
     }
@@ -964,8 +995,7 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     MJ_DYNAMIC_SHARED(float, smem);
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32, g = lane >> 2;
     const int d = (int)blockIdx.x; /* the block's 16 dims: 16d .. */
-    const int t0 = (int)blockIdx.y * TPE, t1 = t0 + TPE < B ? t0 + TPE : B;
-    const int nv = valid_tokens(num_valid, B);
+    const int t0 = tile_t0(), t1 = tile_t1(B);
     /* this warp's [NT][32][4]; the sums: [TPE][NSLOT][16] (DEAL 1) or [NW2][TPE][16] */
     float *frag = smem + w * TPE * 16, *sums = smem + NW2 * TPE * 16;
     float *tile = DEAL ? sums : sums + w * TPE * 16;
@@ -973,61 +1003,73 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     for (int i = (int)threadIdx.x; i < DTILE; i += NW2 * 32) sums[i] = 0.0f; /* what no expert fills stays 0 */
     __syncthreads();
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
-    const int ts = nv < t1 ? nv : t1; /* shared experts: the valid tokens of the tile */
     uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 64 + DTILE * 4 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
-     * items, so next_expert's searches are compiled once). */
-    /* this warp's share: next_expert. By place the shared sub-experts take the places after
-     * the list's (na + j), so the warp that took the last routed place is not given one too */
-    int cursor = 0, sj = DEAL ? (w - na) & (NW2 - 1) : w, ppart = DPARTS - 1;
-    down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
-    long long row0 = 0; /* the item's first act row (token t0 + i at row0 + i) */
+     * items, so next_expert's searches are compiled once). The warp's share: fill_places and
+     * next_expert. By place the shared sub-experts take the places after the list's (na + j),
+     * so the warp that took the last routed place is not given one too. */
+    int pos = (DEAL ? (w - na) & (NW2 - 1) : w) << 16;
+    int xn = 0; /* the lane's place in the warp's chunk (fill_places) */
+    int row0 = 0; /* the item's first act row (token t0 + i at row0 + i; rows are ints, as the dispatch counts them) */
     float accr[SUMS_SMEM ? 1 : NT][4];
+    /* A pass a chunk of the warp's places (the last with its shared sub-experts after it): the
+     * chunk's experts stream through the ring (the inner loop, down's hot loop), which drains
+     * before the next chunk (at decode one chunk holds a warp's share: GLM-5 at B 32 has 103
+     * active experts, two chunks of 32 places by id with 4 warps, one by place). */
     MJ_NO_UNROLL
-    for (int j = -(DRING - 2);; j++) {
-        /* item j + DRING - 2: the expert's next part, or the next expert's first */
-        if (pit.xi >= 0) {
-            if (++ppart == DPARTS) {
-                ppart = 0;
-                pit = next_expert(&cursor, &sj, na, counts, offsets, active, row_index, scal, n_local, expert_begin, mb,
-                                  t0, t1, ts, w, lane);
+    for (int last = 0; !last;) {
+        fill_places(&pos, &xn, na, counts, offsets, active, row_index, n_local, expert_begin, B, w, lane);
+        int ppart = DPARTS - 1;
+        down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
+        MJ_NO_UNROLL
+        for (int j = -(DRING - 2);; j++) {
+            /* item j + DRING - 2: the expert's next part, or the next expert's first */
+            if (pit.xi >= 0) {
+                if (++ppart == DPARTS) {
+                    ppart = 0;
+                    pit = next_expert(&xn, &pos, counts, offsets, row_index, scal, n_local, expert_begin, mb, B,
+                                      num_valid, lane);
+                }
             }
-        }
-        down_issue(ring, w2, s2, &pit, ppart, d, j + DRING - 2, lane);
-        if (j < 0) continue;
-        mj_cp_async_wait(DRING - 2); /* item j's group has landed... */
-        __syncwarp(0xFFFFFFFFu);     /* ...every lane's, and lane 0's item record */
-        const uint8_t *slot = ring + (j % DRING) * DSLOT;
-        const down_item_t it = *(const down_item_t *)(slot + DSCALES + 256);
-        if (it.xi < 0) break;
-        /* the run's scale chunk: in this slot for a run's first part, else (DSTEPS 2, the
-         * run's second part) in the slot of the item before, the same expert's first */
-        const uint8_t *sr = (it.part * DSTEPS) % 4 == 0 ? slot + DSCALES : ring + ((j + DRING - 1) % DRING) * DSLOT + DSCALES;
-        if (it.part == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
-            row0 = it.shared_row0 >= 0 ? (long long)it.shared_row0 + t0 : it.r0;
-            if (!SUMS_SMEM) {
-                MJ_UNROLL
-                for (int c = 0; c < NT; c++)
-                    for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
-            } else if (it.n <= 8) { /* down_step's one-group path: registers */
-                for (int q = 0; q < 4; q++) accr[0][q] = 0.0f;
-            } else {
-                MJ_NO_UNROLL
-                for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            down_issue(ring, w2, s2, &pit, ppart, d, j + DRING - 2, lane);
+            if (j < 0) continue;
+            mj_cp_async_wait(DRING - 2); /* item j's group has landed... */
+            __syncwarp(0xFFFFFFFFu);     /* ...every lane's, and lane 0's item record */
+            const uint8_t *slot = ring + (j % DRING) * DSLOT;
+            const down_item_t it = *(const down_item_t *)(slot + DSCALES + 256);
+            if (it.xi < 0) break;
+            /* the run's scale chunk: in this slot for a run's first part, else (DSTEPS 2, the
+             * run's second part) in the slot of the item before, the same expert's first */
+            const uint8_t *sr = (it.part * DSTEPS) % 4 == 0 ? slot + DSCALES : ring + ((j + DRING - 1) % DRING) * DSLOT + DSCALES;
+            if (it.part == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
+                row0 = it.shared_row0 >= 0 ? it.shared_row0 + t0 : it.r0;
+                if (!SUMS_SMEM) {
+                    MJ_UNROLL
+                    for (int c = 0; c < NT; c++)
+                        for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
+                } else if (it.n <= 8) { /* down_step's one-group path: registers */
+                    for (int q = 0; q < 4; q++) accr[0][q] = 0.0f;
+                } else {
+                    MJ_NO_UNROLL
+                    for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
             }
-        }
-        down_step(slot, sr, it.part, row0, it.n, act, actq, act_sf, lane, accr, frag);
-        if (it.part == DPARTS - 1) {
-            if (!SUMS_SMEM) {
-                MJ_UNROLL
-                for (int c = 0; c < NT; c++)
-                    for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
-            } else if (it.n <= 8) {
-                for (int q = 0; q < 4; q++) frag[lane * 4 + q] = accr[0][q];
+            down_step(slot, sr, it.part, row0, it.n, act, actq, act_sf, lane, accr, frag);
+            if (it.part == DPARTS - 1) {
+                if (!SUMS_SMEM) {
+                    MJ_UNROLL
+                    for (int c = 0; c < NT; c++)
+                        for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
+                } else if (it.n <= 8) {
+                    for (int q = 0; q < 4; q++) frag[lane * 4 + q] = accr[0][q];
+                }
+                down_epilogue(&it, row_index, weights, t0, lane, frag, tile, sgate_w, n_local);
             }
-            down_epilogue(&it, row_index, weights, t0, lane, frag, tile, sgate_w, n_local);
+            __syncwarp(0xFFFFFFFFu); /* every lane is done with this slot and the one before */
         }
-        __syncwarp(0xFFFFFFFFu); /* every lane is done with this slot and the one before */
+        mj_cp_async_wait(0); /* the chunk's last groups (empty) have landed: the ring is free */
+        __syncwarp(0xFFFFFFFFu);
+        last = POS_LAST(pos);
     }
     mj_cp_async_wait(0); /* nothing lands after the warp is done (the empty groups) */
     __syncthreads();     /* every warp's experts are in the sums */
