@@ -67,6 +67,18 @@ static void test_toy_sass(void) {
     CHECK(s.outside == 17 - 13, "outside %d", s.outside);
 }
 
+/* A chain through a shuffle: the value a lane loaded, broadcast to the warp, is the address
+ * of the next load (SHFL writes its register after the predicate: "SHFL.IDX PT, R5, ..."). */
+static void test_shuffled_chain(void) {
+    char *text = slurp(MJ_SOURCE_DIR "/tests/data/sass/toy.sass");
+    CHECK(text != NULL, "the fixture tests/data/sass/toy.sass");
+    if (!text) return;
+    pm_sass s;
+    CHECK(pm_sass_analyze(text, "shuffled", &s) == 0 && s.found, "shuffled found");
+    CHECK(s.chain == 2, "chain %d, want 2 (R4's load, shuffled into R5, feeds R10's)", s.chain);
+    free(text);
+}
+
 /* The hand-worked launch, with its dependent chain of loads and without. */
 static void test_launch(void) {
     if (!toy()) return;
@@ -230,6 +242,7 @@ static void test_route(void) {
 
 static const test_case cases[] = {
     TEST_CASE("sass", test_toy_sass),
+    TEST_CASE("shuffled", test_shuffled_chain),
     TEST_CASE("route", test_route),
     TEST_CASE("launch", test_launch),
     TEST_CASE("waves", test_waves),

@@ -273,12 +273,18 @@ static int load_chain(const inst *v, int first, int last) {
     int depth[256] = {0}, chain = 0;
     for (int i = first; i <= last; i++) {
         const inst *in = &v[i];
-        const char *comma = strchr(in->args, ',');
-        int first_is_reg = in->args[0] == 'R' && isdigit((unsigned char)in->args[1]);
+        /* A shuffle writes its predicate first, then its register ("SHFL.IDX PT, R5, R4, ..."). */
+        const char *args = in->args;
+        if (!strncmp(in->op, "SHFL", 4) && args[0] == 'P' && strchr(args, ',')) {
+            args = strchr(args, ',') + 1;
+            while (isspace((unsigned char)*args)) args++;
+        }
+        const char *comma = strchr(args, ',');
+        int first_is_reg = args[0] == 'R' && isdigit((unsigned char)args[1]);
         const int stores = in->cls == PM_MEM && (op_is(in->op, "STS") || op_is(in->op, "STG") ||
                                                  op_is(in->op, "LDGSTS") || op_is(in->op, "ST") ||
                                                  op_is(in->op, "STL") || op_is(in->op, "RED"));
-        int src[16], ns = regs_in(stores || !first_is_reg ? in->args : comma ? comma + 1 : "", src, 16);
+        int src[16], ns = regs_in(stores || !first_is_reg ? args : comma ? comma + 1 : "", src, 16);
         int d = 0;
         for (int k = 0; k < ns; k++)
             if (depth[src[k]] > d) d = depth[src[k]];
@@ -288,7 +294,7 @@ static int load_chain(const inst *v, int first, int last) {
             if (d > chain) chain = d;
         }
         if (!stores && first_is_reg) {
-            int r0 = atoi(in->args + 1), w = dest_width(in->op);
+            int r0 = atoi(args + 1), w = dest_width(in->op);
             for (int k = 0; k < w && r0 + k < 256; k++) depth[r0 + k] = d;
         }
     }
