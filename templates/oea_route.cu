@@ -272,75 +272,15 @@ MJ_DEVICE uint32_t lane_best(const uint32_t *c, uint32_t cand, int lane, int *bi
 typedef struct route_state {
     uint32_t cand, best;
     int bi;
-    uint32_t pk; /* SORTED: the local index of the lane's j-th best, bits 4j..4j+3            */
-    int sel;     /* lane j: the token's pick j (-1: none)                                      */
-    int n;       /* picks made (the same in every lane)                                        */
+    int sel; /* lane j: the token's pick j (-1: none) */
+    int n;   /* picks made (the same in every lane) */
 } route_state;
-
-/* At most 8 experts a lane (E <= 256): each lane sorts its candidates once, best first, and a
- * pick then only moves the winning lane to its next (the candidates are bits of places in that
- * order, cand's lowest set bit the lane's best). More experts a lane keep the rescans of
- * lane_best (a sort of 16 or 32 would cost more code than it saves). */
-#define SORTED (LOCAL <= 8)
-#define SLOTS (LOCAL <= 1 ? 1 : LOCAL <= 2 ? 2 : LOCAL <= 4 ? 4 : 8) /* places sorted          */
-
-/* The lane's best left (cand's lowest place): its bits from c, its local index from pk. */
-MJ_DEVICE void sorted_best(const uint32_t *c, int lane, route_state *st) {
-    const int p = __ffs((int)st->cand) - 1; /* -1: none left */
-    st->best = p >= 0 ? c[lane + 32 * p] : 0u;
-    st->bi = p >= 0 ? (int)((st->pk >> (4 * p)) & 15u) : 0;
-}
-
-/* The lane's eligible experts sorted by (bits, then lowest expert) into its own slots of c,
- * best first: a bitonic network over 64-bit keys (bits, then SLOTS - 1 - i: the lower index
- * wins a tie), an empty place 0. Places j < the lane's candidates are slots it owns (its
- * experts are a prefix of lane, lane + 32, ...), so the stores stay in them. */
-MJ_DEVICE void lane_sort(uint32_t *c, uint32_t elig, int lane, route_state *st) {
-    uint64_t x[SLOTS];
-#pragma unroll
-    for (int i = 0; i < SLOTS; i++) {
-        const uint32_t ob = c[lane + 32 * i < E ? lane + 32 * i : E - 1];
-        x[i] = (i < LOCAL && ((elig >> i) & 1u)) ? ((uint64_t)ob << 32) | (uint64_t)(SLOTS - 1 - i) : 0ull;
-    }
-#pragma unroll
-    for (int k = 2; k <= SLOTS; k *= 2)
-#pragma unroll
-        for (int j = k / 2; j > 0; j /= 2)
-#pragma unroll
-            for (int i = 0; i < SLOTS; i++) {
-                const int l = i ^ j;
-                if (l > i) { /* a block of k: descending where i & k is 0, else ascending (keys
-                              * differ but empty places, and swapping equal ones changes nothing:
-                              * one compare serves both) */
-                    const uint64_t a = x[i], b = x[l];
-                    const int swap = (b > a) == ((i & k) == 0);
-                    x[i] = swap ? b : a;
-                    x[l] = swap ? a : b;
-                }
-            }
-    __syncwarp(0xFFFFFFFFu); /* every lane has read its group's slots (eligible_mask) */
-    uint32_t pk = 0, cand = 0;
-#pragma unroll
-    for (int j = 0; j < SLOTS; j++) {
-        const uint32_t key = (uint32_t)(x[j] >> 32);
-        if (key) c[lane + 32 * j] = key;
-        pk |= (uint32_t)(SLOTS - 1 - (int)(x[j] & 15u)) << (4 * j);
-        cand |= (uint32_t)(key != 0u) << j;
-    }
-    st->pk = pk;
-    st->cand = cand;
-}
 
 /* Scores of token x into s and c, its eligible experts, each lane's best: a token's start. */
 MJ_DEVICE void token_begin(const float *x, const float *bias, float *s, uint32_t *c, int lane, route_state *st) {
     token_scores(x, bias, s, c, lane);
-    if (SORTED) {
-        lane_sort(c, eligible_mask(c, lane), lane, st);
-        sorted_best(c, lane, st);
-    } else {
-        st->cand = eligible_mask(c, lane);
-        st->best = lane_best(c, st->cand, lane, &st->bi);
-    }
+    st->cand = eligible_mask(c, lane);
+    st->best = lane_best(c, st->cand, lane, &st->bi);
     st->sel = -1;
     st->n = 0;
 }
@@ -357,13 +297,8 @@ MJ_DEVICE void token_picks(const uint32_t *c, int kmax, int lane, route_state *s
         if (top == 0) break; /* the same in every lane: no candidate left */
         const int e = (int)mj_warp_umin(st->best == top ? (uint32_t)(lane + 32 * st->bi) : 0xFFFFFFFFu);
         if (e % 32 == lane) {
-            if (SORTED) { /* the winner's best was its lowest place */
-                st->cand &= st->cand - 1u;
-                sorted_best(c, lane, st);
-            } else {
-                st->cand &= ~(1u << (e / 32));
-                st->best = lane_best(c, st->cand, lane, &st->bi);
-            }
+            st->cand &= ~(1u << (e / 32));
+            st->best = lane_best(c, st->cand, lane, &st->bi);
         }
         if (lane == j) st->sel = e;
         st->n = j + 1;
@@ -373,17 +308,8 @@ MJ_DEVICE void token_picks(const uint32_t *c, int kmax, int lane, route_state *s
 /* The picks past K0 come from S_base only (in_base: S_base as a mask a lane, bit i of word l
  * for expert l + 32 i): the lanes' candidates narrowed to it, their bests found again. */
 MJ_DEVICE void token_narrow(const uint32_t *c, const uint32_t *in_base, int lane, route_state *st) {
-    const uint32_t inb = in_base[lane];
-    if (SORTED) { /* place j keeps its bit if its expert is in S_base */
-        uint32_t keep = 0;
-#pragma unroll
-        for (int j = 0; j < SLOTS; j++) keep |= ((inb >> ((st->pk >> (4 * j)) & 15u)) & 1u) << j;
-        st->cand &= keep;
-        sorted_best(c, lane, st);
-    } else {
-        st->cand &= inb;
-        st->best = lane_best(c, st->cand, lane, &st->bi);
-    }
+    st->cand &= in_base[lane];
+    st->best = lane_best(c, st->cand, lane, &st->bi);
 }
 
 /* Weights of a token's n chosen experts (lane j holds slot j's expert in sel): the sum in
@@ -568,7 +494,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     float *s = sm_s + w * E;
     uint32_t *c = sm_c + w * E;
     route_state st;
-    st.cand = 0, st.best = 0, st.bi = 0, st.pk = 0, st.sel = -1, st.n = 0;
+    st.cand = 0, st.best = 0, st.bi = 0, st.sel = -1, st.n = 0;
 
     if (oea) {
         if (threadIdx.x < 32) sm_base[threadIdx.x] = 0;
