@@ -159,7 +159,7 @@ int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B) { return rout
  * counts and S_base (32 mask words; static), and the B x k ids of the one-block kernel
  * (dynamic). */
 static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
-    return route_dyn_smem(nw, E, k, B) + (int64_t)E * 4 + 32 * 4;
+    return route_dyn_smem(nw, E, k, B) + (int64_t)E * 4 + 64 * 4;
 }
 
 /* Warps per block: one a token up to 32 (at least 8: the dispatch's loops over the experts

@@ -45,7 +45,7 @@ MJ_CONSTRAINT("TG <= NG", "cannot keep more groups than there are")
 MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
 MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
 MJ_CONSTRAINT("NG > 1 || GSCORE == 0", "without groups the group score decides nothing: one specialization, GSCORE 0")
-MJ_CONSTRAINT("(2 * NWARPS * E + E + 32) * 4 <= 96 * 1024", "the warps' score rows (dynamic) and the counts fit the 99 KiB a block every target allows (runtime/route.c keeps the B x K ids within it too)")
+MJ_CONSTRAINT("(2 * NWARPS * E + E + 64) * 4 <= 96 * 1024", "the warps' score rows (dynamic) and the counts fit the 99 KiB a block every target allows (runtime/route.c keeps the B x K ids within it too)")
 
 /* A helper ptxas compiles as a function of its own (called, not inlined): ptxas's time grows
  * faster than the size of what it optimizes at once, so a once-a-launch step is cheaper to
@@ -334,6 +334,7 @@ MJ_DEVICE void token_finish(const float *s, int sel, int n, float rsf, int32_t *
 /* Mask words an expert in one chunk of the dispatch's rank step (DW x 32 entries a chunk),
  * within the scratch of the warps' score rows (2 x NWARPS x E words). */
 #define DW (2 * NWARPS < 8 ? 2 * NWARPS : 8)
+#define SL ((E + NWARPS * 32 - 1) / (NWARPS * 32)) /* experts a thread in the dispatch's scan */
 
 /* The dispatch metadata (the permutation and its inverse, row_index, among it) from ids
  * [B, K]: rows grouped by expert (experts in id order), within an expert in entry order
@@ -342,8 +343,9 @@ MJ_DEVICE void token_finish(const float *s, int sel, int n, float rsf, int32_t *
  * threads take entries and experts in strides, and
  *   1. count each expert's entries (shared integer atomics: the totals do not depend on the
  *      order);
- *   2. warp 0: the exclusive scan over the experts (offsets) and the active list, lane l
- *      taking experts l*LOCAL .. l*LOCAL+LOCAL-1 and a shuffle scan across the lanes;
+ *   2. the exclusive scan over the experts (offsets) and the active list: thread t takes
+ *      experts t*SL .. t*SL+SL-1 (one at GLM-5's E 256), a shuffle scan in each warp, warp 0
+ *      the scan of the warps' totals (in wsum: 2 x NWARPS ints, shared);
  *   3. the outputs, copied in parallel;
  *   4. by chunks of DW x 32 entries: each entry sets its bit in its expert's mask (atomicOr:
  *      the masks do not depend on the order), and its row is the expert's base (offset plus
@@ -355,7 +357,7 @@ MJ_DEVICE void token_finish(const float *s, int sel, int n, float rsf, int32_t *
  * masks [DW][E] (step 4). */
 MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
                           int32_t *active, int32_t *n_active, int32_t *perm, int32_t *row_index,
-                          int32_t *cnt, uint32_t *scr) {
+                          int32_t *cnt, uint32_t *scr, int32_t *wsum) {
     const int t = (int)threadIdx.x, lane = t % 32, w = warp_index(), n = B * K;
     int32_t *const off = (int32_t *)scr, *const act = (int32_t *)scr + E;
 #pragma unroll 1
@@ -373,35 +375,48 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
         if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
+    /* thread t: experts t * SL .. t * SL + SL - 1; a warp's inclusive scan by shuffles, the
+     * warps' totals scanned by warp 0 (wsum: NWARPS totals, then NWARPS active counts) */
+    int tot = 0, nz = 0;
+#pragma unroll 1
+    for (int i = 0; i < SL; i++) {
+        const int e = t * SL + i, c = e < E ? cnt[e] : 0;
+        tot += c, nz += c > 0;
+    }
+    int it = tot, iz = nz;
+    for (int d = 1; d < 32; d *= 2) {
+        const int a = __shfl_up_sync(0xFFFFFFFFu, it, d), z = __shfl_up_sync(0xFFFFFFFFu, iz, d);
+        it += lane >= d ? a : 0, iz += lane >= d ? z : 0;
+    }
+    if (lane == 31) wsum[w] = it, wsum[NWARPS + w] = iz;
+    __syncthreads();
     if (w == 0) { /* warp 0 alone (w is known warp-uniform: no divergent shuffles) */
-        int tot = 0, nz = 0;
-#pragma unroll 1
-        for (int i = 0; i < LOCAL; i++) {
-            int e = lane * LOCAL + i, c = e < E ? cnt[e] : 0;
-            tot += c, nz += c > 0;
+        int s = lane < NWARPS ? wsum[lane] : 0, z = lane < NWARPS ? wsum[NWARPS + lane] : 0;
+        for (int d = 1; d < NWARPS; d *= 2) {
+            const int a = __shfl_up_sync(0xFFFFFFFFu, s, d), b = __shfl_up_sync(0xFFFFFFFFu, z, d);
+            s += lane >= d ? a : 0, z += lane >= d ? b : 0;
         }
-        int it = tot, iz = nz; /* inclusive scans over the lanes */
-        for (int d = 1; d < 32; d *= 2) {
-            int a = __shfl_up_sync(0xFFFFFFFFu, it, d), z = __shfl_up_sync(0xFFFFFFFFu, iz, d);
-            it += lane >= d ? a : 0, iz += lane >= d ? z : 0;
-        }
-        const int n_act = __shfl_sync(0xFFFFFFFFu, iz, 31);
-        int o = it - tot, na = iz - nz;
+        if (lane < NWARPS) wsum[lane] = s, wsum[NWARPS + lane] = z; /* inclusive, by warp */
+    }
+    __syncthreads();
+    const int n_act = wsum[2 * NWARPS - 1];
+    {
+        int o = (w ? wsum[w - 1] : 0) + it - tot, na = (w ? wsum[NWARPS + w - 1] : 0) + iz - nz;
 #pragma unroll 1
-        for (int i = 0; i < LOCAL; i++) {
-            int e = lane * LOCAL + i;
+        for (int i = 0; i < SL; i++) {
+            const int e = t * SL + i;
             if (e < E) {
                 off[e] = o;
                 if (cnt[e]) act[na++] = e;
                 o += cnt[e];
             }
         }
+    }
 #pragma unroll 1
-        for (int e = n_act + lane; e < E; e += 32) act[e] = -1;
-        if (lane == 31) {
-            if (offsets) offsets[E] = it;
-            if (n_active) n_active[0] = iz;
-        }
+    for (int e = n_act + t; e < E; e += NWARPS * 32) act[e] = -1;
+    if (t == NWARPS * 32 - 1) {
+        if (offsets) offsets[E] = wsum[NWARPS - 1];
+        if (n_active) n_active[0] = n_act;
     }
     __syncthreads();
 #pragma unroll 1
@@ -481,7 +496,8 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
                          int32_t *row_index) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
     MJ_SHARED int sm_cnt[E];        /* the dispatch's counts */
-    MJ_SHARED uint32_t sm_base[32]; /* S_base, a mask a lane (see token_narrow) */
+    MJ_SHARED uint32_t sm_base[64]; /* S_base, a mask a lane (see token_narrow); then the
+                                     * dispatch's scan of the warps' totals */
     MJ_DYNAMIC_SHARED(int32_t, sm_dyn);
     float *const sm_s = (float *)sm_dyn;                        /* [NWARPS][E] */
     uint32_t *const sm_c = (uint32_t *)(sm_dyn + NWARPS * E);   /* [NWARPS][E] */
@@ -527,5 +543,5 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
     dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt,
-             (uint32_t *)sm_dyn);
+             (uint32_t *)sm_dyn, (int32_t *)sm_base);
 }
