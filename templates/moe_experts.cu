@@ -786,6 +786,9 @@ typedef struct down_item_t {
 /* The token tile's bounds, again where needed (not kept in registers across the loop). */
 MJ_DEVICE int tile_t0(void) { return (int)blockIdx.y * TPE; }
 MJ_DEVICE int tile_t1(int B) { return tile_t0() + TPE < B ? tile_t0() + TPE : B; }
+/* Whether the tile holds the whole batch (every decode launch): an expert's rows are then
+ * all the dispatch counted, no search by token. */
+MJ_DEVICE int tile_whole(int B) { return tile_t0() == 0 && tile_t1(B) == B; }
 
 /* The warp's next chunk (from *pos on) into the lane's place register *xn: every lane its own
  * place's expert, offset and count at once, one chain of dependent loads (the id, then its
@@ -800,7 +803,7 @@ MJ_DEVICE void fill_places(int *pos, int *xn, int na, const int32_t *counts, con
     int n = 0;
     if (ok) {
         const int off = offsets[e], cnt = counts[e];
-        n = t0 == 0 && t1 == B ? cnt : first_row(row_index, off, off + cnt, t1) - first_row(row_index, off, off + cnt, t0);
+        n = tile_whole(B) ? cnt : first_row(row_index, off, off + cnt, t1) - first_row(row_index, off, off + cnt, t0);
     }
     *xn = ok ? (xi & 0xFFFF) | (n << 16) : 0;
     *pos += 32;
@@ -827,7 +830,7 @@ MJ_DEVICE down_item_t next_expert(int *xn, int *pos, const int32_t *counts, cons
         if (lane == f) *xn = 0; /* taken */
         it.xi = v & 0xFFFF, it.n = v >> 16;
         const int e = it.xi + expert_begin, off = offsets[e];
-        it.r0 = t0 == 0 && tile_t1(B) == B ? off : first_row(row_index, off, off + counts[e], t0);
+        it.r0 = tile_whole(B) ? off : first_row(row_index, off, off + counts[e], t0);
     } else if (POS_LAST(*pos) && POS_SHARED(*pos) < NSUB) {
         const int nv = valid_tokens(num_valid, B), ts = nv < tile_t1(B) ? nv : tile_t1(B); /* the tile's valid tokens */
         if (ts > t0) {

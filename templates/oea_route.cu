@@ -331,6 +331,14 @@ MJ_DEVICE void token_finish(const float *s, int sel, int n, float rsf, int32_t *
     if (lane == 0) n_sel[b] = n;
 }
 
+/* Inclusive sums of *a and *b over lanes 0..lane, within the first n lanes (a power of 2). */
+MJ_DEVICE void warp_scan2(int *a, int *b, int n, int lane) {
+    for (int d = 1; d < n; d *= 2) {
+        const int x = __shfl_up_sync(0xFFFFFFFFu, *a, d), y = __shfl_up_sync(0xFFFFFFFFu, *b, d);
+        *a += lane >= d ? x : 0, *b += lane >= d ? y : 0;
+    }
+}
+
 /* Mask words an expert in one chunk of the dispatch's rank step (DW x 32 entries a chunk),
  * within the scratch of the warps' score rows (2 x NWARPS x E words). */
 #define DW (2 * NWARPS < 8 ? 2 * NWARPS : 8)
@@ -384,18 +392,12 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
         tot += c, nz += c > 0;
     }
     int it = tot, iz = nz;
-    for (int d = 1; d < 32; d *= 2) {
-        const int a = __shfl_up_sync(0xFFFFFFFFu, it, d), z = __shfl_up_sync(0xFFFFFFFFu, iz, d);
-        it += lane >= d ? a : 0, iz += lane >= d ? z : 0;
-    }
+    warp_scan2(&it, &iz, 32, lane);
     if (lane == 31) wsum[w] = it, wsum[NWARPS + w] = iz;
     __syncthreads();
     if (w == 0) { /* warp 0 alone (w is known warp-uniform: no divergent shuffles) */
         int s = lane < NWARPS ? wsum[lane] : 0, z = lane < NWARPS ? wsum[NWARPS + lane] : 0;
-        for (int d = 1; d < NWARPS; d *= 2) {
-            const int a = __shfl_up_sync(0xFFFFFFFFu, s, d), b = __shfl_up_sync(0xFFFFFFFFu, z, d);
-            s += lane >= d ? a : 0, z += lane >= d ? b : 0;
-        }
+        warp_scan2(&s, &z, NWARPS, lane);
         if (lane < NWARPS) wsum[lane] = s, wsum[NWARPS + lane] = z; /* inclusive, by warp */
     }
     __syncthreads();
