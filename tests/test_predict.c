@@ -79,6 +79,23 @@ static void test_shuffled_chain(void) {
     free(text);
 }
 
+/* Two exclusive paths (an if, whose end jumps past its else): each loads an index, then the
+ * value it points at (a chain of 2). In program order the else's address register pair
+ * (R12.64) holds R13, which the if's path loaded: followed blindly, that reads as a chain of
+ * 3 that no execution has. After the join, R14 (either path's second load) feeds an address
+ * but no load. */
+static void test_exclusive_paths(void) {
+    char *text = slurp(MJ_SOURCE_DIR "/tests/data/sass/toy.sass");
+    CHECK(text != NULL, "the fixture tests/data/sass/toy.sass");
+    if (!text) return;
+    pm_sass s;
+    CHECK(pm_sass_analyze(text, "exclusive", &s) == 0 && s.found, "exclusive found");
+    CHECK(s.chain == 2, "chain %d, want 2 (each path: index, then value; not the if's R13 in the else's R12.64)",
+          s.chain);
+    CHECK(s.ldg == 4, "loads %d, want 4", s.ldg);
+    free(text);
+}
+
 /* The hand-worked launch, with its dependent chain of loads and without. */
 static void test_launch(void) {
     if (!toy()) return;
@@ -243,6 +260,7 @@ static void test_route(void) {
 static const test_case cases[] = {
     TEST_CASE("sass", test_toy_sass),
     TEST_CASE("shuffled", test_shuffled_chain),
+    TEST_CASE("exclusive", test_exclusive_paths),
     TEST_CASE("route", test_route),
     TEST_CASE("launch", test_launch),
     TEST_CASE("waves", test_waves),

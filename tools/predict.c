@@ -267,37 +267,67 @@ static int dest_width(const char *op) {
     return 1;
 }
 
-/* The longest chain of dependent global loads in v[first..last], one pass in program order:
- * each register carries the depth of global loads its value waited for. */
+/* The longest chain of dependent global loads in v[first..last] (one iteration: the back edge
+ * not followed): each register carries the depth of global loads its value waited for, one
+ * pass in program order that follows the forward branches. A branch's target takes the
+ * deepest of what reaches it (falling through, or from each branch to it); after a branch
+ * that is always taken (no guard, not BRA.DIV) nothing falls through, so two exclusive paths
+ * (an if and its else) do not chain into each other. */
 static int load_chain(const inst *v, int first, int last) {
-    int depth[256] = {0}, chain = 0;
+    const int n = last - first + 1;
+    unsigned char depth[256] = {0}, (*in)[256] = calloc((size_t)n, 256), *has = calloc((size_t)n, 1);
+    int chain = 0, live = 1;
+    if (!in || !has) {
+        free(in), free(has);
+        return 0;
+    }
     for (int i = first; i <= last; i++) {
-        const inst *in = &v[i];
+        if (has[i - first]) { /* a branch's target: what the branches bring, with what falls through */
+            for (int r = 0; r < 256; r++)
+                if (!live || in[i - first][r] > depth[r]) depth[r] = in[i - first][r];
+            live = 1;
+        } else if (!live) { /* reached only from outside the span: nothing loaded yet */
+            memset(depth, 0, sizeof depth);
+            live = 1;
+        }
+        const inst *ins = &v[i];
         /* A shuffle writes its predicate first, then its register ("SHFL.IDX PT, R5, R4, ..."). */
-        const char *args = in->args;
-        if (!strncmp(in->op, "SHFL", 4) && args[0] == 'P' && strchr(args, ',')) {
+        const char *args = ins->args;
+        if (!strncmp(ins->op, "SHFL", 4) && args[0] == 'P' && strchr(args, ',')) {
             args = strchr(args, ',') + 1;
             while (isspace((unsigned char)*args)) args++;
         }
         const char *comma = strchr(args, ',');
         int first_is_reg = args[0] == 'R' && isdigit((unsigned char)args[1]);
-        const int stores = in->cls == PM_MEM && (op_is(in->op, "STS") || op_is(in->op, "STG") ||
-                                                 op_is(in->op, "LDGSTS") || op_is(in->op, "ST") ||
-                                                 op_is(in->op, "STL") || op_is(in->op, "RED"));
+        const int stores = ins->cls == PM_MEM && (op_is(ins->op, "STS") || op_is(ins->op, "STG") ||
+                                                  op_is(ins->op, "LDGSTS") || op_is(ins->op, "ST") ||
+                                                  op_is(ins->op, "STL") || op_is(ins->op, "RED"));
         int src[16], ns = regs_in(stores || !first_is_reg ? args : comma ? comma + 1 : "", src, 16);
         int d = 0;
         for (int k = 0; k < ns; k++)
             if (depth[src[k]] > d) d = depth[src[k]];
-        const int global_load = op_is(in->op, "LDG") || op_is(in->op, "LDGSTS");
+        const int global_load = op_is(ins->op, "LDG") || op_is(ins->op, "LDGSTS");
         if (global_load) {
             d++;
             if (d > chain) chain = d;
         }
         if (!stores && first_is_reg) {
-            int r0 = atoi(args + 1), w = dest_width(in->op);
-            for (int k = 0; k < w && r0 + k < 256; k++) depth[r0 + k] = d;
+            int r0 = atoi(args + 1), w = dest_width(ins->op);
+            for (int k = 0; k < w && r0 + k < 256; k++) depth[r0 + k] = (unsigned char)(d < 255 ? d : 255);
+        }
+        if (op_is(ins->op, "BRA")) {
+            const int t = ins->target;
+            if (t > i && t <= last) { /* forward, inside the span: its target takes this state */
+                for (int r = 0; r < 256; r++)
+                    if (!has[t - first] || depth[r] > in[t - first][r]) in[t - first][r] = depth[r];
+                has[t - first] = 1;
+            }
+            if (ins->pred < 0 && strncmp(ins->op, "BRA.DIV", 7)) live = 0; /* always taken */
+        } else if ((op_is(ins->op, "EXIT") || op_is(ins->op, "RET")) && ins->pred < 0) {
+            live = 0;
         }
     }
+    free(in), free(has);
     return chain;
 }
 
