@@ -107,6 +107,7 @@ void mj_mma_e2m1_m16n8k64(float d[4], const uint32_t a[4], const uint32_t b[2], 
                           uint32_t sfa, uint32_t sfb);
 uint4 mj_ld_stream(const void *p);
 void mj_cp_async16(void *dst, const void *src);
+void mj_cp_async4(void *dst, const void *src);
 void mj_cp_async_commit(void);
 void mj_grid_dep_wait(void);
 float mj_ld_cg_f32(const float *p);

@@ -386,7 +386,7 @@ static int32_t pow2_at_least(int32_t v) {
  * [16][QT] floats experts_quant stages; up's sums move to shared memory past two token
  * groups (SUMS_SMEM: TPE > 16). */
 #define UP_RING (5 * 1024 + 2 * 512)
-#define DOWN_RING(dsteps) (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT(dsteps))
+#define DOWN_RING(dsteps, tpe) (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT(dsteps, tpe))
 #define QUANT_VALUES (16 * MJ_EXPERTS_QT * (uint32_t)sizeof(float))
 
 /* Up's: each warp's ring, and with the sums in shared memory each warp's (TPE * 128 bytes)
@@ -396,10 +396,11 @@ static uint32_t up_smem(const mj_knobs_moe_experts *k) {
 }
 /* Down's: each warp's fragments (TPE * 64 bytes) and its ring, and the sums: each warp's
  * (TPE * 64 bytes, DEAL 0) or the block's slot tile (TPE x (K + NSUB) x 16 floats, DEAL 1);
- * DOWN_BIG the most a block of 8 down warps takes (3 blocks an SM of 228 KiB). */
-#define DOWN_BIG (72 * 1024)
+ * DOWN_BIG the most a block of 8 down warps takes (3 blocks an SM of 228 KiB, each with the
+ * system's 1 KiB). */
+#define DOWN_BIG (74 * 1024)
 static uint32_t down_smem(const mj_knobs_moe_experts *k) {
-    return (uint32_t)(k->NW2 * (k->TPE * 64 * (2 - k->DEAL) + DOWN_RING(k->DSTEPS)) + k->DEAL * k->TPE * (k->K + k->NSUB) * 64);
+    return (uint32_t)(k->NW2 * (k->TPE * 64 * (2 - k->DEAL) + DOWN_RING(k->DSTEPS, k->TPE)) + k->DEAL * k->TPE * (k->K + k->NSUB) * 64);
 }
 /* What a down block may take: DOWN_BIG with 8 warps, else 48 KiB (no opt-in). */
 static uint32_t down_budget(const mj_knobs_moe_experts *k) {
@@ -435,7 +436,7 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
      * then take 24 KiB (TPE 16) or 32 KiB (TPE 32), so 3 to 4 blocks fit an SM, not 2, and
      * the H / 16 blocks of a decode batch run in one round, not two. Down's warps: 4 within
      * 48 KiB (no opt-in). Where an SM has 228 KiB (sm_90a, sm_100a; not sm_80's 164), 8
-     * while a block takes at most 72 KiB, so that 3 still fit an SM (W4A16 at TPE 32 with
+     * while a block takes at most 74 KiB, so that 3 still fit an SM (W4A16 at TPE 32 with
      * items of 2 k-steps): a decode batch's H / 16 blocks (GLM-5 at TP 8: 384 on 132 SMs)
      * keep twice the warps at work, each with half the chain of experts (a warp's own issue
      * sets down's pace there). */

@@ -82,7 +82,7 @@ MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of 
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
-MJ_CONSTRAINT("NW2 * (TPE * 64 * (2 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32)) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
+MJ_CONSTRAINT("NW2 * (TPE * 64 * (2 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DEAL == 0", "only experts_down reads DEAL: 0 elsewhere")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
@@ -790,47 +790,51 @@ MJ_DEVICE int tile_t1(int B) { return tile_t0() + TPE < B ? tile_t0() + TPE : B;
  * all the dispatch counted, no search by token. */
 MJ_DEVICE int tile_whole(int B) { return tile_t0() == 0 && tile_t1(B) == B; }
 
-/* The warp's next chunk (from *pos on) into the lane's place register *xn: every lane its own
- * place's expert, offset and count at once, one chain of dependent loads (the id, then its
- * offset and count) a chunk, not one an expert. A tile that holds the whole batch takes an
- * expert's rows as the dispatch counted them; others search them by token (first_row). */
-MJ_DEVICE void fill_places(int *pos, int *xn, int na, const int32_t *counts, const int32_t *offsets,
+/* The warp's next chunk (from *pos on) into the lane's place registers: *xn its expert and
+ * rows in the tile, *xr its first row. Every lane its own place's expert, offset and count at
+ * once, one chain of dependent loads (the id, then its offset and count) a chunk, not one an
+ * expert. A tile that holds the whole batch takes an expert's rows as the dispatch counted
+ * them; others search them by token (first_row). */
+MJ_DEVICE void fill_places(int *pos, int *xn, int *xr, int na, const int32_t *counts, const int32_t *offsets,
                            const int32_t *active, const int32_t *row_index, int n_local, int expert_begin, int B, int w,
                            int lane) {
     const int t0 = tile_t0(), t1 = tile_t1(B);
     const int k = POS_CHUNK(*pos) + lane, c = DEAL ? w + NW2 * k : k, e = c < na ? active[c] : -1, xi = e - expert_begin;
     const int ok = e >= 0 && (DEAL || (e & (NW2 - 1)) == w) && xi >= 0 && xi < n_local;
-    int n = 0;
+    int n = 0, r0 = 0;
     if (ok) {
         const int off = offsets[e], cnt = counts[e];
-        n = tile_whole(B) ? cnt : first_row(row_index, off, off + cnt, t1) - first_row(row_index, off, off + cnt, t0);
+        if (tile_whole(B)) {
+            n = cnt, r0 = off;
+        } else {
+            r0 = first_row(row_index, off, off + cnt, t0);
+            n = first_row(row_index, off, off + cnt, t1) - r0;
+        }
     }
     *xn = ok ? (xi & 0xFFFF) | (n << 16) : 0;
+    *xr = r0;
     *pos += 32;
     if ((DEAL ? w + NW2 * POS_CHUNK(*pos) : POS_CHUNK(*pos)) >= na) *pos |= 0x8000;
 }
 
 /* The warp's next expert of its chunk (lowest place first), then after its last chunk
  * (POS_LAST) the shared sub-experts j, j + NW2, ... (POS_SHARED; the first: w, or by place the
- * one at place na + j that is w's); xi -1 when the chunk has no more. The expert's first row
- * (its offset, or for a tile that is not the whole batch the search by token) and its scales
- * are loaded here, side by side: one latency an expert. By place the warps' shares differ by
+ * one at place na + j that is w's); xi -1 when the chunk has no more. The expert's rows come
+ * from its place (fill_places: no load here), its scales are the one load. By place the
+ * warps' shares differ by
  * one at most, and which warp takes an expert does not reach the output (each (token, expert)
  * has a slot of its own, added in slot order); by id a token's sum goes over the same warps in
  * the same order whatever else the batch holds. Either way a token's output does not depend
  * on the other tokens (padding rows included). */
-MJ_DEVICE down_item_t next_expert(int *xn, int *pos, const int32_t *counts, const int32_t *offsets,
-                                  const int32_t *row_index, const float *scal, int n_local, int expert_begin, int mb,
-                                  int B, const int32_t *num_valid, int lane) {
+MJ_DEVICE down_item_t next_expert(int *xn, const int *xr, int *pos, const float *scal, int n_local, int mb, int B,
+                                  const int32_t *num_valid, int lane) {
     down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
     const unsigned m = __ballot_sync(0xFFFFFFFFu, *xn >> 16 != 0);
     const int t0 = tile_t0();
     if (m) {
-        const int f = __ffs((int)m) - 1, v = __shfl_sync(0xFFFFFFFFu, *xn, f);
+        const int f = __ffs((int)m) - 1, v = __shfl_sync(0xFFFFFFFFu, *xn, f), r = __shfl_sync(0xFFFFFFFFu, *xr, f);
         if (lane == f) *xn = 0; /* taken */
-        it.xi = v & 0xFFFF, it.n = v >> 16;
-        const int e = it.xi + expert_begin, off = offsets[e];
-        it.r0 = tile_whole(B) ? off : first_row(row_index, off, off + counts[e], t0);
+        it.xi = v & 0xFFFF, it.n = v >> 16, it.r0 = r;
     } else if (POS_LAST(*pos) && POS_SHARED(*pos) < NSUB) {
         const int nv = valid_tokens(num_valid, B), ts = nv < tile_t1(B) ? nv : tile_t1(B); /* the tile's valid tokens */
         if (ts > t0) {
@@ -849,34 +853,43 @@ MJ_DEVICE down_item_t next_expert(int *xn, int *pos, const int32_t *counts, cons
 /* A down warp streams its items through a ring in shared memory, its own: DRING slots of an
  * item's DSTEPS k-steps of w2 fragments (DSTEPS x 512 bytes; each lane's 16 bytes where it
  * reads them back), its run's scale chunk (256 bytes: rows 0-15, 4 k-steps: brought by the
- * run's first item; with DSTEPS 2 the second item reads it in the slot before its own) and
- * the item itself (32 bytes, written by lane 0). cp.async keeps DRING - 2 items in flight
+ * run's first item; with DSTEPS 2 the second item reads it in the slot before its own), the
+ * item itself (32 bytes, written by lane 0) and, with an expert's last part, the top-k
+ * entries (row_index) of its first DRIDX rows: the epilogue's weights are then one load from
+ * what the ring holds, not a load of an entry and then of its weight. cp.async keeps DRING - 2 items in flight
  * while one computes (at decode with I_local 256 and DSTEPS 4 an item is a whole expert: the
  * next experts' weights arrive during this one). A slot is refilled two items after the one
  * that read it (item j's at the issue of item j + 2, made by the iteration after j's), and
  * every iteration ends with a __syncwarp: the scales and the item, which lanes read across,
  * are free by then. */
 #define DRING 3
-#define DSLOT (DSTEPS * 512 + 256 + 32)
-#define DSCALES (DSTEPS * 512) /* a slot's scale chunk, then its item record at DSCALES + 256 */
+#define DRIDX (TPE == 16 ? 16 : 8) /* rows whose top-k entries a slot carries: TPE 16 all, else one group */
+#define DSLOT (DSTEPS * 512 + 256 + 32 + 4 * DRIDX)
+#define DSCALES (DSTEPS * 512) /* a slot's scale chunk, then its item record, then its rows' entries */
+#define DRECORD (DSCALES + 256)
+#define DINDEX (DSCALES + 256 + 32)
 
 /* Queue item it's copies (its k-steps `part`) into the ring slot q % DRING, as a group of its
  * own (an empty group and a none-left item when it.xi < 0). */
-MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, const down_item_t *it, int part, int d,
-                          int q, int lane) {
+MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, const int32_t *row_index,
+                          const down_item_t *it, int part, int d, int q, int lane) {
     const int g = lane >> 2, p = lane & 3;
-    uint8_t *slot = ring + (q % DRING) * DSLOT;
+    uint8_t *slot = ring + ((unsigned)q % DRING) * DSLOT;
     if (it->xi >= 0) {
-        const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE, *st = s2 + it->xi * S2_EXPERT + d * S2_TILE;
-        const int s0 = part * DSTEPS;
-        MJ_NO_UNROLL
-        for (int i = 0; i < DSTEPS; i++)
-            if (s0 + i < KS2) mj_cp_async16(slot + i * 512 + lane * 16, wt + (s0 + i) * 512 + lane * 16);
-        if (p < 2 && s0 % 4 == 0) mj_cp_async16(slot + DSCALES + (p * 8 + g) * 16, st + (s0 / 4) * 256 + (p * 8 + g) * 16);
+        const int s0 = DPARTS == 1 ? 0 : part * DSTEPS; /* one part: the whole expert, from step 0 */
+        const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE + s0 * 512 + lane * 16;
+        const uint8_t *st = s2 + it->xi * S2_EXPERT + d * S2_TILE + (s0 / 4) * 256 + (p * 8 + g) * 16;
+        MJ_UNROLL
+        for (int i = 0; i < DSTEPS; i++) /* one base, the steps at immediate offsets */
+            if (KS2 % DSTEPS == 0 || s0 + i < KS2) mj_cp_async16(slot + i * 512 + lane * 16, wt + i * 512);
+        if (p < 2 && (DSTEPS == 4 || s0 % 4 == 0)) mj_cp_async16(slot + DSCALES + (p * 8 + g) * 16, st);
+        /* the expert's last part: its first DRIDX rows' top-k entries, for the epilogue */
+        if (it->shared_row0 < 0 && (DPARTS == 1 || part == DPARTS - 1) && lane < it->n && lane < DRIDX)
+            mj_cp_async4(slot + DINDEX + lane * 4, row_index + it->r0 + lane);
     }
     mj_cp_async_commit();
     if (lane == 0) {
-        down_item_t *m = (down_item_t *)(slot + DSCALES + 256);
+        down_item_t *m = (down_item_t *)(slot + DRECORD);
         *m = *it;
         m->part = part;
     }
@@ -893,22 +906,23 @@ MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, c
 MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long long row0, int n, const uint16_t *act,
                          const uint8_t *actq, const uint8_t *act_sf, int lane, float accr[][4], float *frag) {
     const int g = lane >> 2, p = lane & 3;
+    const int s0 = DPARTS == 1 ? 0 : part * DSTEPS; /* the item's first k-step: one part, 0 */
     if (NT == 1 || n <= 8) {
         const long long src = g < n ? row0 + g : -1;
         uint32_t b[DSTEPS][4][2], bq[DSTEPS][2], sfb[DSTEPS];
         MJ_UNROLL
         for (int i = 0; i < DSTEPS; i++) {
-            const int s = part * DSTEPS + i;
+            const int s = s0 + i;
             for (int kt = 0; kt < 4; kt++) b[i][kt][0] = b[i][kt][1] = 0;
             bq[i][0] = bq[i][1] = sfb[i] = 0;
-            if (s >= KS2) continue;
+            if (KS2 % DSTEPS != 0 && s >= KS2) continue;
             if (MODE == 1) fp4_bfrag(actq, act_sf, src, I, s, p, bq[i], &sfb[i]);
             else if (src >= 0) bf16_bfrag(act + src * I, s, p, b[i]);
         }
         MJ_UNROLL
         for (int i = 0; i < DSTEPS; i++) {
-            const int s = part * DSTEPS + i, s4 = s % 4;
-            if (s >= KS2) break;
+            const int s = s0 + i, s4 = s & 3;
+            if (KS2 % DSTEPS != 0 && s >= KS2) break;
             const uint4 wf = *(const uint4 *)(slot + i * 512 + lane * 16);
             if (MODE == 1) {
                 const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
@@ -925,8 +939,8 @@ MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long 
     }
     MJ_NO_UNROLL
     for (int i = 0; i < DSTEPS; i++) {
-        const int s = part * DSTEPS + i, s4 = s % 4;
-        if (s >= KS2) break;
+        const int s = s0 + i, s4 = s & 3;
+        if (KS2 % DSTEPS != 0 && s >= KS2) break;
         const uint4 wf = *(const uint4 *)(slot + i * 512 + lane * 16);
         const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
         uint32_t sfa = 0, a16[4][4];
@@ -951,32 +965,47 @@ MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long 
     }
 }
 
-/* An expert's D fragments (in frag, each lane's own) into the sums: d_i of group c is dim g
- * (+8 for i >= 2) of the expert's row c * 8 + 2p (+1), times weight * alpha (a shared
- * sub-expert's weight: 1, or the token's gate sgate_w[token] that up wrote). DEAL 1: into the
- * block's slot tile, tile[token - t0][slot][dim] =, slot the row's top-k slot (row_index's,
- * modulo K) or K + j for shared sub-expert j; DEAL 0: into the warp's own, tile[token -
- * t0][dim] +=, in the warp's expert order. Each element is one lane's of one warp's. One
- * rolled loop: one copy of its code instead of 4 NT. */
-MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *row_index, const float *weights, int t0, int lane,
-                             const float *frag, float *tile, const float *sgate_w, int n_local) {
+/* One token group's D fragment of an expert (d, a lane's four sums) into the sums: d_i is
+ * dim g (+8 for i >= 2) of the expert's row c * 8 + 2p (+1 for odd i), times weight * alpha
+ * (a shared sub-expert's weight: 1, or the token's gate sgate_w[token] that up wrote). A row's
+ * token, slot and weight are read once, for both its dims. DEAL 1: into the block's slot tile,
+ * tile[token - t0][slot][dim] =, slot the row's top-k slot (row_index's, modulo K) or K + j
+ * for shared sub-expert j; DEAL 0: into the warp's own, tile[token - t0][dim] +=, in the
+ * warp's expert order. Each element is one lane's of one warp's. */
+MJ_DEVICE void down_epi_group(const down_item_t *it, int c, const float d[4], const int32_t *idx,
+                              const int32_t *row_index, const float *weights, int t0, int lane, float *tile,
+                              const float *sgate_w, int n_local) {
     const int g = lane >> 2, p = lane & 3;
-    MJ_NO_UNROLL
-    for (int ci = 0; ci < NT * 4; ci++) {
-        const int ti = (ci >> 2) * 8 + 2 * p + (ci & 1);
-        if (ti >= it->n) continue;
-        int tk = t0 + ti, slot = K + it->xi - n_local;
-        float wgt;
-        if (it->shared_row0 < 0) {
-            const int ri = row_index[it->r0 + ti];
-            tk = ri / K, slot = ri - tk * K, wgt = weights[ri];
-        } else {
-            wgt = sgate_w ? sgate_w[tk] : 1.0f;
+    MJ_UNROLL
+    for (int h = 0; h < 2; h++) {
+        const int ti = c * 8 + 2 * p + h;
+        if (ti < it->n) {
+            int tk = t0 + ti, slot = K + it->xi - n_local;
+            float wgt;
+            if (it->shared_row0 < 0) {
+                const int ri = c * 8 + 8 <= DRIDX ? idx[ti] : row_index[it->r0 + ti];
+                tk = ri / K, slot = ri - tk * K, wgt = weights[ri];
+            } else {
+                wgt = sgate_w ? sgate_w[tk] : 1.0f;
+            }
+            float *o = tile + (DEAL ? (tk - t0) * NSLOT + slot : tk - t0) * 16 + g;
+            /* x DQ_UNIT first: exact (W4A16's sums are in units of 2^-7) */
+            const float v0 = wgt * (d[h] * DQ_UNIT * it->alpha), v1 = wgt * (d[h + 2] * DQ_UNIT * it->alpha);
+            if (DEAL) o[0] = v0, o[8] = v1;
+            else o[0] += v0, o[8] += v1;
         }
-        /* x DQ_UNIT first: exact (W4A16's sums are in units of 2^-7) */
-        const float v = wgt * (frag[((ci >> 2) * 32 + lane) * 4 + (ci & 3)] * DQ_UNIT * it->alpha);
-        if (DEAL) tile[((tk - t0) * NSLOT + slot) * 16 + g + 8 * ((ci & 3) >> 1)] = v;
-        else tile[(tk - t0) * 16 + g + 8 * ((ci & 3) >> 1)] += v;
+    }
+}
+
+/* An expert's sums of more than one token group, from frag (each lane's own, [NT][32][4]):
+ * one rolled loop over the groups, one copy of down_epi_group's code. */
+MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *idx, const int32_t *row_index, const float *weights,
+                             int t0, int lane, const float *frag, float *tile, const float *sgate_w, int n_local) {
+    MJ_NO_UNROLL
+    for (int c = 0; c < NT && c * 8 < it->n; c++) {
+        const float4 v = ((const float4 *)frag)[c * 32 + lane];
+        const float d[4] = {v.x, v.y, v.z, v.w};
+        down_epi_group(it, c, d, idx, row_index, weights, t0, lane, tile, sgate_w, n_local);
     }
 }
 
@@ -1012,7 +1041,7 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
      * next_expert. By place the shared sub-experts take the places after the list's (na + j),
      * so the warp that took the last routed place is not given one too. */
     int pos = (DEAL ? (w - na) & (NW2 - 1) : w) << 16;
-    int xn = 0; /* the lane's place in the warp's chunk (fill_places) */
+    int xn = 0, xr = 0; /* the lane's place in the warp's chunk, and its expert's first row (fill_places) */
     int row0 = 0; /* the item's first act row (token t0 + i at row0 + i; rows are ints, as the dispatch counts them) */
     float accr[SUMS_SMEM ? 1 : NT][4];
     /* A pass a chunk of the warp's places (the last with its shared sub-experts after it): the
@@ -1021,7 +1050,7 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
      * active experts, two chunks of 32 places by id with 4 warps, one by place). */
     MJ_NO_UNROLL
     for (int last = 0; !last;) {
-        fill_places(&pos, &xn, na, counts, offsets, active, row_index, n_local, expert_begin, B, w, lane);
+        fill_places(&pos, &xn, &xr, na, counts, offsets, active, row_index, n_local, expert_begin, B, w, lane);
         int ppart = DPARTS - 1;
         down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
         MJ_NO_UNROLL
@@ -1030,21 +1059,22 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
             if (pit.xi >= 0) {
                 if (++ppart == DPARTS) {
                     ppart = 0;
-                    pit = next_expert(&xn, &pos, counts, offsets, row_index, scal, n_local, expert_begin, mb, B,
-                                      num_valid, lane);
+                    pit = next_expert(&xn, &xr, &pos, scal, n_local, mb, B, num_valid, lane);
                 }
             }
-            down_issue(ring, w2, s2, &pit, ppart, d, j + DRING - 2, lane);
+            down_issue(ring, w2, s2, row_index, &pit, ppart, d, j + DRING - 2, lane);
             if (j < 0) continue;
             mj_cp_async_wait(DRING - 2); /* item j's group has landed... */
             __syncwarp(0xFFFFFFFFu);     /* ...every lane's, and lane 0's item record */
-            const uint8_t *slot = ring + (j % DRING) * DSLOT;
-            const down_item_t it = *(const down_item_t *)(slot + DSCALES + 256);
+            const uint8_t *slot = ring + ((unsigned)j % DRING) * DSLOT;
+            const down_item_t it = *(const down_item_t *)(slot + DRECORD);
+            const int32_t *idx = (const int32_t *)(slot + DINDEX); /* its rows' top-k entries (last part) */
             if (it.xi < 0) break;
+            const int ipart = DPARTS == 1 ? 0 : it.part; /* one part an expert: 0, known here */
             /* the run's scale chunk: in this slot for a run's first part, else (DSTEPS 2, the
              * run's second part) in the slot of the item before, the same expert's first */
-            const uint8_t *sr = (it.part * DSTEPS) % 4 == 0 ? slot + DSCALES : ring + ((j + DRING - 1) % DRING) * DSLOT + DSCALES;
-            if (it.part == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
+            const uint8_t *sr = DSTEPS == 4 || (ipart & 1) == 0 ? slot + DSCALES : ring + ((unsigned)(j + DRING - 1) % DRING) * DSLOT + DSCALES;
+            if (ipart == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
                 row0 = it.shared_row0 >= 0 ? it.shared_row0 + t0 : it.r0;
                 if (!SUMS_SMEM) {
                     MJ_UNROLL
@@ -1057,16 +1087,18 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
                     for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
             }
-            down_step(slot, sr, it.part, row0, it.n, act, actq, act_sf, lane, accr, frag);
-            if (it.part == DPARTS - 1) {
-                if (!SUMS_SMEM) {
-                    MJ_UNROLL
-                    for (int c = 0; c < NT; c++)
-                        for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
-                } else if (it.n <= 8) {
-                    for (int q = 0; q < 4; q++) frag[lane * 4 + q] = accr[0][q];
+            down_step(slot, sr, ipart, row0, it.n, act, actq, act_sf, lane, accr, frag);
+            if (ipart == DPARTS - 1) {
+                if (NT == 1 || it.n <= 8) { /* one token group: its sums in accr[0] */
+                    down_epi_group(&it, 0, accr[0], idx, row_index, weights, t0, lane, tile, sgate_w, n_local);
+                } else {
+                    if (!SUMS_SMEM) {
+                        MJ_UNROLL
+                        for (int c = 0; c < NT; c++)
+                            for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
+                    }
+                    down_epilogue(&it, idx, row_index, weights, t0, lane, frag, tile, sgate_w, n_local);
                 }
-                down_epilogue(&it, row_index, weights, t0, lane, frag, tile, sgate_w, n_local);
             }
             __syncwarp(0xFFFFFFFFu); /* every lane is done with this slot and the one before */
         }

@@ -87,6 +87,13 @@ MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
                  : "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
                  : "memory");
 }
+/* A 4-byte copy (cp.async.ca: the only form of that size) of an index beside the weights. */
+MJ_DEVICE void mj_cp_async4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
+                 :
+                 : "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
 MJ_DEVICE void mj_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 /* Programmatic dependent launch (sm_90+; templates that declare MJ_PDL): a kernel launched
  * while the one before it still runs waits here until that grid has finished and its

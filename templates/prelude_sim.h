@@ -28,7 +28,7 @@
 /* ---- the ABI shared with the runtime (runtime/sim/sim.c includes this part alone) ---- */
 #ifndef MJ_SIM_ABI_H
 #define MJ_SIM_ABI_H
-#define MJ_SIM_ABI_VERSION 3
+#define MJ_SIM_ABI_VERSION 4
 
 typedef struct mj_sim_dim3 { unsigned x, y, z; } mj_sim_dim3;
 
@@ -82,10 +82,12 @@ struct mj_sim_api {
     void (*trap)(const char *file, int line); /* does not return                      */
     /* cp.async: op MJ_SIM_CP_COPY poisons the n destination bytes and queues the copy (on a
      * GPU the data may land any time until the wait), MJ_SIM_CP_COMMIT closes a group,
-     * MJ_SIM_CP_WAIT performs every copy of the groups but the newest n. */
+     * MJ_SIM_CP_WAIT performs every copy of the groups but the newest n; MJ_SIM_CP_COPY_INDEX
+     * is a copy as MJ_SIM_CP_COPY, of an index rather than a weight (not counted with the
+     * weight stream). */
     void (*cp_async)(int op, void *dst, const void *src, int n, const char *file, int line);
 };
-enum mj_sim_cp_op { MJ_SIM_CP_COPY = 0, MJ_SIM_CP_COMMIT, MJ_SIM_CP_WAIT };
+enum mj_sim_cp_op { MJ_SIM_CP_COPY = 0, MJ_SIM_CP_COMMIT, MJ_SIM_CP_WAIT, MJ_SIM_CP_COPY_INDEX };
 #endif /* MJ_SIM_ABI_H */
 
 #ifndef MJ_SIM_ABI_ONLY
@@ -383,6 +385,10 @@ static inline void mj_sim_mma_(int kind, float d[4], const unsigned a[4], const 
  * loads. */
 MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
     mj_sim_api_->cp_async(MJ_SIM_CP_COPY, dst, src, 16, __FILE__, __LINE__);
+}
+/* A 4-byte copy of an index (a row's top-k entry) beside the weights: not a weight byte. */
+MJ_DEVICE void mj_cp_async4(void *dst, const void *src) {
+    mj_sim_api_->cp_async(MJ_SIM_CP_COPY_INDEX, dst, src, 4, __FILE__, __LINE__);
 }
 MJ_DEVICE void mj_cp_async_commit(void) { mj_sim_api_->cp_async(MJ_SIM_CP_COMMIT, 0, 0, 0, __FILE__, __LINE__); }
 /* Programmatic dependent launch: on the interpreter, launches run one after another. */

@@ -1256,9 +1256,10 @@ static void test_compile(const char *cache) {
                     CHECK(k.NW2 == nw2, "%s %s TPE %d: %d down warps, want %d", targets[t], mode ? "W4A4" : "W4A16",
                           tpe, k.NW2, nw2);
                     /* by place where the slot tile keeps the blocks an SM: sm_90a's 8 warps (GLM-5: 9
-                     * slots a token), sm_120a's W4A4 at TPE 16 (2 blocks of 4 warps either way);
-                     * elsewhere it would cost a block an SM */
-                    const int deal = (t == 1 && tpe <= 32) || (t == 0 && mode == 1 && tpe == 16);
+                     * slots a token), sm_120a's at TPE 16 (W4A4: 2 blocks of 4 warps either way;
+                     * W4A16: 3, its ring's slots carrying 16 rows' entries); elsewhere it would
+                     * cost a block an SM */
+                    const int deal = (t == 1 && tpe <= 32) || (t == 0 && tpe == 16);
                     CHECK(k.DEAL == deal, "%s %s TPE %d: down's experts dealt %s", targets[t], mode ? "W4A4" : "W4A16",
                           tpe, k.DEAL ? "by place" : "by id");
                     mj_spec s[3];
@@ -1299,10 +1300,14 @@ static void test_compile(const char *cache) {
                             const char *ld = "LDGSTS.E.BYPASS", *ld128 = "LDGSTS.E.BYPASS.128";
                             int n_mma = test_count(sass, mma), n_ld = test_count(sass, ld);
                             int n_ld128 = test_count(sass, ld128);
-                            CHECK(test_count(sass, "LDG.E.NA") == 0 && test_count(sass, "LDGSTS") == n_ld,
-                                  "%s %s %s: weights only through the ring (%d LDGSTS, %d LDG.E.NA)", targets[t],
-                                  mode ? "W4A4" : "W4A16", kernel[part], test_count(sass, "LDGSTS"),
-                                  test_count(sass, "LDG.E.NA"));
+                            /* down's one other copy: the 4-byte top-k entries of an expert's rows
+                             * (cp.async.ca, not through L2 alone) */
+                            const int n_idx = part == 3 ? 1 : 0;
+                            CHECK(test_count(sass, "LDG.E.NA") == 0 && test_count(sass, "LDGSTS") == n_ld + n_idx &&
+                                      test_count(sass, "LDGSTS.E [") == n_idx,
+                                  "%s %s %s: weights only through the ring (%d LDGSTS, %d of them 4-byte, %d LDG.E.NA)",
+                                  targets[t], mode ? "W4A4" : "W4A16", kernel[part], test_count(sass, "LDGSTS"),
+                                  test_count(sass, "LDGSTS.E ["), test_count(sass, "LDG.E.NA"));
                             CHECK(n_mma > 0, "%s %s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16",
                                   kernel[part], mma);
                             CHECK(n_ld128 > 0 && n_ld128 == n_ld, "%s %s %s: %d of %d weight-stream loads are 128-bit",
@@ -1369,9 +1374,12 @@ static void case_ring(void) {
     snprintf(want, sizeof want, "\n#define DRING %d\n", MJ_EXPERTS_DRING);
     CHECK(strstr(t->body, want) != NULL, "templates/moe_experts.cu defines DRING as runtime/experts.h (%d)",
           MJ_EXPERTS_DRING);
-    CHECK(strstr(t->body, "\n#define DSLOT (DSTEPS * 512 + 256 + 32)\n") && MJ_EXPERTS_DSLOT(2) == 2 * 512 + 256 + 32 &&
-              MJ_EXPERTS_DSLOT(4) == 4 * 512 + 256 + 32,
-          "DSLOT: the template's and runtime/experts.h's agree (%d, %d)", MJ_EXPERTS_DSLOT(2), MJ_EXPERTS_DSLOT(4));
+    CHECK(strstr(t->body, "\n#define DRIDX (TPE == 16 ? 16 : 8) ") &&
+              strstr(t->body, "\n#define DSLOT (DSTEPS * 512 + 256 + 32 + 4 * DRIDX)\n") &&
+              MJ_EXPERTS_DSLOT(2, 8) == 2 * 512 + 256 + 32 + 4 * 8 && MJ_EXPERTS_DSLOT(4, 16) == 4 * 512 + 256 + 32 + 4 * 16 &&
+              MJ_EXPERTS_DSLOT(2, 64) == 2 * 512 + 256 + 32 + 4 * 8,
+          "DSLOT: the template's and runtime/experts.h's agree (%d, %d, %d)", MJ_EXPERTS_DSLOT(2, 8),
+          MJ_EXPERTS_DSLOT(4, 16), MJ_EXPERTS_DSLOT(2, 64));
 }
 
 static void case_pack(void) { test_pack(g_seed); }

@@ -306,7 +306,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     const long nr = lround(na);
                     k->l.iters = kx.DEAL ? parts * (double)((nr + nsub + kx.NW2 - 1) / kx.NW2)
                                          : parts * pm_busiest_share((int)nr, kx.NW2, nsub);
-                    k->l.inflight = (MJ_EXPERTS_DRING - 2) * (double)MJ_EXPERTS_DSLOT(kx.DSTEPS);
+                    k->l.inflight = (MJ_EXPERTS_DRING - 2) * (double)MJ_EXPERTS_DSLOT(kx.DSTEPS, kx.TPE);
                 }
                 if ((rc = fetch(ctx, &rd, &xs[x], use_twin && part > 1 ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
             }

@@ -351,7 +351,7 @@ static void api_trap(const char *file, int line) {
  * fails its test. */
 static void api_cp_async(int op, void *dst, const void *src, int n, const char *file, int line) {
     fiber *f = current();
-    if (op == MJ_SIM_CP_COPY) {
+    if (op == MJ_SIM_CP_COPY || op == MJ_SIM_CP_COPY_INDEX) {
         if (f->cp_n == MJ_SIM_CP_MAX) {
             f->trap_why = "queued more than " MJ_SIM_STR(MJ_SIM_CP_MAX) " cp.async copies without a wait";
             api_trap(file, line);
@@ -359,7 +359,7 @@ static void api_cp_async(int op, void *dst, const void *src, int n, const char *
         memset(dst, 0xFF, (size_t)n);
         f->cp[f->cp_n].dst = dst, f->cp[f->cp_n].src = src, f->cp[f->cp_n].n = n;
         f->cp[f->cp_n++].group = f->cp_groups;
-        f->w->stream_bytes += (unsigned long long)n;
+        if (op == MJ_SIM_CP_COPY) f->w->stream_bytes += (unsigned long long)n; /* weight bytes alone */
     } else if (op == MJ_SIM_CP_COMMIT) {
         f->cp_groups++;
     } else { /* wait: groups older than the newest n complete; uncommitted copies stay */
