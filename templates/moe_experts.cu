@@ -82,7 +82,7 @@ MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of 
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
-MJ_CONSTRAINT("NW2 * (TPE * 64 * (2 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
+MJ_CONSTRAINT("NW2 * (TPE * 64 * ((TPE > 8) + 1 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DEAL == 0", "only experts_down reads DEAL: 0 elsewhere")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
@@ -94,6 +94,7 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
 #define NSLOT (K + NSUB)              /* down's slots a token: its top-k, its shared sub-experts */
 #define DTILE (DEAL ? TPE * NSLOT * 16 : NW2 * TPE * 16) /* down's sums: floats of the block's */
+#define DFRAG (NT > 1 ? TPE * 16 : 0) /* down's fragments: floats a warp (one token group: none, its sums stay in registers) */
 #define KS1 (H / 64)                  /* k-steps of up                                       */
 #define KS2 (I / 64)                  /* k-steps of down                                     */
 #define RUNS1 ((KS1 + 3) / 4)         /* runs of 4 k-steps: one scale chunk each             */
@@ -1010,8 +1011,8 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *idx, const in
 }
 
 /* grid (H / 16, ceil(B / TPE)), block NW2 * 32, dynamic shared memory
- * NW2 * (TPE * 64 + DRING * DSLOT) + DTILE * 4 bytes: each warp's fragments, the sums (the
- * block's slot tile, or each warp's), then each warp's ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
+ * NW2 * (DFRAG * 4 + DRING * DSLOT) + DTILE * 4 bytes: each warp's fragments (past one token
+ * group), the sums (the block's slot tile, or each warp's), then each warp's ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
  * nearest even from the same f32 sum, NaN kept quiet, as mj_f32_to_bf16): every element
  * written (0 for padding tokens). sgate_w: the shared sub-experts' weight of each token (up's
  * shared_gate_weights), or NULL: 1. With 8 warps, 3 blocks an SM (the knobs' choice where an SM
@@ -1029,13 +1030,13 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     const int d = (int)blockIdx.x; /* the block's 16 dims: 16d .. */
     const int t0 = tile_t0(), t1 = tile_t1(B);
     /* this warp's [NT][32][4]; the sums: [TPE][NSLOT][16] (DEAL 1) or [NW2][TPE][16] */
-    float *frag = smem + w * TPE * 16, *sums = smem + NW2 * TPE * 16;
+    float *frag = smem + w * DFRAG, *sums = smem + NW2 * DFRAG;
     float *tile = DEAL ? sums : sums + w * TPE * 16;
     MJ_NO_UNROLL
     for (int i = (int)threadIdx.x; i < DTILE; i += NW2 * 32) sums[i] = 0.0f; /* what no expert fills stays 0 */
     __syncthreads();
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
-    uint8_t *ring = (uint8_t *)smem + NW2 * TPE * 64 + DTILE * 4 + w * DRING * DSLOT;
+    uint8_t *ring = (uint8_t *)smem + NW2 * DFRAG * 4 + DTILE * 4 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
      * items, so next_expert's searches are compiled once). The warp's share: fill_places and
      * next_expert. By place the shared sub-experts take the places after the list's (na + j),
