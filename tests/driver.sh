@@ -993,15 +993,23 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # is a shift and a mask (in code order: up 325 instructions, 246 integer; down 978, 666),
   # and up's halves unrolled (rolled: 372, 286)
   json_check 'all(k["insts"] <= 275 and 100 <= k["int"] <= 195 and k["tensor"] == 8 for r in j["predict"]["rows"] for k in [r["kernels"]["experts_up"]["hot_loop"]])'
-  # down's hot loop is the ring of a chunk's items (the chunk's places read outside it): 842 at
-  # 4 k-steps, 679 at 2 (880 and 703 when every expert's id, offset and searches were in it)
-  json_check 'all(k["insts"] <= (860 if r["B"] <= 16 else 695) and k["int"] <= (560 if r["B"] <= 16 else 460) for r in j["predict"]["rows"] for k in [r["kernels"]["experts_down"]["hot_loop"]])'
+  # down's hot loop is the ring of a chunk's items (the chunk's places read outside it), an
+  # item's slot carrying its rows' top-k entries (the weight its one dependent load: chain 1),
+  # the epilogue by row: 601 at 4 k-steps, 488 at 2 (842 and 679 with the entry and then the
+  # weight loaded an element; 880 and 703 with every expert's id, offset and searches in it)
+  json_check 'all(k["insts"] <= (620 if r["B"] <= 16 else 500) and k["int"] <= (380 if r["B"] <= 16 else 325) and k["chain"] == 1 for r in j["predict"]["rows"] for k in [r["kernels"]["experts_down"]["hot_loop"]])'
   # oea_route's dispatch: ranks by bit masks and a scan with every thread (about 450; 667 with
   # per-warp segments and warp 0's serial walks)
   json_check 'all(r["kernels"]["oea_route"]["route_sass"]["dispatch"] <= 520 for r in j["predict"]["rows"])'
   MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-8 --bench-batch 1 \
     --k0 8 --no-compile --no-sim --predict rtx-pro-6000 --cache-dir "$T/predcache" -q
   contains out "the performance model on rtx-pro-6000"; contains out "model assumptions"; contains out "experts_down"
+  # B 16 (TPE 16): down's one-group path runs (about 1.3 rows an expert), so its hot loop is the
+  # TPE 8 twin's (2 k-steps, one group: 8 MMAs), not both paths' (16); up keeps its own (both
+  # token groups' MMAs on its one path: 16)
+  MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-16 --bench-batch 16 \
+    --k0 8 --no-compile --no-sim --predict rtx-pro-6000 --mode w4a16 --cache-dir "$T/predcache" -q --json
+  json_check '[r["B"] for r in j["predict"]["rows"]] == [16] and all(r["kernels"]["experts_down"]["hot_loop"]["tensor"] == 8 and r["kernels"]["experts_up"]["hot_loop"]["tensor"] == 16 for r in j["predict"]["rows"])'
 else
   echo "SKIP bench --predict: no nvdisasm"
 fi

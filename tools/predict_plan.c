@@ -270,15 +270,17 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             mj_experts_dims(&kx, B, n_slots, NULL, dims);
             const double items = na + nsub, w13 = (double)mj_pack_w13_bytes(H, I) + mj_pack_s13_bytes(H, I),
                          w2 = (double)mj_pack_w2_bytes(H, I) + mj_pack_s2_bytes(H, I);
-            /* Past two token groups (TPE 32, 64) an expert chunk of at most 8 tokens runs the
-             * one-group registers' path, the shared-memory loop over the groups only past 8;
-             * the SASS holds both, and the hot loop read from it would count the groups' loop.
+            /* Past one token group an expert chunk of at most 8 tokens runs a one-group path
+             * of its own (down from TPE 16, its sums in registers; up past two groups, TPE 32
+             * and 64, where the groups' sums are in shared memory), the groups' loop only past
+             * 8; the SASS holds both, and the hot loop read from it would count both paths.
              * When the active experts average at most 8 routed rows (B K / active: an upper
              * bound), the hot loop is read from the TPE 8 twin, whose one path is that one;
-             * the launch (grid, registers, shared memory) stays this kernel's. */
+             * the launch (grid, registers, shared memory) stays this kernel's. Up at TPE 16
+             * keeps its own: both its groups' MMAs run on one path. */
             mj_spec twin[3];
             int use_twin = 0;
-            if (kx.TPE > 16 && na > 0 && (double)B * K / na <= 8.0) {
+            if (kx.TPE > 8 && na > 0 && (double)B * K / na <= 8.0) {
                 mj_knobs_moe_experts k8 = kx;
                 k8.TPE = 8;
                 use_twin = mj_experts_specs(ctx, &k8, twin) == nx;
@@ -308,7 +310,8 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                                          : parts * pm_busiest_share((int)nr, kx.NW2, nsub);
                     k->l.inflight = (MJ_EXPERTS_DRING - 2) * (double)MJ_EXPERTS_DSLOT(kx.DSTEPS, kx.TPE);
                 }
-                if ((rc = fetch(ctx, &rd, &xs[x], use_twin && part > 1 ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
+                const int twin_part = use_twin && (part == 3 || (part == 2 && kx.TPE > 16));
+                if ((rc = fetch(ctx, &rd, &xs[x], twin_part ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
             }
             /* the layer: the kernels one after another; its floor the bytes bench counts */
             double pred = 0, slow = 0;
