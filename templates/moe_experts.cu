@@ -981,14 +981,18 @@ MJ_DEVICE void down_epi_group(const down_item_t *it, int c, const float d[4], co
     for (int h = 0; h < 2; h++) {
         const int ti = c * 8 + 2 * p + h;
         if (ti < it->n) {
-            int tk = t0 + ti, slot = K + it->xi - n_local;
-            float wgt;
-            if (it->shared_row0 < 0) {
+            const int routed = it->shared_row0 < 0;
+            int tk = t0 + ti, slot = K + it->xi - n_local, wi = tk;
+            if (routed) {
                 const int ri = c * 8 + 8 <= DRIDX ? idx[ti] : row_index[it->r0 + ti];
-                tk = ri / K, slot = ri - tk * K, wgt = weights[ri];
-            } else {
-                wgt = sgate_w ? sgate_w[tk] : 1.0f;
+                tk = ri / K, slot = ri - tk * K, wi = ri;
             }
+            /* One load, whichever the weight: a routed row's (weights[entry]) or a shared
+             * sub-expert's, its token's gate (sgate_w[token]); without a gate it is 1, and the
+             * load reads weights[token] (in bounds: B K entries) for nothing. No branch on
+             * sgate_w: ptxas would compile the rest of the epilogue once for either case. */
+            const float wv = (routed || !sgate_w ? weights : sgate_w)[wi];
+            const float wgt = routed || sgate_w ? wv : 1.0f;
             float *o = tile + (DEAL ? (tk - t0) * NSLOT + slot : tk - t0) * 16 + g;
             /* x DQ_UNIT first: exact (W4A16's sums are in units of 2^-7) */
             const float v0 = wgt * (d[h] * DQ_UNIT * it->alpha), v1 = wgt * (d[h + 2] * DQ_UNIT * it->alpha);
