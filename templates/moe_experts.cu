@@ -985,7 +985,7 @@ MJ_DEVICE void down_epi_group(const down_item_t *it, int c, const float d[4], co
             int tk = t0 + ti, slot = K + it->xi - n_local, wi = tk;
             if (routed) {
                 const int ri = c * 8 + 8 <= DRIDX ? idx[ti] : row_index[it->r0 + ti];
-                tk = ri / K, slot = ri - tk * K, wi = ri;
+                tk = (int)((unsigned)ri / K), slot = ri - tk * K, wi = ri; /* an entry is >= 0 */
             }
             /* One load, whichever the weight: a routed row's (weights[entry]) or a shared
              * sub-expert's, its token's gate (sgate_w[token]); without a gate it is 1, and the
