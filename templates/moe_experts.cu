@@ -870,14 +870,19 @@ MJ_DEVICE down_item_t next_expert(int *xn, const int *xr, int *pos, const float 
 #define DRECORD (DSCALES + 256)
 #define DINDEX (DSCALES + 256 + 32)
 
+/* Item q's slot of a warp's ring (q >= 0). */
+MJ_DEVICE uint8_t *dslot(uint8_t *ring, int q) { return ring + ((unsigned)q % DRING) * DSLOT; }
+/* An item's first k-step: its part's (with one part an expert, 0 where the compiler sees it). */
+MJ_DEVICE int item_step0(int part) { return DPARTS == 1 ? 0 : part * DSTEPS; }
+
 /* Queue item it's copies (its k-steps `part`) into the ring slot q % DRING, as a group of its
  * own (an empty group and a none-left item when it.xi < 0). */
 MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, const int32_t *row_index,
                           const down_item_t *it, int part, int d, int q, int lane) {
     const int g = lane >> 2, p = lane & 3;
-    uint8_t *slot = ring + ((unsigned)q % DRING) * DSLOT;
+    uint8_t *slot = dslot(ring, q);
     if (it->xi >= 0) {
-        const int s0 = DPARTS == 1 ? 0 : part * DSTEPS; /* one part: the whole expert, from step 0 */
+        const int s0 = item_step0(part);
         const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE + s0 * 512 + lane * 16;
         const uint8_t *st = s2 + it->xi * S2_EXPERT + d * S2_TILE + (s0 / 4) * 256 + (p * 8 + g) * 16;
         MJ_UNROLL
@@ -907,7 +912,7 @@ MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, c
 MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long long row0, int n, const uint16_t *act,
                          const uint8_t *actq, const uint8_t *act_sf, int lane, float accr[][4], float *frag) {
     const int g = lane >> 2, p = lane & 3;
-    const int s0 = DPARTS == 1 ? 0 : part * DSTEPS; /* the item's first k-step: one part, 0 */
+    const int s0 = item_step0(part);
     if (NT == 1 || n <= 8) {
         const long long src = g < n ? row0 + g : -1;
         uint32_t b[DSTEPS][4][2], bq[DSTEPS][2], sfb[DSTEPS];
@@ -1071,14 +1076,14 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
             if (j < 0) continue;
             mj_cp_async_wait(DRING - 2); /* item j's group has landed... */
             __syncwarp(0xFFFFFFFFu);     /* ...every lane's, and lane 0's item record */
-            const uint8_t *slot = ring + ((unsigned)j % DRING) * DSLOT;
+            const uint8_t *slot = dslot(ring, j);
             const down_item_t it = *(const down_item_t *)(slot + DRECORD);
             const int32_t *idx = (const int32_t *)(slot + DINDEX); /* its rows' top-k entries (last part) */
             if (it.xi < 0) break;
             const int ipart = DPARTS == 1 ? 0 : it.part; /* one part an expert: 0, known here */
             /* the run's scale chunk: in this slot for a run's first part, else (DSTEPS 2, the
              * run's second part) in the slot of the item before, the same expert's first */
-            const uint8_t *sr = DSTEPS == 4 || (ipart & 1) == 0 ? slot + DSCALES : ring + ((unsigned)(j + DRING - 1) % DRING) * DSLOT + DSCALES;
+            const uint8_t *sr = (DSTEPS == 4 || (ipart & 1) == 0 ? slot : dslot(ring, j + DRING - 1)) + DSCALES;
             if (ipart == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
                 row0 = it.shared_row0 >= 0 ? it.shared_row0 + t0 : it.r0;
                 if (!SUMS_SMEM) {

@@ -67,16 +67,23 @@ static void test_toy_sass(void) {
     CHECK(s.outside == 17 - 13, "outside %d", s.outside);
 }
 
+/* Function fn of the fixture tests/data/sass/toy.sass, read into s; 0 when it was not. */
+static int toy_function(const char *fn, pm_sass *s) {
+    char *text = slurp(MJ_SOURCE_DIR "/tests/data/sass/toy.sass");
+    CHECK(text != NULL, "the fixture tests/data/sass/toy.sass");
+    if (!text) return 0;
+    const int ok = pm_sass_analyze(text, fn, s) == 0 && s->found;
+    CHECK(ok, "%s found", fn);
+    free(text);
+    return ok;
+}
+
 /* A chain through a shuffle: the value a lane loaded, broadcast to the warp, is the address
  * of the next load (SHFL writes its register after the predicate: "SHFL.IDX PT, R5, ..."). */
 static void test_shuffled_chain(void) {
-    char *text = slurp(MJ_SOURCE_DIR "/tests/data/sass/toy.sass");
-    CHECK(text != NULL, "the fixture tests/data/sass/toy.sass");
-    if (!text) return;
     pm_sass s;
-    CHECK(pm_sass_analyze(text, "shuffled", &s) == 0 && s.found, "shuffled found");
+    if (!toy_function("shuffled", &s)) return;
     CHECK(s.chain == 2, "chain %d, want 2 (R4's load, shuffled into R5, feeds R10's)", s.chain);
-    free(text);
 }
 
 /* Two exclusive paths (an if, whose end jumps past its else): each loads an index, then the
@@ -85,15 +92,11 @@ static void test_shuffled_chain(void) {
  * 3 that no execution has. After the join, R14 (either path's second load) feeds an address
  * but no load. */
 static void test_exclusive_paths(void) {
-    char *text = slurp(MJ_SOURCE_DIR "/tests/data/sass/toy.sass");
-    CHECK(text != NULL, "the fixture tests/data/sass/toy.sass");
-    if (!text) return;
     pm_sass s;
-    CHECK(pm_sass_analyze(text, "exclusive", &s) == 0 && s.found, "exclusive found");
+    if (!toy_function("exclusive", &s)) return;
     CHECK(s.chain == 2, "chain %d, want 2 (each path: index, then value; not the if's R13 in the else's R12.64)",
           s.chain);
     CHECK(s.ldg == 4, "loads %d, want 4", s.ldg);
-    free(text);
 }
 
 /* The hand-worked launch, with its dependent chain of loads and without. */
