@@ -33,6 +33,8 @@ struct mj_moe {
     /* The forward's workspace (for mb tokens): the logits, and mj_route's outputs as the
      * forward hands them to mj_route and the experts. */
     float *logits;                /* [mb, E]                                                 */
+    void *rws;                    /* the router GEMM's workspace (zeroed; NULL: none needed) */
+    size_t rws_bytes;
     mj_route_outputs r;
 };
 
@@ -41,10 +43,21 @@ static void workspace_free(mj_moe_t m) {
     void *bufs[] = {m->logits,         r->ids,            r->weights,        r->n_sel,       r->expert_counts,
                     r->expert_offsets, r->active_experts, r->n_active,       r->permutation, r->row_index};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mj_mem_free(m->device, bufs[i]);
-    m->logits = NULL;
+    if (m->rws) mj_mem_free(m->device, m->rws);
+    m->logits = NULL, m->rws = NULL, m->rws_bytes = 0;
     *r = (mj_route_outputs)MJ_ROUTE_OUTPUTS_INIT;
     free(m->batch);
     m->batch = NULL, m->mb = 0;
+}
+
+/* Device memory of bytes, zeroed (the router GEMM's workspace: every launch leaves it so). */
+static mj_status zeroed_alloc(int device, size_t bytes, void **out) {
+    void *zero = calloc(1, bytes);
+    if (!zero) return mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of host memory (%zu bytes)", bytes);
+    mj_status st = mj_mem_alloc(device, bytes, "mj_moe_prepare", out);
+    if (st == MJ_OK && (st = mj_mem_put(device, *out, zero, bytes)) != MJ_OK) mj_mem_free(device, *out), *out = NULL;
+    free(zero);
+    return st;
 }
 
 mj_status mj_moe_free(mj_moe_t m) {
@@ -214,6 +227,8 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
         {(void **)&r->permutation, B * K * 4},    {(void **)&r->row_index, B * K * 4}};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         MJ_CHECK_GOTO(mj_mem_alloc(m->device, bufs[i].bytes, "mj_moe_prepare", bufs[i].p), st, fail_ws);
+    MJ_CHECK_GOTO(mj_router_gemm_workspace(mb, m->cfg.hidden, m->cfg.n_experts, &m->rws_bytes), st, fail_ws);
+    if (m->rws_bytes) MJ_CHECK_GOTO(zeroed_alloc(m->device, m->rws_bytes, &m->rws), st, fail_ws);
     MJ_CHECK_GOTO(mj_experts_reserve(m->ex, mb), st, fail_ws);
     m->mb = mb, m->batch = batch;
     batch = NULL;
@@ -256,7 +271,8 @@ mj_status mj_moe_forward(mj_moe_t m, const uint16_t *hidden, int32_t B, const in
                             B, m->mb ? "prepared: up to the largest, see mj_moe_prepare" : "mj_moe_prepare was not called");
     mj_status st;
     const mj_moe_config *c = &m->cfg;
-    if ((st = mj_router_gemm(m->ctx, hidden, m->gate, B, c->hidden, c->n_experts, m->logits, stream)) != MJ_OK)
+    if ((st = mj_router_gemm(m->ctx, hidden, m->gate, B, c->hidden, c->n_experts, m->logits, m->rws, m->rws_bytes,
+                             stream)) != MJ_OK)
         return mj_error_prefix(st, "mj_moe_forward");
     mj_route_params p = m->route;
     p.k0 = m->batch[B].k0;

@@ -63,6 +63,13 @@ mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int
  * (the one-block launch) the B x K ids, bytes. */
 int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B);
 void mj_router_knobs(int32_t H, int32_t E, int32_t B, mj_knobs_router_gemm *kn);
+/* A router GEMM launch of B rows with kn: 16-expert tiles (gridDim.x), parts of H (KS,
+ * gridDim.y), row tiles (gridDim.z), and the workspace it uses (0 bytes at KS 1). */
+typedef struct mj_router_dims {
+    int32_t et, ks, rt;
+    size_t part_bytes, count_bytes;
+} mj_router_dims;
+void mj_router_grid(const mj_knobs_router_gemm *kn, int32_t B, mj_router_dims *d);
 
 /* Batch sizes from text: "1-256", "1,2,4,8" or a mix ("1-8,16,32"), ascending and
  * distinct, into a malloc'd array. */

@@ -273,29 +273,65 @@ mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int
 
 /* ---- the router GEMM -------------------------------------------------------------------- */
 
-/* The router GEMM's rows per tile (templates/router_gemm.cu TILE): the gate is streamed once
- * per tile, so once for B <= 64. */
-#define MJ_ROUTER_TILE 64
-
-/* Warps per block: the fewest that leave a thread at most 4 of the gate row's 16-byte
- * chunks (so a GLM-5 row, 768 chunks, gets 8 warps and 3 chunks a thread), at most 8. */
-static int32_t router_warps(int32_t H) {
-    int32_t nw = 1;
-    while (nw < 8 && H / 8 > nw * 32 * 4) nw *= 2;
-    return nw;
-}
+/* The router GEMM's launch (templates/router_gemm.cu): blocks of 16 experts, a part of H
+ * and a tile of ROWS rows. H is split into parts until the grid has about
+ * MJ_ROUTER_BLOCKS blocks (the gate streams with every SM), at most one run of KCH chunks
+ * (128 k) per warp and part. */
+#define MJ_ROUTER_BLOCKS 256
+#define MJ_ROUTER_RUN 128 /* k a warp's run covers (KCH chunks of 32) */
 
 void mj_router_knobs(int32_t H, int32_t E, int32_t B, mj_knobs_router_gemm *kn) {
-    /* ROWS: the largest power of 2 <= B (a group of rows never reads past B), at most 8,
-     * and at most 32 chunk-rows a group (the unrolled body: 24 for GLM-5, 3 chunks x 8). */
-    const int32_t nw = router_warps(H), ch = (H / 8 + nw * 32 - 1) / (nw * 32);
-    int32_t rows = 1;
-    while (rows < 8 && rows * 2 <= B && ch * rows * 2 <= 32) rows *= 2;
-    *kn = (mj_knobs_router_gemm){.H = H, .E = E, .ROWS = rows, .NWARPS = nw};
+    /* ROWS: the fewest groups of 8 that hold B, at most 64. NWARPS: 4, fewer when the row
+     * has fewer runs. */
+    const int32_t runs = (H + MJ_ROUTER_RUN - 1) / MJ_ROUTER_RUN;
+    int32_t nw = 1;
+    while (nw < 4 && nw < runs) nw *= 2;
+    *kn = (mj_knobs_router_gemm){.H = H, .E = E, .ROWS = B <= 8 ? 8 : B <= 16 ? 16 : B <= 32 ? 32 : 64, .NWARPS = nw};
+}
+
+void mj_router_grid(const mj_knobs_router_gemm *kn, int32_t B, mj_router_dims *d) {
+    const int64_t et = (kn->E + 15) / 16, rt = ((int64_t)B + kn->ROWS - 1) / kn->ROWS;
+    const int64_t runs = (kn->H + MJ_ROUTER_RUN - 1) / MJ_ROUTER_RUN, most = (runs + kn->NWARPS - 1) / kn->NWARPS;
+    int64_t ks = (MJ_ROUTER_BLOCKS + et * rt - 1) / (et * rt);
+    if (ks > most) ks = most;
+    if (ks < 1) ks = 1;
+    /* blocks of one part hold the same number of runs: a part of rpz runs, KS = the parts
+     * that rpz leaves (so no part is empty) */
+    const int64_t rpz = (runs + ks - 1) / ks;
+    ks = (runs + rpz - 1) / rpz;
+    d->et = (int32_t)et, d->ks = (int32_t)ks, d->rt = (int32_t)rt;
+    d->part_bytes = ks > 1 ? (size_t)(rt * et * ks * kn->ROWS * 16) * sizeof(float) : 0;
+    d->count_bytes = ks > 1 ? (size_t)(rt * et) * sizeof(uint32_t) : 0;
+}
+
+/* The counters first (what must be zero), the parts after them at 16 bytes. */
+static size_t router_parts_at(const mj_router_dims *d) { return (d->count_bytes + 15) / 16 * 16; }
+
+mj_status mj_router_gemm_workspace(int32_t B, int32_t H, int32_t E, size_t *bytes) {
+    if (!bytes || B < 0) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm_workspace: NULL bytes or B < 0");
+    *bytes = 0;
+    if (H < MJ_KNOB_router_gemm_H_MIN || H > MJ_KNOB_router_gemm_H_MAX || H % 64)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm_workspace: hidden %d must be a multiple of 64 in %d..%d",
+                            H, MJ_KNOB_router_gemm_H_MIN, MJ_KNOB_router_gemm_H_MAX);
+    if (E < MJ_KNOB_router_gemm_E_MIN || E > MJ_KNOB_router_gemm_E_MAX)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm_workspace: %d experts; %d..%d supported", E,
+                            MJ_KNOB_router_gemm_E_MIN, MJ_KNOB_router_gemm_E_MAX);
+    /* The most any B up to the given one needs: H is split only while the grid is short of
+     * MJ_ROUTER_BLOCKS blocks, so no B past 64 * MJ_ROUTER_BLOCKS rows needs any. */
+    const int32_t top = B < 64 * MJ_ROUTER_BLOCKS ? B : 64 * MJ_ROUTER_BLOCKS;
+    for (int32_t b = 1; b <= top; b++) {
+        mj_knobs_router_gemm kn;
+        mj_router_dims d;
+        mj_router_knobs(H, E, b, &kn);
+        mj_router_grid(&kn, b, &d);
+        const size_t need = d.ks > 1 ? router_parts_at(&d) + d.part_bytes : 0;
+        if (need > *bytes) *bytes = need;
+    }
+    return MJ_OK;
 }
 
 mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_t *gate, int32_t B,
-                         int32_t H, int32_t E, float *logits, void *stream) {
+                         int32_t H, int32_t E, float *logits, void *workspace, size_t workspace_bytes, void *stream) {
     if (!ctx || (B > 0 && (!hidden || !gate || !logits)) || B < 0)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm: NULL argument or B < 0");
     if (H < MJ_KNOB_router_gemm_H_MIN || H > MJ_KNOB_router_gemm_H_MAX || H % 64)
@@ -309,16 +345,30 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm: hidden (%p) and gate (%p) must be 16-byte aligned "
                                                 "(the kernel reads them in 16-byte loads)",
                             (const void *)hidden, (const void *)gate);
-    if (B > 65535LL * MJ_ROUTER_TILE)
-        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than %lld rows", B,
-                            65535LL * MJ_ROUTER_TILE);
     mj_knobs_router_gemm kn;
+    mj_router_dims d;
     mj_router_knobs(H, E, B, &kn);
+    mj_router_grid(&kn, B, &d);
+    if (d.rt > 65535)
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than %lld rows", B,
+                            65535LL * kn.ROWS);
+    float *part = NULL;
+    uint32_t *count = NULL;
+    if (d.ks > 1) {
+        const size_t need = router_parts_at(&d) + d.part_bytes;
+        if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16)
+            return mj_set_error(MJ_ERR_INVALID_ARG,
+                                "mj_router_gemm: B = %d splits H over %d blocks, which needs %zu bytes of workspace "
+                                "(16-byte aligned, zeroed once before its first use); got %zu at %p: size it "
+                                "with mj_router_gemm_workspace for the largest B",
+                                B, d.ks, need, workspace_bytes, workspace);
+        count = (uint32_t *)workspace;
+        part = (float *)((uint8_t *)workspace + router_parts_at(&d));
+    }
     mj_spec s;
     const mj_function *fn;
     mj_spec_router_gemm(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
-    mj_launch_dims d = {{(uint32_t)E, (uint32_t)((B + MJ_ROUTER_TILE - 1) / MJ_ROUTER_TILE), 1},
-                        {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
-    return mj_launch_router_gemm(fn, d, hidden, gate, B, logits);
+    mj_launch_dims ld = {{(uint32_t)d.et, (uint32_t)d.ks, (uint32_t)d.rt}, {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
+    return mj_launch_router_gemm(fn, ld, hidden, gate, B, logits, part, count);
 }

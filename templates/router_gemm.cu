@@ -1,130 +1,135 @@
 /* router_gemm.cu — logits [B, E] f32 = hidden [B, H] bf16 x gate [E, H] bf16, at decode sizes.
  *
- * The gate (E*H bf16: 3 MB for GLM-5) is what this kernel costs; the hidden rows are small
- * and every block reads the same ones (L1/L2 hits). So the gate is streamed once, in
- * 16-byte loads, with all of it in flight at once, and the arithmetic waits on nothing else:
+ * The gate (E*H bf16: 3 MB for GLM-5) is what this kernel costs. It runs on the bf16 MMA
+ * (m16n8k16, fp32 accumulation), swapped as the experts are: 16 experts are the MMA's rows,
+ * 8 tokens its columns. So a gate byte costs a fraction of an instruction, and a block reads
+ * its tokens' hidden rows only over its own part of H:
  *
- *   - a block takes one expert (blockIdx.x) and one tile of up to TILE = 64 hidden rows
- *     (blockIdx.y): a launch streams the gate once per tile, so once for B <= 64;
- *   - thread t of the block's NT = NWARPS * 32 holds the expert's 16-byte gate chunks t,
- *     t + NT, ... (CH of them, coalesced: a warp loads 512 contiguous bytes at a time),
- *     loaded through mj_ld_stream (non-coherent, not kept in L1: read once) before any
- *     arithmetic: a GLM-5 launch (256 blocks x 12 KB) has the whole gate in flight;
- *   - it walks the tile's rows ROWS at a time: per row and chunk, one 16-byte load of the
- *     hidden row and 8 fp32 products added in order into the row's register;
- *   - a group's ROWS partial sums are reduced across the warp by a fixed shuffle tree
- *     (each step halves the rows a lane carries, then xor steps finish), one lane per row
- *     writes the warp's sum to shared memory, and at the end thread r adds row r's NWARPS
- *     warp sums in warp order.
- * Every sum has one fixed order: the same bits on every run. No atomics.
+ *   - a block takes 16 experts (blockIdx.x), one part of H (blockIdx.y, of KS = gridDim.y)
+ *     and one tile of up to ROWS rows (blockIdx.z). The launcher splits H into KS parts
+ *     when the tiles alone are too few to stream the gate with every SM (decode);
+ *   - H is walked in runs of KCH chunks of 32 k. The part's runs are dealt to the block's
+ *     warps in turn. For a run, lane (g, q) (g = lane / 4, q = lane % 4) loads the 16 bytes
+ *     at k 8q of the gate rows g and g + 8 of each chunk, every load issued before the
+ *     first MMA (mj_ld_stream: read once, not kept in L1): a GLM-5 decode launch has the
+ *     whole gate in flight at once;
+ *   - then per group of 8 rows, the lane loads the same 16 bytes of its token g's hidden
+ *     row, and a chunk is 2 MMAs. The k order inside a chunk is permuted, the same way for
+ *     both operands: fragment pair (2q, 2q + 1) holds k (8q, 8q + 1), pair (2q + 8, 2q + 9)
+ *     holds k (8q + 2, 8q + 3), and the second MMA takes k 8q + 4 .. 8q + 7 likewise;
+ *   - the warps' sums meet in shared memory and are added in warp order. With KS = 1 that
+ *     is the logit. With KS > 1 each block writes its sums to the workspace (part), counts
+ *     itself in on its tile's counter (count), and the last of the KS blocks adds the parts
+ *     in part order (0, 1, ...: the same whichever block is last), writes the logits and
+ *     sets the counter back to 0 for the next launch (a graph's replay).
+ * Every sum has one fixed order: the same bits on every run. No floating-point atomics.
  */
-MJ_TEMPLATE(router_gemm, "router GEMM: logits = hidden (bf16) x gate^T (bf16), fp32 accumulation")
+MJ_TEMPLATE(router_gemm, "router GEMM: logits = hidden (bf16) x gate^T (bf16) on the bf16 MMA, fp32 accumulation")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
 MJ_PDL("each kernel waits on the grid before it, so it launches as its programmatic dependent on sm_90+")
 MJ_KNOB_RANGE(H, int, 64, 16384, "hidden size (a multiple of 64)")
-MJ_KNOB_RANGE(E, int, 1, 1024, "routed experts (one block each)")
-MJ_KNOB_SET(ROWS, int, "1 2 4 8", "hidden rows accumulated at once in registers (the largest power of 2 <= B, capped at 8)")
-MJ_KNOB_SET(NWARPS, int, "1 2 4 8", "warps per block: they split the expert's gate row")
-MJ_CONSTRAINT("H % 64 == 0", "the gate row splits into 16-byte chunks of 8 bf16, 8 chunks per 128-byte line")
-MJ_CONSTRAINT("H <= 2048 * NWARPS", "at most 8 gate chunks (32 registers, 64 as fp32) a thread: more warps for a wider row")
-MJ_CONSTRAINT("(H / 8 + NWARPS * 32 - 1) / (NWARPS * 32) * ROWS <= 48", "at most 48 chunk-rows unrolled a group (registers, compile time): fewer rows for more chunks")
+MJ_KNOB_RANGE(E, int, 1, 1024, "routed experts (16 a block)")
+MJ_KNOB_SET(ROWS, int, "8 16 32 64", "hidden rows a block covers, in groups of 8 (the MMA's N): the fewest groups that hold B, at most 64 rows (the gate streams once for B <= 64)")
+MJ_KNOB_SET(NWARPS, int, "1 2 4 8", "warps per block: they take the block's runs of H in turn")
+MJ_CONSTRAINT("H % 64 == 0", "the gate row splits into chunks of 32 k (64 bytes), a 16-byte load per lane and row")
 
-#define TILE 64                     /* hidden rows a block covers (gridDim.y = ceil(B / TILE)) */
-#define NT (NWARPS * 32)            /* threads per block                                       */
-#define CHUNKS (H / 8)              /* 16-byte chunks in a gate row                            */
-#define CH ((CHUNKS + NT - 1) / NT) /* chunks a thread holds                                   */
+#define NT (NWARPS * 32)               /* threads per block                              */
+#define NGRP (ROWS / 8)                /* token groups a block covers                    */
+#define KCH 4                          /* chunks of 32 k a run: 4 KiB of gate a warp     */
+#define NCH (H / 32)                   /* chunks in a gate row                           */
+#define NRUN ((NCH + KCH - 1) / KCH)   /* runs in a gate row (the last may be short)     */
+#define RS 20                          /* a row's stride in red: the lanes' stores of one
+                                        * fragment value (rows 2q, experts g) hit 32 banks */
 
-MJ_DEVICE float bf16_lo(uint32_t w) {
-    union { uint32_t u; float f; } v;
-    v.u = w << 16;
-    return v.f;
-}
-
-MJ_DEVICE float bf16_hi(uint32_t w) {
-    union { uint32_t u; float f; } v;
-    v.u = w & 0xFFFF0000u;
-    return v.f;
-}
-
-/* Whether thread t's chunk i exists (always, when the row splits evenly). */
-MJ_DEVICE int has_chunk(int t, int i) { return CHUNKS % NT == 0 || t + NT * i < CHUNKS; }
-
-/* acc + the 8 products of a hidden chunk with the gate chunk g, in element order. */
-MJ_DEVICE float dot8(uint4 x, const float *g, float acc) {
-    acc += bf16_lo(x.x) * g[0];
-    acc += bf16_hi(x.x) * g[1];
-    acc += bf16_lo(x.y) * g[2];
-    acc += bf16_hi(x.y) * g[3];
-    acc += bf16_lo(x.z) * g[4];
-    acc += bf16_hi(x.z) * g[5];
-    acc += bf16_lo(x.w) * g[6];
-    acc += bf16_hi(x.w) * g[7];
-    return acc;
-}
-
-/* The warp's sums of ROWS values (v, clobbered): after the halving steps (offsets 16, 8, ..)
- * lane l carries one row, the xor steps finish it. Returns the sum of the lane's row;
- * *row gets that row (lanes l with l % (32 / ROWS) == 0 hold every row once). */
-MJ_DEVICE float warp_sum_rows(float *v, int lane, int *row) {
-    int off = 16, r = 0;
-    for (int h = ROWS / 2; h >= 1; h /= 2, off /= 2) {
-        const int up = (lane & off) != 0;
-        for (int j = 0; j < h; j++) {
-            float send = up ? v[j] : v[j + h], keep = up ? v[j + h] : v[j];
-            v[j] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, off);
-        }
-        r += up ? h : 0;
-    }
-    for (; off >= 1; off /= 2) v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], off);
-    *row = r;
-    return v[0];
-}
-
-/* grid (E, ceil(B / TILE)), block NT threads; B >= ROWS; hidden and gate 16-byte aligned. */
-MJ_KERNEL void router_gemm(const uint16_t *hidden, const uint16_t *gate, int B, float *logits) {
+/* grid (ceil(E / 16), KS, ceil(B / ROWS)), block NT threads; hidden and gate 16-byte
+ * aligned. part: [ceil(B / ROWS)][ceil(E / 16)][KS][ROWS * 16] f32 and count:
+ * [ceil(B / ROWS)][ceil(E / 16)] u32 (0 before the first launch), both unused at KS 1. */
+MJ_KERNEL void router_gemm(const uint16_t *hidden, const uint16_t *gate, int B, float *logits, float *part,
+                           uint32_t *count) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
-    MJ_SHARED float red[NWARPS][TILE];
-    const int t = (int)threadIdx.x, lane = t % 32, w = t / 32, e = (int)blockIdx.x;
-    const int row0 = (int)blockIdx.y * TILE, nrows = B - row0 < TILE ? B - row0 : TILE;
-    const uint16_t *grow = gate + (long long)e * H;
-    if (B < ROWS) __trap(); /* the launcher picks ROWS <= B: a group never reads past B */
+    MJ_SHARED float red[NWARPS][ROWS * RS];
+    MJ_SHARED int s_last;
+    const unsigned t = threadIdx.x, lane = t % 32u; /* unsigned: shifts and masks */
+    const int w = (int)(t / 32u), g = (int)(lane / 4u), q = (int)(lane % 4u);
+    const int e0 = (int)blockIdx.x * 16, z = (int)blockIdx.y, ks = (int)gridDim.y;
+    const int row0 = (int)blockIdx.z * ROWS, nrows = B - row0 < ROWS ? B - row0 : ROWS;
+    /* the part's runs: [r_lo, r_hi) */
+    const int rpz = (int)((NRUN + (unsigned)ks - 1u) / (unsigned)ks), r_lo = z * rpz;
+    const int r_hi = r_lo + rpz < NRUN ? r_lo + rpz : NRUN;
+    /* the lane's gate rows g and g + 8; past E the last row stands in (read, never written):
+     * with E a multiple of 16 both come from one base (row g + 8 at a constant offset) */
+    const int ea = E % 16 == 0 || e0 + g < E ? e0 + g : E - 1, eb = E % 16 == 0 || e0 + g + 8 < E ? e0 + g + 8 : E - 1;
+    const uint16_t *ga = gate + (long long)ea * H + q * 8, *gb = gate + (long long)eb * H + q * 8;
+    /* the lane's token g of each group, from the tile's first row; past B the tile's last
+     * row stands in (read, never written) */
+    const uint16_t *xt = hidden + (long long)row0 * H + q * 8;
+    int xo[NGRP];
+    for (int n = 0; n < NGRP; n++) xo[n] = (n * 8 + g < nrows ? n * 8 + g : nrows - 1) * H;
 
-    uint4 graw[CH]; /* every load issued before the first use */
-    for (int i = 0; i < CH; i++)
-        if (has_chunk(t, i)) graw[i] = mj_ld_stream(grow + (t + NT * i) * 8);
-    float g[CH][8];
-    for (int i = 0; i < CH; i++)
-        if (has_chunk(t, i)) {
-            g[i][0] = bf16_lo(graw[i].x), g[i][1] = bf16_hi(graw[i].x);
-            g[i][2] = bf16_lo(graw[i].y), g[i][3] = bf16_hi(graw[i].y);
-            g[i][4] = bf16_lo(graw[i].z), g[i][5] = bf16_hi(graw[i].z);
-            g[i][6] = bf16_lo(graw[i].w), g[i][7] = bf16_hi(graw[i].w);
+    float acc[NGRP][4];
+    for (int n = 0; n < NGRP; n++)
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+    MJ_NO_UNROLL
+    for (int run = r_lo + w; run < r_hi; run += NWARPS) {
+        const int k0 = run * (KCH * 32);
+        uint4 wa[KCH], wb[KCH]; /* rows g and g + 8 of the run's chunks, all in flight */
+        MJ_UNROLL
+        for (int c = 0; c < KCH; c++)
+            if (NCH % KCH == 0 || run * KCH + c < NCH) {
+                wa[c] = mj_ld_stream(ga + k0 + c * 32);
+                wb[c] = mj_ld_stream(gb + k0 + c * 32);
+            }
+        MJ_UNROLL
+        for (int n = 0; n < NGRP; n++) {
+            if (n * 8 >= nrows) break; /* the block's rows end here (the same in every lane) */
+            const uint16_t *x = xt + xo[n] + k0;
+            uint4 xv[KCH];
+            MJ_UNROLL
+            for (int c = 0; c < KCH; c++)
+                if (NCH % KCH == 0 || run * KCH + c < NCH) xv[c] = *(const uint4 *)(x + c * 32);
+            MJ_UNROLL
+            for (int c = 0; c < KCH; c++) {
+                if (NCH % KCH != 0 && run * KCH + c >= NCH) break;
+                const uint32_t a0[4] = {wa[c].x, wb[c].x, wa[c].y, wb[c].y}, b0[2] = {xv[c].x, xv[c].y};
+                const uint32_t a1[4] = {wa[c].z, wb[c].z, wa[c].w, wb[c].w}, b1[2] = {xv[c].z, xv[c].w};
+                mj_mma_bf16_m16n8k16(acc[n], a0, b0, acc[n]);
+                mj_mma_bf16_m16n8k16(acc[n], a1, b1, acc[n]);
+            }
         }
-
-    /* Groups of ROWS rows; the last one shifts back (and a tile's first one too, when the
-     * tile is the batch's last and shorter than ROWS) so that every row it reads exists:
-     * rows are computed twice, then, never read past B. The sum of a row does not depend
-     * on where in its group it sits, so a row written twice is written the same. */
-    for (int r0 = 0; r0 < nrows; r0 += ROWS) {
-        const int ws = row0 + r0 < B - ROWS ? row0 + r0 : B - ROWS;
-        const uint16_t *x0 = hidden + (long long)ws * H;
-        float acc[ROWS];
-        for (int j = 0; j < ROWS; j++) {
-            const uint16_t *x = x0 + j * H;
-            acc[j] = 0.0f;
-            for (int i = 0; i < CH; i++)
-                if (has_chunk(t, i)) acc[j] = dot8(*(const uint4 *)(x + (t + NT * i) * 8), g[i], acc[j]);
-        }
-        int jr;
-        const float s = warp_sum_rows(acc, lane, &jr);
-        const int tr = ws + jr - row0; /* the row's index in the tile */
-        if (lane % (32 / ROWS) == 0 && tr >= r0 && tr < nrows) red[w][tr] = s;
     }
+    /* acc[n][i]: expert g (+8 for i >= 2), row n 8 + 2q (+1 for odd i) */
+    for (int n = 0; n < NGRP; n++)
+        for (int i = 0; i < 4; i++) red[w][(n * 8 + 2 * q + (i & 1)) * RS + g + 8 * (i >> 1)] = acc[n][i];
     __syncthreads();
-    MJ_NO_UNROLL /* one or two trips: unrolled it would only cost compile time */
-    for (int r = t; r < nrows; r += NT) {
-        float v = red[0][r];
-        for (int k = 1; k < NWARPS; k++) v += red[k][r];
-        logits[(long long)(row0 + r) * E + e] = v;
+
+    const int ne = E - e0 < 16 ? E - e0 : 16;
+    const long long tile = (long long)blockIdx.z * gridDim.x + blockIdx.x;
+    float *mine = part + (tile * ks + z) * (ROWS * 16);
+    MJ_NO_UNROLL
+    for (unsigned o = t; o < (unsigned)nrows * 16u; o += NT) {
+        const unsigned ro = o / 16u * RS + o % 16u;
+        float v = red[0][ro];
+        for (int k = 1; k < NWARPS; k++) v += red[k][ro];
+        if (ks == 1) {
+            if (o % 16u < (unsigned)ne) logits[(long long)(row0 + (int)(o / 16u)) * E + e0 + (int)(o % 16u)] = v;
+        } else {
+            mine[o] = v;
+        }
     }
+    if (ks == 1) return;
+    __threadfence(); /* this block's sums are visible to the block that adds them */
+    __syncthreads();
+    if (t == 0) s_last = atomicAdd(&count[tile], 1u) == (uint32_t)(ks - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const float *parts = part + tile * ks * (ROWS * 16);
+    MJ_NO_UNROLL
+    for (unsigned o = t; o < (unsigned)nrows * 16u; o += NT) {
+        float v = mj_ld_cg_f32(parts + o);
+        MJ_NO_UNROLL
+        for (int k = 1; k < ks; k++) v += mj_ld_cg_f32(parts + k * (ROWS * 16) + o);
+        if (o % 16u < (unsigned)ne) logits[(long long)(row0 + (int)(o / 16u)) * E + e0 + (int)(o % 16u)] = v;
+    }
+    if (t == 0) count[tile] = 0u;
 }

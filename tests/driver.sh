@@ -419,7 +419,7 @@ rm ylink.npy yq.weight.npy
 
 # ---- prewarm --config ---------------------------------------------------------------------
 GLM5="$SRC/tests/data/model/glm5_moe_config.json"
-# GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 1/2/4/8, plain top-k routing (8 warps up
+# GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 8/16/32/64, plain top-k routing (8 warps up
 # to 8 tokens, 16 up to 16, 32 past), experts TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE
 # 16/32/64 (W4A4: up, down, and one experts_quant for all three): 16 specializations, listed.
 Q="--quant $SRC/tests/data/model/hf_quant_config.example.json"
@@ -444,18 +444,18 @@ contains err "disagrees with qc/hf_quant_config.json"
 expect_rc 0 "$MJ" prewarm --config "$GLM5" $Q --ep 8 --k0-policy "1-3:8,4-:4" --arch sm_90a --dry-run --cache-dir "$T/pc"
 contains err "mode w4a16"
 [ "$(grep -c '"MODE":1' out)" = 0 ] && ok || bad "sm_90a plan has W4A4: $(cat out)"
-# The kept checkpoint's config, 1-4 tokens, for real (router GEMM ROWS 1/2/4, routing, experts up and
+# The kept checkpoint's config, 1-4 tokens, for real (router GEMM ROWS 8, routing, experts up and
 # down): compiled, then all cached.
 expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-policy 2 --cache-dir "$T/pc" -q
-contains out "6 specializations: 6 compiled, 0 already cached, 0 failed"
+contains out "4 specializations: 4 compiled, 0 already cached, 0 failed"
 expect_rc 0 "$MJ" prewarm --config kept/config.json --tp 2 --batch 1,2,3,4 --k0-policy 2 --cache-dir "$T/pc" -q
-contains out "6 specializations: 0 compiled, 6 already cached"
+contains out "4 specializations: 0 compiled, 4 already cached"
 # On a terminal, a progress bar ([###...] done/total) that is erased before the summary.
 if command -v script >/dev/null; then
     script -qec "\"$MJ\" prewarm --config kept/config.json --tp 2 --batch 1-4 --k0-policy 2 --cache-dir \"$T/pc\"" \
         /dev/null >tty.out 2>&1 </dev/null && ok || bad "prewarm on a terminal failed: $(head -c 400 tty.out)"
-    contains tty.out "[##############################] 6/6 "
-    contains tty.out "$(printf '\r\033[K')prewarm: 6 specializations: 0 compiled, 6 already cached"
+    contains tty.out "[##############################] 4/4 "
+    contains tty.out "$(printf '\r\033[K')prewarm: 4 specializations: 0 compiled, 4 already cached"
 else
     bad "no 'script' (bsdutils) to give prewarm a terminal"
 fi
@@ -494,14 +494,14 @@ done
 C=$T/cache
 cat >m.jsonl <<'EOF'
 # two router GEMM variants and a route kernel
-{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}
 {"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 8, "NWARPS": 4}, "arch": "sm_120a"}
+{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 16, "NWARPS": 4}, "arch": "sm_120a"}
 
 {"template": "oea_route", "knobs": {"E": 64, "K": 4, "K0": 2, "NG": 1, "TG": 1, "GSCORE": 0, "SCORING": 0, "RENORM": 1, "NWARPS": 4}, "arch": "sm_120a"}
 EOF
 MOEJIT_RECORD=$T/rec.jsonl expect_rc 0 "$MJ" prewarm --cache-dir "$C" -j 2 m.jsonl
 contains out "3 specializations: 3 compiled, 0 already cached, 0 failed"
-contains err "compiled router_gemm H=512 E=64 ROWS=1 NWARPS=4 sm_120a"
+contains err "compiled router_gemm H=512 E=64 ROWS=8 NWARPS=4 sm_120a"
 [ "$(stat -c %a "$C")" = 700 ] && ok || bad "cache dir mode $(stat -c %a "$C")"
 expect_rc 0 "$MJ" prewarm --cache-dir "$C" -q m.jsonl
 contains out "0 compiled, 3 already cached, 0 failed"
@@ -573,13 +573,13 @@ MOEJIT_CACHE_MAX_BYTES=1000 expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/cache_t
 contains err "is larger than the cache cap of 1000 bytes"
 [ "$(grep -c warning err)" = 1 ] && ok || bad "want one warning: $(cat err)"
 # Bad manifests, bad flags.
-printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
+printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 8, "NWARPS": 4}, "arch": "sm_120a"}\n{"template": nope\n' >bad.jsonl
 expect_fail "$MJ" prewarm --cache-dir "$C" bad.jsonl;   contains err "bad.jsonl:2"
-printf '{"template": "no_such", "knobs": {}, "arch": "sm_120a"}\n{"template": "router_gemm", "knobs": {"H": 512, "E": 5000, "ROWS": 1, "NWARPS": 4}, "arch": "sm_120a"}\n' >unk.jsonl
+printf '{"template": "no_such", "knobs": {}, "arch": "sm_120a"}\n{"template": "router_gemm", "knobs": {"H": 512, "E": 5000, "ROWS": 8, "NWARPS": 4}, "arch": "sm_120a"}\n' >unk.jsonl
 expect_rc 1 "$MJ" prewarm --cache-dir "$C" unk.jsonl
 contains out "2 failed"; contains err "no_such"; contains err "E = 5000"
 # A knob given twice, or a boolean for an int knob, is a mistake: not "the last" or 1.
-printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 1, "ROWS": 2, "NWARPS": 4}, "arch": "sm_120a"}\n' >dup.jsonl
+printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": 8, "ROWS": 16, "NWARPS": 4}, "arch": "sm_120a"}\n' >dup.jsonl
 expect_fail "$MJ" prewarm --cache-dir "$C" dup.jsonl;   contains err "dup.jsonl:1"; contains err "duplicate"
 printf '{"template": "router_gemm", "knobs": {"H": 512, "E": 64, "ROWS": true, "NWARPS": 4}, "arch": "sm_120a"}\n' >bool.jsonl
 expect_rc 1 "$MJ" prewarm --cache-dir "$C" bool.jsonl; contains err "ROWS of router_gemm must be an integer"

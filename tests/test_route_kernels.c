@@ -398,13 +398,18 @@ typedef struct router_data {
     int B, H, E;
     uint16_t *x, *g;
     float *y;
-    tbuf dx, dg, dy;
+    size_t ws_bytes;
+    tbuf dx, dg, dy, dw;
 } router_data;
 
 static router_data router_data_new(int B, int H, int E, uint64_t seed) {
-    router_data r = {B, H, E, malloc(2 * (size_t)B * H), malloc(2 * (size_t)E * H), malloc(4 * (size_t)B * E),
+    router_data r = {B, H, E, malloc(2 * (size_t)B * H), malloc(2 * (size_t)E * H), malloc(4 * (size_t)B * E), 0,
                      tbuf_new(2 * (size_t)B * H, ROUTE_TEST_GPU), tbuf_new(2 * (size_t)E * H, ROUTE_TEST_GPU),
-                     tbuf_new(4 * (size_t)B * E, ROUTE_TEST_GPU)};
+                     tbuf_new(4 * (size_t)B * E, ROUTE_TEST_GPU), {0}};
+    CHECK_OK(mj_router_gemm_workspace(B, H, E, &r.ws_bytes));
+    r.dw = tbuf_new(r.ws_bytes ? r.ws_bytes : 16, ROUTE_TEST_GPU);
+    tbuf_poison(&r.dw, 0); /* zeroed once, as the API asks */
+    printf("router data B=%d H=%d E=%d seed %llu\n", B, H, E, (unsigned long long)seed);
     uint64_t rng = seed;
     for (size_t i = 0; i < (size_t)B * H; i++) r.x[i] = mj_f32_to_bf16((float)mj_rng_normal(&rng));
     for (size_t i = 0; i < (size_t)E * H; i++) r.g[i] = mj_f32_to_bf16((float)(mj_rng_normal(&rng) * 0.02));
@@ -414,16 +419,27 @@ static router_data router_data_new(int B, int H, int E, uint64_t seed) {
 }
 
 static void router_data_free(router_data *r) {
-    tbuf_free(&r->dx), tbuf_free(&r->dg), tbuf_free(&r->dy);
+    tbuf_free(&r->dx), tbuf_free(&r->dg), tbuf_free(&r->dy), tbuf_free(&r->dw);
     free(r->x), free(r->g), free(r->y);
 }
 
-/* mj_router_gemm into poisoned logits, checked against the reference. */
+/* mj_router_gemm into poisoned logits, checked against the reference; the workspace's
+ * counters back at 0 after it (the next launch's start), nothing written past its end. */
 static int router_run(mj_context_t ctx, router_data *r, const char *what) {
     tbuf_poison(&r->dy, 0x55);
-    CHECK_OK(mj_router_gemm(ctx, r->dx.p, r->dg.p, r->B, r->H, r->E, r->dy.p, NULL));
+    CHECK_OK(mj_router_gemm(ctx, r->dx.p, r->dg.p, r->B, r->H, r->E, r->dy.p, r->ws_bytes ? r->dw.p : NULL,
+                            r->ws_bytes, NULL));
     if (!tbuf_get(&r->dy, r->y, "logits")) return 0;
-    return router_check(r->x, r->g, r->y, r->B, r->H, r->E, what);
+    mj_knobs_router_gemm kn;
+    mj_router_dims d;
+    mj_router_knobs(r->H, r->E, r->B, &kn);
+    mj_router_grid(&kn, r->B, &d);
+    uint32_t *ws = malloc(r->dw.bytes);
+    int zero = tbuf_get(&r->dw, ws, "router workspace");
+    for (size_t i = 0; zero && i < d.count_bytes / 4; i++) zero = ws[i] == 0;
+    free(ws);
+    CHECK(zero, "router %s B=%d H=%d E=%d: the workspace's counters are not back at 0", what, r->B, r->H, r->E);
+    return router_check(r->x, r->g, r->y, r->B, r->H, r->E, what) && zero;
 }
 
 /* Whether ctx has built this router_gemm specialization (a hit in its in-memory table). */
@@ -439,31 +455,65 @@ static int router_built(mj_context_t ctx, int H, int E, int rows, int nwarps) {
     return b.mem_misses == a.mem_misses;
 }
 
+/* The launch shape the runtime picks: H split over blocks at decode (GLM-5: 12 parts of 4
+ * runs, 192 blocks), not once the row tiles alone fill the grid; the workspace sized for
+ * the largest need of any B up to the one asked. */
+static void test_router_grid(void) {
+    mj_knobs_router_gemm kn;
+    mj_router_dims d;
+    mj_router_knobs(6144, 256, 1, &kn);
+    mj_router_grid(&kn, 1, &d);
+    CHECK(kn.ROWS == 8 && kn.NWARPS == 4 && d.et == 16 && d.ks == 12 && d.rt == 1,
+          "GLM-5 B=1: ROWS %d NWARPS %d grid %d x %d x %d, want 8 4 16 x 12 x 1", kn.ROWS, kn.NWARPS, d.et, d.ks, d.rt);
+    CHECK(d.part_bytes == 16u * 12 * 8 * 16 * 4 && d.count_bytes == 16u * 4, "GLM-5 B=1: %zu part bytes, %zu count bytes",
+          d.part_bytes, d.count_bytes);
+    mj_router_knobs(6144, 256, 64, &kn);
+    mj_router_grid(&kn, 64, &d);
+    CHECK(kn.ROWS == 64 && d.ks == 12 && d.rt == 1, "GLM-5 B=64: ROWS %d, %d parts, %d row tiles", kn.ROWS, d.ks, d.rt);
+    mj_router_knobs(6144, 256, 4096, &kn);
+    mj_router_grid(&kn, 4096, &d);
+    CHECK(d.ks == 1 && d.rt == 64 && d.part_bytes == 0 && d.count_bytes == 0, "B=4096: %d parts, %d row tiles",
+          d.ks, d.rt);
+    /* a short row: one warp, one part */
+    mj_router_knobs(64, 8, 3, &kn);
+    mj_router_grid(&kn, 3, &d);
+    CHECK(kn.NWARPS == 1 && d.ks == 1 && d.et == 1, "H=64 E=8: NWARPS %d, %d parts", kn.NWARPS, d.ks);
+    size_t w1 = 0, w64 = 0, wbig = 0;
+    CHECK_OK(mj_router_gemm_workspace(1, 6144, 256, &w1));
+    CHECK_OK(mj_router_gemm_workspace(64, 6144, 256, &w64));
+    CHECK_OK(mj_router_gemm_workspace(100000, 6144, 256, &wbig));
+    CHECK(w1 >= 16 * 4 + 16u * 12 * 8 * 16 * 4 && w64 >= w1 && wbig >= w64 && wbig < (4u << 20),
+          "workspace bytes B<=1 %zu, B<=64 %zu, B<=100000 %zu", w1, w64, wbig);
+    size_t w = 0;
+    CHECK_OK(mj_router_gemm_workspace(1, 64, 8, &w));
+    CHECK(w == 0, "H=64 E=8 B=1: %zu workspace bytes, want 0 (one part)", w);
+    CHECK_STATUS(mj_router_gemm_workspace(1, 100, 8, &w), MJ_ERR_UNSUPPORTED);
+    CHECK_STATUS(mj_router_gemm_workspace(1, 6144, 256, NULL), MJ_ERR_INVALID_ARG);
+}
+
 static void test_router(mj_context_t ctx, uint64_t seed) {
-    /* The launcher's choices: NWARPS 1, 2, 4, 8 for these H (at most 4 16-byte chunks a
-     * thread: 128, 256, 512, 768 chunks), ROWS 1, 2, 4, 8 for these B (the largest power
-     * of 2 <= B, at most 8; B = 70 is two tiles, the second of 6 rows). */
-    static const int Hs[4] = {1024, 2048, 4096, 6144}, Bs[4] = {1, 3, 6, 70};
+    /* The launcher's choices: NWARPS 1, 2, 4 for these H (runs of 128 k: 1, 2, 8, 48),
+     * ROWS 8, 16, 32, 64 for these B (the fewest groups of 8 that hold B, at most 64;
+     * B = 70 is two tiles, the second of 6 rows). */
+    static const int Hs[4] = {64, 256, 1024, 6144}, Ws[4] = {1, 2, 4, 4};
+    static const int Bs[5] = {1, 9, 20, 33, 70}, Rs[5] = {8, 16, 32, 64, 64};
     for (int hi = 0; hi < 4; hi++)
-        for (int bi = 0; bi < 4; bi++) {
-            router_data r = router_data_new(Bs[bi], Hs[hi], 5 + 3 * hi + bi, seed + (uint64_t)(hi * 4 + bi));
+        for (int bi = 0; bi < 5; bi++) {
+            router_data r = router_data_new(Bs[bi], Hs[hi], 5 + 3 * hi + bi, seed + (uint64_t)(hi * 5 + bi));
             router_run(ctx, &r, "launcher grid");
             if (!ROUTE_TEST_GPU)
-                CHECK(router_built(ctx, Hs[hi], r.E, 1 << bi, 1 << hi), "B=%d H=%d did not run ROWS=%d NWARPS=%d",
-                      Bs[bi], Hs[hi], 1 << bi, 1 << hi);
+                CHECK(router_built(ctx, Hs[hi], r.E, Rs[bi], Ws[hi]), "B=%d H=%d did not run ROWS=%d NWARPS=%d",
+                      Bs[bi], Hs[hi], Rs[bi], Ws[hi]);
             router_data_free(&r);
         }
-    /* Uneven splits: 40 chunks over 32 threads (a second chunk for 8 of them) and a second
-     * tile of 1 row (its group of 8 reaches back into the first tile); 1200 chunks over 256
-     * threads (5 a thread, the last partial: 4 rows a group), 3 tiles, the last of 2 rows;
-     * B = 64, one full tile; the widest row (8 chunks a thread: 4 rows a group). */
-    static const int odd[][5] = {{65, 320, 16, 8, 1}, {130, 9600, 3, 4, 8}, {64, 448, 7, 8, 1}, {9, 16384, 2, 4, 8}};
-    for (int i = 0; i < 4; i++) {
+    /* Uneven shapes: experts that do not fill a tile of 16 (3, 21, 40); a row whose last
+     * run is short (320 = 2.5 runs; 9600 = 75 runs over 12 parts: the last part shorter);
+     * row tiles past the first (B 65: a second tile of 1 row; 130: 3 tiles); the widest
+     * row; every expert tile's counter in use. */
+    static const int odd[][3] = {{65, 320, 21}, {130, 9600, 3}, {64, 448, 40}, {9, 16384, 2}, {2, 6144, 1024}};
+    for (int i = 0; i < 5; i++) {
         router_data r = router_data_new(odd[i][0], odd[i][1], odd[i][2], seed + 50 + (uint64_t)i);
         router_run(ctx, &r, "uneven");
-        if (!ROUTE_TEST_GPU)
-            CHECK(router_built(ctx, odd[i][1], odd[i][2], odd[i][3], odd[i][4]), "B=%d H=%d did not run ROWS=%d NWARPS=%d",
-                  odd[i][0], odd[i][1], odd[i][3], odd[i][4]);
         router_data_free(&r);
     }
     if (!ROUTE_TEST_GPU) {
@@ -490,28 +540,45 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
             CHECK(n == want, "B=%d: %llu gate bytes streamed, want %llu (once per 64-row tile)", big_B[i], n, want);
             router_data_free(&r);
         }
-        /* Same inputs, same bits: a second call (a fresh launch) writes the same logits. */
+    }
+    /* Same inputs, same bits: a second call (a fresh launch, on the counters the first left)
+     * writes the same logits; H split over 12 parts. */
+    {
         router_data r = router_data_new(33, 6144, 16, seed + 80);
+        mj_knobs_router_gemm kn;
+        mj_router_dims d;
+        mj_router_knobs(r.H, r.E, r.B, &kn);
+        mj_router_grid(&kn, r.B, &d);
+        CHECK(d.ks == 12, "B=33 H=6144 E=16: %d parts, want 12", d.ks);
         router_run(ctx, &r, "determinism");
         float *y1 = malloc(4 * (size_t)33 * 16);
         memcpy(y1, r.y, 4 * (size_t)33 * 16);
         router_run(ctx, &r, "determinism");
         CHECK(!memcmp(y1, r.y, 4 * (size_t)33 * 16), "two calls on the same inputs differ");
         free(y1);
+        /* A workspace missing, too small or misaligned is refused, naming what to do. */
+        float *dy = r.dy.p;
+        CHECK_STATUS(mj_router_gemm(ctx, r.dx.p, r.dg.p, r.B, r.H, r.E, dy, NULL, 0, NULL), MJ_ERR_INVALID_ARG);
+        CHECK(strstr(mj_last_error(), "mj_router_gemm_workspace") != NULL, "%s", mj_last_error());
+        CHECK_STATUS(mj_router_gemm(ctx, r.dx.p, r.dg.p, r.B, r.H, r.E, dy, r.dw.p, r.ws_bytes - 4, NULL),
+                     MJ_ERR_INVALID_ARG);
+        CHECK_STATUS(mj_router_gemm(ctx, r.dx.p, r.dg.p, r.B, r.H, r.E, dy, (uint8_t *)r.dw.p + 4, r.ws_bytes, NULL),
+                     MJ_ERR_INVALID_ARG);
         router_data_free(&r);
     }
     uint16_t dummy[16] __attribute__((aligned(16))) = {0};
     float out[16];
-    CHECK_STATUS(mj_router_gemm(ctx, dummy, dummy, 1, 100, 8, out, NULL), MJ_ERR_UNSUPPORTED);
-    CHECK_STATUS(mj_router_gemm(ctx, dummy + 1, dummy, 1, 64, 1, out, NULL), MJ_ERR_INVALID_ARG);
+    CHECK_STATUS(mj_router_gemm(ctx, dummy, dummy, 1, 100, 8, out, NULL, 0, NULL), MJ_ERR_UNSUPPORTED);
+    CHECK_STATUS(mj_router_gemm(ctx, dummy + 1, dummy, 1, 64, 1, out, NULL, 0, NULL), MJ_ERR_INVALID_ARG);
     CHECK(strstr(mj_last_error(), "16-byte aligned") != NULL, "%s", mj_last_error());
 }
 
 /* The router GEMM's SASS (nvdisasm, which scripts/setup.sh installs): every global load
- * is 16 bytes wide, and the gate's are the non-coherent no-allocate stream, one per chunk a
- * thread holds (3 for GLM-5: 768 chunks over 256 threads). */
+ * of the hot loop is 16 bytes wide (the 4-byte ones are the last block's parts), the gate's
+ * are the non-coherent no-allocate stream, two a chunk of a run (8), and a chunk is 2 bf16
+ * MMAs a token group (8 MMAs at ROWS 8). */
 static void test_router_sass(mj_context_t c, const char *target) {
-    mj_knobs_router_gemm rg = {.H = 6144, .E = 256, .ROWS = 8, .NWARPS = 8};
+    mj_knobs_router_gemm rg = {.H = 6144, .E = 256, .ROWS = 8, .NWARPS = 4};
     mj_spec s;
     char *src = NULL;
     mj_compile_result cr;
@@ -536,21 +603,25 @@ static void test_router_sass(mj_context_t c, const char *target) {
              "installs it)'",
              path);
     FILE *p = popen(cmd, "r");
-    int ldg = 0, ldg128 = 0, stream = 0, lines = 0;
+    int ldg = 0, ldg128 = 0, ldg32 = 0, stream = 0, mma = 0, lines = 0;
     while (p && fgets(line, sizeof line, p)) {
         lines++;
+        mma += strstr(line, "HMMA.16816.F32.BF16") != NULL;
         const char *l = strstr(line, "LDG");
         if (!l) continue;
         ldg++;
         ldg128 += strstr(l, ".128") != NULL;
+        ldg32 += strstr(l, ".STRONG.GPU") != NULL; /* ld.global.cg: the parts */
         stream += strstr(l, ".128.CONSTANT") != NULL && strstr(l, ".NA") != NULL;
     }
     if (p) pclose(p);
-    CHECK(ldg > 0 && ldg == ldg128, "router_gemm on %s: %d of %d global loads are 128-bit (%d lines of SASS)",
-          target, ldg128, ldg, lines);
-    CHECK(stream == 3, "router_gemm on %s: %d gate stream loads (LDG.E.NA.128.CONSTANT), want 3", target, stream);
-    printf("router_gemm H=6144 ROWS=8 NWARPS=8 SASS on %s: %d global loads, all 128-bit, %d of them the gate "
-           "stream\n", target, ldg, stream);
+    CHECK(ldg > 0 && ldg == ldg128 + ldg32 && ldg32 > 0,
+          "router_gemm on %s: %d of %d global loads are 128-bit, %d the parts' (%d lines of SASS)", target, ldg128,
+          ldg, ldg32, lines);
+    CHECK(stream == 8, "router_gemm on %s: %d gate stream loads (LDG.E.NA.128.CONSTANT), want 8", target, stream);
+    CHECK(mma == 8, "router_gemm on %s: %d bf16 MMAs, want 8 (4 chunks, 1 token group)", target, mma);
+    printf("router_gemm H=6144 ROWS=8 NWARPS=4 SASS on %s: %d global loads, %d of them 128-bit, %d the gate "
+           "stream; %d MMAs\n", target, ldg, ldg128, stream, mma);
     mj_compile_result_free(&cr);
     test_rm_rf(dir);
     free(dir);
@@ -587,10 +658,9 @@ static void test_compile(const char *dir) {
                        specs[i].E, specs[i].K, specs[i].K0, specs[i].NG, specs[i].TG, targets[t], rep->registers,
                        rep->spill_stores + rep->spill_loads);
         }
-        /* The router GEMM: what the launcher picks for GLM-5 (H = 6144: 8 warps, 3 chunks a
-         * thread) at every ROWS, and for the widest row (H = 16384: 8 chunks a thread, so 4
-         * rows a group at most). */
-        static const int rg_spec[][3] = {{6144, 1, 8}, {6144, 2, 8}, {6144, 4, 8}, {6144, 8, 8}, {16384, 4, 8}};
+        /* The router GEMM: what the launcher picks for GLM-5 (H = 6144: 4 warps) at every
+         * ROWS, and for the widest row. */
+        static const int rg_spec[][3] = {{6144, 8, 4}, {6144, 16, 4}, {6144, 32, 4}, {6144, 64, 4}, {16384, 64, 4}};
         for (int i = 0; i < 5; i++) {
             mj_knobs_router_gemm rg = {.H = rg_spec[i][0], .E = 256, .ROWS = rg_spec[i][1], .NWARPS = rg_spec[i][2]};
             mj_spec s;
@@ -646,14 +716,12 @@ static void test_constraints(mj_context_t ctx) {
     good.GSCORE = 1;
     mj_spec_oea_route(ctx, &good, &s);
     CHECK_OK(mj_spec_validate(&s));
-    /* The router GEMM's: chunks a thread, chunk-rows a group. */
+    /* The router GEMM's: whole chunks of 32 k. */
     static const struct {
         mj_knobs_router_gemm k;
         const char *rule;
     } rbad[] = {
-        {{.H = 6144, .E = 256, .ROWS = 1, .NWARPS = 2}, "H <= 2048 * NWARPS"},
-        {{.H = 16384, .E = 256, .ROWS = 8, .NWARPS = 8}, "* ROWS <= 48"},
-        {{.H = 6176, .E = 256, .ROWS = 1, .NWARPS = 8}, "H % 64 == 0"},
+        {{.H = 6176, .E = 256, .ROWS = 8, .NWARPS = 4}, "H % 64 == 0"},
     };
     for (size_t i = 0; i < sizeof rbad / sizeof rbad[0]; i++) {
         mj_spec_router_gemm(ctx, &rbad[i].k, &s);
@@ -802,6 +870,7 @@ static int setup(void) {
 static void teardown(void) { mj_context_destroy(g_ctx); }
 
 static void case_router(void) { test_router(g_ctx, g_seed); }
+static void case_router_grid(void) { test_router_grid(); }
 
 /* The table against the reference; on the interpreter, the kernels it must have built. */
 static void case_table(void) {
@@ -838,6 +907,7 @@ static const test_case cases[] = {
     TEST_CASE("compile", case_compile),
     TEST_CASE("replay", case_replay),
     TEST_CASE("constraints", case_constraints),
+    TEST_CASE("router_grid", case_router_grid),
 };
 enum { N_GPU_CASES = 5 };
 

@@ -48,6 +48,8 @@ typedef struct gpu {
     int32_t H, E, K, maxB;
     uint16_t *hidden[NSETS], *gate;
     float *bias, *logits, *out;
+    void *rws;                    /* the router GEMM's workspace (zeroed)                     */
+    size_t rws_bytes;
     routebuf rb[NSETS];
     mj_route_params rp;
     mj_experts_t ex;
@@ -138,6 +140,15 @@ static mj_status gpu_load_layer(gpu *g) {
         STEP("the router", mj_mem_put(0, g->bias, bias, 4 * (size_t)g->E));
     }
     STEP("the logits", mj_mem_alloc(0, 4 * (size_t)g->maxB * (size_t)g->E, "bench", (void **)&g->logits));
+    STEP("the router's workspace", mj_router_gemm_workspace(g->maxB, g->H, g->E, &g->rws_bytes));
+    if (g->rws_bytes) { /* zeroed once: every router GEMM leaves it so */
+        void *zero = calloc(1, g->rws_bytes);
+        if (!zero) STEP("allocating", mj_set_error(MJ_ERR_NOMEM, "out of memory"));
+        st = mj_mem_alloc(0, g->rws_bytes, "bench", &g->rws);
+        if (st == MJ_OK) st = mj_mem_put(0, g->rws, zero, g->rws_bytes);
+        free(zero);
+        STEP("the router's workspace", st);
+    }
     STEP("the output", mj_mem_alloc(0, 4 * (size_t)g->maxB * (size_t)g->H, "bench", (void **)&g->out));
     STEP("the routing parameters", mj_route_params_from_config(&b->cfg, &g->rp));
     return MJ_OK;
@@ -150,6 +161,7 @@ static void gpu_close(gpu *g) {
         routebuf_free(&g->rb[s]);
     }
     mj_mem_free(0, g->gate), mj_mem_free(0, g->bias), mj_mem_free(0, g->logits), mj_mem_free(0, g->out);
+    mj_mem_free(0, g->rws);
     if (g->ca) mj_cuda_free(g->ca);
     if (g->cb) mj_cuda_free(g->cb);
     if (g->flush) mj_cuda_free(g->flush);
@@ -175,7 +187,8 @@ static mj_status run_op(gpu *g, const op *o, int set) {
     switch (o->kind) {
     case OP_COPY: return mj_cuda_memcpy_dtod_async(g->cb, g->ca, g->copy_bytes, g->stream);
     case OP_ROUTE:
-        MJ_CHECK(mj_router_gemm(g->ctx, g->hidden[set], g->gate, o->B, g->H, g->E, g->logits, g->stream));
+        MJ_CHECK(mj_router_gemm(g->ctx, g->hidden[set], g->gate, o->B, g->H, g->E, g->logits, g->rws, g->rws_bytes,
+                                g->stream));
         return mj_route(g->ctx, &g->rp, g->logits, g->bias, o->B, NULL, &g->rb[set].o, g->stream);
     case OP_EXPERTS:
         return mj_experts_forward(g->ctx, g->ex, o->mode, g->hidden[set], &g->rb[set].o, o->B, NULL, g->out, g->stream);

@@ -7,9 +7,9 @@
  * kernel cache as usual), their registers and static shared memory from ptxas' report and
  * their hot loops from the cubin's SASS. What each kernel's warps iterate and keep in flight
  * comes from its template (the comments of templates/moe_experts.cu and router_gemm.cu):
- *   router_gemm   a block an expert (x tiles of 64 rows), NWARPS warps; the gate row in
- *                 flight (CH 16-byte chunks a thread); the hot loop walks the rows ROWS at
- *                 a time: ceil(B / ROWS) iterations;
+ *   router_gemm   a block 16 experts x a part of H (KS parts) x a tile of ROWS rows,
+ *                 NWARPS warps taking the part's runs (128 k) in turn: a run's gate (16
+ *                 rows x 128 k, 4 KiB) in flight a warp; the hot loop is a run;
  *   oea_route     one block (B <= 256) of NWARPS warps: a warp's instructions are its
  *                 pieces' counts from the SASS (pm_sass_route) times its tokens, scorings
  *                 and picks (fetch_route);
@@ -234,11 +234,13 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 mj_spec_router_gemm(ctx, &kn, &s);
                 kernel_row *k = &kr[nk++];
                 k->after = nk > 1;
-                const int ch = (H / 8 + kn.NWARPS * 32 - 1) / (kn.NWARPS * 32);
+                mj_router_dims d;
+                mj_router_grid(&kn, B, &d);
+                const int runs = (H + 127) / 128, rpz = (runs + d.ks - 1) / d.ks;
                 k->name = "router_gemm";
-                k->l.blocks = (int64_t)E * ((B + 63) / 64), k->l.threads = kn.NWARPS * 32;
-                k->l.bytes = in->gate_bytes, k->l.iters = (B + kn.ROWS - 1) / kn.ROWS, k->l.extra = -1;
-                k->l.inflight = ch * 512.0;
+                k->l.blocks = (int64_t)d.et * d.ks * d.rt, k->l.threads = kn.NWARPS * 32;
+                k->l.bytes = in->gate_bytes, k->l.iters = (rpz + kn.NWARPS - 1) / kn.NWARPS, k->l.extra = -1;
+                k->l.inflight = 4096.0;
                 if ((rc = fetch(ctx, &rd, &s, NULL, k, gpu, &a, 1))) goto out;
             }
             /* oea_route */

@@ -39,6 +39,7 @@ NOT_BOUND = {
     "mj_checkpoint_layer_seed": "the seed of a layer is the C writer's business (mj_checkpoint_make)",
     "mj_prewarm_json": "prewarming from a manifest is the moejit command's (moejit prewarm)",
     "mj_router_gemm": "the binding routes from logits (mj_route) or drives the whole layer (mj_moe_*)",
+    "mj_router_gemm_workspace": "as mj_router_gemm",
     "mj_experts_create": "the binding drives the whole layer (mj_moe_*), or adopts an engine's experts "
                          "(mj_experts_adopt); it does not pack a layer's experts alone",
     "mj_experts_forward": "adopted experts run on the engine's top-k (mj_experts_forward_topk)",
