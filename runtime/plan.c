@@ -2,9 +2,9 @@
  *
  * A forward of B tokens launches three kernels: the router GEMM (its ROWS grow with B up to
  * 64, in steps of 8 rows), the routing (one spec per k0; one block up to 256 tokens,
- * multi-block plain top-k above), and the experts (TPE = B rounded up to a power of two in 8..64, in the mode the
- * policy gives B; the shared sub-experts a rank runs; on a GPU a specialization per
- * kernel, mj_experts_specs). The planner asks the launchers' own knob functions for each
+ * multi-block plain top-k above), and the experts (TPE = B rounded up to a power of two in
+ * 8..64, in the mode the policy gives B; the shared sub-experts a rank runs; on a GPU a
+ * specialization per kernel, mj_experts_specs). The planner asks the launchers' own knob functions for each
  * B, so it cannot drift from what a forward launches; the test "prewarm, then prepare in
  * strict mode" (tests/test_moe.c) proves it. */
 #include "plan.h"
