@@ -506,12 +506,14 @@ MJ_API mj_status mj_route(mj_context_t ctx, const mj_route_params *p, const floa
                           const mj_route_outputs *out, void *stream);
 
 /* The router GEMM: logits [B, E] f32 = hidden [B, H] bf16 x gate [E, H] bf16 (the bf16 MMA,
- * fp32 accumulation; the same bits on every run). At decode sizes the kernel splits H over
- * blocks and adds their sums in a fixed order in a device workspace: size it with
- * mj_router_gemm_workspace for the largest B you will pass (0 bytes: none needed, NULL is
- * fine), 16-byte aligned, and zero it once before its first use; every call leaves it
- * zeroed again. One workspace serves calls that run one after another (one stream, a
- * graph's replays), not two at once. Capturable once its kernel is in the cache. */
+ * fp32 accumulation). The same bits on every run of the same B; how H is split depends on B,
+ * so a token's logits may differ in the last bits between batch sizes. At decode sizes the
+ * kernel splits H over blocks and adds their sums in a fixed order in a device workspace:
+ * size it with mj_router_gemm_workspace for the largest B you will pass (0 bytes: none
+ * needed, NULL is fine), 16-byte aligned, and zero it once before its first use. Every call
+ * leaves its counters at 0 again (the rest is scratch), so one workspace serves every B up to
+ * its size, in any order, for calls that run one after another (one stream, a graph's
+ * replays), not two at once. Capturable once its kernel is in the cache. */
 MJ_API mj_status mj_router_gemm_workspace(int32_t max_batch, int32_t H, int32_t E, size_t *bytes);
 MJ_API mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_t *gate,
                                 int32_t B, int32_t H, int32_t E, float *logits, void *workspace,

@@ -301,11 +301,17 @@ void mj_router_grid(const mj_knobs_router_gemm *kn, int32_t B, mj_router_dims *d
     ks = (runs + rpz - 1) / rpz;
     d->et = (int32_t)et, d->ks = (int32_t)ks, d->rt = (int32_t)rt;
     d->part_bytes = ks > 1 ? (size_t)(rt * et * ks * kn->ROWS * 16) * sizeof(float) : 0;
-    d->count_bytes = ks > 1 ? (size_t)(rt * et) * sizeof(uint32_t) : 0;
+    d->count_bytes = ks > 1 ? (size_t)(rt * et) * sizeof(uint32_t) : 0; /* < MJ_ROUTER_BLOCKS of them */
 }
 
-/* The counters first (what must be zero), the parts after them at 16 bytes. */
-static size_t router_parts_at(const mj_router_dims *d) { return (d->count_bytes + 15) / 16 * 16; }
+/* The counters first (what must be zero), the parts after them. The counters' region is the
+ * same for every B (H is split only while the grid has fewer than MJ_ROUTER_BLOCKS tiles, so
+ * there are fewer counters than that): a launch's counters never lie where another B's
+ * partial sums were left, and each launch leaves the whole region at 0. */
+static size_t router_parts_at(const mj_router_dims *d) {
+    (void)d;
+    return MJ_ROUTER_BLOCKS * sizeof(uint32_t);
+}
 
 mj_status mj_router_gemm_workspace(int32_t B, int32_t H, int32_t E, size_t *bytes) {
     if (!bytes || B < 0) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm_workspace: NULL bytes or B < 0");
@@ -350,7 +356,7 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
     mj_router_knobs(H, E, B, &kn);
     mj_router_grid(&kn, B, &d);
     if (d.rt > 65535)
-        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than %lld rows", B,
+        return mj_set_error(MJ_ERR_UNSUPPORTED, "mj_router_gemm: B = %d is more than the %lld rows supported", B,
                             65535LL * kn.ROWS);
     float *part = NULL;
     uint32_t *count = NULL;

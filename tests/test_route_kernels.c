@@ -478,6 +478,17 @@ static void test_router_grid(void) {
     mj_router_knobs(64, 8, 3, &kn);
     mj_router_grid(&kn, 3, &d);
     CHECK(kn.NWARPS == 1 && d.ks == 1 && d.et == 1, "H=64 E=8: NWARPS %d, %d parts", kn.NWARPS, d.ks);
+    /* A split launch's counters fit the workspace's fixed counter region (256 of them), for
+     * every B and every tile count, so no B's counters reach another B's partial sums. */
+    static const int Es[] = {8, 16, 40, 256, 1024};
+    int most = 0;
+    for (int ei = 0; ei < 5; ei++)
+        for (int b = 1; b <= 20000; b += b < 600 ? 1 : 37) {
+            mj_router_knobs(6144, Es[ei], b, &kn);
+            mj_router_grid(&kn, b, &d);
+            if (d.ks > 1 && (int)d.count_bytes > most) most = (int)d.count_bytes;
+        }
+    CHECK(most > 0 && most <= 256 * 4, "a split launch's counters take %d bytes, past the 1024 of their region", most);
     size_t w1 = 0, w64 = 0, wbig = 0;
     CHECK_OK(mj_router_gemm_workspace(1, 6144, 256, &w1));
     CHECK_OK(mj_router_gemm_workspace(64, 6144, 256, &w64));
@@ -565,6 +576,18 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
         CHECK_STATUS(mj_router_gemm(ctx, r.dx.p, r.dg.p, r.B, r.H, r.E, dy, (uint8_t *)r.dw.p + 4, r.ws_bytes, NULL),
                      MJ_ERR_INVALID_ARG);
         router_data_free(&r);
+    }
+    /* One workspace for every B up to its size, in any order (what a layer does): B 8 (one
+     * row tile), then 100 (two), then 8 again. The counters of a launch with more row tiles
+     * must not lie where a smaller B's partial sums were left. */
+    {
+        router_data big = router_data_new(100, 6144, 256, seed + 90), small = router_data_new(8, 6144, 256, seed + 91);
+        tbuf_free(&small.dw), small.dw = big.dw, small.ws_bytes = big.ws_bytes; /* big's workspace for both */
+        router_run(ctx, &small, "mixed B, first");
+        router_run(ctx, &big, "mixed B, after a smaller B");
+        router_run(ctx, &small, "mixed B, after a larger B");
+        small.dw = (tbuf){0};
+        router_data_free(&small), router_data_free(&big);
     }
     uint16_t dummy[16] __attribute__((aligned(16))) = {0};
     float out[16];
