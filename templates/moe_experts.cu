@@ -405,22 +405,23 @@ MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
  * of block z is dealer dw = w KSPLIT + z and takes runs dw, dw + UPD, ... */
 #define UPD (NW1 * KSPLIT)
 
-/* Queue the copies of step q of dealer w's sequence (nq steps) into the ring, as a group
- * of its own (an empty one past the end: the wait counts groups). */
-MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, int w, int q, int nq, int lane) {
-    /* unsigned: offsets need no sign extension, and q % RING no sign fix-up */
-    const uint32_t uq = (uint32_t)q, g = (uint32_t)lane >> 2, p = (uint32_t)lane & 3u;
-    if (q < nq) {
-        const uint32_t run = (uint32_t)w + (uq >> 2) * UPD, s = run * 4u + (uq & 3u);
+/* Queue the copies of k-step s into ring slot `slot` (and, at a run's first step, the run's
+ * scale chunk into scale slot `sslot`), as a group of its own (an empty one when the warp's
+ * sequence has ended, !live: the wait counts groups). The loop keeps s and the slots as
+ * cursors, so a step's copies cost no division. */
+MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, uint32_t s, uint32_t slot, uint32_t sslot,
+                        int first, int live, int lane) {
+    const uint32_t g = (uint32_t)lane >> 2, p = (uint32_t)lane & 3u;
+    if (live) {
         if (s < KS1) {
-            uint8_t *slot = ring + (uq % RING) * 1024u + (uint32_t)lane * 16u;
+            uint8_t *dst = ring + slot * 1024u + (uint32_t)lane * 16u;
             const uint8_t *src = wt + (s * 1024u + (uint32_t)lane * 16u);
-            mj_cp_async16(slot, src);
-            mj_cp_async16(slot + 512, src + 512);
+            mj_cp_async16(dst, src);
+            mj_cp_async16(dst + 512, src + 512);
         }
-        if ((uq & 3u) == 0 && p < 2) { /* a run's first step brings its scales: rows g + 8p */
-            uint8_t *sr = ring + RING * 1024 + ((uq >> 2) % RUNRING) * 512u + (p * 8u + g) * 16u;
-            const uint8_t *src = st + (run * 512u + (p * 8u + g) * 16u);
+        if (first && p < 2) { /* a run's first step brings its scales: rows g + 8p */
+            uint8_t *sr = ring + RING * 1024 + sslot * 512u + (p * 8u + g) * 16u;
+            const uint8_t *src = st + ((s >> 2) * 512u + (p * 8u + g) * 16u);
             mj_cp_async16(sr, src);
             mj_cp_async16(sr + 256, src + 256);
         }
@@ -637,8 +638,13 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn, through
          * the warp's ring: RING - 1 steps in flight while one computes. */
         const int nq = dw < RUNS1 ? (RUNS1 - dw + UPD - 1) / UPD * 4 : 0;
+        /* Step j's k-step sj and ring slot cs, kept as cursors: within a run the next step,
+         * then the first of the warp's next run (4 UPD - 3 on); step j + RING - 1 = j + 4,
+         * the one issued while j computes, is one run on (sj + 4 UPD) in the slot before cs. */
         MJ_NO_UNROLL
-        for (int q = 0; q < RING - 1; q++) up_issue(ring, wt, st, dw, q, nq, lane);
+        for (int q = 0; q < RING - 1; q++)
+            up_issue(ring, wt, st, (uint32_t)(dw * 4 + q), (uint32_t)q, 0u, q == 0, q < nq, lane);
+        uint32_t sj = (uint32_t)dw * 4u, cs = 0u;
         /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
          * loaded during step j - 1; with two, at the start of step j (a copy of both groups
          * held across a step would double their registers) */
@@ -646,22 +652,25 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         up_bload(NTR == 1 && regs && nq > 0 ? dw * 4 : KS1, src, x, xq, xsf, p, b16, bq, bsf);
         MJ_NO_UNROLL
         for (int j = 0; j < nq; j++) {
-            up_issue(ring, wt, st, dw, j + RING - 1, nq, lane); /* into the slot step j - 1 read */
-            const uint32_t uj = (uint32_t)j, run = (uint32_t)dw + (uj >> 2) * UPD, s = run * 4u + (uj & 3u);
+            const uint32_t uj = (uint32_t)j, s = sj, s4 = uj & 3u;
+            /* into the slot step j - 1 read; a run's scales into the other scale slot */
+            up_issue(ring, wt, st, s + 4u * UPD, cs == 0u ? RING - 1u : cs - 1u, ((uj >> 2) + 1u) % RUNRING, s4 == 0u,
+                     j + RING - 1 < nq, lane);
+            const uint32_t sn = s4 == 3u ? s + (4u * UPD - 3u) : s + 1u; /* step j + 1's */
             uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
             if (NTR == 1 && regs) { /* one group: this step's from the last, the next step's now */
                 for (int kt = 0; kt < 4; kt++) c16[0][kt][0] = b16[0][kt][0], c16[0][kt][1] = b16[0][kt][1];
                 cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
-                const uint32_t un = uj + 1u, nrun = (uint32_t)dw + (un >> 2) * UPD;
-                up_bload(j + 1 < nq ? (int)(nrun * 4u + (un & 3u)) : KS1, src, x, xq, xsf, p, b16, bq, bsf);
+                up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xq, xsf, p, b16, bq, bsf);
             } else if (regs) { /* two groups: this step's, before the wait (registers) */
                 up_bload((int)s, src, x, xq, xsf, p, c16, cq, csf);
             }
             mj_cp_async_wait(RING - 1); /* step j's group has landed... */
             __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
             if (s < KS1)
-                up_step(ring + (uj % RING) * 1024u, ring + RING * 1024 + ((uj >> 2) % RUNRING) * 512u, (int)s, (int)(uj & 3u),
-                        srcs, nc, x, xq, xsf, lane, accr, acc, c16, cq, csf);
+                up_step(ring + cs * 1024u, ring + RING * 1024 + ((uj >> 2) % RUNRING) * 512u, (int)s, (int)s4, srcs, nc, x, xq,
+                        xsf, lane, accr, acc, c16, cq, csf);
+            sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
         }
         __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
         if (regs) {
