@@ -1001,6 +1001,12 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # oea_route's dispatch: ranks by bit masks and a scan with every thread (about 450; 667 with
   # per-warp segments and warp 0's serial walks)
   json_check 'all(r["kernels"]["oea_route"]["route_sass"]["dispatch"] <= 520 for r in j["predict"]["rows"])'
+  # the router GEMM on the bf16 MMA: 16 experts a block, H in 12 parts (192 blocks of 4 warps
+  # up to 64 rows), 8 MMAs a run of 128 k at B <= 8 (the FMA kernel's loop had none: 461
+  # warp-instructions a group of 8 rows)
+  json_check 'all(k["blocks"] == 192 and k["threads"] == 128 and k["hot_loop"]["tensor"] == (8 if r["B"] <= 8 else 32) and k["hot_loop"]["insts"] <= (100 if r["B"] <= 8 else 260) for r in j["predict"]["rows"] for k in [r["kernels"]["router_gemm"]])'
+  # the launch floor: the first kernel's launch, the programmatic dependents', then the bytes
+  json_check 'all(abs(r["layer"]["launch_floor_us"] - r["layer"]["floor_us"] - a["launch_us"] - 3 * a["pdl_launch_us"]) < 1e-3 and r["layer"]["launch_floor_us"] <= r["layer"]["predicted_us"] for r in j["predict"]["rows"] for a in [j["predict"]["assumptions"]])'
   MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-8 --bench-batch 1 \
     --k0 8 --no-compile --no-sim --predict rtx-pro-6000 --cache-dir "$T/predcache" -q
   contains out "the performance model on rtx-pro-6000"; contains out "model assumptions"; contains out "experts_down"

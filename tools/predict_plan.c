@@ -208,11 +208,13 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                                           "under uniform routing (E (1 - (1 - k0/E)^B))"));
     if (txt) {
         fprintf(txt, "\nthe performance model on %s (%s), kernels for %s, rank 0 (H %d, I %d): predicted us and bound\n"
-                     "per kernel; the layer against its floor (its bytes over the copy bandwidth)\n",
+                     "per kernel; the layer against its floor (its bytes over the copy bandwidth) and against\n"
+                     "the launch floor (its launches' fixed costs, then its bytes: what no layer of as many kernels beats)\n",
                 gpu->name, gpu->desc, in->arch, H, I);
         pm_assume_print(txt, &a, gpu);
-        fprintf(txt, "  %4s %3s %-5s %6s %-19s %-19s %-19s %-19s %-19s %9s %8s %6s\n", "B", "k0", "mode", "active",
-                "router_gemm", "oea_route", "experts_quant", "experts_up", "experts_down", "layer us", "floor", "x");
+        fprintf(txt, "  %4s %3s %-5s %6s %-19s %-19s %-19s %-19s %-19s %9s %8s %6s %8s\n", "B", "k0", "mode", "active",
+                "router_gemm", "oea_route", "experts_quant", "experts_up", "experts_down", "layer us", "floor", "x",
+                "launch x");
     }
     for (int ki = 0; ki < in->n_k0; ki++) {
         for (int bi = 0; bi < in->n_bb; bi++) {
@@ -316,10 +318,11 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 if ((rc = fetch(ctx, &rd, &xs[x], twin_part ? &twin[x] : NULL, k, gpu, &a, 1))) goto out;
             }
             /* the layer: the kernels one after another; its floor the bytes bench counts */
-            double pred = 0, slow = 0;
+            double pred = 0, slow = 0, launches = 0;
             pm_bound lb = PM_BOUND_MEMORY;
             for (int i = 0; i < nk; i++) {
                 pred += kr[i].r.predicted_us;
+                launches += kr[i].l.pdl ? a.pdl_launch_us : a.launch_us;
                 if (kr[i].r.predicted_us > slow) slow = kr[i].r.predicted_us, lb = kr[i].r.bound;
             }
             const double floor = (in->gate_bytes + items * in->per_expert) / (pm_copy_gbps(gpu, &a) * 1e3);
@@ -334,6 +337,8 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             json_object_set_new(jl, "floor_us", json_real(floor));
             json_object_set_new(jl, "bound", json_string(pm_bound_names[lb]));
             json_object_set_new(jl, "of_floor", json_real(pred / floor));
+            /* what no layer of these launches beats: their fixed costs, then the bytes */
+            json_object_set_new(jl, "launch_floor_us", json_real(launches + floor));
             json_object_set_new(r, "layer", jl);
             json_array_append_new(rows, r);
             if (txt) {
@@ -346,9 +351,9 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                             snprintf(cell[c], sizeof cell[c], "%7.1f %-8s", kr[i].r.predicted_us,
                                      pm_bound_names[kr[i].r.bound]);
                 }
-                fprintf(txt, "  %4d %3d %-5s %6.1f %-19s %-19s %-19s %-19s %-19s %9.1f %8.1f %6.2f\n", (int)B, (int)k0,
+                fprintf(txt, "  %4d %3d %-5s %6.1f %-19s %-19s %-19s %-19s %-19s %9.1f %8.1f %6.2f %8.2f\n", (int)B, (int)k0,
                         m == MJ_MODE_W4A4 ? "W4A4" : "W4A16", na, cell[0], cell[1], cell[2], cell[3], cell[4], pred,
-                        floor, pred / floor);
+                        floor, pred / floor, (launches + floor) / floor);
             }
         }
     }
