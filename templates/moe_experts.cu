@@ -312,19 +312,46 @@ MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, i
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
- * grid (B, K + 1, ceil(H / 16 / QT)), block QT, dynamic shared memory QT x 64 bytes: block
- * (b, j, c) quantizes the c-th QT 16-element groups of token b's hidden row for its j-th
- * expert (j < K: with that expert's input scale, into its route row, if the expert is held
- * here) or, j = K, for the shared experts (row MB K + b): a group a thread, so that even one
- * token's K + 1 rows spread over many SMs (each group's quantization is a long chain of
- * IEEE divisions). */
+ * grid (B, K + 1, ceil(H / 16 / (QT / 2))), block QT, dynamic shared memory QT x 32 bytes:
+ * block (b, j, c) quantizes the c-th QT / 2 16-element groups of token b's hidden row for its
+ * j-th expert (j < K: with that expert's input scale, into its route row, if the expert is
+ * held here) or, j = K, for the shared experts (row MB K + b). Two threads a group, 8 values
+ * each (each value's quantization is a chain of an IEEE division and a conversion), so even
+ * one token's K + 1 rows spread over many SMs and a thread's chain is half a group's: the
+ * pair's largest magnitude meets by one shuffle (a max: exact, in any order), then each
+ * thread codes its 8 values into the group's word it owns (the same arithmetic as
+ * quant16's). */
 #define QT 64
+
+/* The codes of 8 values of a 16-value group (v, stride apart; the other 8 held by the lane
+ * this one xor 1, which every lane of the warp calls this with) and the group's scale byte,
+ * as quant16 gives them: *w is quant16's w0 for the group's first 8 values, w1 for the last. */
+MJ_DEVICE uint32_t quant8_pair(const float *v, int stride, float gs, uint32_t *w) {
+    float amax = 0.0f;
+    MJ_NO_UNROLL
+    for (int j = 0; j < 8; j++) {
+        float a = v[j * stride] < 0.0f ? -v[j * stride] : v[j * stride];
+        amax = a > amax ? a : amax;
+    }
+    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
+    amax = o > amax ? o : amax;
+    uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
+    float scale = mj_e4m3_dec_c(sf); /* templates/prelude_fp.h */
+    uint32_t c = 0;
+    MJ_NO_UNROLL
+    for (int j = 0; j < 8; j += 2)
+        c |= (scale == 0.0f ? 0u : mj_cvt_e2m1x2((v[j * stride] * gs) / scale, (v[(j + 1) * stride] * gs) / scale))
+             << (4 * j);
+    *w = c;
+    return sf;
+}
+
 MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t *ids, const int32_t *perm,
                              int B, const int32_t *num_valid, int mb, int n_local, int expert_begin,
                              uint8_t *xq, uint8_t *xsf) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
-    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant16 reads: [16][QT threads] */
+    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant8_pair reads: [8][QT threads] */
     const int b = (int)blockIdx.x, j = (int)blockIdx.y;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
@@ -341,12 +368,20 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             row = mb * K + b;
         }
         const float gs = scal[xi * SCAL + 4];
-        for (int grp = (int)(blockIdx.z * QT + threadIdx.x); grp < H / 16; grp += (int)(gridDim.z * QT)) {
-            float *v = vbuf + threadIdx.x; /* this thread's 16 values, QT floats apart */
-            for (int i = 0; i < 16; i++) v[i * QT] = mj_f32_from_bits((uint32_t)xr[grp * 16 + i] << 16);
-            uint32_t w0, w1;
-            xsf[(long long)row * (H / 16) + grp] = (uint8_t)quant16(v, QT, gs, &w0, &w1);
-            store_q16(xq + (long long)row * (H / 2), grp, w0, w1);
+        const int half = (int)threadIdx.x & 1;
+        /* the block's groups, QT / 2 at a time: every lane takes part in each round (the
+         * pair's shuffle), those past the row's groups on zeros, writing nothing */
+        for (int g0 = (int)blockIdx.z * (QT / 2); g0 < H / 16; g0 += (int)gridDim.z * (QT / 2)) {
+            const int grp = g0 + (int)threadIdx.x / 2, live = grp < H / 16;
+            float *v = vbuf + threadIdx.x; /* this thread's 8 values, QT floats apart */
+            for (int i = 0; i < 8; i++)
+                v[i * QT] = live ? mj_f32_from_bits((uint32_t)xr[grp * 16 + half * 8 + i] << 16) : 0.0f;
+            uint32_t w;
+            const uint32_t sf = quant8_pair(v, QT, gs, &w);
+            if (!live) continue;
+            if (!half) xsf[(long long)row * (H / 16) + grp] = (uint8_t)sf;
+            /* quant16's word w0 (half 0) or w1 (half 1), in fragment order (store_q16) */
+            *(uint32_t *)(xq + (long long)row * (H / 2) + 32 * (grp / 4) + 4 * frag_word(2 * (grp % 4) + half)) = w;
         }
     }
 #endif
