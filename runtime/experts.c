@@ -383,11 +383,11 @@ static int32_t pow2_at_least(int32_t v) {
 
 /* Dynamic shared memory of the kernels (bytes), as templates/moe_experts.cu lays it out:
  * UP_RING is its RING_BYTES (a warp's ring), DOWN_RING DRING * DSLOT, QUANT_VALUES the
- * [8][QT] floats experts_quant stages; up's sums move to shared memory past two token
+ * [16 / QG][QT] floats experts_quant stages; up's sums move to shared memory past two token
  * groups (SUMS_SMEM: TPE > 16). */
 #define UP_RING (5 * 1024 + 2 * 512)
 #define DOWN_RING(dsteps, tpe) (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT(dsteps, tpe))
-#define QUANT_VALUES (8 * MJ_EXPERTS_QT * (uint32_t)sizeof(float))
+#define QUANT_VALUES (16 / MJ_EXPERTS_QG * MJ_EXPERTS_QT * (uint32_t)sizeof(float))
 
 /* Up's: each warp's ring, and with the sums in shared memory each warp's (TPE * 128 bytes)
  * and the chunk's source rows. */
@@ -578,7 +578,7 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
 }
 
 void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]) {
-    const uint32_t qgroups = MJ_EXPERTS_QT / 2; /* 16-value groups an experts_quant block: two threads each */
+    const uint32_t qgroups = MJ_EXPERTS_QT / MJ_EXPERTS_QG; /* 16-value groups an experts_quant block */
     const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, (uint32_t)((k->H / 16 + qgroups - 1) / qgroups)},
                               {MJ_EXPERTS_QT, 1, 1}, QUANT_VALUES, stream};
     const mj_launch_dims u = {{(uint32_t)(k->I / 16), (uint32_t)(n_slots + k->NSUB), (uint32_t)k->KSPLIT},

@@ -18,6 +18,7 @@
 #define MJ_EXPERTS_DRING 3
 #define MJ_EXPERTS_DSLOT(dsteps, tpe) ((dsteps) * 512 + 256 + 32 + 4 * ((tpe) == 16 ? 16 : 8))
 #define MJ_EXPERTS_QT 64 /* experts_quant's threads a block, the template's QT */
+#define MJ_EXPERTS_QG 2  /* experts_quant's threads a 16-value group, the template's QG */
 typedef struct mj_experts_view {
     int32_t H, I, K, E, n_local, expert_begin, nsub, mb;
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert */

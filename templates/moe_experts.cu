@@ -312,37 +312,44 @@ MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, i
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
- * grid (B, K + 1, ceil(H / 16 / (QT / 2))), block QT, dynamic shared memory QT x 32 bytes:
- * block (b, j, c) quantizes the c-th QT / 2 16-element groups of token b's hidden row for its
- * j-th expert (j < K: with that expert's input scale, into its route row, if the expert is
- * held here) or, j = K, for the shared experts (row MB K + b). Two threads a group, 8 values
- * each (each value's quantization is a chain of an IEEE division and a conversion), so even
- * one token's K + 1 rows spread over many SMs and a thread's chain is half a group's: the
- * pair's largest magnitude meets by one shuffle (a max: exact, in any order), then each
- * thread codes its 8 values into the group's word it owns (the same arithmetic as
- * quant16's). */
+ * grid (B, K + 1, ceil(H / 16 / (QT / QG))), block QT, dynamic shared memory QT x 4 QV bytes:
+ * block (b, j, c) quantizes the c-th QT / QG 16-element groups of token b's hidden row for
+ * its j-th expert (j < K: with that expert's input scale, into its route row, if the expert
+ * is held here) or, j = K, for the shared experts (row MB K + b). QG threads a group, 16 / QG
+ * values each (each value's quantization is a chain of an IEEE division and a conversion), so
+ * even one token's K + 1 rows spread over many SMs and a thread's chain is 1 / QG of a
+ * group's: the group's largest magnitude meets by log2 QG shuffles (a max: exact, in any order),
+ * then each thread codes its values into the bits of the group's codes it owns (the same
+ * arithmetic as quant16's). */
 #define QT 64
+#define QG 2            /* threads a group (runtime/experts.h MJ_EXPERTS_QG; by the model
+                         * 4 takes B 1 from 2.3 to 1.7 us on the RTX PRO 6000 but B 32 from
+                         * 3.2 to 3.9, and W4A4 runs past 8 tokens by default) */
+#define QV (16 / QG)    /* values a thread      */
 
-/* The codes of 8 values of a 16-value group (v, stride apart; the other 8 held by the lane
- * this one xor 1, which every lane of the warp calls this with) and the group's scale byte,
- * as quant16 gives them: *w is quant16's w0 for the group's first 8 values, w1 for the last. */
-MJ_DEVICE uint32_t quant8_pair(const float *v, int stride, float gs, uint32_t *w) {
+/* The codes of QV values of a 16-value group (v, stride apart; the group's other values held
+ * by the QG - 1 lanes beside this one in its aligned quad, which call this with it) and the
+ * group's scale byte, as quant16 gives them: the codes are bits 4 QV q .. of quant16's words
+ * (w1 past 32) for the lane's part q. */
+MJ_DEVICE uint32_t quant_part(const float *v, int stride, float gs, uint32_t *codes) {
     float amax = 0.0f;
     MJ_NO_UNROLL
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < QV; j++) {
         float a = v[j * stride] < 0.0f ? -v[j * stride] : v[j * stride];
         amax = a > amax ? a : amax;
     }
-    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
-    amax = o > amax ? o : amax;
+    for (int m = 1; m < QG; m *= 2) {
+        const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, m);
+        amax = o > amax ? o : amax;
+    }
     uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
     float scale = mj_e4m3_dec_c(sf); /* templates/prelude_fp.h */
     uint32_t c = 0;
     MJ_NO_UNROLL
-    for (int j = 0; j < 8; j += 2)
+    for (int j = 0; j < QV; j += 2)
         c |= (scale == 0.0f ? 0u : mj_cvt_e2m1x2((v[j * stride] * gs) / scale, (v[(j + 1) * stride] * gs) / scale))
              << (4 * j);
-    *w = c;
+    *codes = c;
     return sf;
 }
 
@@ -351,7 +358,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
                              uint8_t *xq, uint8_t *xsf) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
-    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant8_pair reads: [8][QT threads] */
+    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant_part reads: [QV][QT threads] */
     const int b = (int)blockIdx.x, j = (int)blockIdx.y;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
@@ -368,20 +375,23 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             row = mb * K + b;
         }
         const float gs = scal[xi * SCAL + 4];
-        const int half = (int)threadIdx.x & 1;
-        /* the block's groups, QT / 2 at a time: every lane takes part in each round (the
-         * pair's shuffle), those past the row's groups on zeros, writing nothing */
-        for (int g0 = (int)blockIdx.z * (QT / 2); g0 < H / 16; g0 += (int)gridDim.z * (QT / 2)) {
-            const int grp = g0 + (int)threadIdx.x / 2, live = grp < H / 16;
-            float *v = vbuf + threadIdx.x; /* this thread's 8 values, QT floats apart */
-            for (int i = 0; i < 8; i++)
-                v[i * QT] = live ? mj_f32_from_bits((uint32_t)xr[grp * 16 + half * 8 + i] << 16) : 0.0f;
-            uint32_t w;
-            const uint32_t sf = quant8_pair(v, QT, gs, &w);
+        const int q = (int)threadIdx.x % QG; /* the lane's part of its group */
+        /* the block's groups, QT / QG at a time: every lane takes part in each round (the
+         * group's shuffles), those past the row's groups on zeros, writing nothing */
+        for (int g0 = (int)blockIdx.z * (QT / QG); g0 < H / 16; g0 += (int)gridDim.z * (QT / QG)) {
+            const int grp = g0 + (int)threadIdx.x / QG, live = grp < H / 16;
+            float *v = vbuf + threadIdx.x; /* this thread's QV values, QT floats apart */
+            for (int i = 0; i < QV; i++)
+                v[i * QT] = live ? mj_f32_from_bits((uint32_t)xr[grp * 16 + q * QV + i] << 16) : 0.0f;
+            uint32_t codes;
+            const uint32_t sf = quant_part(v, QT, gs, &codes);
             if (!live) continue;
-            if (!half) xsf[(long long)row * (H / 16) + grp] = (uint8_t)sf;
-            /* quant16's word w0 (half 0) or w1 (half 1), in fragment order (store_q16) */
-            *(uint32_t *)(xq + (long long)row * (H / 2) + 32 * (grp / 4) + 4 * frag_word(2 * (grp % 4) + half)) = w;
+            if (q == 0) xsf[(long long)row * (H / 16) + grp] = (uint8_t)sf;
+            /* quant16's word w0 (values 0-7) or w1 (8-15) in fragment order (store_q16),
+             * the lane's part of it (all of it at QV 8) */
+            uint8_t *wp = xq + (long long)row * (H / 2) + 32 * (grp / 4) + 4 * frag_word(2 * (grp % 4) + q * QV / 8);
+            if (QV == 8) *(uint32_t *)wp = codes;
+            else *(uint16_t *)(wp + (q * QV % 8) / 2) = (uint16_t)codes;
         }
     }
 #endif

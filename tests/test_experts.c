@@ -1381,6 +1381,11 @@ static void case_ring(void) {
               MJ_EXPERTS_DSLOT(2, 64) == 2 * 512 + 256 + 32 + 4 * 8,
           "DSLOT: the template's and runtime/experts.h's agree (%d, %d, %d)", MJ_EXPERTS_DSLOT(2, 8),
           MJ_EXPERTS_DSLOT(4, 16), MJ_EXPERTS_DSLOT(2, 64));
+    /* experts_quant's block and group: the launch's grid and shared memory follow them */
+    snprintf(want, sizeof want, "\n#define QT %d\n", MJ_EXPERTS_QT);
+    CHECK(strstr(t->body, want) != NULL, "templates/moe_experts.cu defines QT as runtime/experts.h (%d)", MJ_EXPERTS_QT);
+    snprintf(want, sizeof want, "\n#define QG %d ", MJ_EXPERTS_QG);
+    CHECK(strstr(t->body, want) != NULL, "templates/moe_experts.cu defines QG as runtime/experts.h (%d)", MJ_EXPERTS_QG);
 }
 
 static void case_pack(void) { test_pack(g_seed); }
