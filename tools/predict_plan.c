@@ -13,7 +13,7 @@
  *   oea_route     one block (B <= 256) of NWARPS warps: a warp's instructions are its
  *                 pieces' counts from the SASS (pm_sass_route) times its tokens, scorings
  *                 and picks (fetch_route);
- *   experts_quant (W4A4) blocks of 2 warps a (token, expert slot), a 16-value group a thread;
+ *   experts_quant (W4A4) blocks of 2 warps a (token, expert slot), a 16-value group 2 threads;
  *   experts_up    KSPLIT blocks a (16-row tile, active expert or shared sub-expert), NW1 warps
  *                 each, splitting H: H / 64 / (NW1 KSPLIT) k-steps a warp, 4 of 1 KiB in flight;
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
