@@ -22,7 +22,8 @@
  *     itself in on its tile's counter (count), and the last of the KS blocks adds the parts
  *     in part order (0, 1, ...: the same whichever block is last), writes the logits and
  *     sets the counter back to 0 for the next launch (a graph's replay).
- * Every sum has one fixed order: the same bits on every run. No floating-point atomics.
+ * Every sum has one fixed order: the same bits on every run of the same B (KS follows B, so
+ * a token's logits may differ in the last bits between batch sizes). No floating-point atomics.
  */
 MJ_TEMPLATE(router_gemm, "router GEMM: logits = hidden (bf16) x gate^T (bf16) on the bf16 MMA, fp32 accumulation")
 MJ_TARGETS("sm_80 sm_86 sm_89 sm_90a sm_100a sm_120a sm_121a")
