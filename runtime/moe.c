@@ -33,7 +33,7 @@ struct mj_moe {
     /* The forward's workspace (for mb tokens): the logits, and mj_route's outputs as the
      * forward hands them to mj_route and the experts. */
     float *logits;                /* [mb, E]                                                 */
-    void *rws;                    /* the router GEMM's workspace (zeroed; NULL: none needed) */
+    void *rws;                    /* the router GEMM's workspace (NULL: none needed)        */
     size_t rws_bytes;
     mj_route_outputs r;
 };
@@ -50,7 +50,8 @@ static void workspace_free(mj_moe_t m) {
     m->batch = NULL, m->mb = 0;
 }
 
-/* Device memory of bytes, zeroed (the router GEMM's workspace: every launch leaves it so). */
+/* Device memory of bytes, zeroed (the router GEMM's workspace: every launch leaves its
+ * counters at 0 again, the rest is scratch). */
 static mj_status zeroed_alloc(int device, size_t bytes, void **out) {
     void *zero = calloc(1, bytes);
     if (!zero) return mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of host memory (%zu bytes)", bytes);

@@ -48,7 +48,7 @@ typedef struct gpu {
     int32_t H, E, K, maxB;
     uint16_t *hidden[NSETS], *gate;
     float *bias, *logits, *out;
-    void *rws;                    /* the router GEMM's workspace (zeroed)                     */
+    void *rws;                    /* the router GEMM's workspace                              */
     size_t rws_bytes;
     routebuf rb[NSETS];
     mj_route_params rp;
@@ -141,7 +141,7 @@ static mj_status gpu_load_layer(gpu *g) {
     }
     STEP("the logits", mj_mem_alloc(0, 4 * (size_t)g->maxB * (size_t)g->E, "bench", (void **)&g->logits));
     STEP("the router's workspace", mj_router_gemm_workspace(g->maxB, g->H, g->E, &g->rws_bytes));
-    if (g->rws_bytes) { /* zeroed once: every router GEMM leaves it so */
+    if (g->rws_bytes) { /* zeroed once: every router GEMM leaves its counters at 0 again */
         void *zero = calloc(1, g->rws_bytes);
         if (!zero) STEP("allocating", mj_set_error(MJ_ERR_NOMEM, "out of memory"));
         st = mj_mem_alloc(0, g->rws_bytes, "bench", &g->rws);
