@@ -171,13 +171,8 @@ static mj_status workspace_alloc(mj_experts *ex, int32_t mb) {
                             (void **)&ex->xsf, (void **)&ex->upart, (void **)&ex->ucount, (void **)&ex->sgate_w};
     for (int i = 0; i < WS_BUFS; i++)
         if (bytes[i]) MJ_CHECK(buf_alloc(ex, (size_t)bytes[i], bufs[i]));
-    if (bytes[6]) { /* the counters start at 0 (each launch leaves them so) */
-        void *zero = calloc(1, (size_t)bytes[6]);
-        if (!zero) return mj_set_error(MJ_ERR_NOMEM, "mj_experts_create: out of host memory");
-        mj_status st = buf_put(ex, ex->ucount, zero, (size_t)bytes[6]);
-        free(zero);
-        MJ_CHECK(st);
-    }
+    if (bytes[6]) /* the counters start at 0 (each launch leaves them so) */
+        MJ_CHECK(mj_mem_zero(ex->device, ex->ucount, (size_t)bytes[6]));
     ex->mb = mb;
     return MJ_OK;
 }

@@ -42,6 +42,18 @@ mj_status mj_mem_put(int device, void *dst, const void *src, size_t bytes) {
     return mj_cuda_synchronize();
 }
 
+mj_status mj_mem_zero(int device, void *dst, size_t bytes) {
+    if (device == MJ_DEVICE_NONE) {
+        if (bytes) memset(dst, 0, bytes);
+        return MJ_OK;
+    }
+    void *zero = calloc(1, bytes ? bytes : 1);
+    if (!zero) return mj_set_error(MJ_ERR_NOMEM, "out of host memory (%zu bytes of zeros)", bytes);
+    const mj_status st = mj_mem_put(device, dst, zero, bytes);
+    free(zero);
+    return st;
+}
+
 mj_status mj_mem_get(int device, void *dst, const void *src, size_t bytes) {
     if (device == MJ_DEVICE_NONE) {
         if (bytes) memcpy(dst, src, bytes);

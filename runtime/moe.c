@@ -50,17 +50,6 @@ static void workspace_free(mj_moe_t m) {
     m->batch = NULL, m->mb = 0;
 }
 
-/* Device memory of bytes, zeroed (the router GEMM's workspace: every launch leaves its
- * counters at 0 again, the rest is scratch). */
-static mj_status zeroed_alloc(int device, size_t bytes, void **out) {
-    void *zero = calloc(1, bytes);
-    if (!zero) return mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of host memory (%zu bytes)", bytes);
-    mj_status st = mj_mem_alloc(device, bytes, "mj_moe_prepare", out);
-    if (st == MJ_OK && (st = mj_mem_put(device, *out, zero, bytes)) != MJ_OK) mj_mem_free(device, *out), *out = NULL;
-    free(zero);
-    return st;
-}
-
 mj_status mj_moe_free(mj_moe_t m) {
     if (!m) return MJ_OK;
     workspace_free(m);
@@ -229,7 +218,10 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         MJ_CHECK_GOTO(mj_mem_alloc(m->device, bufs[i].bytes, "mj_moe_prepare", bufs[i].p), st, fail_ws);
     MJ_CHECK_GOTO(mj_router_gemm_workspace(mb, m->cfg.hidden, m->cfg.n_experts, &m->rws_bytes), st, fail_ws);
-    if (m->rws_bytes) MJ_CHECK_GOTO(zeroed_alloc(m->device, m->rws_bytes, &m->rws), st, fail_ws);
+    if (m->rws_bytes) { /* zeroed once: every router GEMM leaves its counters at 0 again */
+        MJ_CHECK_GOTO(mj_mem_alloc(m->device, m->rws_bytes, "mj_moe_prepare", &m->rws), st, fail_ws);
+        MJ_CHECK_GOTO(mj_mem_zero(m->device, m->rws, m->rws_bytes), st, fail_ws);
+    }
     MJ_CHECK_GOTO(mj_experts_reserve(m->ex, mb), st, fail_ws);
     m->mb = mb, m->batch = batch;
     batch = NULL;

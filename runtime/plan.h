@@ -64,9 +64,11 @@ mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int
 int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B);
 void mj_router_knobs(int32_t H, int32_t E, int32_t B, mj_knobs_router_gemm *kn);
 /* A router GEMM launch of B rows with kn: 16-expert tiles (gridDim.x), parts of H (KS,
- * gridDim.y), row tiles (gridDim.z), and the workspace it uses (0 bytes at KS 1). */
+ * gridDim.y) of rpz runs of MJ_ROUTER_RUN k each (the last part may be shorter), row tiles
+ * (gridDim.z), and the workspace it uses (0 bytes at KS 1). */
+#define MJ_ROUTER_RUN 128 /* k a warp's run covers: templates/router_gemm.cu's KCH chunks of 32 */
 typedef struct mj_router_dims {
-    int32_t et, ks, rt;
+    int32_t et, ks, rpz, rt;
     size_t part_bytes, count_bytes;
 } mj_router_dims;
 void mj_router_grid(const mj_knobs_router_gemm *kn, int32_t B, mj_router_dims *d);

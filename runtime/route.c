@@ -278,7 +278,11 @@ mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int
  * MJ_ROUTER_BLOCKS blocks (the gate streams with every SM), at most one run of KCH chunks
  * (128 k) per warp and part. */
 #define MJ_ROUTER_BLOCKS 256
-#define MJ_ROUTER_RUN 128 /* k a warp's run covers (KCH chunks of 32) */
+/* The workspace: the counters first (what must be zero), the parts after them. The counters'
+ * region is the same for every B (H is split only while the grid has fewer than
+ * MJ_ROUTER_BLOCKS tiles, so there are fewer counters than that): a launch's counters never
+ * lie where another B's partial sums were left, and each launch leaves the region at 0. */
+#define MJ_ROUTER_COUNTS (MJ_ROUTER_BLOCKS * sizeof(uint32_t))
 
 void mj_router_knobs(int32_t H, int32_t E, int32_t B, mj_knobs_router_gemm *kn) {
     /* ROWS: the fewest groups of 8 that hold B, at most 64. NWARPS: 4, fewer when the row
@@ -299,18 +303,9 @@ void mj_router_grid(const mj_knobs_router_gemm *kn, int32_t B, mj_router_dims *d
      * that rpz leaves (so no part is empty) */
     const int64_t rpz = (runs + ks - 1) / ks;
     ks = (runs + rpz - 1) / rpz;
-    d->et = (int32_t)et, d->ks = (int32_t)ks, d->rt = (int32_t)rt;
+    d->et = (int32_t)et, d->ks = (int32_t)ks, d->rpz = (int32_t)rpz, d->rt = (int32_t)rt;
     d->part_bytes = ks > 1 ? (size_t)(rt * et * ks * kn->ROWS * 16) * sizeof(float) : 0;
     d->count_bytes = ks > 1 ? (size_t)(rt * et) * sizeof(uint32_t) : 0; /* < MJ_ROUTER_BLOCKS of them */
-}
-
-/* The counters first (what must be zero), the parts after them. The counters' region is the
- * same for every B (H is split only while the grid has fewer than MJ_ROUTER_BLOCKS tiles, so
- * there are fewer counters than that): a launch's counters never lie where another B's
- * partial sums were left, and each launch leaves the whole region at 0. */
-static size_t router_parts_at(const mj_router_dims *d) {
-    (void)d;
-    return MJ_ROUTER_BLOCKS * sizeof(uint32_t);
 }
 
 mj_status mj_router_gemm_workspace(int32_t B, int32_t H, int32_t E, size_t *bytes) {
@@ -330,7 +325,7 @@ mj_status mj_router_gemm_workspace(int32_t B, int32_t H, int32_t E, size_t *byte
         mj_router_dims d;
         mj_router_knobs(H, E, b, &kn);
         mj_router_grid(&kn, b, &d);
-        const size_t need = d.ks > 1 ? router_parts_at(&d) + d.part_bytes : 0;
+        const size_t need = d.ks > 1 ? MJ_ROUTER_COUNTS + d.part_bytes : 0;
         if (need > *bytes) *bytes = need;
     }
     return MJ_OK;
@@ -361,7 +356,7 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
     float *part = NULL;
     uint32_t *count = NULL;
     if (d.ks > 1) {
-        const size_t need = router_parts_at(&d) + d.part_bytes;
+        const size_t need = MJ_ROUTER_COUNTS + d.part_bytes;
         if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16)
             return mj_set_error(MJ_ERR_INVALID_ARG,
                                 "mj_router_gemm: B = %d splits H over %d blocks, which needs %zu bytes of workspace "
@@ -369,12 +364,12 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
                                 "with mj_router_gemm_workspace for the largest B",
                                 B, d.ks, need, workspace_bytes, workspace);
         count = (uint32_t *)workspace;
-        part = (float *)((uint8_t *)workspace + router_parts_at(&d));
+        part = (float *)((uint8_t *)workspace + MJ_ROUTER_COUNTS);
     }
     mj_spec s;
     const mj_function *fn;
     mj_spec_router_gemm(ctx, &kn, &s);
     MJ_CHECK(mj_jit_get(ctx, &s, &fn));
     mj_launch_dims ld = {{(uint32_t)d.et, (uint32_t)d.ks, (uint32_t)d.rt}, {(uint32_t)kn.NWARPS * 32, 1, 1}, 0, stream};
-    return mj_launch_router_gemm(fn, ld, hidden, gate, B, logits, part, count);
+    return mj_launch_router_gemm(fn, ld, hidden, gate, B, d.rpz, logits, part, count);
 }

@@ -117,28 +117,39 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 /* ---- NVFP4 helpers ------------------------------------------------------------------------ */
 
 
+/* The largest magnitude of n values v[0], v[stride], ... (a NaN never wins). */
+MJ_DEVICE float quant_amax(const float *v, int stride, int n) {
+    float amax = 0.0f;
+    MJ_NO_UNROLL
+    for (int j = 0; j < n; j++) {
+        float a = v[j * stride] < 0.0f ? -v[j * stride] : v[j * stride];
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
+/* The E2M1 codes of n values (n even, at most 16; v, stride apart) of a group whose scale is
+ * `scale` (0: every code 0), value j's in nibble j of *lo (j < 8) or nibble j - 8 of *hi;
+ * q = e2m1(x * gs / scale). */
+MJ_DEVICE void quant_codes(const float *v, int stride, int n, float gs, float scale, uint32_t *lo, uint32_t *hi) {
+    uint32_t l = 0, h = 0;
+    MJ_NO_UNROLL
+    for (int j = 0; j < n; j += 2) {
+        uint32_t c = scale == 0.0f ? 0u : mj_cvt_e2m1x2((v[j * stride] * gs) / scale, (v[(j + 1) * stride] * gs) / scale);
+        if (j < 8) l |= c << (4 * j);
+        else h |= c << (4 * (j - 8));
+    }
+    *lo = l, *hi = h;
+}
+
 /* 16 values (v[0], v[stride], ..., in shared memory) -> NVFP4 with global scale gs: the
  * scale byte, and the 8 bytes of codes as two words (codes 0-7, 8-15; code j in nibble j),
  * as mj_nvfp4_quantize_act does (SF = e4m3(gs * amax / 6), q = e2m1(x * gs / SF)). Both
  * loops stay rolled: the divisions are IEEE (as the reference's), each a call-sized
  * sequence, and one copy of them compiles in a fraction of the time of sixteen. */
 MJ_DEVICE uint32_t quant16(const float *v, int stride, float gs, uint32_t *w0, uint32_t *w1) {
-    float amax = 0.0f;
-    MJ_NO_UNROLL
-    for (int j = 0; j < 16; j++) {
-        float a = v[j * stride] < 0.0f ? -v[j * stride] : v[j * stride];
-        amax = a > amax ? a : amax;
-    }
-    uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
-    float scale = mj_e4m3_dec_c(sf); /* templates/prelude_fp.h */
-    uint32_t lo = 0, hi = 0;
-    MJ_NO_UNROLL
-    for (int j = 0; j < 16; j += 2) {
-        uint32_t c = scale == 0.0f ? 0u : mj_cvt_e2m1x2((v[j * stride] * gs) / scale, (v[(j + 1) * stride] * gs) / scale);
-        if (j < 8) lo |= c << (4 * j);
-        else hi |= c << (4 * (j - 8));
-    }
-    *w0 = lo, *w1 = hi;
+    const uint32_t sf = mj_cvt_e4m3(gs * quant_amax(v, stride, 16) / 6.0f);
+    quant_codes(v, stride, 16, gs, mj_e4m3_dec_c(sf), w0, w1);
     return sf;
 }
 
@@ -148,12 +159,15 @@ MJ_DEVICE uint32_t quant16(const float *v, int stride, float gs, uint32_t *w0, u
  * of a step (elements 8wi..8wi+7) lives at word (wi < 4 ? 2wi : 2(wi - 4) + 1). */
 MJ_DEVICE int frag_word(int wi) { return wi < 4 ? 2 * wi : 2 * (wi - 4) + 1; }
 
+/* Where word h (codes 8h .. 8h + 7) of 16-element group grp of a row lives, in fragment order. */
+MJ_DEVICE uint32_t *q16_word(uint8_t *row, int grp, int h) {
+    return (uint32_t *)(row + 32 * (grp / 4) + 4 * frag_word(2 * (grp % 4) + h));
+}
+
 /* Store the codes of 16-element group grp of a row (quant16's two words), in fragment order. */
 MJ_DEVICE void store_q16(uint8_t *row, int grp, uint32_t w0, uint32_t w1) {
-    uint8_t *step = row + 32 * (grp / 4);
-    int wi = 2 * (grp % 4);
-    *(uint32_t *)(step + 4 * frag_word(wi)) = w0;
-    *(uint32_t *)(step + 4 * frag_word(wi + 1)) = w1;
+    *q16_word(row, grp, 0) = w0;
+    *q16_word(row, grp, 1) = w1;
 }
 
 /* W4A16's dequantization works in units of 2^-7: a weight's bf16 is its code's value times
@@ -312,44 +326,32 @@ MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, i
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
- * grid (B, K + 1, ceil(H / 16 / (QT / QG))), block QT, dynamic shared memory QT x 4 QV bytes:
+ * grid (B, K + 1, ceil(H / 16 / (QT / QG))), block QT, dynamic shared memory QT x 32 bytes:
  * block (b, j, c) quantizes the c-th QT / QG 16-element groups of token b's hidden row for
  * its j-th expert (j < K: with that expert's input scale, into its route row, if the expert
- * is held here) or, j = K, for the shared experts (row MB K + b). QG threads a group, 16 / QG
+ * is held here) or, j = K, for the shared experts (row MB K + b). Two threads a group (QG), 8
  * values each (each value's quantization is a chain of an IEEE division and a conversion), so
- * even one token's K + 1 rows spread over many SMs and a thread's chain is 1 / QG of a
- * group's: the group's largest magnitude meets by log2 QG shuffles (a max: exact, in any order),
- * then each thread codes its values into the bits of the group's codes it owns (the same
- * arithmetic as quant16's). */
+ * even one token's K + 1 rows spread over many SMs and a thread's chain is half a group's:
+ * the pair's largest magnitude meets by one shuffle (a max: exact, in any order), then each
+ * thread codes its 8 values into the group's word it owns, with quant16's arithmetic. By the
+ * model 4 threads a group take B 1 from 2.3 to 1.7 us on the RTX PRO 6000 but B 32 from 3.2
+ * to 3.9 (each repeats the group's scale), and W4A4 runs past 8 tokens by default. */
 #define QT 64
-#define QG 2            /* threads a group (runtime/experts.h MJ_EXPERTS_QG; by the model
-                         * 4 takes B 1 from 2.3 to 1.7 us on the RTX PRO 6000 but B 32 from
-                         * 3.2 to 3.9, and W4A4 runs past 8 tokens by default) */
-#define QV (16 / QG)    /* values a thread      */
+#define QG 2 /* threads a group: runtime/experts.h's MJ_EXPERTS_QG */
+#if QG != 2
+#error "experts_quant codes one of quant16's two words a thread"
+#endif
 
-/* The codes of QV values of a 16-value group (v, stride apart; the group's other values held
- * by the QG - 1 lanes beside this one in its aligned quad, which call this with it) and the
- * group's scale byte, as quant16 gives them: the codes are bits 4 QV q .. of quant16's words
- * (w1 past 32) for the lane's part q. */
-MJ_DEVICE uint32_t quant_part(const float *v, int stride, float gs, uint32_t *codes) {
-    float amax = 0.0f;
-    MJ_NO_UNROLL
-    for (int j = 0; j < QV; j++) {
-        float a = v[j * stride] < 0.0f ? -v[j * stride] : v[j * stride];
-        amax = a > amax ? a : amax;
-    }
-    for (int m = 1; m < QG; m *= 2) {
-        const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, m);
-        amax = o > amax ? o : amax;
-    }
-    uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
-    float scale = mj_e4m3_dec_c(sf); /* templates/prelude_fp.h */
-    uint32_t c = 0;
-    MJ_NO_UNROLL
-    for (int j = 0; j < QV; j += 2)
-        c |= (scale == 0.0f ? 0u : mj_cvt_e2m1x2((v[j * stride] * gs) / scale, (v[(j + 1) * stride] * gs) / scale))
-             << (4 * j);
-    *codes = c;
+/* The group's scale byte and the codes of the lane's 8 values of it (v, stride apart; the
+ * other 8 held by the lane xor 1, which every lane of the warp calls this with): quant16's
+ * scale byte and its word w0 (the group's first 8 values) or w1 (its last 8). */
+MJ_DEVICE uint32_t quant_half(const float *v, int stride, float gs, uint32_t *w) {
+    float amax = quant_amax(v, stride, 8);
+    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
+    amax = o > amax ? o : amax;
+    const uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
+    uint32_t none;
+    quant_codes(v, stride, 8, gs, mj_e4m3_dec_c(sf), w, &none);
     return sf;
 }
 
@@ -358,7 +360,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
                              uint8_t *xq, uint8_t *xsf) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
-    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant_part reads: [QV][QT threads] */
+    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant_half reads: [8][QT threads] */
     const int b = (int)blockIdx.x, j = (int)blockIdx.y;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
@@ -375,23 +377,19 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             row = mb * K + b;
         }
         const float gs = scal[xi * SCAL + 4];
-        const int q = (int)threadIdx.x % QG; /* the lane's part of its group */
+        const int h = (int)threadIdx.x % QG; /* the lane's half of its group */
         /* the block's groups, QT / QG at a time: every lane takes part in each round (the
-         * group's shuffles), those past the row's groups on zeros, writing nothing */
+         * pair's shuffle), those past the row's groups on zeros, writing nothing */
         for (int g0 = (int)blockIdx.z * (QT / QG); g0 < H / 16; g0 += (int)gridDim.z * (QT / QG)) {
             const int grp = g0 + (int)threadIdx.x / QG, live = grp < H / 16;
-            float *v = vbuf + threadIdx.x; /* this thread's QV values, QT floats apart */
-            for (int i = 0; i < QV; i++)
-                v[i * QT] = live ? mj_f32_from_bits((uint32_t)xr[grp * 16 + q * QV + i] << 16) : 0.0f;
-            uint32_t codes;
-            const uint32_t sf = quant_part(v, QT, gs, &codes);
+            float *v = vbuf + threadIdx.x; /* this thread's 8 values, QT floats apart */
+            for (int i = 0; i < 8; i++)
+                v[i * QT] = live ? mj_f32_from_bits((uint32_t)xr[grp * 16 + h * 8 + i] << 16) : 0.0f;
+            uint32_t w;
+            const uint32_t sf = quant_half(v, QT, gs, &w);
             if (!live) continue;
-            if (q == 0) xsf[(long long)row * (H / 16) + grp] = (uint8_t)sf;
-            /* quant16's word w0 (values 0-7) or w1 (8-15) in fragment order (store_q16),
-             * the lane's part of it (all of it at QV 8) */
-            uint8_t *wp = xq + (long long)row * (H / 2) + 32 * (grp / 4) + 4 * frag_word(2 * (grp % 4) + q * QV / 8);
-            if (QV == 8) *(uint32_t *)wp = codes;
-            else *(uint16_t *)(wp + (q * QV % 8) / 2) = (uint16_t)codes;
+            if (h == 0) xsf[(long long)row * (H / 16) + grp] = (uint8_t)sf;
+            *q16_word(xq + (long long)row * (H / 2), grp, h) = w;
         }
     }
 #endif

@@ -43,10 +43,11 @@ MJ_CONSTRAINT("H % 64 == 0", "the gate row splits into chunks of 32 k (64 bytes)
                                         * fragment value (rows 2q, experts g) hit 32 banks */
 
 /* grid (ceil(E / 16), KS, ceil(B / ROWS)), block NT threads; hidden and gate 16-byte
- * aligned. part: [ceil(B / ROWS)][ceil(E / 16)][KS][ROWS * 16] f32 and count:
- * [ceil(B / ROWS)][ceil(E / 16)] u32 (0 before the first launch), both unused at KS 1. */
-MJ_KERNEL void router_gemm(const uint16_t *hidden, const uint16_t *gate, int B, float *logits, float *part,
-                           uint32_t *count) {
+ * aligned; rpz the runs a part holds (the launcher's split: part z takes runs z rpz ..).
+ * part: [ceil(B / ROWS)][ceil(E / 16)][KS][ROWS * 16] f32 and count: [ceil(B / ROWS)]
+ * [ceil(E / 16)] u32 (0 before the first launch), both unused at KS 1. */
+MJ_KERNEL void router_gemm(const uint16_t *hidden, const uint16_t *gate, int B, int rpz, float *logits,
+                           float *part, uint32_t *count) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
     MJ_SHARED float red[NWARPS][ROWS * RS];
     MJ_SHARED int s_last;
@@ -54,9 +55,7 @@ MJ_KERNEL void router_gemm(const uint16_t *hidden, const uint16_t *gate, int B, 
     const int w = (int)(t / 32u), g = (int)(lane / 4u), q = (int)(lane % 4u);
     const int e0 = (int)blockIdx.x * 16, z = (int)blockIdx.y, ks = (int)gridDim.y;
     const int row0 = (int)blockIdx.z * ROWS, nrows = B - row0 < ROWS ? B - row0 : ROWS;
-    /* the part's runs: [r_lo, r_hi) */
-    const int rpz = (int)((NRUN + (unsigned)ks - 1u) / (unsigned)ks), r_lo = z * rpz;
-    const int r_hi = r_lo + rpz < NRUN ? r_lo + rpz : NRUN;
+    const int r_lo = z * rpz, r_hi = r_lo + rpz < NRUN ? r_lo + rpz : NRUN; /* the part's runs */
     /* the lane's gate rows g and g + 8; past E the last row stands in (read, never written):
      * with E a multiple of 16 both come from one base (row g + 8 at a constant offset) */
     const int ea = E % 16 == 0 || e0 + g < E ? e0 + g : E - 1, eb = E % 16 == 0 || e0 + g + 8 < E ? e0 + g + 8 : E - 1;

@@ -211,7 +211,7 @@ static void test_pdl(void) {
         uint64_t buf = 0;
         CHECK_OK(mj_cuda_malloc(1 << 16, &buf));
         const uint16_t *p16 = (const uint16_t *)(uintptr_t)buf;
-        if (f) CHECK_OK(mj_launch_router_gemm(f, d, p16, p16, 1, (float *)(uintptr_t)buf, NULL, NULL));
+        if (f) CHECK_OK(mj_launch_router_gemm(f, d, p16, p16, 1, 1, (float *)(uintptr_t)buf, NULL, NULL));
         CHECK_OK(mj_launch_fixture_saxpy(saxpy, d, 512, 2.0f, NULL, NULL));
         CHECK_OK(mj_cuda_free(buf));
         char *log = test_take_log(g_log);

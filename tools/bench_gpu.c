@@ -142,12 +142,8 @@ static mj_status gpu_load_layer(gpu *g) {
     STEP("the logits", mj_mem_alloc(0, 4 * (size_t)g->maxB * (size_t)g->E, "bench", (void **)&g->logits));
     STEP("the router's workspace", mj_router_gemm_workspace(g->maxB, g->H, g->E, &g->rws_bytes));
     if (g->rws_bytes) { /* zeroed once: every router GEMM leaves its counters at 0 again */
-        void *zero = calloc(1, g->rws_bytes);
-        if (!zero) STEP("allocating", mj_set_error(MJ_ERR_NOMEM, "out of memory"));
-        st = mj_mem_alloc(0, g->rws_bytes, "bench", &g->rws);
-        if (st == MJ_OK) st = mj_mem_put(0, g->rws, zero, g->rws_bytes);
-        free(zero);
-        STEP("the router's workspace", st);
+        STEP("the router's workspace", mj_mem_alloc(0, g->rws_bytes, "bench", &g->rws));
+        STEP("the router's workspace", mj_mem_zero(0, g->rws, g->rws_bytes));
     }
     STEP("the output", mj_mem_alloc(0, 4 * (size_t)g->maxB * (size_t)g->H, "bench", (void **)&g->out));
     STEP("the routing parameters", mj_route_params_from_config(&b->cfg, &g->rp));

@@ -238,11 +238,10 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k->after = nk > 1;
                 mj_router_dims d;
                 mj_router_grid(&kn, B, &d);
-                const int runs = (H + 127) / 128, rpz = (runs + d.ks - 1) / d.ks;
                 k->name = "router_gemm";
                 k->l.blocks = (int64_t)d.et * d.ks * d.rt, k->l.threads = kn.NWARPS * 32;
-                k->l.bytes = in->gate_bytes, k->l.iters = (rpz + kn.NWARPS - 1) / kn.NWARPS, k->l.extra = -1;
-                k->l.inflight = 4096.0;
+                k->l.bytes = in->gate_bytes, k->l.iters = (d.rpz + kn.NWARPS - 1) / kn.NWARPS, k->l.extra = -1;
+                k->l.inflight = 16.0 * MJ_ROUTER_RUN * 2; /* a run's gate: 16 rows of bf16 */
                 if ((rc = fetch(ctx, &rd, &s, NULL, k, gpu, &a, 1))) goto out;
             }
             /* oea_route */
