@@ -147,15 +147,16 @@ static mj_status check_route(const mj_route_params *p, int32_t B) {
     return MJ_OK;
 }
 
-/* The dynamic shared memory of a launch: the warps' score rows, and the ids when B > 0 (the
- * one-block kernel). */
+/* The dynamic shared memory of a launch: the warps' score rows (s and c, E words each), their
+ * sorted lists' expert slots where E <= 256 (templates/oea_route.cu's SORTED: a byte for each
+ * of 32 lanes x ceil(E / 32) entries), and the ids when B > 0 (the one-block kernel). */
 static int64_t route_dyn_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
-    return 2LL * nw * E * 4 + (int64_t)B * k * 4;
+    return 2LL * nw * E * 4 + (E <= 256 ? (int64_t)nw * ((E + 31) / 32) * 32 : 0) + (int64_t)B * k * 4;
 }
 
 int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B) { return route_dyn_smem(kn->NWARPS, kn->E, kn->K, B); }
 
-/* Shared memory of a route kernel: per warp a token's s and c (dynamic), the dispatch's
+/* Shared memory of a route kernel: per warp a token's s, c and list (dynamic), the dispatch's
  * counts and S_base (32 mask words; static), and the B x k ids of the one-block kernel
  * (dynamic). */
 static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {

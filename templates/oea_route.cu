@@ -45,7 +45,7 @@ MJ_CONSTRAINT("TG <= NG", "cannot keep more groups than there are")
 MJ_CONSTRAINT("TG * (E / NG) >= K", "the kept groups must hold top-k experts")
 MJ_CONSTRAINT("NG <= 32", "group masks are 32-bit")
 MJ_CONSTRAINT("NG > 1 || GSCORE == 0", "without groups the group score decides nothing: one specialization, GSCORE 0")
-MJ_CONSTRAINT("(2 * NWARPS * E + E + 64) * 4 <= 96 * 1024", "the warps' score rows (dynamic) and the counts fit the 99 KiB a block every target allows (runtime/route.c keeps the B x K ids within it too)")
+MJ_CONSTRAINT("(2 * NWARPS * E + (E <= 256) * NWARPS * ((E + 31) / 32) * 8 + E + 64) * 4 <= 96 * 1024", "the warps' score rows and lists (dynamic) and the counts fit the 99 KiB a block every target allows (runtime/route.c keeps the B x K ids within it too)")
 
 /* A helper ptxas compiles as a function of its own (called, not inlined): ptxas's time grows
  * faster than the size of what it optimizes at once, so a once-a-launch step is cheaper to
@@ -249,12 +249,36 @@ MJ_DEVICE uint32_t eligible_mask(const uint32_t *c, int lane) {
         int e = lane + 32 * i;
         if (e < E && (kept & (1u << (e / GSIZE)))) m |= 1u << i;
     }
+    __syncwarp(0xFFFFFFFFu); /* the lanes read others' c above; lane_sort writes its own next */
     return m;
 }
 
-/* The lane's best among its candidates `cand` (bit i: expert lane + 32 i): the highest
- * score bits, the first (lowest expert) among equal ones; 0 when it has none. 32-bit
- * compares, no branch (a slot not in cand is read and ignored). */
+/* How a lane finds its next best expert after it wins a pick, one of two ways by E:
+ *   SORTED (E <= 256: at most 8 experts a lane): the lane sorts its experts' selection bits
+ *     once a token (lane_sort) into a list, best first, so that a pick costs the lane that
+ *     wins it one step down its list (lane_next): the list's j-th entry has its bits in c's
+ *     slot lane + 32 j (c is not read by expert after the sort) and which of the lane's
+ *     experts it is in ord[j * 32 + lane];
+ *   else: the winning lane scans its candidates again (lane_best). A sort of 9 to 32 values,
+ *     unrolled, would cost ptxas more time than the scans it saves.
+ * Either way the highest bits come first and, among equal ones, the lowest expert; an expert
+ * the lane may not take has bits 0 ("none"). */
+#define SORTED (LOCAL <= 8)
+
+/* One token's picking state, a lane's share: the best of what is left (its bits, its slot),
+ * then what is left: the candidates (bit i: expert lane + 32 i) unsorted, the list's head
+ * and length (lim: the lane's experts, fewer after the narrowing to S_base) sorted. */
+typedef struct route_state {
+    uint32_t best; /* 0: none left */
+    int bi;        /* expert lane + 32 bi */
+    uint32_t cand;
+    int ptr, lim;
+    int sel; /* lane j: the token's pick j (-1: none) */
+    int n;   /* picks made (the same in every lane) */
+} route_state;
+
+/* The lane's best among its candidates `cand`: 32-bit compares, no branch (a slot not in
+ * cand is read and ignored). */
 MJ_DEVICE uint32_t lane_best(const uint32_t *c, uint32_t cand, int lane, int *bi) {
     uint32_t best = 0; /* below every score's bits (NaN's are 1): none yet */
     int at = 0;
@@ -268,48 +292,100 @@ MJ_DEVICE uint32_t lane_best(const uint32_t *c, uint32_t cand, int lane, int *bi
     return best;
 }
 
-/* One token's picking state, a lane's share: its candidates, the best of them and where. */
-typedef struct route_state {
-    uint32_t cand, best;
-    int bi;
-    int sel; /* lane j: the token's pick j (-1: none) */
-    int n;   /* picks made (the same in every lane) */
-} route_state;
+/* SORTED: the lane's list from c and cand, by an odd-even transposition sort of the bits,
+ * unrolled, in registers. Its compare-exchanges are of neighbours and swap only on a strict
+ * less, so the sort is stable: among equal bits the lower expert stays first, with no index
+ * in the key (one 32-bit compare an exchange). Experts past E and those not in cand have
+ * bits 0: they sort last and are never picked. */
+MJ_DEVICE void lane_sort(uint32_t *c, uint8_t *ord, uint32_t cand, int lane, route_state *st) {
+    uint32_t kb[LOCAL], ki[LOCAL];
+#pragma unroll
+    for (int i = 0; i < LOCAL; i++) {
+        const int e = lane + 32 * i;
+        kb[i] = e < E && ((cand >> i) & 1u) ? c[e < E ? e : E - 1] : 0u;
+        ki[i] = (uint32_t)i;
+    }
+#pragma unroll
+    for (int r = 0; r < LOCAL; r++)
+#pragma unroll
+        for (int j = r % 2; j + 1 < LOCAL; j += 2) {
+            const uint32_t a = kb[j], b = kb[j + 1], ia = ki[j], ib = ki[j + 1];
+            const int swap = a < b;
+            kb[j] = swap ? b : a, kb[j + 1] = swap ? a : b;
+            ki[j] = swap ? ib : ia, ki[j + 1] = swap ? ia : ib;
+        }
+    st->lim = 0;
+#pragma unroll
+    for (int j = 0; j < LOCAL; j++)
+        if (lane + 32 * j < E) {
+            c[lane + 32 * j] = kb[j];
+            ord[j * 32 + lane] = (uint8_t)ki[j];
+            st->lim = j + 1;
+        }
+    st->ptr = 0;
+    st->best = kb[0];
+    st->bi = (int)ki[0];
+}
+
+/* The lane's next best after it won a pick: a step down its list, or a new scan. */
+MJ_DEVICE void lane_next(const uint32_t *c, const uint8_t *ord, int lane, route_state *st) {
+    if (SORTED) {
+        st->ptr++;
+        st->best = st->ptr < st->lim ? c[lane + 32 * st->ptr] : 0u;
+        st->bi = st->ptr < st->lim ? (int)ord[st->ptr * 32 + lane] : 0;
+    } else {
+        st->cand &= ~(1u << st->bi);
+        st->best = lane_best(c, st->cand, lane, &st->bi);
+    }
+}
 
 /* Scores of token x into s and c, its eligible experts, each lane's best: a token's start. */
-MJ_DEVICE void token_begin(const float *x, const float *bias, float *s, uint32_t *c, int lane, route_state *st) {
+MJ_DEVICE void token_begin(const float *x, const float *bias, float *s, uint32_t *c, uint8_t *ord, int lane,
+                           route_state *st) {
     token_scores(x, bias, s, c, lane);
     st->cand = eligible_mask(c, lane);
-    st->best = lane_best(c, st->cand, lane, &st->bi);
+    if (SORTED) lane_sort(c, ord, st->cand, lane, st);
+    else st->best = lane_best(c, st->cand, lane, &st->bi);
     st->sel = -1;
     st->n = 0;
 }
 
 /* Picks st->n .. kmax - 1: each is the best expert left, the highest bits and among equal
  * ones the lowest expert: the largest lane best (one REDUX), then the lowest expert among
- * the lanes holding it (a second); the winning lane drops it and finds its next best (the
- * other lanes keep theirs). Stops for good when no candidate is left. A pick depends on the
- * one before, so the loop is not unrolled (unrolling would only copy the code). */
-MJ_DEVICE void token_picks(const uint32_t *c, int kmax, int lane, route_state *st) {
+ * the lanes holding it (a second); the winning lane finds its next best (the other lanes
+ * keep theirs). Stops for good when no candidate is left. A pick depends on the one before,
+ * so the loop is not unrolled (unrolling would only copy the code). */
+MJ_DEVICE void token_picks(const uint32_t *c, const uint8_t *ord, int kmax, int lane, route_state *st) {
 #pragma unroll 1
     for (int j = st->n; j < kmax; j++) {
         const uint32_t top = mj_warp_umax(st->best);
         if (top == 0) break; /* the same in every lane: no candidate left */
         const int e = (int)mj_warp_umin(st->best == top ? (uint32_t)(lane + 32 * st->bi) : 0xFFFFFFFFu);
-        if (e % 32 == lane) {
-            st->cand &= ~(1u << (e / 32));
-            st->best = lane_best(c, st->cand, lane, &st->bi);
-        }
+        if ((e & 31) == lane) lane_next(c, ord, lane, st);
         if (lane == j) st->sel = e;
         st->n = j + 1;
     }
 }
 
 /* The picks past K0 come from S_base only (in_base: S_base as a mask a lane, bit i of word l
- * for expert l + 32 i): the lanes' candidates narrowed to it, their bests found again. */
-MJ_DEVICE void token_narrow(const uint32_t *c, const uint32_t *in_base, int lane, route_state *st) {
-    st->cand &= in_base[lane];
-    st->best = lane_best(c, st->cand, lane, &st->bi);
+ * for expert l + 32 i): what is left of the lane's list narrowed to it, in order (SORTED),
+ * or the candidates narrowed and their best found again. */
+MJ_DEVICE void token_narrow(uint32_t *c, uint8_t *ord, const uint32_t *in_base, int lane, route_state *st) {
+    const uint32_t base = in_base[lane];
+    if (!SORTED) {
+        st->cand &= base;
+        st->best = lane_best(c, st->cand, lane, &st->bi);
+        return;
+    }
+    int w = 0;
+#pragma unroll 1
+    for (int j = st->ptr; j < st->lim; j++) { /* w <= j: in place */
+        const uint32_t b = c[lane + 32 * j];
+        const int i = ord[j * 32 + lane];
+        if ((base >> i) & 1u) c[lane + 32 * w] = b, ord[w * 32 + lane] = (uint8_t)i, w++;
+    }
+    st->ptr = -1, st->lim = w;
+    lane_next(c, ord, lane, st);
 }
 
 /* Weights of a token's n chosen experts (lane j holds slot j's expert in sel): the sum in
@@ -503,7 +579,8 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     MJ_DYNAMIC_SHARED(int32_t, sm_dyn);
     float *const sm_s = (float *)sm_dyn;                        /* [NWARPS][E] */
     uint32_t *const sm_c = (uint32_t *)(sm_dyn + NWARPS * E);   /* [NWARPS][E] */
-    int32_t *const sm_ids = sm_dyn + 2 * NWARPS * E;            /* [B][K], one block */
+    uint8_t *const sm_ord = (uint8_t *)(sm_dyn + 2 * NWARPS * E); /* [NWARPS][LOCAL][32], SORTED */
+    int32_t *const sm_ids = sm_dyn + 2 * NWARPS * E + (SORTED ? NWARPS * LOCAL * 8 : 0); /* [B][K], one block */
     const int num_valid = valid_rows(num_valid_p, B);
     const int lane = (int)threadIdx.x % 32, w = warp_index();
     const int only_dispatch = logits == 0; /* the same in every thread: a kernel argument */
@@ -511,8 +588,9 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     const int keep = oea && B <= NWARPS; /* phase 1 goes on with phase 0's state */
     float *s = sm_s + w * E;
     uint32_t *c = sm_c + w * E;
+    uint8_t *ord = sm_ord + w * LOCAL * 32;
     route_state st;
-    st.cand = 0, st.best = 0, st.bi = 0, st.sel = -1, st.n = 0;
+    st.best = 0, st.bi = 0, st.cand = 0, st.ptr = 0, st.lim = 0, st.sel = -1, st.n = 0;
 
     if (oea) {
         if (threadIdx.x < 32) sm_base[threadIdx.x] = 0;
@@ -524,11 +602,11 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
         for (int b = (int)blockIdx.x * NWARPS + w; b < rows; b += (int)gridDim.x * NWARPS) {
             if (b < num_valid) {
                 if (!(keep && phase)) {
-                    token_begin(logits + (long long)b * E, bias, s, c, lane, &st);
-                    token_picks(c, K0, lane, &st);
+                    token_begin(logits + (long long)b * E, bias, s, c, ord, lane, &st);
+                    token_picks(c, ord, K0, lane, &st);
                 }
-                if (phase && oea) token_narrow(c, sm_base, lane, &st);
-                if (phase) token_picks(c, K, lane, &st);
+                if (phase && oea) token_narrow(c, ord, sm_base, lane, &st);
+                if (phase) token_picks(c, ord, K, lane, &st);
             } else {
                 st.sel = -1, st.n = 0;
             }

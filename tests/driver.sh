@@ -1001,6 +1001,10 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # oea_route's dispatch: ranks by bit masks and a scan with every thread (about 450; 667 with
   # per-warp segments and warp 0's serial walks)
   json_check 'all(r["kernels"]["oea_route"]["route_sass"]["dispatch"] <= 520 for r in j["predict"]["rows"])'
+  # oea_route's picks at E 256: a lane sorts its 8 experts once a token, so a pick is two
+  # REDUXes and the winning lane's step down its list (79 when that lane scanned its experts
+  # again)
+  json_check 'all(r["kernels"]["oea_route"]["route_sass"]["pick"] <= 40 for r in j["predict"]["rows"])'
   # the router GEMM on the bf16 MMA: 16 experts a block, H in 12 parts (192 blocks of 4 warps
   # up to 64 rows), 8 MMAs a run of 128 k at B <= 8 (the FMA kernel's loop had none: 461
   # warp-instructions a group of 8 rows)
