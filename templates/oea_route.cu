@@ -553,8 +553,9 @@ MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
 }
 
 /* Routing, one launch shape per use (dynamic shared memory in each: a token's s and c per
- * warp, NWARPS x E floats and as many words, which the dispatch reuses as its scratch; the
- * one-block launch adds the B x K ids):
+ * warp, NWARPS x E floats and as many words, which the dispatch reuses as its scratch, then
+ * where SORTED the warps' lists' expert slots, NWARPS x 32 x LOCAL bytes; the one-block launch
+ * adds the B x K ids):
  *   grid 1     the whole batch (B <= 256) in one block, with OEA when K0 < K, and the
  *              dispatch;
  *   grid > 1   plain top-k (K0 == K) for big batches: a block's warps take tokens
