@@ -544,6 +544,64 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
     }
 }
 
+/* The dispatch metadata of at most 32 entries (B x K <= 32: decode's B 1 to 4 at top-8), the
+ * same outputs as dispatch() from a shorter chain (about 200 warp-instructions, not 450):
+ *   1. warp 0 sorts the entries by (expert, entry) with a bitonic network across its lanes
+ *      (a key a lane, (id << 5) | r, unique; an empty slot's key all ones, last), so that
+ *      lane l holds row l: its entry goes to perm and row_index, and the first lane of each
+ *      expert's run is an active expert (placed by a ballot); the rows' experts go to srt
+ *      (32 ints, shared; past the routed rows E, above every expert);
+ *   2. every thread takes experts: an expert's offset is the rows before it, its count the
+ *      rows up to the next expert, each a branch-free binary search of srt.
+ * wsum: 2 ints (shared), the active experts and the routed rows. */
+MJ_NOINLINE void dispatch_small(const int32_t *ids, int n, int32_t *counts, int32_t *offsets, int32_t *active,
+                                int32_t *n_active, int32_t *perm, int32_t *row_index, int32_t *srt,
+                                int32_t *wsum) {
+    const int t = (int)threadIdx.x, lane = t % 32;
+    if (warp_index() == 0) {
+        const int e = lane < n ? ids[lane] : -1, ok = lane < n && e >= 0 && e < E;
+        if (lane < n && !ok && perm) perm[lane] = -1; /* an empty slot: no row */
+        uint32_t key = ok ? ((uint32_t)e << 5) | (uint32_t)lane : 0xFFFFFFFFu;
+#pragma unroll
+        for (int a = 1; a <= 5; a++) /* merges of runs of 2^a, ascending at the last */
+#pragma unroll
+            for (int d = a - 1; d >= 0; d--) {
+                const uint32_t o = __shfl_xor_sync(0xFFFFFFFFu, key, 1 << d);
+                const int low = ((lane >> d) & 1) == 0, up = ((lane >> a) & 1) == 0;
+                key = low == up ? (o < key ? o : key) : (o > key ? o : key);
+            }
+        const int nv = __popc(__ballot_sync(0xFFFFFFFFu, ok)), routed = lane < nv;
+        const int ex = (int)(key >> 5), r = (int)(key & 31u);
+        const uint32_t pkey = __shfl_up_sync(0xFFFFFFFFu, key, 1); /* lane l - 1's (lane 0: its own) */
+        const int prev = (int)(pkey >> 5);
+        const uint32_t first = __ballot_sync(0xFFFFFFFFu, routed && (lane == 0 || prev != ex));
+        if (routed && perm) perm[r] = lane;
+        if (lane < n && row_index) row_index[lane] = routed ? r : -1;
+        if (((first >> lane) & 1u) && active) active[__popc(first & ((1u << lane) - 1u))] = ex;
+        srt[lane] = routed ? ex : E;
+        if (lane == 0) {
+            wsum[0] = __popc(first), wsum[1] = nv;
+            if (offsets) offsets[E] = nv;
+            if (n_active) n_active[0] = __popc(first);
+        }
+    }
+    __syncthreads();
+    const int na = wsum[0];
+#pragma unroll 1
+    for (int e = t; e < E; e += NWARPS * 32) {
+        int lo = 0, hi = 0; /* the rows whose expert is below e, and at most e */
+#pragma unroll
+        for (int step = 16; step > 0; step /= 2) {
+            lo += srt[lo + step - 1] < e ? step : 0;
+            hi += srt[hi + step - 1] <= e ? step : 0;
+        }
+        lo += srt[lo] < e, hi += srt[hi] <= e; /* lo, hi <= 31 here: srt[31] is read at most */
+        if (counts) counts[e] = hi - lo;
+        if (offsets) offsets[e] = lo;
+        if (active && e >= na) active[e] = -1;
+    }
+}
+
 /* The real token count: *num_valid when given (read on every launch, so a CUDA graph replays
  * with whatever count was written there), clamped to 0..B; B when NULL. */
 MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
@@ -623,6 +681,10 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     }
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
-    dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt,
-             (uint32_t *)sm_dyn, (int32_t *)sm_base);
+    if (B * K <= 32) /* B is a kernel argument: the same in every thread */
+        dispatch_small(only_dispatch ? ids : sm_ids, B * K, counts, offsets, active, n_active, perm, row_index,
+                       sm_dyn, (int32_t *)sm_base);
+    else
+        dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt,
+                 (uint32_t *)sm_dyn, (int32_t *)sm_base);
 }

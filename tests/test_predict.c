@@ -236,17 +236,22 @@ static void test_route(void) {
     free(text);
     /* By hand. token: LDG, UMOV, the score loop's 4 instructions x 4 (its trip count on
      * UP0's compare with 0x4), STG, ISETP, BRA = 21. pick: REDUX x 2, IADD3, ISETP, BRA = 5
-     * (once: a pick is one trip). outside: S2R, MOV, BAR, CALL, EXIT = 5. dispatch: MOV, the
-     * loop's 4 x 4 (0x400 / 0x100), RET = 18; the slow path is not counted. */
+     * (once: a pick is one trip). outside: S2R, MOV, BAR, CALL x 2, EXIT = 6. dispatch: MOV,
+     * the loop's 4 x 4 (0x400 / 0x100), RET = 18; the short dispatch: SHFL, STS, RET = 3; the
+     * slow path is not counted. */
     CHECK_NEAR(r.token, 21, 0);
     CHECK_NEAR(r.pick, 5, 0);
-    CHECK_NEAR(r.outside, 5, 0);
+    CHECK_NEAR(r.outside, 6, 0);
     CHECK_NEAR(r.dispatch, 18, 0);
-    /* A warp's instructions: 23 + tokens x (scorings x 21 + picks x 5). */
-    CHECK_NEAR(pm_route_insts(&r, 1, 8, 8, 8), 23 + 21 + 8 * 5, 0);      /* plain top-8, one token */
-    CHECK_NEAR(pm_route_insts(&r, 32, 32, 8, 4), 23 + 21 + 8 * 5, 0);    /* OEA, a token a warp: scored once */
-    CHECK_NEAR(pm_route_insts(&r, 32, 16, 8, 4), 23 + 2 * (2 * 21 + 12 * 5), 0); /* 2 a warp: phase 1 again */
-    CHECK_NEAR(pm_route_insts(&r, 32, 8, 8, 8), 23 + 4 * (21 + 8 * 5), 0); /* plain, 4 a warp */
+    CHECK_NEAR(r.dispatch_small, 3, 0);
+    /* A warp's instructions: 6 + the dispatch (3 for B x k <= 32, else 18) + tokens x
+     * (scorings x 21 + picks x 5). */
+    CHECK_NEAR(pm_route_insts(&r, 1, 8, 8, 8), 9 + 21 + 8 * 5, 0);       /* plain top-8, one token */
+    CHECK_NEAR(pm_route_insts(&r, 4, 8, 8, 8), 9 + 21 + 8 * 5, 0);       /* 32 entries: the short one */
+    CHECK_NEAR(pm_route_insts(&r, 5, 8, 8, 8), 24 + 21 + 8 * 5, 0);      /* 40: the whole dispatch */
+    CHECK_NEAR(pm_route_insts(&r, 32, 32, 8, 4), 24 + 21 + 8 * 5, 0);    /* OEA, a token a warp: scored once */
+    CHECK_NEAR(pm_route_insts(&r, 32, 16, 8, 4), 24 + 2 * (2 * 21 + 12 * 5), 0); /* 2 a warp: phase 1 again */
+    CHECK_NEAR(pm_route_insts(&r, 32, 8, 8, 8), 24 + 4 * (21 + 8 * 5), 0); /* plain, 4 a warp */
     /* Made slow on purpose: the batch on 8 warps in place of 32 (4 tokens a warp, each scored
      * twice under OEA) is predicted slower on one block, though its warps share schedulers less. */
     pm_assume a;

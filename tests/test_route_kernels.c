@@ -329,14 +329,17 @@ static void test_replay(mj_context_t ctx, uint64_t seed) {
  * and batches past one chunk of the rank step (256 entries at 8 warps and more) up to many
  * chunks, so the bases carry over. */
 static void test_dispatch(mj_context_t ctx, uint64_t seed) {
-    static const int shapes[][3] = {{1, 8, 256}, {7, 8, 8},    {33, 8, 256}, {32, 8, 256},
-                                    {100, 16, 64}, {700, 6, 256}, {2000, 1, 8}, {90, 16, 1024}};
-    for (int si = 0; si < 8; si++) {
+    /* B x k <= 32 takes the kernel's short dispatch (warp 0's sort): 1 x 8, 4 x 8 (32, its
+     * edge), 2 x 16 at E 1024, 5 x 6 over 8 experts (most of them twice), 3 x 4 */
+    static const int shapes[][3] = {{1, 8, 256},   {7, 8, 8},     {33, 8, 256}, {32, 8, 256},
+                                    {100, 16, 64}, {700, 6, 256}, {2000, 1, 8}, {90, 16, 1024},
+                                    {4, 8, 256},   {2, 16, 1024}, {5, 6, 8},    {3, 4, 64}};
+    for (int si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); si++) {
         const int B = shapes[si][0], k = shapes[si][1], E = shapes[si][2];
         uint64_t rng = seed + 31 * (uint64_t)si;
         routed want = routed_new(B, E, k);
         for (int b = 0; b < B; b++) {
-            const int n = (int)(mj_rng_next(&rng) % (uint64_t)(k + 1));
+            const int n = B * k == 32 ? k : (int)(mj_rng_next(&rng) % (uint64_t)(k + 1)); /* 32: all routed */
             want.n[b] = n;
             for (int j = 0; j < k; j++) {
                 int e = (int)(mj_rng_next(&rng) % (uint64_t)E);

@@ -76,7 +76,7 @@ typedef struct label {
     char name[32];
     int at;            /* the instruction that follows it                                     */
     int sub;           /* a subroutine's start ("$name:"): 1, 2 a libdevice slow path, 3 the
-                          route kernel's dispatch; 0 a branch label                          */
+                          route kernel's dispatch, 4 its short dispatch; 0 a branch label     */
 } label;
 
 static int op_is(const char *op, const char *base) {
@@ -141,7 +141,11 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
             *c = '\0';
             if (nl == lcap && !(lab = realloc(lab, sizeof *lab * (size_t)(lcap *= 2)))) abort();
             snprintf(lab[nl].name, sizeof lab[nl].name, "%.31s", s);
-            lab[nl].sub = s[0] != '$' ? 0 : strstr(s, "slowpath") ? 2 : strstr(s, "dispatch") ? 3 : 1;
+            lab[nl].sub = s[0] != '$'                  ? 0
+                          : strstr(s, "slowpath")       ? 2
+                          : strstr(s, "dispatch_small") ? 4
+                          : strstr(s, "dispatch")       ? 3
+                                                        : 1;
             lab[nl++].at = n;
             continue;
         }
@@ -477,6 +481,12 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
         r->outside = weighted(v, 0, main_end, tok, 1, -1);
     }
     if (disp >= 0) r->dispatch = weighted(v, disp, disp_end, NULL, 0, -1);
+    int small = -1, small_end = n;
+    for (int j = 0; j < nl; j++)
+        if (lab[j].sub == 4) small = lab[j].at;
+    for (int j = 0; j < nl && small >= 0; j++)
+        if (lab[j].sub && lab[j].at > small && lab[j].at < small_end) small_end = lab[j].at;
+    if (small >= 0) r->dispatch_small = weighted(v, small, small_end, NULL, 0, -1);
     free(v);
     free(lab);
     return 0;
@@ -531,7 +541,8 @@ double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0) 
     const int oea = k0 < k, keep = oea && B <= nwarps;
     const double tpw = nwarps > 0 ? ceil((double)B / nwarps) : B, scored = oea && !keep ? 2 : 1,
                  picks = oea && !keep ? k0 + k : k;
-    return r->outside + r->dispatch + tpw * (scored * r->token + picks * r->pick);
+    const double dispatch = r->dispatch_small > 0 && (long long)B * k <= 32 ? r->dispatch_small : r->dispatch;
+    return r->outside + dispatch + tpw * (scored * r->token + picks * r->pick);
 }
 
 /* ---- the model ------------------------------------------------------------------------------ */

@@ -63,12 +63,13 @@ typedef struct pm_route_sass {
     int found;                   /* a token loop with a pick loop inside                      */
     int pick_loops;
     double token, pick, outside, dispatch;
+    double dispatch_small;       /* the short dispatch of B x k <= 32 entries (0: none)       */
 } pm_route_sass;
 int pm_sass_route(const char *text, const char *function, pm_route_sass *r);
 /* A warp's instructions in the one-block launch of B tokens over nwarps warps (top-k, OEA's
  * k0): ceil(B / nwarps) tokens, each scored once (twice under OEA when a warp has more than
  * one: phase 1 scores it again) and picked k times (k0 + k in that case), plus the dispatch
- * and the kernel's set-up once. */
+ * (the short one where B x k <= 32 and the kernel has it) and the kernel's set-up once. */
 double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0);
 
 /* The experts the busiest of w warps takes when n routed experts are dealt by id modulo w

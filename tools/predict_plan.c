@@ -146,6 +146,7 @@ static json_t *result_json(const kernel_row *k) {
         json_object_set_new(h, "pick", json_real(k->rs.pick));
         json_object_set_new(h, "outside", json_real(k->rs.outside));
         json_object_set_new(h, "dispatch", json_real(k->rs.dispatch));
+        json_object_set_new(h, "dispatch_small", json_real(k->rs.dispatch_small));
         json_object_set_new(o, "route_sass", h);
     }
     if (k->has_sass) {
