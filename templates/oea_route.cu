@@ -550,7 +550,8 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
  *      (a key a lane, (id << 5) | r, unique; an empty slot's key all ones, last), so that
  *      lane l holds row l: its entry goes to perm and row_index, and the first lane of each
  *      expert's run is an active expert (placed by a ballot); the rows' experts go to srt
- *      (32 ints, shared; past the routed rows E, above every expert);
+ *      (32 ints, shared: S_base's upper half, free by then; past the routed rows E, above
+ *      every expert);
  *   2. every thread takes experts: an expert's offset is the rows before it, its count the
  *      rows up to the next expert, each a branch-free binary search of srt.
  * wsum: 2 ints (shared), the active experts and the routed rows. */
@@ -634,7 +635,8 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
     MJ_SHARED int sm_cnt[E];        /* the dispatch's counts */
     MJ_SHARED uint32_t sm_base[64]; /* S_base, a mask a lane (see token_narrow); then the
-                                     * dispatch's scan of the warps' totals */
+                                     * dispatch's scan of the warps' totals, or the short
+                                     * dispatch's two totals and (from 32) sorted rows */
     MJ_DYNAMIC_SHARED(int32_t, sm_dyn);
     float *const sm_s = (float *)sm_dyn;                        /* [NWARPS][E] */
     uint32_t *const sm_c = (uint32_t *)(sm_dyn + NWARPS * E);   /* [NWARPS][E] */
@@ -683,7 +685,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     /* The per-warp score rows are free now: the dispatch's scratch. */
     if (B * K <= 32) /* B is a kernel argument: the same in every thread */
         dispatch_small(only_dispatch ? ids : sm_ids, B * K, counts, offsets, active, n_active, perm, row_index,
-                       sm_dyn, (int32_t *)sm_base);
+                       (int32_t *)sm_base + 32, (int32_t *)sm_base);
     else
         dispatch(only_dispatch ? ids : sm_ids, B, counts, offsets, active, n_active, perm, row_index, sm_cnt,
                  (uint32_t *)sm_dyn, (int32_t *)sm_base);
