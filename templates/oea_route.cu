@@ -683,7 +683,11 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     }
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
-    if (B * K <= 32) /* B is a kernel argument: the same in every thread */
+    /* B is a kernel argument: the same in every thread. The runtime gives a block of more
+     * than 8 warps to batches past 8 tokens only (runtime/route.c, route_warps), where B x K
+     * <= 32 means top-3 or less: those specializations leave the short dispatch out (its
+     * code costs a compile about 45 ms). */
+    if (NWARPS <= 8 && B * K <= 32)
         dispatch_small(only_dispatch ? ids : sm_ids, B * K, counts, offsets, active, n_active, perm, row_index,
                        (int32_t *)sm_base + 32, (int32_t *)sm_base);
     else

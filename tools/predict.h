@@ -63,7 +63,8 @@ typedef struct pm_route_sass {
     int found;                   /* a token loop with a pick loop inside                      */
     int pick_loops;
     double token, pick, outside, dispatch;
-    double dispatch_small;       /* the short dispatch of B x k <= 32 entries (0: none)       */
+    double dispatch_small;       /* the short dispatch of B x k <= 32 entries (0: the kernel
+                                    has none: blocks of more than 8 warps)                    */
 } pm_route_sass;
 int pm_sass_route(const char *text, const char *function, pm_route_sass *r);
 /* A warp's instructions in the one-block launch of B tokens over nwarps warps (top-k, OEA's
