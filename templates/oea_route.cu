@@ -545,13 +545,13 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
 }
 
 /* The dispatch metadata of at most 32 entries (B x K <= 32: decode's B 1 to 4 at top-8), the
- * same outputs as dispatch() from a shorter chain (about 200 warp-instructions, not 450):
+ * same outputs as dispatch() from a shorter chain (about 270 warp-instructions, not 450):
  *   1. warp 0 sorts the entries by (expert, entry) with a bitonic network across its lanes
  *      (a key a lane, (id << 5) | r, unique; an empty slot's key all ones, last), so that
  *      lane l holds row l: its entry goes to perm and row_index, and the first lane of each
  *      expert's run is an active expert (placed by a ballot); the rows' experts go to srt
- *      (32 ints, shared: S_base's upper half, free by then; past the routed rows E, above
- *      every expert);
+ *      (32 ints, shared: sm_base's upper half, which S_base leaves free; past the routed
+ *      rows E, above every expert);
  *   2. every thread takes experts: an expert's offset is the rows before it, its count the
  *      rows up to the next expert, each a branch-free binary search of srt.
  * wsum: 2 ints (shared), the active experts and the routed rows. */
