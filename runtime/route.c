@@ -21,6 +21,9 @@
 /* Shared memory a route kernel may use, static and dynamic: within the 99 KiB a block that
  * every target allows once a kernel opts in (runtime/jit.c does, past 48 KiB). */
 #define MJ_ROUTE_SMEM_BUDGET (96 * 1024)
+/* The most experts whose lanes sort their lists (templates/oea_route.cu's SORTED: at most 8
+ * experts a lane); above it the kernel has no list bytes. */
+#define MJ_ROUTE_SORTED_MAX_E 256
 
 /* ---- k0 policy ---------------------------------------------------------------------- */
 
@@ -148,10 +151,11 @@ static mj_status check_route(const mj_route_params *p, int32_t B) {
 }
 
 /* The dynamic shared memory of a launch: the warps' score rows (s and c, E words each), their
- * sorted lists' expert slots where E <= 256 (templates/oea_route.cu's SORTED: a byte for each
+ * sorted lists' expert slots where E <= MJ_ROUTE_SORTED_MAX_E (a byte for each
  * of 32 lanes x ceil(E / 32) entries), and the ids when B > 0 (the one-block kernel). */
 static int64_t route_dyn_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
-    return 2LL * nw * E * 4 + (E <= 256 ? (int64_t)nw * ((E + 31) / 32) * 32 : 0) + (int64_t)B * k * 4;
+    const int64_t lists = E <= MJ_ROUTE_SORTED_MAX_E ? (int64_t)nw * ((E + 31) / 32) * 32 : 0;
+    return 2LL * nw * E * 4 + lists + (int64_t)B * k * 4;
 }
 
 int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B) { return route_dyn_smem(kn->NWARPS, kn->E, kn->K, B); }
@@ -309,6 +313,9 @@ void mj_router_grid(const mj_knobs_router_gemm *kn, int32_t B, mj_router_dims *d
     d->count_bytes = ks > 1 ? (size_t)(rt * et) * sizeof(uint32_t) : 0; /* < MJ_ROUTER_BLOCKS of them */
 }
 
+/* The workspace a launch of dims d needs: the counters' region and the parts, when H is split. */
+static size_t router_need(const mj_router_dims *d) { return d->ks > 1 ? MJ_ROUTER_COUNTS + d->part_bytes : 0; }
+
 mj_status mj_router_gemm_workspace(int32_t B, int32_t H, int32_t E, size_t *bytes) {
     if (!bytes || B < 0) return mj_set_error(MJ_ERR_INVALID_ARG, "mj_router_gemm_workspace: NULL bytes or B < 0");
     *bytes = 0;
@@ -326,8 +333,7 @@ mj_status mj_router_gemm_workspace(int32_t B, int32_t H, int32_t E, size_t *byte
         mj_router_dims d;
         mj_router_knobs(H, E, b, &kn);
         mj_router_grid(&kn, b, &d);
-        const size_t need = d.ks > 1 ? MJ_ROUTER_COUNTS + d.part_bytes : 0;
-        if (need > *bytes) *bytes = need;
+        if (router_need(&d) > *bytes) *bytes = router_need(&d);
     }
     return MJ_OK;
 }
@@ -357,7 +363,7 @@ mj_status mj_router_gemm(mj_context_t ctx, const uint16_t *hidden, const uint16_
     float *part = NULL;
     uint32_t *count = NULL;
     if (d.ks > 1) {
-        const size_t need = MJ_ROUTER_COUNTS + d.part_bytes;
+        const size_t need = router_need(&d);
         if (!workspace || workspace_bytes < need || (uintptr_t)workspace % 16)
             return mj_set_error(MJ_ERR_INVALID_ARG,
                                 "mj_router_gemm: B = %d splits H over %d blocks, which needs %zu bytes of workspace "

@@ -544,6 +544,12 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
     }
 }
 
+/* Whether this specialization has dispatch_small. The runtime gives a block of more than 8
+ * warps to batches past 8 tokens only (runtime/route.c, route_warps), where B x K <= 32 means
+ * top-3 or less: those leave it out (its code costs a compile about 45 ms) and take the whole
+ * dispatch, which is right for any B. */
+#define SMALL_DISPATCH (NWARPS <= 8)
+
 /* The dispatch metadata of at most 32 entries (B x K <= 32: decode's B 1 to 4 at top-8), the
  * same outputs as dispatch() from a shorter chain (about 270 warp-instructions, not 450):
  *   1. warp 0 sorts the entries by (expert, entry) with a bitonic network across its lanes
@@ -554,7 +560,7 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
  *      rows E, above every expert);
  *   2. every thread takes experts: an expert's offset is the rows before it, its count the
  *      rows up to the next expert, each a branch-free binary search of srt.
- * wsum: 2 ints (shared), the active experts and the routed rows. */
+ * wsum: 1 int (shared), the active experts. */
 MJ_NOINLINE void dispatch_small(const int32_t *ids, int n, int32_t *counts, int32_t *offsets, int32_t *active,
                                 int32_t *n_active, int32_t *perm, int32_t *row_index, int32_t *srt,
                                 int32_t *wsum) {
@@ -581,7 +587,7 @@ MJ_NOINLINE void dispatch_small(const int32_t *ids, int n, int32_t *counts, int3
         if (((first >> lane) & 1u) && active) active[__popc(first & ((1u << lane) - 1u))] = ex;
         srt[lane] = routed ? ex : E;
         if (lane == 0) {
-            wsum[0] = __popc(first), wsum[1] = nv;
+            wsum[0] = __popc(first);
             if (offsets) offsets[E] = nv;
             if (n_active) n_active[0] = __popc(first);
         }
@@ -636,7 +642,7 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     MJ_SHARED int sm_cnt[E];        /* the dispatch's counts */
     MJ_SHARED uint32_t sm_base[64]; /* S_base, a mask a lane (see token_narrow); then the
                                      * dispatch's scan of the warps' totals, or the short
-                                     * dispatch's two totals and (from 32) sorted rows */
+                                     * dispatch's total and (from 32) sorted rows */
     MJ_DYNAMIC_SHARED(int32_t, sm_dyn);
     float *const sm_s = (float *)sm_dyn;                        /* [NWARPS][E] */
     uint32_t *const sm_c = (uint32_t *)(sm_dyn + NWARPS * E);   /* [NWARPS][E] */
@@ -683,11 +689,8 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     }
     if (!one_block) return;
     /* The per-warp score rows are free now: the dispatch's scratch. */
-    /* B is a kernel argument: the same in every thread. The runtime gives a block of more
-     * than 8 warps to batches past 8 tokens only (runtime/route.c, route_warps), where B x K
-     * <= 32 means top-3 or less: those specializations leave the short dispatch out (its
-     * code costs a compile about 45 ms). */
-    if (NWARPS <= 8 && B * K <= 32)
+    /* B is a kernel argument: the same in every thread. */
+    if (SMALL_DISPATCH && B * K <= 32)
         dispatch_small(only_dispatch ? ids : sm_ids, B * K, counts, offsets, active, n_active, perm, row_index,
                        (int32_t *)sm_base + 32, (int32_t *)sm_base);
     else

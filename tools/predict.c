@@ -439,6 +439,16 @@ static double weighted(const inst *v, int a, int b, const int (*skip)[2], int ns
 /* Whether v[i] is a warp-wide reduction step: REDUX, or a butterfly shuffle. */
 static int warp_reduce(const inst *in) { return op_is(in->op, "REDUX") || !strncmp(in->op, "SHFL.BFLY", 9); }
 
+/* The span [*at, *end) of the subroutine of kind `sub` (its label's; the next subroutine or
+ * the function's end closes it): *at -1 when there is none. */
+static void sub_span(const label *lab, int nl, int n, int sub, int *at, int *end) {
+    *at = -1, *end = n;
+    for (int j = 0; j < nl; j++)
+        if (lab[j].sub == sub) *at = lab[j].at;
+    for (int j = 0; j < nl && *at >= 0; j++)
+        if (lab[j].sub && lab[j].at > *at && lab[j].at < *end) *end = lab[j].at;
+}
+
 int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
     memset(r, 0, sizeof *r);
     inst *v = NULL;
@@ -446,13 +456,11 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
     int n = 0, nl = 0;
     if (!text || parse_function(text, function, &v, &n, &lab, &nl)) return -1;
     /* The kernel's own code ends where its first subroutine starts. */
-    int main_end = n, disp = -1, disp_end = n;
+    int main_end = n, disp, disp_end, small, small_end;
     for (int j = 0; j < nl; j++)
         if (lab[j].sub && lab[j].at < main_end) main_end = lab[j].at;
-    for (int j = 0; j < nl; j++)
-        if (lab[j].sub == 3) disp = lab[j].at;
-    for (int j = 0; j < nl && disp >= 0; j++)
-        if (lab[j].sub && lab[j].at > disp && lab[j].at < disp_end) disp_end = lab[j].at;
+    sub_span(lab, nl, n, 3, &disp, &disp_end);
+    sub_span(lab, nl, n, 4, &small, &small_end);
     /* The token loop: the innermost loop of the kernel's code that loads global memory. */
     int tf = -1, tl = -1;
     for (int b = 0; b < main_end; b++) {
@@ -481,11 +489,6 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
         r->outside = weighted(v, 0, main_end, tok, 1, -1);
     }
     if (disp >= 0) r->dispatch = weighted(v, disp, disp_end, NULL, 0, -1);
-    int small = -1, small_end = n;
-    for (int j = 0; j < nl; j++)
-        if (lab[j].sub == 4) small = lab[j].at;
-    for (int j = 0; j < nl && small >= 0; j++)
-        if (lab[j].sub && lab[j].at > small && lab[j].at < small_end) small_end = lab[j].at;
     if (small >= 0) r->dispatch_small = weighted(v, small, small_end, NULL, 0, -1);
     free(v);
     free(lab);
@@ -559,6 +562,8 @@ static int resident_blocks(const tool_gpu *g, const pm_launch *l) {
     return r < 1 ? 1 : r;
 }
 
+double pm_launch_us(const pm_assume *a, const pm_launch *l) { return l->pdl ? a->pdl_launch_us : a->launch_us; }
+
 void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const pm_launch *l, pm_result *r) {
     memset(r, 0, sizeof *r);
     const double copy = pm_copy_gbps(g, a);
@@ -616,5 +621,5 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
         const double avg = (double)blocks / g->sms;
         if (r->busiest_blocks > a->waves_imbalance * avg || 2 * blocks < g->sms) r->bound = PM_BOUND_WAVES;
     }
-    r->predicted_us = (l->pdl ? a->pdl_launch_us : a->launch_us) + t;
+    r->predicted_us = pm_launch_us(a, l) + t;
 }

@@ -140,6 +140,8 @@ typedef struct pm_result {
 
 /* Predict launch l of the kernel whose SASS is s (NULL: no hot loop, only l->extra) on gpu. */
 void pm_predict(const tool_gpu *gpu, const pm_assume *a, const pm_sass *s, const pm_launch *l, pm_result *r);
+/* A launch's fixed cost: a programmatic dependent's, or a full one. */
+double pm_launch_us(const pm_assume *a, const pm_launch *l);
 
 /* The copy bandwidth the model uses for gpu, GB/s: measured, else copy_fraction x peak. */
 double pm_copy_gbps(const tool_gpu *gpu, const pm_assume *a);

@@ -322,7 +322,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             pm_bound lb = PM_BOUND_MEMORY;
             for (int i = 0; i < nk; i++) {
                 pred += kr[i].r.predicted_us;
-                launches += kr[i].l.pdl ? a.pdl_launch_us : a.launch_us;
+                launches += pm_launch_us(&a, &kr[i].l);
                 if (kr[i].r.predicted_us > slow) slow = kr[i].r.predicted_us, lb = kr[i].r.bound;
             }
             const double floor = (in->gate_bytes + items * in->per_expert) / (pm_copy_gbps(gpu, &a) * 1e3);
