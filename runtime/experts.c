@@ -389,14 +389,16 @@ static int32_t pow2_at_least(int32_t v) {
 static uint32_t up_smem(const mj_knobs_moe_experts *k) {
     return (uint32_t)(k->NW1 * UP_RING + (k->TPE > 16 ? k->NW1 * k->TPE * 128 + k->TPE * 4 : 0));
 }
-/* Down's: each warp's fragments (TPE * 64 bytes past one token group: at TPE 8 an expert's
- * sums stay in registers) and its ring, and the sums: each warp's (TPE * 64 bytes, DEAL 0) or
+/* Down's: each warp's fragments (TPE * 64 bytes past one token group where an expert takes
+ * several items: at TPE 8, or with the whole expert an item, its sums stay in registers) and
+ * its ring, and the sums: each warp's (TPE * 64 bytes, DEAL 0) or
  * the block's slot tile (TPE x (K + NSUB) x 16 floats, DEAL 1);
  * DOWN_BIG the most a block of 8 down warps takes (3 blocks an SM of 228 KiB, each with the
  * system's 1 KiB). */
 #define DOWN_BIG (74 * 1024)
 static uint32_t down_smem(const mj_knobs_moe_experts *k) {
-    return (uint32_t)(k->NW2 * (k->TPE * 64 * ((k->TPE > 8) + 1 - k->DEAL) + DOWN_RING(k->DSTEPS, k->TPE)) +
+    const int frag = k->TPE > 8 && k->I > 64 * k->DSTEPS; /* the template's DFRAG */
+    return (uint32_t)(k->NW2 * (k->TPE * 64 * (frag + 1 - k->DEAL) + DOWN_RING(k->DSTEPS, k->TPE)) +
                       k->DEAL * k->TPE * (k->K + k->NSUB) * 64);
 }
 /* What a down block may take: DOWN_BIG with 8 warps, else 48 KiB (no opt-in). */

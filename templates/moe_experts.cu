@@ -82,7 +82,7 @@ MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of 
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
-MJ_CONSTRAINT("NW2 * (TPE * 64 * ((TPE > 8) + 1 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
+MJ_CONSTRAINT("NW2 * (TPE * 64 * ((TPE > 8 && I > 64 * DSTEPS) + 1 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DEAL == 0", "only experts_down reads DEAL: 0 elsewhere")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
@@ -94,12 +94,16 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
 #define NSLOT (K + NSUB)              /* down's slots a token: its top-k, its shared sub-experts */
 #define DTILE (DEAL ? TPE * NSLOT * 16 : NW2 * TPE * 16) /* down's sums: floats of the block's */
-#define DFRAG (NT > 1 ? TPE * 16 : 0) /* down's fragments: floats a warp (one token group: none, its sums stay in registers) */
 #define KS1 (H / 64)                  /* k-steps of up                                       */
 #define KS2 (I / 64)                  /* k-steps of down                                     */
 #define RUNS1 ((KS1 + 3) / 4)         /* runs of 4 k-steps: one scale chunk each             */
 #define RUNS2 ((KS2 + 3) / 4)
 #define DPARTS ((KS2 + DSTEPS - 1) / DSTEPS) /* down's items an expert (16 rows): DSTEPS k-steps each */
+#define DWHOLE (DPARTS == 1)          /* an item of down is a whole expert (16 rows, all of I)  */
+/* down's fragments: floats a warp, where an expert's sums of several token groups wait for
+ * its next part; none for one token group (registers) or a whole expert an item (its groups
+ * one at a time, each in registers from its MMAs to its epilogue) */
+#define DFRAG (NT > 1 && !DWHOLE ? TPE * 16 : 0)
 #define W13_TILE ((long long)KS1 * 1024)
 #define S13_TILE ((long long)RUNS1 * 512)
 #define W2_TILE ((long long)KS2 * 512)
@@ -509,7 +513,7 @@ MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[
  * lane's rows src[]; zeros for none or past the k-steps): W4A16 b16[n] (both halves), W4A4
  * bq[n] and its scale word bsf[n]. Loaded a step ahead of their MMAs, so the step loop makes
  * no dependent global load. */
-MJ_DEVICE void up_bload(int s, const long long *src, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int p,
+MJ_DEVICE void up_bload(int s, const int *src, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int p,
                         uint32_t b16[][4][2], uint32_t bq[][2], uint32_t *bsf) {
     MJ_UNROLL
     for (int n = 0; n < NTR; n++) {
@@ -517,7 +521,7 @@ MJ_DEVICE void up_bload(int s, const long long *src, const uint16_t *x, const ui
         bq[n][0] = bq[n][1] = bsf[n] = 0;
         if (s >= KS1) continue;
         if (MODE == 1) fp4_bfrag(xq, xsf, src[n], H, s, p, bq[n], &bsf[n]);
-        else if (src[n] >= 0) bf16_bfrag(x + src[n] * H, s, p, b16[n]);
+        else if (src[n] >= 0) bf16_bfrag(x + (long long)src[n] * H, s, p, b16[n]);
     }
 }
 
@@ -578,15 +582,18 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
             sg8[h] = e4m3x2_bf16(*(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p >> 1);
         MJ_UNROLL
         for (int hf = 0; hf < 2; hf++) {
-            uint32_t a[2][2][4];
-            for (int h = 0; h < 2; h++) dequant_half(*(const uint2 *)(slot + h * 512 + lane * 16 + 8 * hf), sg[h], sg8[h], hf, a[h]);
             MJ_UNROLL
-            for (int n = 0; n < NTR; n++) {
-                if (n * 8 >= nc) continue;
-                for (int kk = 0; kk < 2; kk++) {
-                    /* this half's pair, picked by value (an index by hf would put b16 in local memory) */
-                    const uint32_t b[2] = {hf ? b16[n][2 + kk][0] : b16[n][kk][0], hf ? b16[n][2 + kk][1] : b16[n][kk][1]};
-                    for (int h = 0; h < 2; h++) mj_mma_bf16_m16n8k16(accr[n][h], a[h][kk], b, accr[n][h]);
+            for (int h = 0; h < 2; h++) { /* gate, then up: one half's fragments live at a time */
+                uint32_t a[2][4];
+                dequant_half(*(const uint2 *)(slot + h * 512 + lane * 16 + 8 * hf), sg[h], sg8[h], hf, a);
+                MJ_UNROLL
+                for (int n = 0; n < NTR; n++) {
+                    if (n * 8 >= nc) continue;
+                    for (int kk = 0; kk < 2; kk++) {
+                        /* this half's pair, picked by value (an index by hf would put b16 in local memory) */
+                        const uint32_t b[2] = {hf ? b16[n][2 + kk][0] : b16[n][kk][0], hf ? b16[n][2 + kk][1] : b16[n][kk][1]};
+                        mj_mma_bf16_m16n8k16(accr[n][h], a[kk], b, accr[n][h]);
+                    }
                 }
             }
         }
@@ -624,7 +631,17 @@ MJ_DEVICE void shared_gate_weights(const uint16_t *x, const uint16_t *sgate, int
  * SUMS_SMEM NW1 * UPACC + TPE * 4 bytes more (the warps' sums and the chunk's source rows;
  * the tile after the k loop at the start). sgate: the shared expert's gate, bf16 [H] (NULL:
  * none, sgate_w untouched), whose weights one block writes to sgate_w [B] for down. */
-MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
+/* Up's blocks an SM for ptxas (__launch_bounds__): a block of 8 warps (TPE 16) takes 48 KiB of
+ * rings, so an SM of 164 or 228 KiB (sm_80, sm_90a, sm_100a) holds 3 where their registers
+ * let it (80 a thread, not the 2 blocks that ptxas's own choice of about 100 leaves room for:
+ * up at TPE 16 is its warps' own issue, and a third block is a half more of them). */
+#define UP_MINB (NW1 == 8 && (MJ_TARGET_SM == 80 || MJ_TARGET_SM == 90 || MJ_TARGET_SM == 100) ? 3 : 1)
+#if UP_MINB > 1
+#define UP_BOUNDS __launch_bounds__(NW1 * 32, UP_MINB)
+#else
+#define UP_BOUNDS /* ptxas's own choice: a bound of 1 block would let it take more registers */
+#endif
+MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
@@ -662,12 +679,12 @@ MJ_KERNEL void experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *x
         /* The source rows of the chunk's tokens (this lane's: token n * 8 + g of each group),
          * and zero sums: in registers (regs; block-uniform), or in shared memory. */
         const int regs = !SUMS_SMEM || nc <= 8;
-        long long src[NTR];
+        int src[NTR]; /* rows are ints, as the dispatch counts them (srcs[] too) */
         float accr[NTR][2][4];
         if (regs) {
             MJ_UNROLL
             for (int n = 0; n < NTR; n++) {
-                src[n] = n * 8 + g < nc ? src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
+                src[n] = n * 8 + g < nc ? (int)src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
                 for (int h = 0; h < 2; h++)
                     for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
             }
@@ -953,46 +970,55 @@ MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, c
     }
 }
 
-/* The MMAs of an item (its fragments in slot, its run's scale chunk at sr) against the
- * expert's n rows in the tile (row0 + i for token i): this lane's sums accr (registers, the groups unrolled), or
- * with SUMS_SMEM the sums in frag (the warp's shared memory, [NT][32 lanes][4]: each lane's
- * four side by side) and the groups one rolled loop, as up's. An expert with at most 8 rows
- * in the tile (one token group: every item at TPE 8, and most at decode whatever TPE is)
- * takes a path of its own: its sums in accr[0] (registers, whatever SUMS_SMEM says), and the
+/* One token group's MMAs of an item (its fragments in slot, its run's scale chunk at sr; its
+ * first k-step s0) into acc: the group's rows row0 + g for g < n (none past n), the
  * activations of all its DSTEPS steps loaded first, side by side (W4A16 8 registers a step,
- * W4A4 3): one global latency an item, not one a step. */
+ * W4A4 3): one global latency a group, not one a step. */
+MJ_DEVICE void down_group(const uint8_t *slot, const uint8_t *sr, int s0, long long row0, int n, const uint16_t *act,
+                          const uint8_t *actq, const uint8_t *act_sf, int lane, float acc[4]) {
+    const int g = lane >> 2, p = lane & 3;
+    const long long src = g < n ? row0 + g : -1;
+    uint32_t b[DSTEPS][4][2], bq[DSTEPS][2], sfb[DSTEPS];
+    MJ_UNROLL
+    for (int i = 0; i < DSTEPS; i++) {
+        const int s = s0 + i;
+        for (int kt = 0; kt < 4; kt++) b[i][kt][0] = b[i][kt][1] = 0;
+        bq[i][0] = bq[i][1] = sfb[i] = 0;
+        if (KS2 % DSTEPS != 0 && s >= KS2) continue;
+        if (MODE == 1) fp4_bfrag(actq, act_sf, src, I, s, p, bq[i], &sfb[i]);
+        else if (src >= 0) bf16_bfrag(act + src * I, s, p, b[i]);
+    }
+    MJ_UNROLL
+    for (int i = 0; i < DSTEPS; i++) {
+        const int s = s0 + i, s4 = s & 3;
+        if (KS2 % DSTEPS != 0 && s >= KS2) break;
+        const uint4 wf = *(const uint4 *)(slot + i * 512 + lane * 16);
+        if (MODE == 1) {
+            const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
+            const uint32_t sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
+            mj_mma_e2m1_m16n8k64(acc, a4, bq[i], acc, sfa, sfb[i]);
+        } else {
+            uint32_t a16[4][4];
+            dequant_frag(wf, *(const uint32_t *)(sr + g * 16 + 4 * s4), *(const uint32_t *)(sr + (g + 8) * 16 + 4 * s4),
+                         p, a16);
+            for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(acc, a16[kt], b[i][kt], acc);
+        }
+    }
+}
+
+/* The MMAs of an item that is part of an expert (DPARTS > 1; its fragments in slot, its run's
+ * scale chunk at sr) against the expert's n rows in the tile (row0 + i for token i): this
+ * lane's sums accr (registers, the groups unrolled), or with SUMS_SMEM the sums in frag (the
+ * warp's shared memory, [NT][32 lanes][4]: each lane's four side by side) and the groups one
+ * rolled loop, as up's. An expert with at most 8 rows in the tile (one token group: every item
+ * at TPE 8, and most at decode whatever TPE is) takes down_group: its sums in accr[0]
+ * (registers, whatever SUMS_SMEM says). */
 MJ_DEVICE void down_step(const uint8_t *slot, const uint8_t *sr, int part, long long row0, int n, const uint16_t *act,
                          const uint8_t *actq, const uint8_t *act_sf, int lane, float accr[][4], float *frag) {
     const int g = lane >> 2, p = lane & 3;
     const int s0 = item_step0(part);
     if (NT == 1 || n <= 8) {
-        const long long src = g < n ? row0 + g : -1;
-        uint32_t b[DSTEPS][4][2], bq[DSTEPS][2], sfb[DSTEPS];
-        MJ_UNROLL
-        for (int i = 0; i < DSTEPS; i++) {
-            const int s = s0 + i;
-            for (int kt = 0; kt < 4; kt++) b[i][kt][0] = b[i][kt][1] = 0;
-            bq[i][0] = bq[i][1] = sfb[i] = 0;
-            if (KS2 % DSTEPS != 0 && s >= KS2) continue;
-            if (MODE == 1) fp4_bfrag(actq, act_sf, src, I, s, p, bq[i], &sfb[i]);
-            else if (src >= 0) bf16_bfrag(act + src * I, s, p, b[i]);
-        }
-        MJ_UNROLL
-        for (int i = 0; i < DSTEPS; i++) {
-            const int s = s0 + i, s4 = s & 3;
-            if (KS2 % DSTEPS != 0 && s >= KS2) break;
-            const uint4 wf = *(const uint4 *)(slot + i * 512 + lane * 16);
-            if (MODE == 1) {
-                const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
-                const uint32_t sfa = p < 2 ? *(const uint32_t *)(sr + (p * 8 + g) * 16 + 4 * s4) : 0u;
-                mj_mma_e2m1_m16n8k64(accr[0], a4, bq[i], accr[0], sfa, sfb[i]);
-            } else {
-                uint32_t a16[4][4];
-                dequant_frag(wf, *(const uint32_t *)(sr + g * 16 + 4 * s4),
-                             *(const uint32_t *)(sr + (g + 8) * 16 + 4 * s4), p, a16);
-                for (int kt = 0; kt < 4; kt++) mj_mma_bf16_m16n8k16(accr[0], a16[kt], b[i][kt], accr[0]);
-            }
-        }
+        down_group(slot, sr, s0, row0, n, act, actq, act_sf, lane, accr[0]);
         return;
     }
     MJ_NO_UNROLL
@@ -1105,7 +1131,7 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     int pos = (DEAL ? (w - na) & (NW2 - 1) : w) << 16;
     int xn = 0, xr = 0; /* the lane's place in the warp's chunk, and its expert's first row (fill_places) */
     int row0 = 0; /* the item's first act row (token t0 + i at row0 + i; rows are ints, as the dispatch counts them) */
-    float accr[SUMS_SMEM ? 1 : NT][4];
+    float accr[SUMS_SMEM || DWHOLE ? 1 : NT][4];
     /* A pass a chunk of the warp's places (the last with its shared sub-experts after it): the
      * chunk's experts stream through the ring (the inner loop, down's hot loop), which drains
      * before the next chunk (at decode one chunk holds a warp's share: GLM-5 at B 32 has 103
@@ -1136,30 +1162,43 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
             /* the run's scale chunk: in this slot for a run's first part, else (DSTEPS 2, the
              * run's second part) in the slot of the item before, the same expert's first */
             const uint8_t *sr = (DSTEPS == 4 || (ipart & 1) == 0 ? slot : dslot(ring, j + DRING - 1)) + DSCALES;
-            if (ipart == 0) { /* a new expert: its rows, fresh sums (each lane its own) */
+            if (ipart == 0) /* a new expert: its rows */
                 row0 = it.shared_row0 >= 0 ? it.shared_row0 + t0 : it.r0;
-                if (!SUMS_SMEM) {
-                    MJ_UNROLL
-                    for (int c = 0; c < NT; c++)
-                        for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
-                } else if (it.n <= 8) { /* down_step's one-group path: registers */
-                    for (int q = 0; q < 4; q++) accr[0][q] = 0.0f;
-                } else {
-                    MJ_NO_UNROLL
-                    for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (DWHOLE) {
+                /* The item is the whole expert: its token groups one at a time, each from its
+                 * MMAs to its epilogue in registers (a second group, rare at decode, reads
+                 * the item's fragments from the ring again). */
+                MJ_NO_UNROLL
+                for (int c = 0; c < NT && c * 8 < it.n; c++) {
+                    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    down_group(slot, sr, 0, row0 + c * 8, it.n - c * 8, act, actq, act_sf, lane, acc);
+                    down_epi_group(&it, c, acc, idx, row_index, weights, t0, lane, tile, sgate_w, n_local);
                 }
-            }
-            down_step(slot, sr, ipart, row0, it.n, act, actq, act_sf, lane, accr, frag);
-            if (ipart == DPARTS - 1) {
-                if (NT == 1 || it.n <= 8) { /* one token group: its sums in accr[0] */
-                    down_epi_group(&it, 0, accr[0], idx, row_index, weights, t0, lane, tile, sgate_w, n_local);
-                } else {
+            } else {
+                if (ipart == 0) { /* a new expert: fresh sums (each lane its own) */
                     if (!SUMS_SMEM) {
                         MJ_UNROLL
                         for (int c = 0; c < NT; c++)
-                            for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
+                            for (int q = 0; q < 4; q++) accr[c][q] = 0.0f;
+                    } else if (it.n <= 8) { /* down_step's one-group path: registers */
+                        for (int q = 0; q < 4; q++) accr[0][q] = 0.0f;
+                    } else {
+                        MJ_NO_UNROLL
+                        for (int c = 0; c < NT && c * 8 < it.n; c++) ((float4 *)frag)[c * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     }
-                    down_epilogue(&it, idx, row_index, weights, t0, lane, frag, tile, sgate_w, n_local);
+                }
+                down_step(slot, sr, ipart, row0, it.n, act, actq, act_sf, lane, accr, frag);
+                if (ipart == DPARTS - 1) {
+                    if (NT == 1 || it.n <= 8) { /* one token group: its sums in accr[0] */
+                        down_epi_group(&it, 0, accr[0], idx, row_index, weights, t0, lane, tile, sgate_w, n_local);
+                    } else {
+                        if (!SUMS_SMEM) {
+                            MJ_UNROLL
+                            for (int c = 0; c < NT; c++)
+                                for (int q = 0; q < 4; q++) frag[(c * 32 + lane) * 4 + q] = accr[c][q];
+                        }
+                        down_epilogue(&it, idx, row_index, weights, t0, lane, frag, tile, sgate_w, n_local);
+                    }
                 }
             }
             __syncwarp(0xFFFFFFFFu); /* every lane is done with this slot and the one before */
