@@ -118,6 +118,15 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
  * in a kernel), 2 unused. */
 #define SCAL 8
 
+/* A helper ptxas compiles as a function of its own (called, not inlined): code one block of a
+ * launch runs (the shared expert's gate), kept out of the kernel's body; the performance model
+ * (tools/predict.c) counts a subroutine of that kind once a launch, not once a warp. */
+#ifdef __CUDACC_RTC__
+#define MJ_NOINLINE static __device__ __noinline__
+#else
+#define MJ_NOINLINE MJ_DEVICE
+#endif
+
 /* ---- NVFP4 helpers ------------------------------------------------------------------------ */
 
 
@@ -607,7 +616,7 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
  * every lane holds the same bits): a fixed order, so a token's weight does not depend on the
  * other tokens or on NW1. The reciprocal is __fdividef's (no IEEE division's slow path in W4A16's
  * up; within 2 ulp; 0 past d = 2^126, where the weight is below 1e-38 anyway). */
-MJ_DEVICE void shared_gate_weights(const uint16_t *x, const uint16_t *sgate, int nv, int w, int lane, float *sgate_w) {
+MJ_NOINLINE void shared_gate_once(const uint16_t *x, const uint16_t *sgate, int nv, int w, int lane, float *sgate_w) {
     MJ_NO_UNROLL
     for (int b = w; b < nv; b += NW1) {
         const uint16_t *xr = x + (long long)b * H;
@@ -661,7 +670,7 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
     rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
     if (rs.xi < 0 || rs.n == 0) return;
     if (sgate && rs.shared && rs.xi == n_local && t == 0 && z == 0) /* one block: the first shared sub-expert's */
-        shared_gate_weights(x, sgate, nv, w, lane, sgate_w);
+        shared_gate_once(x, sgate, nv, w, lane, sgate_w);
     const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
     const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
     const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
@@ -1102,7 +1111,7 @@ MJ_DEVICE void down_epilogue(const down_item_t *it, const int32_t *idx, const in
  * group), the sums (the block's slot tile, or each warp's), then each warp's ring. out [B, H] f32, or with out16 (not NULL) [B, H] bf16 there instead (rounded to
  * nearest even from the same f32 sum, NaN kept quiet, as mj_f32_to_bf16): every element
  * written (0 for padding tokens). sgate_w: the shared sub-experts' weight of each token (up's
- * shared_gate_weights), or NULL: 1. With 8 warps, 3 blocks an SM (the knobs' choice where an SM
+ * shared_gate_once), or NULL: 1. With 8 warps, 3 blocks an SM (the knobs' choice where an SM
  * has 228 KiB, runtime/experts.c): ptxas keeps to the registers that lets (80). */
 MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const uint16_t *act, const uint8_t *actq, const uint8_t *act_sf, const uint8_t *w2,
                             const uint8_t *s2, const float *scal, const int32_t *counts,

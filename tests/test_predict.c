@@ -99,6 +99,19 @@ static void test_exclusive_paths(void) {
     CHECK(s.ldg == 4, "loads %d, want 4", s.ldg);
 }
 
+/* Subroutines a warp does not run in the common case, counted apart from its instructions.
+ * By hand, 17 instructions: S2R, ISETP, CALL; the hot loop .L_x_30 (LDG, FADD, ISETP, BRA);
+ * FCHK, CALL, EXIT; a helper named *_once (4: one block of a launch runs it) and a division's
+ * slow path (3). Outside the loop 13, of which the two subroutines' 7 are rare: 6 left. */
+static void test_rare_subroutines(void) {
+    pm_sass s;
+    if (!toy_function("rare", &s)) return;
+    CHECK(s.n_insts == 17, "instructions %d, want 17", s.n_insts);
+    CHECK(s.first == 3 && s.last == 6, "hot loop %d..%d, want 3..6", s.first, s.last);
+    CHECK(s.rare == 4 + 3, "rare %d, want 7 (the _once helper's 4, the slow path's 3)", s.rare);
+    CHECK(s.outside == 17 - 4 - 7, "outside %d, want 6 (3 before the loop, 3 after)", s.outside);
+}
+
 /* The hand-worked launch, with its dependent chain of loads and without. */
 static void test_launch(void) {
     if (!toy()) return;
@@ -269,6 +282,7 @@ static const test_case cases[] = {
     TEST_CASE("sass", test_toy_sass),
     TEST_CASE("shuffled", test_shuffled_chain),
     TEST_CASE("exclusive", test_exclusive_paths),
+    TEST_CASE("rare", test_rare_subroutines),
     TEST_CASE("route", test_route),
     TEST_CASE("launch", test_launch),
     TEST_CASE("waves", test_waves),

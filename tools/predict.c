@@ -143,6 +143,7 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
             snprintf(lab[nl].name, sizeof lab[nl].name, "%.31s", s);
             lab[nl].sub = s[0] != '$'                  ? 0
                           : strstr(s, "slowpath")       ? 2
+                          : strstr(s, "_once")          ? 5
                           : strstr(s, "dispatch_small") ? 4
                           : strstr(s, "dispatch")       ? 3
                                                         : 1;
@@ -379,6 +380,18 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
     } else {
         s->outside = n;
     }
+    /* Subroutines a warp does not run in the common case: a division's slow path (operands
+     * its fast path cannot take) and a helper named *_once (one block of a launch runs it:
+     * the shared expert's gate). Counted apart, not in a warp's instructions. */
+    for (int j = 0; j < nl; j++) {
+        if (lab[j].sub != 2 && lab[j].sub != 5) continue;
+        int end = n;
+        for (int q = 0; q < nl; q++)
+            if (lab[q].sub && lab[q].at > lab[j].at && lab[q].at < end) end = lab[q].at;
+        if (s->found && lab[j].at >= s->first && lab[j].at <= s->last) continue; /* inside the hot loop's span */
+        s->rare += end - lab[j].at;
+    }
+    s->outside -= s->rare;
     free(v);
     free(lab);
     return 0;

@@ -43,7 +43,11 @@ typedef struct pm_sass {
     int ldgsts, ldg;             /* global loads in its body (static)                         */
     int chain;                   /* the longest chain of dependent global loads in one
                                     iteration: a load whose address comes from another's data */
-    int outside;                 /* the function's instructions outside the hot loop          */
+    int outside;                 /* the function's instructions outside the hot loop, but the
+                                    rare subroutines                                          */
+    int rare;                    /* subroutines a warp does not run in the common case, left
+                                    out of outside: a division's slow path, a helper named
+                                    *_once (one block of a launch runs it)                    */
 } pm_sass;
 
 /* Read nvdisasm's text of the function named `function` (its `.text.NAME:` section) into s.

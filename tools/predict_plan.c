@@ -157,6 +157,8 @@ static json_t *result_json(const kernel_row *k) {
         json_object_set_new(h, "chain", json_integer(k->s.chain));
         json_object_set_new(h, "found", json_boolean(k->s.found));
         json_object_set_new(o, "hot_loop", h);
+        json_object_set_new(o, "outside", json_integer(k->s.outside));
+        json_object_set_new(o, "rare", json_integer(k->s.rare));
     }
     return o;
 }
