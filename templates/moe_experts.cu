@@ -519,18 +519,22 @@ MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[
 }
 
 /* The activations (B fragments) of k-step s for the register sums' token groups (this
- * lane's rows src[]; zeros for none or past the k-steps): W4A16 b16[n] (both halves), W4A4
- * bq[n] and its scale word bsf[n]. Loaded a step ahead of their MMAs, so the step loop makes
- * no dependent global load. */
-MJ_DEVICE void up_bload(int s, const int *src, const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, int p,
-                        uint32_t b16[][4][2], uint32_t bq[][2], uint32_t *bsf) {
+ * lane's rows src[]; zeros for none or past the k-steps): W4A16 b16[n] (both halves; one
+ * group from xrow[0], the row's lane-p part, x + src H + 8p, NULL for none, set once a chunk
+ * so that a step's address is one add: about 8 instructions a k-step fewer; two groups from
+ * src, where two pointers would cost registers the 3 blocks an SM of up_bounds do not have),
+ * W4A4 bq[n] and its scale word bsf[n]. Loaded a step ahead of
+ * their MMAs, so the step loop makes no dependent global load. */
+MJ_DEVICE void up_bload(int s, const int *src, const uint16_t *x, const uint16_t *const *xrow, const uint8_t *xq,
+                        const uint8_t *xsf, int p, uint32_t b16[][4][2], uint32_t bq[][2], uint32_t *bsf) {
     MJ_UNROLL
     for (int n = 0; n < NTR; n++) {
         for (int kt = 0; kt < 4; kt++) b16[n][kt][0] = b16[n][kt][1] = 0;
         bq[n][0] = bq[n][1] = bsf[n] = 0;
         if (s >= KS1) continue;
         if (MODE == 1) fp4_bfrag(xq, xsf, src[n], H, s, p, bq[n], &bsf[n]);
-        else if (src[n] >= 0) bf16_bfrag(x + (long long)src[n] * H, s, p, b16[n]);
+        else if (NTR == 1 && xrow[n]) bf16_bfrag(xrow[n], s, 0, b16[n]);
+        else if (NTR > 1 && src[n] >= 0) bf16_bfrag(x + (long long)src[n] * H, s, p, b16[n]); /* fewer registers */
     }
 }
 
@@ -689,11 +693,13 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
          * and zero sums: in registers (regs; block-uniform), or in shared memory. */
         const int regs = !SUMS_SMEM || nc <= 8;
         int src[NTR]; /* rows are ints, as the dispatch counts them (srcs[] too) */
+        const uint16_t *xrow[NTR]; /* W4A16: up_bload's */
         float accr[NTR][2][4];
         if (regs) {
             MJ_UNROLL
             for (int n = 0; n < NTR; n++) {
                 src[n] = n * 8 + g < nc ? (int)src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
+                xrow[n] = MODE == 0 && NTR == 1 && src[n] >= 0 ? x + (long long)src[n] * H + 8 * p : 0;
                 for (int h = 0; h < 2; h++)
                     for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
             }
@@ -718,7 +724,7 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
          * loaded during step j - 1; with two, at the start of step j (a copy of both groups
          * held across a step would double their registers) */
         uint32_t b16[NTR][4][2], bq[NTR][2], bsf[NTR];
-        up_bload(NTR == 1 && regs && nq > 0 ? dw * 4 : KS1, src, x, xq, xsf, p, b16, bq, bsf);
+        up_bload(NTR == 1 && regs && nq > 0 ? dw * 4 : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
         MJ_NO_UNROLL
         for (int j = 0; j < nq; j++) {
             const uint32_t uj = (uint32_t)j, s = sj, s4 = uj & 3u;
@@ -730,9 +736,9 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
             if (NTR == 1 && regs) { /* one group: this step's from the last, the next step's now */
                 for (int kt = 0; kt < 4; kt++) c16[0][kt][0] = b16[0][kt][0], c16[0][kt][1] = b16[0][kt][1];
                 cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
-                up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xq, xsf, p, b16, bq, bsf);
+                up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
             } else if (regs) { /* two groups: this step's, before the wait (registers) */
-                up_bload((int)s, src, x, xq, xsf, p, c16, cq, csf);
+                up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
             }
             mj_cp_async_wait(RING - 1); /* step j's group has landed... */
             __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
