@@ -444,25 +444,35 @@ MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
     return rs->shared ? (long long)mb * K + (long long)(rs->xi - n_local) * mb + i : rs->off + i;
 }
 
-/* An up warp streams its k-steps (those of its runs w, w + NW1, ...: 4 steps a run, whose
- * scale chunk serves the 4) through a ring in shared memory, its own: RING slots of one
- * step's gate and up fragments (1 KiB; each lane's 16 bytes where it reads them back) and
- * RUNRING runs' scale chunks (512 bytes). cp.async keeps RING - 1 = 4 steps in flight while
- * one computes (4 KiB a warp, what the register prefetch of a run used to hold), and a slot
- * is refilled only after the step that read it (a run's scales after its last step:
- * 4 RUNRING > RING + 2). So the step loop is one rolled copy of a step's
- * code, with no register copies or selects between steps, and the bytes in flight take
- * shared memory, not registers (up's registers about halve). */
-#define RING 5
-#define RUNRING 2
-#define RING_BYTES (RING * 1024 + RUNRING * 512)
-
-/* The runs of 4 k-steps are dealt to the UPD warps of a tile's KSPLIT blocks in turn: warp w
- * of block z is dealer dw = w KSPLIT + z and takes runs dw, dw + UPD, ... */
+/* The pieces of a tile's k-steps are dealt to the UPD warps of its KSPLIT blocks in turn:
+ * warp w of block z is dealer dw = w KSPLIT + z and takes pieces dw, dw + UPD, ... A piece is
+ * a run of 4 k-steps (one scale chunk of the weights' layout) where the runs deal evenly, else
+ * half a run (SPP 2): GLM-5's 24 runs over 16 dealers (TPE 8) gave 8 warps 2 runs and 8 one,
+ * so every block waited 8 k-steps for its busier warp while its other one idled a third of
+ * that; 48 half-runs are 3 each, 6 k-steps. */
 #define UPD (NW1 * KSPLIT)
+#define SPP (RUNS1 % UPD == 0 ? 4 : 2)  /* k-steps a piece                                   */
+#define PIECES1 ((KS1 + SPP - 1) / SPP) /* a tile's pieces (the last may be short)           */
+#define SCHUNK (SPP * 128)              /* a piece's scale chunk in the ring: [gate, up][16 rows][SPP k-steps][4 groups] */
+/* Where the scale word of (gate 0 / up 1) h, row r and step q of the piece lies in its chunk. */
+#define SOFF(h, r, q) ((h) * (SPP * 64) + (r) * (SPP * 4) + 4 * (q))
 
-/* Queue the copies of k-step s into ring slot `slot` (and, at a run's first step, the run's
- * scale chunk into scale slot `sslot`), as a group of its own (an empty one when the warp's
+/* An up warp streams its k-steps (those of its pieces, whose scale chunk serves the piece's
+ * steps) through a ring in shared memory, its own: RING slots of one step's gate and up
+ * fragments (1 KiB; each lane's 16 bytes where it reads them back) and RUNRING pieces' scale
+ * chunks (1 KiB in all). cp.async keeps RING - 1 = 4 steps in flight while one computes (4 KiB
+ * a warp, what the register prefetch of a run used to hold), and a slot is refilled only after
+ * the step that read it (a piece's scales after its last step: the step issued while step j
+ * computes is 4 on, so the pieces of steps j .. j + 4 are 2 with runs (RUNRING 2), 3 with
+ * half-runs (RUNRING 4)). So the step loop is one rolled copy of a step's code, with no
+ * register copies or selects between steps, and the bytes in flight take shared memory, not
+ * registers (up's registers about halve). */
+#define RING 5
+#define RUNRING (SPP == 4 ? 2 : 4)
+#define RING_BYTES (RING * 1024 + RUNRING * SCHUNK)
+
+/* Queue the copies of k-step s into ring slot `slot` (and, at a piece's first step, the
+ * piece's scale chunk into scale slot `sslot`), as a group of its own (an empty one when the warp's
  * sequence has ended, !live: the wait counts groups). The loop keeps s and the slots as
  * cursors, so a step's copies cost no division. */
 MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, uint32_t s, uint32_t slot, uint32_t sslot,
@@ -475,11 +485,16 @@ MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, uin
             mj_cp_async16(dst, src);
             mj_cp_async16(dst + 512, src + 512);
         }
-        if (first && p < 2) { /* a run's first step brings its scales: rows g + 8p */
+        if (SPP == 4 && first && p < 2) { /* a run's first step brings its scales: rows g + 8p */
             uint8_t *sr = ring + RING * 1024 + sslot * 512u + (p * 8u + g) * 16u;
             const uint8_t *src = st + ((s >> 2) * 512u + (p * 8u + g) * 16u);
             mj_cp_async16(sr, src);
             mj_cp_async16(sr + 256, src + 256);
+        } else if (SPP == 2 && first) { /* half a run's: 8 bytes of each (h, row), lane 16h + row */
+            const uint32_t h = (uint32_t)lane >> 4, r = (uint32_t)lane & 15u;
+            uint8_t *sr = ring + RING * 1024 + sslot * SCHUNK + SOFF(h, r, 0u);
+            const uint8_t *src = st + ((s >> 2) * 512u + h * 256u + r * 16u + ((s >> 1) & 1u) * 8u);
+            mj_cp_async8(sr, src);
         }
     }
     mj_cp_async_commit();
@@ -538,7 +553,7 @@ MJ_DEVICE void up_bload(int s, const int *src, const uint16_t *x, const uint16_t
     }
 }
 
-/* The MMAs of k-step s (its fragments in slot, its run's scales in sr; step s4 of the run)
+/* The MMAs of k-step s (its fragments in slot, its piece's scales in sr; step s4 of the piece)
  * against the chunk's nc tokens: the sums accr (registers: nc <= 8 * NTR) with the
  * activations up_bload brought (b16, bq, bsf), or the rows srcs[] and the sums in acc
  * (SUMS_SMEM, nc > 8). */
@@ -555,10 +570,10 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
             const uint4 wf = *(const uint4 *)(slot + h * 512 + lane * 16);
             const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
             uint32_t sfa = 0, a16[4][4];
-            if (MODE == 1) sfa = p < 2 ? *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4) : 0u;
+            if (MODE == 1) sfa = p < 2 ? *(const uint32_t *)(sr + SOFF(h, p * 8 + g, s4)) : 0u;
             else
-                dequant_frag(wf, *(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4),
-                             *(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p, a16);
+                dequant_frag(wf, *(const uint32_t *)(sr + SOFF(h, g, s4)), *(const uint32_t *)(sr + SOFF(h, g + 8, s4)), p,
+                             a16);
             MJ_NO_UNROLL
             for (int n = 0; n < NT && n * 8 < nc; n++) {
                 float4 *cp = (float4 *)acc + (n * 2 + h) * 32 + lane;
@@ -576,7 +591,7 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
         /* lanes p < 2 give the scales of rows g + 8p (the A scale operand), the rest 0 */
         uint32_t sfa[2] = {0, 0};
         if (p < 2)
-            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + h * 256 + (p * 8 + g) * 16 + 4 * s4);
+            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + SOFF(h, p * 8 + g, s4));
         MJ_UNROLL
         for (int n = 0; n < NTR; n++) {
             if (n * 8 >= nc) continue;
@@ -591,8 +606,8 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
          * each accumulator takes the steps kt 0, 1, 2, 3 in order */
         uint32_t sg[2], sg8[2]; /* rows g and g + 8 (any lane reads any row's scales): both halves' */
         for (int h = 0; h < 2; h++)
-            sg[h] = e4m3x2_bf16(*(const uint32_t *)(sr + h * 256 + g * 16 + 4 * s4), p >> 1),
-            sg8[h] = e4m3x2_bf16(*(const uint32_t *)(sr + h * 256 + (g + 8) * 16 + 4 * s4), p >> 1);
+            sg[h] = e4m3x2_bf16(*(const uint32_t *)(sr + SOFF(h, g, s4)), p >> 1),
+            sg8[h] = e4m3x2_bf16(*(const uint32_t *)(sr + SOFF(h, g + 8, s4)), p >> 1);
         MJ_UNROLL
         for (int hf = 0; hf < 2; hf++) {
             MJ_UNROLL
@@ -710,28 +725,30 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
             for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             __syncthreads();
         }
-        /* Runs of 4 k-steps, one scale chunk each, dealt to the warps in turn, through
+        /* Pieces of SPP k-steps, one scale chunk each, dealt to the warps in turn, through
          * the warp's ring: RING - 1 steps in flight while one computes. */
-        const int nq = dw < RUNS1 ? (RUNS1 - dw + UPD - 1) / UPD * 4 : 0;
-        /* Step j's k-step sj and ring slot cs, kept as cursors: within a run the next step,
-         * then the first of the warp's next run (4 UPD - 3 on); step j + RING - 1 = j + 4,
-         * the one issued while j computes, is one run on (sj + 4 UPD) in the slot before cs. */
+        const int nq = dw < PIECES1 ? (PIECES1 - dw + UPD - 1) / UPD * SPP : 0;
+        /* Step j's k-step sj and ring slot cs, kept as cursors: within a piece the next step,
+         * then the first of the warp's next piece (SPP UPD - SPP + 1 on); step j + RING - 1 =
+         * j + 4, the one issued while j computes, is 4 / SPP pieces on (sj + 4 UPD either way)
+         * in the slot before cs. */
         MJ_NO_UNROLL
-        for (int q = 0; q < RING - 1; q++)
-            up_issue(ring, wt, st, (uint32_t)(dw * 4 + q), (uint32_t)q, 0u, q == 0, q < nq, lane);
-        uint32_t sj = (uint32_t)dw * 4u, cs = 0u;
+        for (int q = 0; q < RING - 1; q++) /* the warp's steps 0 .. 3: piece q / SPP of its */
+            up_issue(ring, wt, st, (uint32_t)((dw + q / SPP * UPD) * SPP + q % SPP), (uint32_t)q, (uint32_t)(q / SPP),
+                     q % SPP == 0, q < nq, lane);
+        uint32_t sj = (uint32_t)(dw * SPP), cs = 0u;
         /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
          * loaded during step j - 1; with two, at the start of step j (a copy of both groups
          * held across a step would double their registers) */
         uint32_t b16[NTR][4][2], bq[NTR][2], bsf[NTR];
-        up_bload(NTR == 1 && regs && nq > 0 ? dw * 4 : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+        up_bload(NTR == 1 && regs && nq > 0 ? dw * SPP : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
         MJ_NO_UNROLL
         for (int j = 0; j < nq; j++) {
-            const uint32_t uj = (uint32_t)j, s = sj, s4 = uj & 3u;
-            /* into the slot step j - 1 read; a run's scales into the other scale slot */
-            up_issue(ring, wt, st, s + 4u * UPD, cs == 0u ? RING - 1u : cs - 1u, ((uj >> 2) + 1u) % RUNRING, s4 == 0u,
+            const uint32_t uj = (uint32_t)j, s = sj, s4 = uj % SPP; /* s4: the step's place in its piece */
+            /* into the slot step j - 1 read; a piece's scales into the slot 4 / SPP on */
+            up_issue(ring, wt, st, s + 4u * UPD, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
                      j + RING - 1 < nq, lane);
-            const uint32_t sn = s4 == 3u ? s + (4u * UPD - 3u) : s + 1u; /* step j + 1's */
+            const uint32_t sn = s4 == SPP - 1u ? s + (SPP * UPD - (SPP - 1u)) : s + 1u; /* step j + 1's */
             uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
             if (NTR == 1 && regs) { /* one group: this step's from the last, the next step's now */
                 for (int kt = 0; kt < 4; kt++) c16[0][kt][0] = b16[0][kt][0], c16[0][kt][1] = b16[0][kt][1];
@@ -743,8 +760,8 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
             mj_cp_async_wait(RING - 1); /* step j's group has landed... */
             __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
             if (s < KS1)
-                up_step(ring + cs * 1024u, ring + RING * 1024 + ((uj >> 2) % RUNRING) * 512u, (int)s, (int)s4, srcs, nc, x, xq,
-                        xsf, lane, accr, acc, c16, cq, csf);
+                up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, srcs, nc, x,
+                        xq, xsf, lane, accr, acc, c16, cq, csf);
             sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
         }
         __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
@@ -1146,7 +1163,7 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     int pos = (DEAL ? (w - na) & (NW2 - 1) : w) << 16;
     int xn = 0, xr = 0; /* the lane's place in the warp's chunk, and its expert's first row (fill_places) */
     int row0 = 0; /* the item's first act row (token t0 + i at row0 + i; rows are ints, as the dispatch counts them) */
-    float accr[SUMS_SMEM || DWHOLE ? 1 : NT][4];
+    float accr[SUMS_SMEM ? 1 : NT][4]; /* not read where DWHOLE */
     /* A pass a chunk of the warp's places (the last with its shared sub-experts after it): the
      * chunk's experts stream through the ring (the inner loop, down's hot loop), which drains
      * before the next chunk (at decode one chunk holds a warp's share: GLM-5 at B 32 has 103

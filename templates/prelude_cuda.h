@@ -87,6 +87,13 @@ MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
                  : "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
                  : "memory");
 }
+/* An 8-byte copy of weights (cp.async.ca: .cg takes 16 bytes alone): half a run's scales. */
+MJ_DEVICE void mj_cp_async8(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;"
+                 :
+                 : "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
 /* A 4-byte copy (cp.async.ca: the only form of that size) of an index beside the weights. */
 MJ_DEVICE void mj_cp_async4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"

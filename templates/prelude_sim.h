@@ -386,6 +386,10 @@ static inline void mj_sim_mma_(int kind, float d[4], const unsigned a[4], const 
 MJ_DEVICE void mj_cp_async16(void *dst, const void *src) {
     mj_sim_api_->cp_async(MJ_SIM_CP_COPY, dst, src, 16, __FILE__, __LINE__);
 }
+/* An 8-byte copy of weights (half a run's scales): counted with them. */
+MJ_DEVICE void mj_cp_async8(void *dst, const void *src) {
+    mj_sim_api_->cp_async(MJ_SIM_CP_COPY, dst, src, 8, __FILE__, __LINE__);
+}
 /* A 4-byte copy of an index (a row's top-k entry) beside the weights: not a weight byte. */
 MJ_DEVICE void mj_cp_async4(void *dst, const void *src) {
     mj_sim_api_->cp_async(MJ_SIM_CP_COPY_INDEX, dst, src, 4, __FILE__, __LINE__);

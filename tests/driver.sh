@@ -992,6 +992,10 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # wait in shared memory and 8 warps with items of 4 fit 3 blocks an SM at TPE 32 too (2
   # k-steps there before: twice the items, each with its own issue, epilogue and next expert)
   json_check 'all(r["kernels"]["experts_down"]["threads"] == 256 and r["kernels"]["experts_down"]["hot_loop"]["tensor"] == 16 and r["kernels"]["experts_down"]["blocks_per_sm"] == 3 for r in j["predict"]["rows"])'
+  # up at B 1 to 8 (TPE 8, 16 warps a tile: 2 a block, 8 blocks): 24 runs of 4 k-steps deal
+  # unevenly (8 warps 2, 8 warps 1, so a block waits 8 k-steps), half-runs evenly: 6 k-steps
+  # the busiest warp
+  json_check 'all(r["kernels"]["experts_up"]["iters_warp"] == 6 for r in j["predict"]["rows"] if r["B"] <= 8)'
   # W4A16's k-steps on sm_90a: the codes bit-placed (runtime/weights/pack.c), so a bf16 pair
   # is a shift and a mask (in code order: up 325 instructions, 246 integer; down 978, 666),
   # and up's halves unrolled (rolled: 372, 286)

@@ -335,6 +335,7 @@ static mj_route_outputs route_outputs(const routing *r) {
 }
 
 /* What the tests saw of the dispatcher's choices. */
+static int g_seen_halfruns; /* up's pieces of half a run (its runs did not deal evenly) */
 static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_ks[9], g_seen_deal[2], g_seen_chunks,
     g_seen_tiles;
 
@@ -348,6 +349,7 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     mj_experts_plan(ex, mode, B, &f.kn);
     g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = g_seen_ds[f.kn.DSTEPS] = 1;
     g_seen_ks[f.kn.KSPLIT] = g_seen_deal[f.kn.DEAL] = 1;
+    g_seen_halfruns |= (H / 64 + 3) / 4 % (f.kn.NW1 * f.kn.KSPLIT) != 0;
     for (int e = 0; e < r->E; e++) g_seen_chunks |= r->cnt[e] > f.kn.TPE;
     g_seen_tiles |= B > f.kn.TPE;
     tbuf out = tbuf_new(sizeof(float) * (size_t)B * H, 0);
@@ -641,6 +643,9 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
         /* up split over blocks at TPE 8 (KSPLIT 2: H 1024; 8: H 4096 above), and 8 up warps
          * (TPE 16, H 2048) */
         {1024, 64, 16, 4, 5, 4, 4},   {2048, 64, 16, 4, 12, 12, 4},
+        /* runs that do not deal evenly to up's warps, so half-runs do: H 1536 (6 runs, 4 warps
+         * of 2 blocks), H 1344 (21 k-steps: a short last run, and a last half-run of 1 step) */
+        {1536, 64, 16, 4, 5, 5, 4},   {1344, 64, 16, 4, 3, 3, 4},
         /* sums in shared memory (TPE 32, 64) with several up warps, and down items of two runs
          * (I 320: the second short): TPE 32 NW1 4; TPE 64 over chunks; TPE 64 NW1 2 */
         {1024, 320, 16, 4, 32, 29, 4}, {1024, 320, 16, 4, 100, 97, 4}, {4096, 320, 8, 4, 40, 40, 4},
@@ -677,7 +682,7 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
 static void test_placed_forward(const char *cache, uint64_t seed) {
     static const fwd_case cases[] = {
         {256, 128, 16, 4, 1, 1, 4}, {1024, 64, 16, 4, 5, 4, 4}, {2048, 64, 16, 4, 12, 12, 4},
-        {1024, 320, 16, 4, 32, 29, 4}, {2048, 64, 16, 4, 64, 61, 4},
+        {1024, 320, 16, 4, 32, 29, 4}, {2048, 64, 16, 4, 64, 61, 4}, {1344, 64, 16, 4, 3, 3, 4},
     };
     mj_context_t c90 = test_new_context(cache, MJ_BACKEND_SIM, "sm_90a", 0);
     if (!c90) return;
@@ -1314,13 +1319,18 @@ static void test_compile(const char *cache) {
                             int n_mma = test_count(sass, mma), n_ld = test_count(sass, ld);
                             int n_ld128 = test_count(sass, ld128);
                             /* down's one other copy: the 4-byte top-k entries of an expert's rows
-                             * (cp.async.ca, not through L2 alone) */
-                            const int n_idx = part == 3 ? 1 : 0;
-                            CHECK(test_count(sass, "LDG.E.NA") == 0 && test_count(sass, "LDGSTS") == n_ld + n_idx &&
-                                      test_count(sass, "LDGSTS.E [") == n_idx,
-                                  "%s %s %s: weights only through the ring (%d LDGSTS, %d of them 4-byte, %d LDG.E.NA)",
+                             * (cp.async.ca, not through L2 alone); up's, at H 6144 (24 runs over
+                             * 16 warps: pieces of half a run), half a run's scales, 8 bytes a lane
+                             * (cp.async.ca: .cg takes 16 alone) */
+                            const int n_idx = part == 3 ? 1 : 0, n_8 = test_count(sass, "LDGSTS.E.64 [");
+                            CHECK(test_count(sass, "LDG.E.NA") == 0 &&
+                                      test_count(sass, "LDGSTS") == n_ld + n_idx + n_8 &&
+                                      test_count(sass, "LDGSTS.E [") == n_idx && (part == 2 ? n_8 > 0 : n_8 == 0),
+                                  "%s %s %s: weights only through the ring (%d LDGSTS, %d of them 4-byte, %d 8-byte, %d "
+                                  "LDG.E.NA)",
                                   targets[t], mode ? "W4A4" : "W4A16", kernel[part], test_count(sass, "LDGSTS"),
-                                  test_count(sass, "LDGSTS.E ["), test_count(sass, "LDG.E.NA"));
+                                  test_count(sass, "LDGSTS.E ["), test_count(sass, "LDGSTS.E.64 ["),
+                                  test_count(sass, "LDG.E.NA"));
                             CHECK(n_mma > 0, "%s %s %s: no %s in the SASS", targets[t], mode ? "W4A4" : "W4A16",
                                   kernel[part], mma);
                             CHECK(n_ld128 > 0 && n_ld128 == n_ld, "%s %s %s: %d of %d weight-stream loads are 128-bit",
@@ -1355,6 +1365,7 @@ static void check_seen(void) {
     CHECK(g_seen_tpe[8] && g_seen_tpe[16] && g_seen_tpe[32] && g_seen_tpe[64], "every token bucket reached");
     CHECK(g_seen_nw1[1] && g_seen_nw1[2] && g_seen_nw1[4] && g_seen_nw1[8], "every split-K width reached");
     CHECK(g_seen_ks[1] && g_seen_ks[2] && g_seen_ks[8], "up split over 1, 2 and 8 blocks reached");
+    CHECK(g_seen_halfruns, "up's pieces of half a run reached (runs that do not deal evenly to its warps)");
     CHECK(g_seen_nw2[4], "down's 4-warp blocks reached");
     CHECK(g_seen_ds[4] && g_seen_ds[2], "both item sizes of down reached (4 k-steps at TPE 8, 2 past it)");
     CHECK(g_seen_deal[0] && g_seen_deal[1], "down's experts dealt by id and by place both reached");

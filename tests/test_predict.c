@@ -110,6 +110,10 @@ static void test_rare_subroutines(void) {
     CHECK(s.first == 3 && s.last == 6, "hot loop %d..%d, want 3..6", s.first, s.last);
     CHECK(s.rare == 4 + 3, "rare %d, want 7 (the _once helper's 4, the slow path's 3)", s.rare);
     CHECK(s.outside == 17 - 4 - 7, "outside %d, want 6 (3 before the loop, 3 after)", s.outside);
+    /* A subroutine's kind is its own name's, not its kernel's: warm_once's helper runs every
+     * iteration (S2R, EXIT and the helper's 2 outside its loop of 4). */
+    if (!toy_function("warm_once", &s)) return;
+    CHECK(s.rare == 0 && s.outside == 4, "warm_once: rare %d, outside %d, want 0 and 4", s.rare, s.outside);
 }
 
 /* The hand-worked launch, with its dependent chain of loads and without. */

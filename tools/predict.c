@@ -141,12 +141,15 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
             *c = '\0';
             if (nl == lcap && !(lab = realloc(lab, sizeof *lab * (size_t)(lcap *= 2)))) abort();
             snprintf(lab[nl].name, sizeof lab[nl].name, "%.31s", s);
-            lab[nl].sub = s[0] != '$'                  ? 0
-                          : strstr(s, "slowpath")       ? 2
-                          : strstr(s, "_once")          ? 5
-                          : strstr(s, "dispatch_small") ? 4
-                          : strstr(s, "dispatch")       ? 3
-                                                        : 1;
+            /* a subroutine's kind by its own name: what follows the label's last '$' (the
+             * kernel's name before it could hold any of these words) */
+            const char *sn = s[0] == '$' ? strrchr(s, '$') + 1 : s;
+            lab[nl].sub = s[0] != '$'                   ? 0
+                          : strstr(sn, "slowpath")       ? 2
+                          : strstr(sn, "_once")          ? 5
+                          : strstr(sn, "dispatch_small") ? 4
+                          : strstr(sn, "dispatch")       ? 3
+                                                         : 1;
             lab[nl++].at = n;
             continue;
         }
@@ -384,14 +387,20 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
      * its fast path cannot take) and a helper named *_once (one block of a launch runs it:
      * the shared expert's gate). Counted apart, not in a warp's instructions. */
     for (int j = 0; j < nl; j++) {
-        if (lab[j].sub != 2 && lab[j].sub != 5) continue;
+        int dup = 0; /* two labels at one instruction: one span */
+        for (int q = 0; q < j; q++) dup |= lab[q].sub && lab[q].at == lab[j].at;
+        if ((lab[j].sub != 2 && lab[j].sub != 5) || dup) continue;
         int end = n;
         for (int q = 0; q < nl; q++)
             if (lab[q].sub && lab[q].at > lab[j].at && lab[q].at < end) end = lab[q].at;
-        if (s->found && lab[j].at >= s->first && lab[j].at <= s->last) continue; /* inside the hot loop's span */
-        s->rare += end - lab[j].at;
+        int span = end - lab[j].at;
+        if (s->found) { /* the hot loop's instructions are counted there, not here */
+            const int lo = lab[j].at > s->first ? lab[j].at : s->first, hi = end - 1 < s->last ? end - 1 : s->last;
+            if (hi >= lo) span -= hi - lo + 1;
+        }
+        s->rare += span;
     }
-    s->outside -= s->rare;
+    s->outside = s->outside > s->rare ? s->outside - s->rare : 0;
     free(v);
     free(lab);
     return 0;

@@ -15,7 +15,8 @@
  *                 and picks (fetch_route);
  *   experts_quant (W4A4) blocks of 2 warps a (token, expert slot), a 16-value group 2 threads;
  *   experts_up    KSPLIT blocks a (16-row tile, active expert or shared sub-expert), NW1 warps
- *                 each, splitting H: H / 64 / (NW1 KSPLIT) k-steps a warp, 4 of 1 KiB in flight;
+ *                 each, splitting H: the busiest warp's k-steps (mj_experts_up_steps: pieces of
+ *                 4 or 2 k-steps dealt in turn), 4 of 1 KiB in flight;
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
  *                 walks ceil(experts x parts / NW2) items (an expert's DSTEPS k-steps of w2
  *                 with a scale chunk and the record), MJ_EXPERTS_DRING - 2 in flight. */
@@ -303,7 +304,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 } else if (part == 2) {
                     k->name = "experts_up";
                     k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items) * kx.KSPLIT, k->l.bytes = items * w13;
-                    k->l.iters = (double)(H / 64) / (kx.NW1 * kx.KSPLIT), k->l.inflight = 4 * 1024.0;
+                    k->l.iters = mj_experts_up_steps(H, kx.NW1, kx.KSPLIT), k->l.inflight = 4 * 1024.0;
                 } else {
                     k->name = "experts_down";
                     const int parts = (I / 64 + kx.DSTEPS - 1) / kx.DSTEPS;
