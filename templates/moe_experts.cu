@@ -454,8 +454,10 @@ MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
 #define SPP (RUNS1 % UPD == 0 ? 4 : 2)  /* k-steps a piece                                   */
 #define PIECES1 ((KS1 + SPP - 1) / SPP) /* a tile's pieces (the last may be short)           */
 #define SCHUNK (SPP * 128)              /* a piece's scale chunk in the ring: [gate, up][16 rows][SPP k-steps][4 groups] */
-/* Where the scale word of (gate 0 / up 1) h, row r and step q of the piece lies in its chunk. */
-#define SOFF(h, r, q) ((h) * (SPP * 64) + (r) * (SPP * 4) + 4 * (q))
+/* The scale word of (gate 0 / up 1) h, row r and step q of the piece in its chunk at c (the
+ * pointer moved a term at a time: ptxas then shares the row's part between a step's reads,
+ * where one sum of the offsets cost up's loop 5 to 7 instructions). */
+#define SPTR(c, h, r, q) ((c) + (h) * (SPP * 64) + (r) * (SPP * 4) + 4 * (q))
 
 /* An up warp streams its k-steps (those of its pieces, whose scale chunk serves the piece's
  * steps) through a ring in shared memory, its own: RING slots of one step's gate and up
@@ -492,7 +494,7 @@ MJ_DEVICE void up_issue(uint8_t *ring, const uint8_t *wt, const uint8_t *st, uin
             mj_cp_async16(sr + 256, src + 256);
         } else if (SPP == 2 && first) { /* half a run's: 8 bytes of each (h, row), lane 16h + row */
             const uint32_t h = (uint32_t)lane >> 4, r = (uint32_t)lane & 15u;
-            uint8_t *sr = ring + RING * 1024 + sslot * SCHUNK + SOFF(h, r, 0u);
+            uint8_t *sr = SPTR(ring + RING * 1024 + sslot * SCHUNK, h, r, 0u);
             const uint8_t *src = st + ((s >> 2) * 512u + h * 256u + r * 16u + ((s >> 1) & 1u) * 8u);
             mj_cp_async8(sr, src);
         }
@@ -570,9 +572,9 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
             const uint4 wf = *(const uint4 *)(slot + h * 512 + lane * 16);
             const uint32_t a4[4] = {wf.x, wf.y, wf.z, wf.w};
             uint32_t sfa = 0, a16[4][4];
-            if (MODE == 1) sfa = p < 2 ? *(const uint32_t *)(sr + SOFF(h, p * 8 + g, s4)) : 0u;
+            if (MODE == 1) sfa = p < 2 ? *(const uint32_t *)(SPTR(sr, h, p * 8 + g, s4)) : 0u;
             else
-                dequant_frag(wf, *(const uint32_t *)(sr + SOFF(h, g, s4)), *(const uint32_t *)(sr + SOFF(h, g + 8, s4)), p,
+                dequant_frag(wf, *(const uint32_t *)(SPTR(sr, h, g, s4)), *(const uint32_t *)(SPTR(sr, h, g + 8, s4)), p,
                              a16);
             MJ_NO_UNROLL
             for (int n = 0; n < NT && n * 8 < nc; n++) {
@@ -591,7 +593,7 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
         /* lanes p < 2 give the scales of rows g + 8p (the A scale operand), the rest 0 */
         uint32_t sfa[2] = {0, 0};
         if (p < 2)
-            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(sr + SOFF(h, p * 8 + g, s4));
+            for (int h = 0; h < 2; h++) sfa[h] = *(const uint32_t *)(SPTR(sr, h, p * 8 + g, s4));
         MJ_UNROLL
         for (int n = 0; n < NTR; n++) {
             if (n * 8 >= nc) continue;
@@ -606,8 +608,8 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
          * each accumulator takes the steps kt 0, 1, 2, 3 in order */
         uint32_t sg[2], sg8[2]; /* rows g and g + 8 (any lane reads any row's scales): both halves' */
         for (int h = 0; h < 2; h++)
-            sg[h] = e4m3x2_bf16(*(const uint32_t *)(sr + SOFF(h, g, s4)), p >> 1),
-            sg8[h] = e4m3x2_bf16(*(const uint32_t *)(sr + SOFF(h, g + 8, s4)), p >> 1);
+            sg[h] = e4m3x2_bf16(*(const uint32_t *)(SPTR(sr, h, g, s4)), p >> 1),
+            sg8[h] = e4m3x2_bf16(*(const uint32_t *)(SPTR(sr, h, g + 8, s4)), p >> 1);
         MJ_UNROLL
         for (int hf = 0; hf < 2; hf++) {
             MJ_UNROLL
@@ -733,9 +735,9 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
          * j + 4, the one issued while j computes, is 4 / SPP pieces on (sj + 4 UPD either way)
          * in the slot before cs. */
         MJ_NO_UNROLL
-        for (int q = 0; q < RING - 1; q++) /* the warp's steps 0 .. 3: piece q / SPP of its */
-            up_issue(ring, wt, st, (uint32_t)((dw + q / SPP * UPD) * SPP + q % SPP), (uint32_t)q, (uint32_t)(q / SPP),
-                     q % SPP == 0, q < nq, lane);
+        for (int q = 0; q < RING - 1; q++) /* the warp's steps 0 .. 3: piece q / SPP of its (runs: the first) */
+            up_issue(ring, wt, st, SPP == 4 ? (uint32_t)(dw * 4 + q) : (uint32_t)((dw + q / SPP * UPD) * SPP + q % SPP),
+                     (uint32_t)q, SPP == 4 ? 0u : (uint32_t)(q / SPP), SPP == 4 ? q == 0 : q % SPP == 0, q < nq, lane);
         uint32_t sj = (uint32_t)(dw * SPP), cs = 0u;
         /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
          * loaded during step j - 1; with two, at the start of step j (a copy of both groups
