@@ -18,11 +18,12 @@
 #define MJ_EXPERTS_DRING 3
 #define MJ_EXPERTS_DSLOT(dsteps, tpe) ((dsteps) * 512 + 256 + 32 + 4 * ((tpe) == 16 ? 16 : 8))
 /* experts_up's k-steps for its busiest warp: a tile's H / 64 k-steps in pieces (runs of 4
- * where the runs deal evenly to the NW1 x KSPLIT warps of a tile, else half-runs: the
- * template's SPP and PIECES1), dealt to the warps in turn, a short last piece counted whole
- * (its loop runs the step, the MMAs skipped). */
+ * where the runs deal evenly to the NW1 x KSPLIT warps of a tile or the last run is 1 or 2
+ * k-steps, else half-runs: the template's SPP and PIECES1), dealt to the warps in turn, a
+ * short last piece counted whole (its loop runs the step, the MMAs skipped). */
 static inline int32_t mj_experts_up_steps(int32_t H, int32_t nw1, int32_t ksplit) {
-    const int32_t ks = H / 64, runs = (ks + 3) / 4, upd = nw1 * ksplit, spp = runs % upd == 0 ? 4 : 2;
+    const int32_t ks = H / 64, runs = (ks + 3) / 4, upd = nw1 * ksplit;
+    const int32_t spp = runs % upd != 0 && ks % 4 != 1 && ks % 4 != 2 ? 2 : 4;
     return ((ks + spp - 1) / spp + upd - 1) / upd * spp;
 }
 #define MJ_EXPERTS_QT 64 /* experts_quant's threads a block, the template's QT */

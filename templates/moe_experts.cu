@@ -451,7 +451,10 @@ MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
  * so every block waited 8 k-steps for its busier warp while its other one idled a third of
  * that; 48 half-runs are 3 each, 6 k-steps. */
 #define UPD (NW1 * KSPLIT)
-#define SPP (RUNS1 % UPD == 0 ? 4 : 2)  /* k-steps a piece                                   */
+/* k-steps a piece: half-runs where they deal better, and every run's halves hold a k-step
+ * (H / 64 = 1 or 2 modulo 4 would leave the last run's second half of scale bytes, padding,
+ * unread: the byte-once accounting counts the packed chunk whole) */
+#define SPP (RUNS1 % UPD != 0 && KS1 % 4 != 1 && KS1 % 4 != 2 ? 2 : 4)
 #define PIECES1 ((KS1 + SPP - 1) / SPP) /* a tile's pieces (the last may be short)           */
 #define SCHUNK (SPP * 128)              /* a piece's scale chunk in the ring: [gate, up][16 rows][SPP k-steps][4 groups] */
 /* The scale word of (gate 0 / up 1) h, row r and step q of the piece in its chunk at c (the
@@ -681,7 +684,7 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
 #if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
-    const int z = (int)blockIdx.z, dw = w * KSPLIT + z; /* this warp's share of the tile's runs */
+    const int z = (int)blockIdx.z, dw = w * KSPLIT + z; /* this warp's share of the tile's pieces */
     const int g = lane >> 2, p = lane & 3;
     const int nv = valid_tokens(num_valid, B);
     /* The shared sub-experts' blocks first (y < NSUB), then the routed slots: a shared one

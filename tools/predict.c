@@ -387,8 +387,8 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
      * its fast path cannot take) and a helper named *_once (one block of a launch runs it:
      * the shared expert's gate). Counted apart, not in a warp's instructions. */
     for (int j = 0; j < nl; j++) {
-        int dup = 0; /* two labels at one instruction: one span */
-        for (int q = 0; q < j; q++) dup |= lab[q].sub && lab[q].at == lab[j].at;
+        int dup = 0; /* two rare labels at one instruction: one span */
+        for (int q = 0; q < j; q++) dup |= (lab[q].sub == 2 || lab[q].sub == 5) && lab[q].at == lab[j].at;
         if ((lab[j].sub != 2 && lab[j].sub != 5) || dup) continue;
         int end = n;
         for (int q = 0; q < nl; q++)
