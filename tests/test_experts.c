@@ -643,10 +643,10 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
         /* up split over blocks at TPE 8 (KSPLIT 2: H 1024; 8: H 4096 above), and 8 up warps
          * (TPE 16, H 2048) */
         {1024, 64, 16, 4, 5, 4, 4},   {2048, 64, 16, 4, 12, 12, 4},
-        /* runs that do not deal evenly to up's warps, so half-runs do: H 1536 (6 runs, 4 warps
-         * of 2 blocks), H 1472 (23 k-steps: a last run of 3, a last half-run of 1 step); H 1344
-         * (21: a last run of 1 step) keeps runs, whose last half would hold no k-step */
-        {1536, 64, 16, 4, 5, 5, 4},   {1472, 64, 16, 4, 3, 3, 4}, {1344, 64, 16, 4, 3, 3, 4},
+        /* runs that do not deal evenly to up's warps, so half-runs do: H 1472 (23 k-steps, 6
+         * runs over 4 warps of 2 blocks: a last run of 3, a last half-run of 1 step); H 1344 (21:
+         * a last run of 1 step) keeps runs, whose last half would hold no k-step */
+        {1472, 64, 16, 4, 3, 3, 4},   {1344, 64, 16, 4, 3, 3, 4},
         /* sums in shared memory (TPE 32, 64) with several up warps, and down items of two runs
          * (I 320: the second short): TPE 32 NW1 4; TPE 64 over chunks; TPE 64 NW1 2 */
         {1024, 320, 16, 4, 32, 29, 4}, {1024, 320, 16, 4, 100, 97, 4}, {4096, 320, 8, 4, 40, 40, 4},
@@ -939,9 +939,10 @@ static void test_mutations(mj_context_t ctx, uint64_t seed) {
 /* Bytes of weights read: each active expert's (and each shared sub-expert's) exactly once
  * for B <= 64; none of an inactive one. Same bits run after run. */
 static void test_bytes(mj_context_t ctx, uint64_t seed) {
-    /* H 256 at every batch bucket; then, at B 8, up's k-steps dealt in half-runs (H 1536: 6
-     * runs over 4 warps; H 1472: a last run of 3 k-steps) and in runs with a last run of 1 (H
-     * 1344: half-runs would leave its second half of scale bytes, padding, unread) */
+    /* H 256 at every batch bucket, both modes, each forward twice; then, at B 8 in W4A16 once
+     * (up's copies are the same in both modes), up's k-steps dealt in half-runs (H 1536: 6 runs
+     * over 4 warps; H 1472: a last run of 3 k-steps) and in runs with a last run of 1 (H 1344:
+     * half-runs would leave its second half of scale bytes, padding, unread) */
     static const int Hs[] = {256, 1536, 1472, 1344};
     for (int hi = 0; hi < 4; hi++) {
         const int H = Hs[hi];
@@ -960,7 +961,7 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
         static const int Bs[] = {1, 8, 32, 64};
         for (int bi = hi ? 1 : 0; bi < (hi ? 2 : 4); bi++) /* the larger H: B 8 */
             for (int k0 = 8; k0 >= (hi ? 8 : 4); k0 -= 4)
-                for (int m = 0; m < 2; m++) {
+                for (int m = 0; m < (hi ? 1 : 2); m++) {
                     int B = Bs[bi];
                     uint64_t rng = seed + (uint64_t)bi;
                     uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)B * H);
@@ -977,8 +978,11 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
                     CHECK(got == want,
                           "H=%d B=%d k0=%d mode %d: %llu bytes read, want %llu (%d active experts + shared, %lld each)", H,
                           B, k0, m, got, want, r.na, (long long)per);
-                    CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, NULL, o2, NULL));
-                    CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)B * H), "H=%d B=%d: two runs differ in some bit", H, B);
+                    if (!hi) {
+                        CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, NULL, o2, NULL));
+                        CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)B * H), "H=%d B=%d: two runs differ in some bit", H,
+                              B);
+                    }
                     printf("bytes H=%-4d B=%-2d k0=%d %s: %d active + %d shared experts, %llu bytes read = the floor\n", H,
                            B, k0, m ? "W4A4 " : "W4A16", r.na, v.nsub, got);
                     free(o1), free(o2), free(hidden);

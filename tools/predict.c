@@ -7,7 +7,8 @@
  *            flight per DRAM latency), or a chain of dependent global loads that each
  *            iteration of a warp waits for in turn (chain x latency an iteration);
  *   issue    the busiest SM's schedulers: each warp's instructions (hot loop x iterations,
- *            plus what runs outside it), each pipe at its rate (the integer ALU at half a
+ *            plus what runs outside it, but for subroutines a warp does not run in the
+ *            common case: a division's slow path, helpers named *_once), each pipe at its rate (the integer ALU at half a
  *            warp-instruction a cycle before Blackwell, IMAD then on the FMA pipes with
  *            FP32 and packed half), or one warp's own dependent issue
  *            (warp_cpi cycles an instruction) when too few warps share a scheduler;
