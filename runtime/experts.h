@@ -17,13 +17,19 @@
  * all 16 at TPE 16, else 8, one token group). test_experts holds them against the template. */
 #define MJ_EXPERTS_DRING 3
 #define MJ_EXPERTS_DSLOT(dsteps, tpe) ((dsteps) * 512 + 256 + 32 + 4 * ((tpe) == 16 ? 16 : 8))
-/* experts_up's k-steps for its busiest warp: a tile's H / 64 k-steps in pieces (runs of 4
- * where the runs deal evenly to the NW1 x KSPLIT warps of a tile or the last run is 1 or 2
- * k-steps, else half-runs: the template's SPP and PIECES1), dealt to the warps in turn, a
- * short last piece counted whole (its loop runs the step, the MMAs skipped). */
+/* experts_up's k-steps a piece (the template's SPP): runs of 4 where a tile's runs deal
+ * evenly to its NW1 x KSPLIT warps or its last run is 1 or 2 k-steps (H / 64 modulo 4),
+ * else half-runs (2). */
+static inline int32_t mj_experts_up_spp(int32_t H, int32_t nw1, int32_t ksplit) {
+    const int32_t ks = H / 64, runs = (ks + 3) / 4;
+    return runs % (nw1 * ksplit) != 0 && ks % 4 != 1 && ks % 4 != 2 ? 2 : 4;
+}
+
+/* experts_up's k-steps for its busiest warp: a tile's H / 64 k-steps in pieces of
+ * mj_experts_up_spp (the template's PIECES1), dealt to the warps in turn, a short last piece
+ * counted whole (its loop runs the step, the MMAs skipped). */
 static inline int32_t mj_experts_up_steps(int32_t H, int32_t nw1, int32_t ksplit) {
-    const int32_t ks = H / 64, runs = (ks + 3) / 4, upd = nw1 * ksplit;
-    const int32_t spp = runs % upd != 0 && ks % 4 != 1 && ks % 4 != 2 ? 2 : 4;
+    const int32_t ks = H / 64, upd = nw1 * ksplit, spp = mj_experts_up_spp(H, nw1, ksplit);
     return ((ks + spp - 1) / spp + upd - 1) / upd * spp;
 }
 #define MJ_EXPERTS_QT 64 /* experts_quant's threads a block, the template's QT */

@@ -349,7 +349,7 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     mj_experts_plan(ex, mode, B, &f.kn);
     g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = g_seen_ds[f.kn.DSTEPS] = 1;
     g_seen_ks[f.kn.KSPLIT] = g_seen_deal[f.kn.DEAL] = 1;
-    g_seen_halfruns |= (H / 64 + 3) / 4 % (f.kn.NW1 * f.kn.KSPLIT) != 0;
+    g_seen_halfruns |= mj_experts_up_spp(H, f.kn.NW1, f.kn.KSPLIT) == 2;
     for (int e = 0; e < r->E; e++) g_seen_chunks |= r->cnt[e] > f.kn.TPE;
     g_seen_tiles |= B > f.kn.TPE;
     tbuf out = tbuf_new(sizeof(float) * (size_t)B * H, 0);
