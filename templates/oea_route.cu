@@ -1,7 +1,9 @@
 /* oea_route.cu — noaux_tc routing with OEA, and the dispatch metadata the grouped GEMMs use,
  * in one pass over the batch.
  *
- * A warp routes one token at a time: lane l holds experts l, l+32, l+64, ... Each pick is a
+ * The block takes the batch in rounds of NWARPS tokens: the round's sigmoid scores by every
+ * thread (block_scores: a token's experts spread over the threads the round's tokens leave),
+ * then a warp a token: lane l holds experts l, l+32, l+64, ... Each pick is a
  * warp-wide argmax over a 64-bit key (order-preserving bits of the selection score, then the
  * inverted expert id), so "higher score first, NaN after every number, ties to the lower id"
  * is one integer max, and every pick is deterministic. The arithmetic mirrors
@@ -108,93 +110,108 @@ MJ_DEVICE int warp_sum_i(int v) {
     return v;
 }
 
-/* Scores of one token into s[] (unbiased) and c[] (the selection score's order_bits, so that
- * every pick compares integers it need not convert): lanes split the experts.
- * Softmax as the reference has it: the max over the numbers (a warp max: exact in any
- * order; only the sign of a zero max could differ, and it changes no result), exp per
- * expert, the sum in expert order by lane 0 (fp32 addition is not associative: this is
- * the one serial step), the division per expert. Branch-free where it costs nothing:
- * every expert's sigmoid is computed and NaN selected away. */
-MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_t *c, int lane) {
+/* Scores of tokens b0 .. b0 + nb - 1 (nb <= NWARPS, sigmoid: SCORING 0) into the warps' rows,
+ * token b0 + i in warp i's: s[] the unbiased scores, c[] the selection score's order_bits (so
+ * that every pick compares integers it need not convert). The rows are [NWARPS][E], side by
+ * side, so pair i (token i / E, expert i % E) is s[i] and c[i], and the block's threads take
+ * the pairs in turn: a token's experts spread over every thread the round's tokens leave
+ * (at B 1 on 8 warps one expert a thread, the sigmoid loop once, not E / 32 times). The loads
+ * first, all in flight at once (at most LOCAL a thread), then the math from shared memory in
+ * a rolled loop (one copy of expf and the division), branch-free: every expert's sigmoid is
+ * computed and NaN selected away. The formulas are runtime/route_ref.c's, so the bits are. A
+ * subroutine of its own: its code compiles once, and the performance model reads it apart. */
+MJ_NOINLINE void block_scores(const float *x, const float *bias, int nb, float *s, uint32_t *c) {
     /* No branch on bias (ptxas would keep a copy of each loop for either case): without one,
      * a load that is always valid whose bits are masked to +0.0f, which adds nothing. */
     const float *bp = bias ? bias : x;
     const uint32_t bmask = bias ? 0xFFFFFFFFu : 0u;
     const float qnan = mj_f32_from_bits(0x7FC00000u); /* a NaN: order_bits makes any NaN 1 */
-    if (SCORING == 0) {
-        for (int i = 0; i < LOCAL; i++) { /* the loads, all in flight at once (each lane its own e) */
-            int e = lane + 32 * i;
-            if (e >= E) break;
-            s[e] = x[e], c[e] = mj_f32_bits(bp[e]) & bmask;
-        }
-#pragma unroll 1 /* the math from shared memory: one copy of expf and the division */
+    const int t = (int)threadIdx.x, n = nb * E;
+    float xv[LOCAL];
+    uint32_t bv[LOCAL];
+    for (int k = 0; k < LOCAL; k++) { /* guarded, not a loop that stops: every load in flight */
+        const int i = t + k * NWARPS * 32, ok = i < n;
+        xv[k] = ok ? x[i] : 0.0f;
+        /* a thread's expert is the same in every trip where the block's threads are a
+         * multiple of E (GLM-5's 256 on 8 warps and more): its bias is loaded once */
+        bv[k] = k > 0 && (NWARPS * 32) % E == 0 ? bv[0] : ok ? mj_f32_bits(bp[(unsigned)i % E]) & bmask : 0u;
+    }
+    for (int k = 0; k < LOCAL; k++) {
+        const int i = t + k * NWARPS * 32;
+        if (i < n) s[i] = xv[k], c[i] = bv[k];
+    }
+#pragma unroll 1
+    for (int i = t; i < n; i += NWARPS * 32) {
+        const float v = s[i], b = mj_f32_from_bits(c[i]), sg = 1.0f / (1.0f + expf(-v));
+        const float se = (v != v) ? 0.0f : sg;
+        s[i] = se;
+        c[i] = order_bits((v != v) ? qnan : se + b);
+    }
+}
+
+/* Softmax scores (SCORING 1) of one token into s[] and c[], as block_scores has them; a warp
+ * a token, lanes split the experts: the max over the numbers (a warp max: exact in any
+ * order; only the sign of a zero max could differ, and it changes no result), exp per
+ * expert, the sum in expert order by lane 0 (fp32 addition is not associative: this is the
+ * one serial step), the division per expert. */
+MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_t *c, int lane) {
+    const float *bp = bias ? bias : x;
+    const uint32_t bmask = bias ? 0xFFFFFFFFu : 0u;
+    const float qnan = mj_f32_from_bits(0x7FC00000u);
+    float m = -1.0f / 0.0f;
+    int have = 0;
+    for (int i = 0; i < LOCAL; i++) {
+        int e = lane + 32 * i;
+        if (e >= E) break;
+        float v = x[e];
+        m = v > m ? v : m; /* false for NaN */
+        have |= v == v;
+    }
+    m = warp_max_f(m);
+    /* Votes, so that ptxas knows the branches below are the same in every lane. */
+    have = __any_sync(0xFFFFFFFFu, have);
+    const int inf_max = __any_sync(0xFFFFFFFFu, have && (m - m != m - m));
+    if (inf_max) { /* the max is +-inf: the experts at it share the mass (a rare row: rolled) */
+        int n_max = 0;
+#pragma unroll 1
         for (int i = 0; i < LOCAL; i++) {
             int e = lane + 32 * i;
             if (e >= E) break;
-            float v = s[e], b = mj_f32_from_bits(c[e]), sg = 1.0f / (1.0f + expf(-v));
-            float se = (v != v) ? 0.0f : sg;
-            s[e] = se;
-            c[e] = order_bits((v != v) ? qnan : se + b);
+            n_max += x[e] == m;
+        }
+        n_max = warp_sum_i(n_max);
+        const float share = 1.0f / (float)n_max;
+#pragma unroll 1
+        for (int i = 0; i < LOCAL; i++) {
+            int e = lane + 32 * i;
+            if (e >= E) break;
+            s[e] = x[e] == m ? share : 0.0f;
+        }
+    } else if (have) {
+#pragma unroll 1 /* x is in L1 since the max: one copy of expf */
+        for (int i = 0; i < LOCAL; i++) {
+            int e = lane + 32 * i;
+            if (e >= E) break;
+            float v = x[e], ev = expf(v - m);
+            s[e] = (v != v) ? 0.0f : ev; /* + 0.0f leaves the sum as skipping it would */
         }
         __syncwarp(0xFFFFFFFFu);
-        return;
-    }
-    {
-        float m = -1.0f / 0.0f;
-        int have = 0;
+        float sum = 0.0f;
+        if (lane == 0)
+            for (int e = 0; e < E; e++) sum += s[e];
+        sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
+#pragma unroll 1 /* one copy of the division */
         for (int i = 0; i < LOCAL; i++) {
             int e = lane + 32 * i;
             if (e >= E) break;
-            float v = x[e];
-            m = v > m ? v : m; /* false for NaN */
-            have |= v == v;
+            s[e] /= sum;
         }
-        m = warp_max_f(m);
-        /* Votes, so that ptxas knows the branches below are the same in every lane. */
-        have = __any_sync(0xFFFFFFFFu, have);
-        const int inf_max = __any_sync(0xFFFFFFFFu, have && (m - m != m - m));
-        if (inf_max) { /* the max is +-inf: the experts at it share the mass (a rare row: rolled) */
-            int n_max = 0;
+    } else { /* no number in the row (a rare row: rolled) */
 #pragma unroll 1
-            for (int i = 0; i < LOCAL; i++) {
-                int e = lane + 32 * i;
-                if (e >= E) break;
-                n_max += x[e] == m;
-            }
-            n_max = warp_sum_i(n_max);
-            const float share = 1.0f / (float)n_max;
-#pragma unroll 1
-            for (int i = 0; i < LOCAL; i++) {
-                int e = lane + 32 * i;
-                if (e >= E) break;
-                s[e] = x[e] == m ? share : 0.0f;
-            }
-        } else if (have) {
-#pragma unroll 1 /* x is in L1 since the max: one copy of expf */
-            for (int i = 0; i < LOCAL; i++) {
-                int e = lane + 32 * i;
-                if (e >= E) break;
-                float v = x[e], ev = expf(v - m);
-                s[e] = (v != v) ? 0.0f : ev; /* + 0.0f leaves the sum as skipping it would */
-            }
-            __syncwarp(0xFFFFFFFFu);
-            float sum = 0.0f;
-            if (lane == 0)
-                for (int e = 0; e < E; e++) sum += s[e];
-            sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
-#pragma unroll 1 /* one copy of the division */
-            for (int i = 0; i < LOCAL; i++) {
-                int e = lane + 32 * i;
-                if (e >= E) break;
-                s[e] /= sum;
-            }
-        } else { /* no number in the row (a rare row: rolled) */
-#pragma unroll 1
-            for (int i = 0; i < LOCAL; i++) {
-                int e = lane + 32 * i;
-                if (e >= E) break;
-                s[e] = 0.0f;
-            }
+        for (int i = 0; i < LOCAL; i++) {
+            int e = lane + 32 * i;
+            if (e >= E) break;
+            s[e] = 0.0f;
         }
     }
     for (int i = 0; i < LOCAL; i++) {
@@ -339,10 +356,11 @@ MJ_DEVICE void lane_next(const uint32_t *c, const uint8_t *ord, int lane, route_
     }
 }
 
-/* Scores of token x into s and c, its eligible experts, each lane's best: a token's start. */
+/* A token's start: its scores into s and c (softmax: here; sigmoid: block_scores has written
+ * them), its eligible experts, each lane's best. */
 MJ_DEVICE void token_begin(const float *x, const float *bias, float *s, uint32_t *c, uint8_t *ord, int lane,
                            route_state *st) {
-    token_scores(x, bias, s, c, lane);
+    if (SCORING == 1) token_scores(x, bias, s, c, lane);
     st->cand = eligible_mask(c, lane);
     if (SORTED) lane_sort(c, ord, st->cand, lane, st);
     else st->best = lane_best(c, st->cand, lane, &st->bi);
@@ -633,7 +651,10 @@ MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
  * make S_base), phase 1 each token's K (past K0 from S_base only). Plain top-k skips phase
  * 0: with K0 == K phase 1 never looks at S_base. When every warp has one token at most (B <=
  * NWARPS), phase 1 goes on from where phase 0 stopped (its first K0 picks are phase 0's,
- * the token's scores still in the warp's rows): a token is scored once. */
+ * the token's scores still in the warp's rows): a token is scored once. A phase goes by
+ * rounds of a block's NWARPS tokens, every warp through every round (a warp without a token
+ * waits at the round's barriers): the round's sigmoid scores by the whole block, then each
+ * warp its token's picks. */
 MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
                          float rsf, int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
                          int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm,
@@ -665,10 +686,19 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
     }
 #pragma unroll 1
     for (int phase = oea ? 0 : 1; phase < 2 && !only_dispatch; phase++) {
-        const int rows = phase ? B : num_valid;
-        for (int b = (int)blockIdx.x * NWARPS + w; b < rows; b += (int)gridDim.x * NWARPS) {
+        const int rows = phase ? B : num_valid, score = !(keep && phase); /* the same in every thread */
+        /* Rounds of the block's NWARPS tokens (the same rounds in every warp: a barrier's) */
+        for (int b0 = (int)blockIdx.x * NWARPS; b0 < rows; b0 += (int)gridDim.x * NWARPS) {
+            const int b = b0 + w;
+            if (SCORING == 0 && score) { /* the round's sigmoid scores, by the whole block */
+                const int nb = num_valid - b0 < NWARPS ? num_valid - b0 : NWARPS;
+                __syncthreads(); /* every warp is done with its row (the round before's lists) */
+                block_scores(logits + (long long)b0 * E, bias, nb > 0 ? nb : 0, sm_s, sm_c);
+                __syncthreads();
+            }
+            if (b >= rows) continue; /* no token this round (the barriers above are every warp's) */
             if (b < num_valid) {
-                if (!(keep && phase)) {
+                if (score) {
                     token_begin(logits + (long long)b * E, bias, s, c, ord, lane, &st);
                     token_picks(c, ord, K0, lane, &st);
                 }

@@ -980,7 +980,9 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # oea_route's pieces read from its SASS (a pick's REDUX loop, a token's loop, the dispatch),
   # a warp's instructions made of them: OEA at B 32 (k0 4, a token a warp) scores once
   json_check 'all(0 < r["kernels"]["oea_route"]["route_sass"]["pick"] < r["kernels"]["oea_route"]["route_sass"]["token"] and r["kernels"]["oea_route"]["route_sass"]["dispatch"] > 0 for r in j["predict"]["rows"])'
-  json_check 'all(abs(k["insts_warp"] - (s["outside"] + s["dispatch"] + s["token"] + 8 * s["pick"])) < 1e-6 for r in j["predict"]["rows"] if r["B"] == 32 for k in [r["kernels"]["oea_route"]] for s in [k["route_sass"]])'
+  # and the block's sigmoid scores (block_scores, its loop a pair's math): at B 32 on 32 warps
+  # each thread 8 of the 32 x 256 pairs
+  json_check 'all(abs(k["insts_warp"] - (s["outside"] + s["dispatch"] + s["token"] + 8 * s["pick"] + s["score_once"] + 8 * s["score"])) < 1e-6 and 0 < s["score"] < s["score_once"] + s["score"] < 200 for r in j["predict"]["rows"] if r["B"] == 32 for k in [r["kernels"]["oea_route"]] for s in [k["route_sass"]])'
   # sm_90a: every kernel after the router GEMM is a programmatic dependent, with its fixed cost
   json_check 'all([n for n, k in r["kernels"].items() if k["pdl"]] == ["oea_route", "experts_up", "experts_down"] for r in j["predict"]["rows"]) and j["predict"]["assumptions"]["pdl_launch_us"] < j["predict"]["assumptions"]["launch_us"]'
   # B 32 (TPE 32): a few routed rows an expert, so the one-group registers' path runs, and
@@ -1017,7 +1019,8 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # thread binary-searches its experts' offsets; about 270), which B 1's warp counts in place
   # of the whole one (about 450); left out of the blocks of 32 warps (B 17 to 32 at top-8)
   json_check 'all((0 < s["dispatch_small"] <= 300 < s["dispatch"]) if r["B"] <= 8 else s["dispatch_small"] == 0 for r in j["predict"]["rows"] for s in [r["kernels"]["oea_route"]["route_sass"]])'
-  json_check 'all(abs(k["insts_warp"] - (s["outside"] + s["dispatch_small"] + s["token"] + 8 * s["pick"])) < 1e-6 for r in j["predict"]["rows"] if r["B"] == 1 for k in [r["kernels"]["oea_route"]] for s in [k["route_sass"]])'
+  # at B 1 the token's 256 experts over the block's 256 threads: the score loop once
+  json_check 'all(abs(k["insts_warp"] - (s["outside"] + s["dispatch_small"] + s["token"] + 8 * s["pick"] + s["score_once"] + s["score"])) < 1e-6 for r in j["predict"]["rows"] if r["B"] == 1 for k in [r["kernels"]["oea_route"]] for s in [k["route_sass"]])'
   # the router GEMM on the bf16 MMA: 16 experts a block, H in 12 parts (192 blocks of 4 warps
   # up to 64 rows), 8 MMAs a run of 128 k at B <= 8 (the FMA kernel's loop had none: 461
   # warp-instructions a group of 8 rows)

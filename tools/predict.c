@@ -150,6 +150,7 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
                           : strstr(sn, "_once")          ? 5
                           : strstr(sn, "dispatch_small") ? 4
                           : strstr(sn, "dispatch")       ? 3
+                          : strstr(sn, "block_scores")   ? 6
                                                          : 1;
             lab[nl++].at = n;
             continue;
@@ -479,17 +480,20 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
     int n = 0, nl = 0;
     if (!text || parse_function(text, function, &v, &n, &lab, &nl)) return -1;
     /* The kernel's own code ends where its first subroutine starts. */
-    int main_end = n, disp, disp_end, small, small_end;
+    int main_end = n, disp, disp_end, small, small_end, sc, sc_end;
     for (int j = 0; j < nl; j++)
         if (lab[j].sub && lab[j].at < main_end) main_end = lab[j].at;
     sub_span(lab, nl, n, 3, &disp, &disp_end);
     sub_span(lab, nl, n, 4, &small, &small_end);
-    /* The token loop: the innermost loop of the kernel's code that loads global memory. */
+    sub_span(lab, nl, n, 6, &sc, &sc_end);
+    /* The token loop: the innermost loop of the kernel's code that loads global memory or
+     * calls the block's scoring. */
     int tf = -1, tl = -1;
     for (int b = 0; b < main_end; b++) {
         if (v[b].target < 0 || v[b].target > b) continue;
         int ldg = 0;
-        for (int i = v[b].target; i <= b; i++) ldg |= op_is(v[i].op, "LDG");
+        for (int i = v[b].target; i <= b; i++)
+            ldg |= op_is(v[i].op, "LDG") || (op_is(v[i].op, "CALL") && strstr(v[i].args, "block_scores"));
         if (ldg && (tf < 0 || b - v[b].target < tl - tf)) tf = v[b].target, tl = b;
     }
     if (tf >= 0) {
@@ -513,6 +517,14 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
     }
     if (disp >= 0) r->dispatch = weighted(v, disp, disp_end, NULL, 0, -1);
     if (small >= 0) r->dispatch_small = weighted(v, small, small_end, NULL, 0, -1);
+    if (sc >= 0) { /* its loop's trips depend on the round: a trip, and the rest once */
+        int lf = -1, ll = -1;
+        for (int b = sc; b < sc_end; b++)
+            if (v[b].target >= sc && v[b].target <= b && (lf < 0 || b - v[b].target > ll - lf)) lf = v[b].target, ll = b;
+        const int loop[1][2] = {{lf, ll}};
+        r->score = lf >= 0 ? weighted(v, lf, ll + 1, NULL, 0, ll) : 0;
+        r->score_once = weighted(v, sc, sc_end, loop, lf >= 0, -1);
+    }
     free(v);
     free(lab);
     return 0;
@@ -563,12 +575,18 @@ double pm_busiest_share(int n, int w, int s) {
     return e;
 }
 
-double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0) {
+double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int E, int k, int k0) {
     const int oea = k0 < k, keep = oea && B <= nwarps;
     const double tpw = nwarps > 0 ? ceil((double)B / nwarps) : B, scored = oea && !keep ? 2 : 1,
                  picks = oea && !keep ? k0 + k : k;
     const double dispatch = r->dispatch_small > 0 && (long long)B * k <= 32 ? r->dispatch_small : r->dispatch;
-    return r->outside + dispatch + tpw * (scored * r->token + picks * r->pick);
+    double rounds = 0; /* the scoring rounds' block_scores: the busiest thread's pairs */
+    if (nwarps > 0 && r->score > 0)
+        for (int b0 = 0; b0 < B; b0 += nwarps) {
+            const long long nb = B - b0 < nwarps ? B - b0 : nwarps, threads = 32LL * nwarps;
+            rounds += r->score_once + (double)((nb * E + threads - 1) / threads) * r->score;
+        }
+    return r->outside + dispatch + tpw * (scored * r->token + picks * r->pick) + scored * rounds;
 }
 
 /* ---- the model ------------------------------------------------------------------------------ */

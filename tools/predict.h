@@ -62,20 +62,29 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s);
  *   pick      one pick: the first innermost loop inside it holding a warp reduction (REDUX,
  *             or the butterfly shuffles of a warp max);
  *   outside   the kernel's own code outside the token loop (set-up, the phases' barriers);
- *   dispatch  the dispatch subroutine (counts, offsets, the permutation: once a warp). */
+ *   dispatch  the dispatch subroutine (counts, offsets, the permutation: once a warp);
+ *   score     the block's scoring subroutine (block_scores: a round's sigmoid scores, every
+ *             thread its share of the round's (token, expert) pairs): a trip of its loop
+ *             (one pair's math), and score_once the rest (its loads, at most E / 32 a thread,
+ *             all counted). 0 where the kernel has none (softmax scores in the token loop).
+ * The token loop is the innermost loop of the kernel's own code that loads global memory or
+ * calls block_scores. */
 typedef struct pm_route_sass {
     int found;                   /* a token loop with a pick loop inside                      */
     int pick_loops;
     double token, pick, outside, dispatch;
     double dispatch_small;       /* the short dispatch of B x k <= 32 entries (0: the kernel
                                     has none: blocks of more than 8 warps)                    */
+    double score, score_once;
 } pm_route_sass;
 int pm_sass_route(const char *text, const char *function, pm_route_sass *r);
-/* A warp's instructions in the one-block launch of B tokens over nwarps warps (top-k, OEA's
- * k0): ceil(B / nwarps) tokens, each scored once (twice under OEA when a warp has more than
- * one: phase 1 scores it again) and picked k times (k0 + k in that case), plus the dispatch
- * (the short one where B x k <= 32 and the kernel has it) and the kernel's set-up once. */
-double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int k, int k0);
+/* A warp's instructions in the one-block launch of B tokens over nwarps warps of E experts
+ * (top-k, OEA's k0): ceil(B / nwarps) tokens (rounds), each scored once (twice under OEA when
+ * a warp has more than one: phase 1 scores it again) and picked k times (k0 + k in that
+ * case); each scoring round's block_scores, whose busiest thread takes ceil(n E / (nwarps
+ * 32)) pairs of the round's n tokens; the dispatch (the short one where B x k <= 32 and the
+ * kernel has it) and the kernel's set-up once. */
+double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int E, int k, int k0);
 
 /* The experts the busiest of w warps takes when n routed experts are dealt by id modulo w
  * (ids at random: each warp equally likely) and s shared sub-experts j to warp j modulo w:

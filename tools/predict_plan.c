@@ -115,7 +115,7 @@ static int fetch_route(mj_context_t ctx, reader *rd, const mj_spec *spec, const 
     if (pm_sass_route(text, k->name, &k->rs) || !k->rs.found)
         return tool_fail("--predict: no token loop with picks in %s's SASS", k->name);
     k->has_route = 1;
-    k->l.extra = pm_route_insts(&k->rs, B, kn->NWARPS, kn->K, kn->K0);
+    k->l.extra = pm_route_insts(&k->rs, B, kn->NWARPS, kn->E, kn->K, kn->K0);
     pm_predict(gpu, a, NULL, &k->l, &k->r);
     return 0;
 }
@@ -148,6 +148,8 @@ static json_t *result_json(const kernel_row *k) {
         json_object_set_new(h, "outside", json_real(k->rs.outside));
         json_object_set_new(h, "dispatch", json_real(k->rs.dispatch));
         json_object_set_new(h, "dispatch_small", json_real(k->rs.dispatch_small));
+        json_object_set_new(h, "score", json_real(k->rs.score));
+        json_object_set_new(h, "score_once", json_real(k->rs.score_once));
         json_object_set_new(o, "route_sass", h);
     }
     if (k->has_sass) {
