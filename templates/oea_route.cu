@@ -655,7 +655,14 @@ MJ_DEVICE int valid_rows(const int32_t *num_valid, int B) {
  * rounds of a block's NWARPS tokens, every warp through every round (a warp without a token
  * waits at the round's barriers): the round's sigmoid scores by the whole block, then each
  * warp its token's picks. */
-MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
+/* A block of 32 warps must fit 64 registers a thread: ptxas is told so (below 32 warps a
+ * bound only changes what ptxas aims for, and at E 1024 on 2 warps made it spill). */
+#if NWARPS == 32
+#define ROUTE_BOUNDS __launch_bounds__(1024)
+#else
+#define ROUTE_BOUNDS
+#endif
+MJ_KERNEL void ROUTE_BOUNDS oea_route(const float *logits, const float *bias, int B, const int32_t *num_valid_p,
                          float rsf, int32_t *ids, float *weights, int32_t *n_sel, int32_t *counts,
                          int32_t *offsets, int32_t *active, int32_t *n_active, int32_t *perm,
                          int32_t *row_index) {
@@ -690,10 +697,9 @@ MJ_KERNEL void oea_route(const float *logits, const float *bias, int B, const in
         /* Rounds of the block's NWARPS tokens (the same rounds in every warp: a barrier's) */
         for (int b0 = (int)blockIdx.x * NWARPS; b0 < rows; b0 += (int)gridDim.x * NWARPS) {
             const int b = b0 + w;
-            if (SCORING == 0 && score) { /* the round's sigmoid scores, by the whole block */
-                const int nb = num_valid - b0 < NWARPS ? num_valid - b0 : NWARPS;
+            if (SCORING == 0 && score && b0 < num_valid) { /* the round's sigmoid scores, by the whole block */
                 __syncthreads(); /* every warp is done with its row (the round before's lists) */
-                block_scores(logits + (long long)b0 * E, bias, nb > 0 ? nb : 0, sm_s, sm_c);
+                block_scores(logits + (long long)b0 * E, bias, num_valid - b0 < NWARPS ? num_valid - b0 : NWARPS, sm_s, sm_c);
                 __syncthreads();
             }
             if (b >= rows) continue; /* no token this round (the barriers above are every warp's) */

@@ -251,13 +251,15 @@ static void test_route(void) {
     CHECK(pm_sass_route(text, "oea_route", &r) == 0 && r.found && r.pick_loops == 1, "read: found %d, pick loops %d",
           r.found, r.pick_loops);
     free(text);
-    /* By hand. token: CALL, LDS, UMOV, the score loop's 4 instructions x 4 (its trip count on
-     * UP0's compare with 0x4), STG, ISETP, BRA = 22. pick: REDUX x 2, IADD3, ISETP, BRA = 5
-     * (once: a pick is one trip). outside: S2R, MOV, BAR, CALL x 2, EXIT = 6. dispatch: MOV,
+    /* By hand. token: CALL, LDS, UMOV, the score loop's 5 instructions x 4 (its trip count on
+     * UP0's compare with 0x4), STG, ISETP, BRA = 26 (the score loop loads global memory but
+     * holds no pick: not the token loop). pick: REDUX x 2, IADD3, ISETP, BRA = 5
+     * (once: a pick is one trip). outside: S2R, MOV, BAR, CALL x 2, EXIT = 6 (not the
+     * diverged shuffle's path past the EXIT). dispatch: MOV,
      * the loop's 4 x 4 (0x400 / 0x100), RET = 18; the short dispatch: SHFL, STS, RET = 3; the
      * block's scoring: a trip of its loop 6 (LDS, MUFU, STS, VIADD, ISETP, BRA), the rest 4
      * (S2R, LDG, STS, RET); the slow path is not counted. */
-    CHECK_NEAR(r.token, 22, 0);
+    CHECK_NEAR(r.token, 26, 0);
     CHECK_NEAR(r.pick, 5, 0);
     CHECK_NEAR(r.outside, 6, 0);
     CHECK_NEAR(r.dispatch, 18, 0);
@@ -265,17 +267,17 @@ static void test_route(void) {
     CHECK_NEAR(r.score, 6, 0);
     CHECK_NEAR(r.score_once, 4, 0);
     /* A warp's instructions: 6 + the dispatch (3 for B x k <= 32, else 18) + tokens x
-     * (scorings x 22 + picks x 5) + scorings x each round's block scoring, 4 + its busiest
+     * (scorings x 26 + picks x 5) + scorings x each round's block scoring, 4 + its busiest
      * thread's pairs (ceil(n E / threads) of the round's n tokens) x 6. */
-    CHECK_NEAR(pm_route_insts(&r, 1, 8, 256, 8, 8), 9 + 22 + 8 * 5 + 4 + 6, 0); /* one token: a pair a thread */
-    CHECK_NEAR(pm_route_insts(&r, 1, 8, 1024, 8, 8), 9 + 22 + 8 * 5 + 4 + 4 * 6, 0); /* E 1024: 4 */
-    CHECK_NEAR(pm_route_insts(&r, 4, 8, 256, 8, 8), 9 + 22 + 8 * 5 + 4 + 4 * 6, 0); /* 32 entries: the short one */
-    CHECK_NEAR(pm_route_insts(&r, 5, 8, 256, 8, 8), 24 + 22 + 8 * 5 + 4 + 5 * 6, 0); /* 40: the whole dispatch */
-    CHECK_NEAR(pm_route_insts(&r, 32, 32, 256, 8, 4), 24 + 22 + 8 * 5 + 4 + 8 * 6, 0); /* OEA, a token a warp: scored once */
-    CHECK_NEAR(pm_route_insts(&r, 32, 16, 256, 8, 4), 24 + 2 * (2 * 22 + 12 * 5) + 2 * 2 * (4 + 8 * 6),
+    CHECK_NEAR(pm_route_insts(&r, 1, 8, 256, 8, 8), 9 + 26 + 8 * 5 + 4 + 6, 0); /* one token: a pair a thread */
+    CHECK_NEAR(pm_route_insts(&r, 1, 8, 1024, 8, 8), 9 + 26 + 8 * 5 + 4 + 4 * 6, 0); /* E 1024: 4 */
+    CHECK_NEAR(pm_route_insts(&r, 4, 8, 256, 8, 8), 9 + 26 + 8 * 5 + 4 + 4 * 6, 0); /* 32 entries: the short one */
+    CHECK_NEAR(pm_route_insts(&r, 5, 8, 256, 8, 8), 24 + 26 + 8 * 5 + 4 + 5 * 6, 0); /* 40: the whole dispatch */
+    CHECK_NEAR(pm_route_insts(&r, 32, 32, 256, 8, 4), 24 + 26 + 8 * 5 + 4 + 8 * 6, 0); /* OEA, a token a warp: scored once */
+    CHECK_NEAR(pm_route_insts(&r, 32, 16, 256, 8, 4), 24 + 2 * (2 * 26 + 12 * 5) + 2 * 2 * (4 + 8 * 6),
                0); /* 2 a warp: phase 1 again, each phase 2 rounds of 16 tokens */
-    CHECK_NEAR(pm_route_insts(&r, 32, 8, 256, 8, 8), 24 + 4 * (22 + 8 * 5) + 4 * (4 + 8 * 6), 0); /* plain, 4 a warp */
-    CHECK_NEAR(pm_route_insts(&r, 12, 8, 256, 8, 8), 24 + 2 * (22 + 8 * 5) + (4 + 8 * 6) + (4 + 4 * 6),
+    CHECK_NEAR(pm_route_insts(&r, 32, 8, 256, 8, 8), 24 + 4 * (26 + 8 * 5) + 4 * (4 + 8 * 6), 0); /* plain, 4 a warp */
+    CHECK_NEAR(pm_route_insts(&r, 12, 8, 256, 8, 8), 24 + 2 * (26 + 8 * 5) + (4 + 8 * 6) + (4 + 4 * 6),
                0); /* a full round, then 4 tokens */
     /* Made slow on purpose: the batch on 8 warps in place of 32 (4 tokens a warp, each scored
      * twice under OEA) is predicted slower on one block, though its warps share schedulers less. */

@@ -77,7 +77,8 @@ typedef struct label {
     char name[32];
     int at;            /* the instruction that follows it                                     */
     int sub;           /* a subroutine's start ("$name:"): 1, 2 a libdevice slow path, 3 the
-                          route kernel's dispatch, 4 its short dispatch; 0 a branch label     */
+                          route kernel's dispatch, 4 its short dispatch, 5 a helper named
+                          *_once, 6 the route kernel's block_scores; 0 a branch label        */
 } label;
 
 static int op_is(const char *op, const char *base) {
@@ -487,43 +488,62 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
     sub_span(lab, nl, n, 4, &small, &small_end);
     sub_span(lab, nl, n, 6, &sc, &sc_end);
     /* The token loop: the innermost loop of the kernel's code that loads global memory or
-     * calls the block's scoring. */
-    int tf = -1, tl = -1;
-    for (int b = 0; b < main_end; b++) {
-        if (v[b].target < 0 || v[b].target > b) continue;
-        int ldg = 0;
+     * calls the block's scoring and holds a pick loop (softmax scores have loops of their own
+     * that load, with no pick inside); its pick loops: the innermost loops inside it that hold
+     * a warp reduction. */
+    int tf = -1, tl = -1, picks[8][2], np = 0;
+    /* The kernel's body ends at its last unconditional EXIT: past it ptxas places the paths
+     * a warp takes only where it reaches a shuffle diverged (BRA.DIV's), whose branches back
+     * into the body are not loops, and which the kernel's converged shuffles do not take. */
+    int body_end = main_end;
+    for (int i = main_end - 1; i >= 0; i--)
+        if (op_is(v[i].op, "EXIT") && v[i].pred < 0) {
+            body_end = i + 1;
+            break;
+        }
+    for (int b = 0; b < body_end; b++) {
+        if (v[b].target < 0 || v[b].target > b || (tf >= 0 && b - v[b].target >= tl - tf)) continue;
+        int ldg = 0, lp[8][2], nlp = 0;
         for (int i = v[b].target; i <= b; i++)
             ldg |= op_is(v[i].op, "LDG") || (op_is(v[i].op, "CALL") && strstr(v[i].args, "block_scores"));
-        if (ldg && (tf < 0 || b - v[b].target < tl - tf)) tf = v[b].target, tl = b;
+        for (int e = v[b].target; ldg && e < b && nlp < 8; e++) {
+            if (v[e].target < v[b].target || v[e].target > e) continue;
+            int red = 0, inner = 0;
+            for (int i = v[e].target; i <= e; i++) {
+                red |= warp_reduce(&v[i]);
+                if (i < e && v[i].target >= v[e].target && v[i].target <= i) inner = 1;
+            }
+            if (red && !inner) lp[nlp][0] = v[e].target, lp[nlp][1] = e, nlp++;
+        }
+        if (!nlp) continue;
+        tf = v[b].target, tl = b, np = nlp;
+        memcpy(picks, lp, sizeof lp);
     }
     if (tf >= 0) {
-        /* Its pick loops: the innermost loops inside it that hold a warp reduction. */
-        int picks[8][2], np = 0;
-        for (int b = tf; b < tl && np < 8; b++) {
-            if (v[b].target < tf || v[b].target > b) continue;
-            int red = 0, inner = 0;
-            for (int i = v[b].target; i <= b; i++) {
-                red |= warp_reduce(&v[i]);
-                if (i < b && v[i].target >= v[b].target && v[i].target <= i) inner = 1;
-            }
-            if (red && !inner) picks[np][0] = v[b].target, picks[np][1] = b, np++;
-        }
-        r->found = np > 0;
+        r->found = 1;
         r->pick_loops = np;
-        if (np) r->pick = weighted(v, picks[0][0], picks[0][1] + 1, NULL, 0, picks[0][1]);
+        r->pick = weighted(v, picks[0][0], picks[0][1] + 1, NULL, 0, picks[0][1]);
         r->token = weighted(v, tf, tl + 1, picks, np, tl);
         const int tok[1][2] = {{tf, tl}};
-        r->outside = weighted(v, 0, main_end, tok, 1, -1);
+        r->outside = weighted(v, 0, body_end, tok, 1, -1);
     }
     if (disp >= 0) r->dispatch = weighted(v, disp, disp_end, NULL, 0, -1);
     if (small >= 0) r->dispatch_small = weighted(v, small, small_end, NULL, 0, -1);
     if (sc >= 0) { /* its loop's trips depend on the round: a trip, and the rest once */
-        int lf = -1, ll = -1;
-        for (int b = sc; b < sc_end; b++)
-            if (v[b].target >= sc && v[b].target <= b && (lf < 0 || b - v[b].target > ll - lf)) lf = v[b].target, ll = b;
-        const int loop[1][2] = {{lf, ll}};
-        r->score = lf >= 0 ? weighted(v, lf, ll + 1, NULL, 0, ll) : 0;
-        r->score_once = weighted(v, sc, sc_end, loop, lf >= 0, -1);
+        int lf = -1, ll = -1; /* the pairs' loop: the one that holds the exponential */
+        for (int b = sc; b < sc_end; b++) {
+            if (v[b].target < sc || v[b].target > b || (lf >= 0 && b - v[b].target <= ll - lf)) continue;
+            int ex = 0;
+            for (int i = v[b].target; i <= b; i++) ex |= op_is(v[i].op, "MUFU.EX2");
+            if (ex) lf = v[b].target, ll = b;
+        }
+        if (lf < 0) { /* a scoring whose loop is not read would be counted as free */
+            r->found = 0;
+        } else {
+            const int loop[1][2] = {{lf, ll}};
+            r->score = weighted(v, lf, ll + 1, NULL, 0, ll);
+            r->score_once = weighted(v, sc, sc_end, loop, 1, -1);
+        }
     }
     free(v);
     free(lab);
