@@ -281,11 +281,14 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
  * bf16's low exponent and top mantissa bits are (an E4M3 is a float of bias 7, not 127):
  * that bf16 is the value times 2^-120, for the exponent-0 scales too (as bf16 subnormals,
  * which the bf16 multiply keeps; zero stays zero), and two multiplies, by 2^120 and by
- * 2^119, make it what e2m1x8_bf16 takes. 6 instructions for both halves' scales. */
+ * 2^119, make it what e2m1x8_bf16 takes. A block scale's sign bit is 0 (the checkpoint
+ * loader and mj_experts_adopt refuse any other: runtime/weights/checkpoint.c), so a byte
+ * permute to bits 0 and 16 and one left shift place both, which the compiler can issue as an
+ * IMAD to Hopper's FMA pipes: 4 instructions for both halves' scales, 1 of them on the ALU
+ * (the sign's own mask and merge had been 3 more there). */
 MJ_DEVICE uint32_t e4m3x2_bf16(uint32_t w, int q) {
-    const uint32_t t = __byte_perm(w, 0u, 0x0404u | (uint32_t)q << 4 | (uint32_t)(q + 2) << 12); /* at bits 8, 24 */
-    const uint32_t b = ((t >> 4) & 0x07F007F0u) | (t & 0x80008000u);
-    return mj_mul_bf16x2(mj_mul_bf16x2(b, 0x7B807B80u /* 2^120 */), 0x7B007B00u /* 2^119 */);
+    const uint32_t t = __byte_perm(w, 0u, 0x4040u | (uint32_t)q | (uint32_t)(q + 2) << 8); /* at bits 0, 16 */
+    return mj_mul_bf16x2(mj_mul_bf16x2(t << 4, 0x7B807B80u /* 2^120 */), 0x7B007B00u /* 2^119 */);
 }
 
 /* Half hf of a bf16 pair, in both halves. */
@@ -540,21 +543,27 @@ MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[
 
 /* The activations (B fragments) of k-step s for the register sums' token groups (this
  * lane's rows src[]; zeros for none or past the k-steps): W4A16 b16[n] (both halves; one
- * group from xrow[0], the row's lane-p part, x + src H + 8p, NULL for none, set once a chunk
- * so that a step's address is one add: about 8 instructions a k-step fewer; two groups from
- * src, where two pointers would cost registers the 3 blocks an SM of up_bounds do not have),
- * W4A4 bq[n] and its scale word bsf[n]. Loaded a step ahead of
- * their MMAs, so the step loop makes no dependent global load. */
+ * group from xrow[0], the row's lane-p part, x + src H + 8p, set once a chunk so that a
+ * step's address is one add: about 8 instructions a k-step fewer; two groups from src, where
+ * two pointers would cost registers the 3 blocks an SM of up_bounds do not have), W4A4 bq[n]
+ * and its scale word bsf[n]. Loaded a step ahead of their MMAs, so the step loop makes no
+ * dependent global load. One W4A16 group is loaded as it is, not zeroed first: a lane
+ * without a token reads row 0 (xrow), whose products land in sums no token has (an MMA's
+ * column is its B column's alone, and the epilogue reads the chunk's tokens only), and past
+ * the k-steps nothing is loaded, as no MMA runs. */
 MJ_DEVICE void up_bload(int s, const int *src, const uint16_t *x, const uint16_t *const *xrow, const uint8_t *xq,
                         const uint8_t *xsf, int p, uint32_t b16[][4][2], uint32_t bq[][2], uint32_t *bsf) {
     MJ_UNROLL
     for (int n = 0; n < NTR; n++) {
+        if (MODE == 0 && NTR == 1) {
+            if (s < KS1) bf16_bfrag(xrow[n], s, 0, b16[n]);
+            continue;
+        }
         for (int kt = 0; kt < 4; kt++) b16[n][kt][0] = b16[n][kt][1] = 0;
         bq[n][0] = bq[n][1] = bsf[n] = 0;
         if (s >= KS1) continue;
         if (MODE == 1) fp4_bfrag(xq, xsf, src[n], H, s, p, bq[n], &bsf[n]);
-        else if (NTR == 1 && xrow[n]) bf16_bfrag(xrow[n], s, 0, b16[n]);
-        else if (NTR > 1 && src[n] >= 0) bf16_bfrag(x + (long long)src[n] * H, s, p, b16[n]); /* fewer registers */
+        else if (src[n] >= 0) bf16_bfrag(x + (long long)src[n] * H, s, p, b16[n]); /* two groups: fewer registers */
     }
 }
 
@@ -719,7 +728,7 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
             MJ_UNROLL
             for (int n = 0; n < NTR; n++) {
                 src[n] = n * 8 + g < nc ? (int)src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
-                xrow[n] = MODE == 0 && NTR == 1 && src[n] >= 0 ? x + (long long)src[n] * H + 8 * p : 0;
+                xrow[n] = MODE == 0 && NTR == 1 ? x + (long long)(src[n] >= 0 ? src[n] : 0) * H + 8 * p : 0;
                 for (int h = 0; h < 2; h++)
                     for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
             }
@@ -745,7 +754,7 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
         /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
          * loaded during step j - 1; with two, at the start of step j (a copy of both groups
          * held across a step would double their registers) */
-        uint32_t b16[NTR][4][2], bq[NTR][2], bsf[NTR];
+        uint32_t b16[NTR][4][2] = {{{0}}}, bq[NTR][2], bsf[NTR];
         up_bload(NTR == 1 && regs && nq > 0 ? dw * SPP : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
         MJ_NO_UNROLL
         for (int j = 0; j < nq; j++) {
@@ -754,19 +763,17 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
             up_issue(ring, wt, st, s + 4u * UPD, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
                      j + RING - 1 < nq, lane);
             const uint32_t sn = s4 == SPP - 1u ? s + (SPP * UPD - (SPP - 1u)) : s + 1u; /* step j + 1's */
+            /* one group: this step's came during the last, the next step's load after this
+             * step's MMAs, into the same registers (no copy); two groups: this step's, before
+             * the wait (registers) */
             uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
-            if (NTR == 1 && regs) { /* one group: this step's from the last, the next step's now */
-                for (int kt = 0; kt < 4; kt++) c16[0][kt][0] = b16[0][kt][0], c16[0][kt][1] = b16[0][kt][1];
-                cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
-                up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
-            } else if (regs) { /* two groups: this step's, before the wait (registers) */
-                up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
-            }
+            if (NTR > 1 && regs) up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
             mj_cp_async_wait(RING - 1); /* step j's group has landed... */
             __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
             if (s < KS1)
                 up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, srcs, nc, x,
-                        xq, xsf, lane, accr, acc, c16, cq, csf);
+                        xq, xsf, lane, accr, acc, NTR == 1 ? b16 : c16, NTR == 1 ? bq : cq, NTR == 1 ? bsf : csf);
+            if (NTR == 1 && regs) up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
             sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
         }
         __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */

@@ -663,8 +663,9 @@ static void test_malformed_single(const char *good) {
         free(d), free(p);
     }
 
-    /* Non-finite and impossible scales. */
-    for (int i = 0; i < 4; i++) {
+    /* Non-finite and impossible scales (a negative block scale too: the W4A16 kernels place a
+     * scale byte's 7 bits alone, so a sign bit must never reach them). */
+    for (int i = 0; i < 5; i++) {
         char name[32];
         snprintf(name, sizeof name, "nonfinite%d", i);
         d = copy_ck(good, name), p = test_path(d, MJ_CK_SINGLE);
@@ -672,15 +673,18 @@ static void test_malformed_single(const char *good) {
         const char *t = i == 0 ? tname(3, 3, "down_proj", "input_scale")
                       : i == 1 ? tname(3, 0, "up_proj", "weight_scale")
                       : i == 2 ? tname(3, MJ_CK_ROUTER, NULL, "e_score_correction_bias")
-                               : tname(3, MJ_CK_SHARED, "gate_proj", "weight_scale_2");
+                      : i == 3 ? tname(3, MJ_CK_SHARED, "gate_proj", "weight_scale_2")
+                               : tname(3, 2, "down_proj", "weight_scale");
         char tn[MJ_CK_NAME_MAX];
         snprintf(tn, sizeof tn, "%s", t);
         if (i == 0) *st_f32(&f, tn) = NAN;
         if (i == 1) f.data[st_off(&f, tn, 0) + 5] = 0x7F; /* the e4m3 NaN */
         if (i == 2) st_f32(&f, tn)[E - 1] = INFINITY;
         if (i == 3) *st_f32(&f, tn) = -1.0f;
+        if (i == 4) f.data[st_off(&f, tn, 0) + 9] = 0xB8; /* e4m3 -1 */
         st_save(p, &f);
-        expect_refused("bad scale", d, i == 3 ? MJ_ERR_PARSE : MJ_ERR_NONFINITE, tn, i == 3 ? "positive" : NULL);
+        expect_refused("bad scale", d, i >= 3 ? MJ_ERR_PARSE : MJ_ERR_NONFINITE, tn,
+                       i == 3 ? "positive" : i == 4 ? "unsigned" : NULL);
         free(d), free(p);
     }
 
