@@ -282,10 +282,12 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
  * that bf16 is the value times 2^-120, for the exponent-0 scales too (as bf16 subnormals,
  * which the bf16 multiply keeps; zero stays zero), and two multiplies, by 2^120 and by
  * 2^119, make it what e2m1x8_bf16 takes. A block scale's sign bit is 0 (the checkpoint
- * loader and mj_experts_adopt refuse any other: runtime/weights/checkpoint.c), so a byte
- * permute to bits 0 and 16 and one left shift place both, which the compiler can issue as an
- * IMAD to Hopper's FMA pipes: 4 instructions for both halves' scales, 1 of them on the ALU
- * (the sign's own mask and merge had been 3 more there). */
+ * loader and mj_experts_adopt refuse any other byte, by mj_nvfp4_scale_bad: runtime/ref/
+ * nvfp4.c), so a byte permute to bits 0 and 16 and one left shift place both, which the
+ * compiler can issue as an IMAD to Hopper's FMA pipes: 4 instructions for both halves'
+ * scales, 1 of them on the ALU (the sign's own mask and merge had been 3 more there). A sign
+ * bit here would land in the bf16's exponent (2^16 times the scale: Inf after the
+ * multiplies), not make the scale negative. */
 MJ_DEVICE uint32_t e4m3x2_bf16(uint32_t w, int q) {
     const uint32_t t = __byte_perm(w, 0u, 0x4040u | (uint32_t)q | (uint32_t)(q + 2) << 8); /* at bits 0, 16 */
     return mj_mul_bf16x2(mj_mul_bf16x2(t << 4, 0x7B807B80u /* 2^120 */), 0x7B007B00u /* 2^119 */);
@@ -542,15 +544,16 @@ MJ_DEVICE void mma_group(const uint32_t a4[4], uint32_t sfa, const uint32_t a16[
 }
 
 /* The activations (B fragments) of k-step s for the register sums' token groups (this
- * lane's rows src[]; zeros for none or past the k-steps): W4A16 b16[n] (both halves; one
- * group from xrow[0], the row's lane-p part, x + src H + 8p, set once a chunk so that a
- * step's address is one add: about 8 instructions a k-step fewer; two groups from src, where
- * two pointers would cost registers the 3 blocks an SM of up_bounds do not have), W4A4 bq[n]
- * and its scale word bsf[n]. Loaded a step ahead of their MMAs, so the step loop makes no
- * dependent global load. One W4A16 group is loaded as it is, not zeroed first: a lane
- * without a token reads row 0 (xrow), whose products land in sums no token has (an MMA's
- * column is its B column's alone, and the epilogue reads the chunk's tokens only), and past
- * the k-steps nothing is loaded, as no MMA runs. */
+ * lane's rows src[]): W4A16 b16[n] (both halves; one group from xrow[0], the row's lane-p
+ * part, x + src H + 8p, set once a chunk so that a step's address is one add: about 8
+ * instructions a k-step fewer; two groups from src, where two pointers would cost registers
+ * the 3 blocks an SM of up_bounds do not have), W4A4 bq[n] and its scale word bsf[n]. Loaded
+ * a step ahead of their MMAs, so the step loop makes no dependent global load. Two W4A16
+ * groups and W4A4 are zeros for a lane without a token or past the k-steps; one W4A16 group
+ * is loaded as it is, not zeroed first: a lane without a token reads row 0 (xrow), whose
+ * products land in sums no token has (an MMA's column is its B column's alone, and the
+ * epilogue reads the chunk's tokens only), and past the k-steps nothing is loaded, as no MMA
+ * runs. */
 MJ_DEVICE void up_bload(int s, const int *src, const uint16_t *x, const uint16_t *const *xrow, const uint8_t *xq,
                         const uint8_t *xsf, int p, uint32_t b16[][4][2], uint32_t bq[][2], uint32_t *bsf) {
     MJ_UNROLL
@@ -763,17 +766,25 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
             up_issue(ring, wt, st, s + 4u * UPD, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
                      j + RING - 1 < nq, lane);
             const uint32_t sn = s4 == SPP - 1u ? s + (SPP * UPD - (SPP - 1u)) : s + 1u; /* step j + 1's */
-            /* one group: this step's came during the last, the next step's load after this
-             * step's MMAs, into the same registers (no copy); two groups: this step's, before
+            /* one W4A16 group: this step's came during the last, the next step's load after
+             * this step's MMAs, into the same registers (no copy); one W4A4 group: this
+             * step's from the last, the next step's now, a whole step before its MMAs (W4A4
+             * has no dequantization to hide a load behind); two groups: this step's, before
              * the wait (registers) */
+            const int reuse = NTR == 1 && MODE == 0;
             uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
-            if (NTR > 1 && regs) up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
+            if (NTR == 1 && MODE == 1 && regs) {
+                cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
+                up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+            } else if (NTR > 1 && regs) {
+                up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
+            }
             mj_cp_async_wait(RING - 1); /* step j's group has landed... */
             __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
             if (s < KS1)
                 up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, srcs, nc, x,
-                        xq, xsf, lane, accr, acc, NTR == 1 ? b16 : c16, NTR == 1 ? bq : cq, NTR == 1 ? bsf : csf);
-            if (NTR == 1 && regs) up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+                        xq, xsf, lane, accr, acc, reuse ? b16 : c16, reuse ? bq : cq, reuse ? bsf : csf);
+            if (reuse && regs) up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
             sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
         }
         __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
@@ -1026,11 +1037,15 @@ MJ_DEVICE void down_group(const uint8_t *slot, const uint8_t *sr, int s0, long l
     MJ_UNROLL
     for (int i = 0; i < DSTEPS; i++) {
         const int s = s0 + i;
-        for (int kt = 0; kt < 4; kt++) b[i][kt][0] = b[i][kt][1] = 0;
+        if (MODE == 0) { /* as they are: a lane past the rows reads the group's first (n >= 1),
+                          * into sums no row has (down_epi_group reads rows below n only) */
+            if (KS2 % DSTEPS != 0 && s >= KS2) continue; /* no MMA reads it */
+            bf16_bfrag(act + (g < n ? src : row0) * I, s, p, b[i]);
+            continue;
+        }
         bq[i][0] = bq[i][1] = sfb[i] = 0;
         if (KS2 % DSTEPS != 0 && s >= KS2) continue;
-        if (MODE == 1) fp4_bfrag(actq, act_sf, src, I, s, p, bq[i], &sfb[i]);
-        else if (src >= 0) bf16_bfrag(act + src * I, s, p, b[i]);
+        fp4_bfrag(actq, act_sf, src, I, s, p, bq[i], &sfb[i]);
     }
     MJ_UNROLL
     for (int i = 0; i < DSTEPS; i++) {
@@ -1288,15 +1303,16 @@ MJ_KERNEL void experts_silu(const float *x, int n, float *y, float *want) {
 
 /* ---- experts_dequant (a check of W4A16's dequantization) ------------------------------------
  * out[8i + 4hf .. + 3] = the four bf16 pairs e2m1x8_bf16 makes of the eight codes in words[i]
- * (as the target's packed weights hold them: bit-placed below sm_120) with the block scale in byte 2hf of scales[i] (as e4m3x2_bf16 brings both), a grid-stride loop;
- * a body only in PART 0: test_experts (on the interpreter) and test_moe_gpu dequant (on a
- * GPU) compare each bf16 with the code's value x the scale x 2^-7, bit for bit, for every
- * code and every scale byte. */
+ * (as the target's packed weights hold them: bit-placed below sm_120) with the block scale in
+ * byte 2hf + (i & 1) of scales[i] (as e4m3x2_bf16 brings both, for a lane's either place in
+ * a k-group pair), a grid-stride loop; a body only in PART 0: test_experts (on the
+ * interpreter) and test_moe_gpu dequant (on a GPU) compare each bf16 with the code's value x
+ * the scale x 2^-7, bit for bit, for every code and every block scale byte (0x00 - 0x7E). */
 MJ_KERNEL void experts_dequant(const uint32_t *words, const uint32_t *scales, int n, uint32_t *out) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0
     for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
-        const uint32_t sp = e4m3x2_bf16(scales[i], 0);
+        const uint32_t sp = e4m3x2_bf16(scales[i], i & 1);
         for (int hf = 0; hf < 2; hf++) {
             uint32_t r[4];
             e2m1x8_bf16(words[i], bf16_bcast(sp, hf), r);

@@ -544,8 +544,9 @@ static inline mj_status test_silu_kernel(mj_context_t ctx, const mj_function **f
 /* W4A16's dequantization (experts_dequant, in the same PART 0 build): TEST_DQ_WORDS words of
  * eight E2M1 codes, each code in each nibble once for every UE4M3 scale byte but the NaN
  * (0x7F; the sign bit is 0: the checkpoint loader and mj_experts_adopt refuse any other, and
- * the kernels place the byte's 7 bits alone), as byte 0 of the scale word, with another in
- * byte 2 (the other half's). test_dequant_inputs writes them; test_dequant_bad counts the bf16 halves of out (8 words a
+ * the kernels place the byte's bits without looking at it), as byte 0 of word i's scale word
+ * with another in byte 2 (the other half's) for even i, bytes 1 and 3 for odd i (the other
+ * place of a lane's scale pair), the unread bytes 0xA5. test_dequant_inputs writes them; test_dequant_bad counts the bf16 halves of out (8 words a
  * word: byte 0's scale, then byte 2's) that are not the code's value x the scale x 2^-7
  * (exact: at most 6 significant bits, none subnormal), and prints the first few. */
 enum { TEST_DQ_WORDS = 127 * 16 };
@@ -556,7 +557,8 @@ static inline void test_dequant_inputs(uint32_t *words, uint32_t *scales) {
             uint32_t w = 0;
             for (uint32_t j = 0; j < 8; j++) w |= ((j * 2 + k) & 15u) << (4 * j); /* code (2j + k) % 16 at nibble j */
             const uint32_t sb2 = (sb * 37u + k * 101u + 11u) & 0x7Fu; /* byte 2: another scale */
-            words[i] = w, scales[i] = sb | 0xA500A500u | (sb2 == 0x7F ? 0x00u : sb2) << 16; /* bytes 1, 3 unread */
+            const uint32_t pair = sb | (sb2 == 0x7F ? 0x00u : sb2) << 16;
+            words[i] = w, scales[i] = i & 1 ? pair << 8 | 0x00A500A5u : pair | 0xA500A500u; /* the others unread */
         }
     }
 }
@@ -570,7 +572,7 @@ static inline int test_dequant_bad(const uint32_t *words, const uint32_t *scales
     static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     int bad = 0;
     for (int i = 0; i < 2 * TEST_DQ_WORDS; i++) {
-        const uint32_t sb = (scales[i / 2] >> (16 * (i & 1))) & 0xFF, e = (sb >> 3) & 15, m = sb & 7;
+        const uint32_t sb = (scales[i / 2] >> (16 * (i & 1) + 8 * (i / 2 & 1))) & 0xFF, e = (sb >> 3) & 15, m = sb & 7;
         float sc = e ? ldexpf(1.0f + (float)m / 8.0f, (int)e - 7) : ldexpf((float)m / 8.0f, -6);
         for (int j = 0; j < 8; j++) {
             const uint32_t c = (words[i / 2] >> (4 * j)) & 15u;

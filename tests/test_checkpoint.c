@@ -664,7 +664,7 @@ static void test_malformed_single(const char *good) {
     }
 
     /* Non-finite and impossible scales (a negative block scale too: the W4A16 kernels place a
-     * scale byte's 7 bits alone, so a sign bit must never reach them). */
+     * scale byte's bits without looking at its sign, which must never reach them). */
     for (int i = 0; i < 5; i++) {
         char name[32];
         snprintf(name, sizeof name, "nonfinite%d", i);
