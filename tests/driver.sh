@@ -1036,6 +1036,13 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-16 --bench-batch 16 \
     --k0 8 --no-compile --no-sim --predict rtx-pro-6000 --mode w4a16 --cache-dir "$T/predcache" -q --json
   json_check '[r["B"] for r in j["predict"]["rows"]] == [16] and all(r["kernels"]["experts_down"]["hot_loop"]["tensor"] == 8 and r["kernels"]["experts_up"]["hot_loop"]["tensor"] == 16 for r in j["predict"]["rows"])'
+  # A softmax model's routing (Qwen3: a token's scores its warp's, no block_scores; softmax's
+  # own loops load global memory with no pick inside, which --predict once took for the
+  # token loop and refused with "no token loop with picks"): top-8 at B 1
+  MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --config "$SRC/tests/data/config/families/Qwen3-30B-A3B.json" \
+    --quant "$SRC/tests/data/model/hf_quant_config.example.json" --tp 1 --batch 1-4 --bench-batch 1 --k0 4 --no-compile \
+    --no-sim --predict h200 --mode w4a16 --cache-dir "$T/predcache" -q --json
+  json_check 'all(s["score"] == 0 and 0 < s["pick"] < s["token"] and abs(k["insts_warp"] - (s["outside"] + s["dispatch_small"] + s["token"] + 8 * s["pick"])) < 1e-6 for r in j["predict"]["rows"] for k in [r["kernels"]["oea_route"]] for s in [k["route_sass"]])'
 else
   echo "SKIP bench --predict: no nvdisasm"
 fi
