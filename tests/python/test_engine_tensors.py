@@ -90,3 +90,21 @@ def test_routing_and_reference():
     one = np.full_like(ids, -1)
     one[0] = ids[0]
     assert np.allclose(reference(nat, x, one, w)[0], y[0], rtol=1e-6, atol=1e-6)
+
+
+def test_reference_rounds_the_activations_to_bf16():
+    # w2 dequantizes to a selection (code 2 = 1.0 at w2[h, h], scale 1.0, ws2 1.0), so each
+    # output is a weight of 1 times one intermediate activation, which the W4A16 path holds
+    # in bf16: every output must be a bf16 value (low 16 bits 0), whatever x, gate and up are
+    rng = np.random.default_rng(10)
+    H = I = 32
+    _, nat = make_engine(rng, 1, H, I)
+    w2 = np.zeros((1, H, I // 2), np.uint8)
+    for h in range(H):
+        w2[0, h, h // 2] = 2 << (4 * (h & 1))
+    nat.update(w2=w2, s2=np.full((1, H, I // 16), 0x38, np.uint8), ws2=np.ones(1, np.float32))
+    x = bf16_round(rng.standard_normal((3, H)).astype(np.float32))
+    ids, w = np.zeros((3, 1), np.int32), np.ones((3, 1), np.float32)
+    y = reference(nat, x, ids, w)
+    assert np.abs(y).max() > 0
+    assert (y.view(np.uint32) & 0xFFFF == 0).all(), "activations between the GEMMs are bf16"
