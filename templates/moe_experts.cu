@@ -1040,7 +1040,7 @@ MJ_DEVICE void down_group(const uint8_t *slot, const uint8_t *sr, int s0, long l
         if (MODE == 0) { /* as they are: a lane past the rows reads the group's first (n >= 1),
                           * into sums no row has (down_epi_group reads rows below n only) */
             if (KS2 % DSTEPS != 0 && s >= KS2) continue; /* no MMA reads it */
-            bf16_bfrag(act + (g < n ? src : row0) * I, s, p, b[i]);
+            bf16_bfrag(act + (row0 + (g < n ? g : 0)) * I, s, p, b[i]);
             continue;
         }
         bq[i][0] = bq[i][1] = sfb[i] = 0;

@@ -70,6 +70,12 @@ MJ_DEVICE uint32_t order_bits(float c) {
     return c != c ? 1u : k;
 }
 
+/* The selection bits of an expert whose logit is v, score se and bias b: order_bits(se + b),
+ * a NaN logit's as NaN's (below every number). */
+MJ_DEVICE uint32_t select_bits(float v, float se, float b) {
+    return order_bits((v != v) ? mj_f32_from_bits(0x7FC00000u) : se + b);
+}
+
 /* The score order_bits(c) came from: NaN comes back a NaN, a zero +0 (which no comparison
  * and no later order_bits tells from -0). */
 MJ_DEVICE float bits_score(uint32_t k) { return mj_f32_from_bits((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k); }
@@ -125,7 +131,6 @@ MJ_NOINLINE void block_scores(const float *x, const float *bias, int nb, float *
      * a load that is always valid whose bits are masked to +0.0f, which adds nothing. */
     const float *bp = bias ? bias : x;
     const uint32_t bmask = bias ? 0xFFFFFFFFu : 0u;
-    const float qnan = mj_f32_from_bits(0x7FC00000u); /* a NaN: order_bits makes any NaN 1 */
     const int t = (int)threadIdx.x, n = nb * E;
     float xv[LOCAL];
     uint32_t bv[LOCAL];
@@ -145,7 +150,7 @@ MJ_NOINLINE void block_scores(const float *x, const float *bias, int nb, float *
         const float v = s[i], b = mj_f32_from_bits(c[i]), sg = 1.0f / (1.0f + expf(-v));
         const float se = (v != v) ? 0.0f : sg;
         s[i] = se;
-        c[i] = order_bits((v != v) ? qnan : se + b);
+        c[i] = select_bits(v, se, b);
     }
 }
 
@@ -157,7 +162,6 @@ MJ_NOINLINE void block_scores(const float *x, const float *bias, int nb, float *
 MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_t *c, int lane) {
     const float *bp = bias ? bias : x;
     const uint32_t bmask = bias ? 0xFFFFFFFFu : 0u;
-    const float qnan = mj_f32_from_bits(0x7FC00000u);
     float m = -1.0f / 0.0f;
     int have = 0;
     for (int i = 0; i < LOCAL; i++) {
@@ -218,7 +222,7 @@ MJ_DEVICE void token_scores(const float *x, const float *bias, float *s, uint32_
         int e = lane + 32 * i;
         if (e >= E) break;
         float v = x[e], b = mj_f32_from_bits(mj_f32_bits(bp[e]) & bmask);
-        c[e] = order_bits((v != v) ? qnan : s[e] + b);
+        c[e] = select_bits(v, s[e], b);
     }
     __syncwarp(0xFFFFFFFFu);
 }

@@ -67,8 +67,8 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s);
  *             thread its share of the round's (token, expert) pairs): a trip of its loop
  *             (one pair's math), and score_once the rest (its loads, at most E / 32 a thread,
  *             all counted). 0 where the kernel has none (softmax scores in the token loop).
- * The token loop is the innermost loop of the kernel's own code that loads global memory or
- * calls block_scores. */
+ * The token loop is the innermost loop of the kernel's own code (up to its last
+ * unconditional EXIT) that loads global memory or calls block_scores and holds a pick loop. */
 typedef struct pm_route_sass {
     int found;                   /* a token loop with a pick loop inside                      */
     int pick_loops;

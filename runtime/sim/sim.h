@@ -64,8 +64,8 @@ const void *mj_sim_api_table(void);
 mj_status mj_sim_run(mj_sim_entry entry, const char *kernel, const uint32_t grid[3],
                      const uint32_t block[3], uint32_t smem, void **args);
 /* Bytes the sim launches of the calling thread loaded through mj_ld_stream or copied with
- * mj_cp_async16 or mj_cp_async8 (the weight stream) since the last call, not the indices copied with
- * mj_cp_async4; the count restarts at 0. */
+ * mj_cp_async16 or mj_cp_async8 (the weight stream) since the last call, not the indices
+ * copied with mj_cp_async4; the count restarts at 0. */
 unsigned long long mj_sim_stream_bytes_take(void);
 
 #endif
