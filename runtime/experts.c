@@ -37,9 +37,11 @@ struct mj_experts {
     uint16_t *act;                       /* [rows][I] bf16 (W4A16)                        */
     uint8_t *actq, *act_sf;              /* [rows][I/2], [rows][I/16] (W4A4)               */
     uint8_t *xq, *xsf;                   /* [xrows][H/2], [xrows][H/16] (W4A4)             */
-    float *upart;                        /* up split over KSPLIT blocks (TPE 8): the blocks'
-                                            sums, [KSPLIT][8 (K + nsub)][2 I]             */
-    uint32_t *ucount;                    /* [8 K + nsub][I / 16]: blocks done a tile, 0
+    int32_t sms;                         /* the device's SMs (the interpreter:
+                                            MJ_EXPERTS_SIM_SMS): up's STREAM grid           */
+    float *upart;                        /* up's STREAM (TPE 8): each block's sums of the
+                                            tiles at its run's ends, [G][2][8 tokens][32]  */
+    uint32_t *ucount;                    /* [8 K + nsub][I / 16]: a tile's pieces done, 0
                                             between launches                              */
     uint16_t *sgate;                     /* [H] bf16: the shared expert's sigmoid gate
                                             (Qwen2-MoE, Qwen3-Next), or NULL               */
@@ -141,11 +143,11 @@ static void workspace_release(mj_experts *ex) {
     ex->sgate_w = NULL, ex->mb = 0;
 }
 
-static int32_t up_ksplit(const mj_experts *ex);
+static int32_t up_stream_blocks(const mj_experts *ex);
 
 /* The forward's workspace for up to mb tokens: the activations between the two GEMMs,
- * (W4A4) the quantized inputs, the split up's sums and counters (when a plan of at most 8
- * tokens splits up over blocks), and a gated shared expert's weights: act, actq, act_sf, xq,
+ * (W4A4) the quantized inputs, STREAM up's sums and counters (a plan of at most 8 tokens
+ * runs up as a stream of pieces over a grid of resident blocks), and a gated shared expert's weights: act, actq, act_sf, xq,
  * xsf, upart, ucount, sgate_w, in bytes. */
 #define WS_BUFS 8
 static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[WS_BUFS]) {
@@ -156,9 +158,9 @@ static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[WS_B
     bytes[2] = ex->w4a4 ? rows * I / 16 : 0;
     bytes[3] = ex->w4a4 ? xrows * H / 2 : 0;
     bytes[4] = ex->w4a4 ? xrows * H / 16 : 0;
-    const int64_t ks = up_ksplit(ex), slots = 8LL * ex->K < ex->E ? 8LL * ex->K : ex->E;
-    bytes[5] = ks > 1 ? ks * 8 * (ex->K + ex->nsub) * 2 * I * (int64_t)sizeof(float) : 0;
-    bytes[6] = ks > 1 ? (slots + ex->nsub) * (I / 16) * (int64_t)sizeof(uint32_t) : 0;
+    const int64_t G = up_stream_blocks(ex), slots = 8LL * ex->K < ex->E ? 8LL * ex->K : ex->E;
+    bytes[5] = G > 0 ? G * 2 * 8 * 32 * (int64_t)sizeof(float) : 0;
+    bytes[6] = G > 0 ? (slots + ex->nsub) * (I / 16) * (int64_t)sizeof(uint32_t) : 0;
     bytes[7] = ex->gated ? (int64_t)mb * (int64_t)sizeof(float) : 0;
 }
 
@@ -186,6 +188,19 @@ int64_t mj_experts_bytes_allocated(mj_experts_t ex) {
     workspace_sizes(ex, ex->mb, ws);
     for (int i = 0; i < WS_BUFS; i++) total += ws[i];
     return total;
+}
+
+/* The workspace again at the same max batch (its STREAM sums' size moved with the SMs). */
+static mj_status mj_experts_reserve_again(mj_experts_t ex) {
+    const int32_t mb = ex->mb;
+    mj_status st = workspace_alloc(ex, mb);
+    if (st != MJ_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", mj_last_error());
+        workspace_release(ex);
+        return mj_set_error(st, "%s", why);
+    }
+    return MJ_OK;
 }
 
 mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch) {
@@ -250,6 +265,13 @@ mj_status mj_experts_new(mj_context_t ctx, const mj_experts_shape *sh, const mj_
     ex->backend = backend;
     ex->target = mj_context_target(ctx);
     ex->device = device;
+    ex->sms = MJ_EXPERTS_SIM_SMS;
+    if (device != MJ_DEVICE_NONE) {
+        mj_device_info info;
+        memset(&info, 0, sizeof info);
+        mj_context_device(ctx, &info);
+        if (info.sm_count > 0) ex->sms = info.sm_count;
+    }
     ex->H = sh->H, ex->I = sh->I, ex->K = sh->K, ex->E = sh->E;
     ex->n_local = sh->n_local, ex->expert_begin = sh->expert_begin, ex->nsub = sh->nsub, ex->mb = opts.max_batch;
     ex->w4a4 = has_fp4_mma(ex->target);
@@ -419,16 +441,14 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
     int32_t runs = (H / 64 + 3) / 4;
     k.NW1 = 8;
     while (k.NW1 > 1 && (k.NW1 > runs || up_smem(&k) > MJ_SMEM_DEFAULT_LIMIT)) k.NW1 /= 2;
-    /* Up at decode (TPE 8, at most 8 tokens): a tile's runs spread over KSPLIT blocks of 2
-     * warps (each block a share of H; the last to finish adds the blocks' sums in order), up
-     * to 16 warps a tile where H has 16 runs or more: GLM-5's 144 tiles at one token are 1152
-     * small blocks, 6 to 9 an SM, each warp 6 k-steps, not 144 blocks of 8 warps of 12 on 132
-     * to 188 SMs (an H200's 12 SMs with two of them, and each warp's own issue, set up's time). */
-    k.KSPLIT = 1;
-    if (k.TPE == 8 && k.NW1 >= 2) {
-        k.NW1 = 2;
-        while (k.KSPLIT < 8 && 2 * k.NW1 * k.KSPLIT <= runs) k.KSPLIT *= 2;
-    }
+    /* Up at decode (TPE 8, at most 8 tokens): STREAM, a grid of the blocks of 2 warps the GPU
+     * holds at once, each an even run of the list of every tile's pieces of H (the last block
+     * to finish a tile adds its blocks' sums in order). GLM-5's 144 tiles at one token are
+     * 1584 blocks on an H200, each warp 4 to 6 k-steps, not 144 blocks of 8 warps of 12 (12 SMs
+     * with two of them); at 8 tokens (about 50 experts) about 25 k-steps a warp, every SM's
+     * blocks done together, not 5 rounds of 12 blocks an SM for 4.2 rounds of work. */
+    k.STREAM = 0;
+    if (k.TPE == 8) k.NW1 = k.NW1 < 2 ? k.NW1 : 2, k.STREAM = 1;
     /* Down: an item of 4 k-steps (a whole scale run); past TPE 8 on targets whose SMs have
      * about 100 KiB of shared memory (sm_120a, sm_121a, sm_86, sm_89), items of 2, which
      * halve the rings (a warp's 7 KiB to 4 KiB): with the larger token tiles' sums, 4 warps
@@ -466,15 +486,21 @@ static mj_knobs_moe_experts plan(const mj_experts *ex, mj_weight_mode mode, int3
     return k;
 }
 
-/* The most blocks up splits a tile over, in any mode the handle may run (the workspace's
- * upart holds that many blocks' sums). */
-static int32_t up_ksplit(const mj_experts *ex) {
-    int32_t ks = 1;
+/* Up's STREAM grid for knobs k: the SMs times the blocks an SM holds (regs: the kernel's
+ * registers a thread, 0 not known: the most any would leave room for). */
+static int32_t up_grid(const mj_experts *ex, const mj_knobs_moe_experts *k, int32_t regs) {
+    return ex->sms * mj_experts_up_blocks_sm(mj_target_sm(ex->target), regs, up_smem(k), k->NW1);
+}
+
+/* The most blocks up's STREAM grid may have in any mode the handle may run (the workspace's
+ * upart holds that many blocks' sums), 0: no plan streams. */
+static int32_t up_stream_blocks(const mj_experts *ex) {
+    int32_t G = 0;
     for (int m = 0; m < (ex->w4a4 ? 2 : 1); m++) {
         mj_knobs_moe_experts k = plan(ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, 1);
-        if (k.KSPLIT > ks) ks = k.KSPLIT;
+        if (k.STREAM && up_grid(ex, &k, 0) > G) G = up_grid(ex, &k, 0);
     }
-    return ks;
+    return G;
 }
 
 void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_moe_experts *out) {
@@ -488,9 +514,9 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
 static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t part) {
     mj_knobs_moe_experts p = *k;
     p.PART = part;
-    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4, p.KSPLIT = 1, p.DEAL = 0;
+    if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4, p.STREAM = 0, p.DEAL = 0;
     if (part == 2) p.NW2 = 1, p.DSTEPS = 4, p.DEAL = 0;
-    if (part == 3) p.KSPLIT = 1;
+    if (part == 3) p.STREAM = 0;
     if (part == 3) p.NW1 = 1;
     return p;
 }
@@ -540,7 +566,19 @@ void mj_experts_view_get(mj_experts_t ex, mj_experts_view *v) {
     *v = (mj_experts_view){ex->H, ex->I, ex->K, ex->E, ex->n_local, ex->expert_begin, ex->nsub, ex->mb,
                            ex->bytes_w13, ex->bytes_s13, ex->bytes_w2, ex->bytes_s2, ex->w13, ex->s13, ex->w2,
                            ex->s2, ex->scal, ex->act, ex->actq, ex->act_sf, ex->xq, ex->xsf, ex->sgate,
-                           ex->sgate_w, !ex->w4a4};
+                           ex->sgate_w, !ex->w4a4, ex->ucount,
+                           ex->ucount ? (8 * ex->K < ex->E ? 8 * ex->K : ex->E) + ex->nsub : 0};
+}
+
+int32_t mj_experts_up_grid(mj_experts_t ex, const mj_knobs_moe_experts *k, int32_t regs) {
+    return k->STREAM ? up_grid(ex, k, regs) : 0;
+}
+
+mj_status mj_experts_set_sms(mj_experts_t ex, int32_t sms) {
+    if (!ex || sms < 1 || sms > 4096)
+        return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_set_sms: %d SMs; 1..4096", sms);
+    ex->sms = sms;
+    return mj_experts_reserve_again(ex);
 }
 
 mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, int32_t max_batch) {
@@ -574,11 +612,13 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
     return ex->adoption ? mj_adoption_prepare(ctx, ex->adoption) : MJ_OK;
 }
 
-void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]) {
+void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, int32_t up_blocks, void *stream,
+                     mj_launch_dims dims[3]) {
     const uint32_t qgroups = MJ_EXPERTS_QT / MJ_EXPERTS_QG; /* 16-value groups an experts_quant block */
     const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, (uint32_t)((k->H / 16 + qgroups - 1) / qgroups)},
                               {MJ_EXPERTS_QT, 1, 1}, QUANT_VALUES, stream};
-    const mj_launch_dims u = {{(uint32_t)(k->I / 16), (uint32_t)(n_slots + k->NSUB), (uint32_t)k->KSPLIT},
+    const mj_launch_dims u = {{k->STREAM ? (uint32_t)up_blocks : (uint32_t)(k->I / 16),
+                               k->STREAM ? 1u : (uint32_t)(n_slots + k->NSUB), 1},
                               {(uint32_t)k->NW1 * 32, 1, 1},
                               up_smem(k), stream};
     const mj_launch_dims d = {{(uint32_t)(k->H / 16), (uint32_t)((B + k->TPE - 1) / k->TPE), 1},
@@ -622,8 +662,9 @@ mj_status mj_experts_forward_out(mj_context_t ctx, mj_experts_t ex, mj_weight_mo
     const mj_function *fq, *fu, *fd;
     MJ_CHECK(get_functions(ctx, &k, &fq, &fu, &fd));
     const int32_t n_slots = (int64_t)B * ex->K < ex->E ? B * ex->K : ex->E;
+    const mj_ptxas_report *rep = mj_function_report(fu);
     mj_launch_dims dims[3];
-    mj_experts_dims(&k, B, n_slots, stream, dims);
+    mj_experts_dims(&k, B, n_slots, k.STREAM ? up_grid(ex, &k, rep ? rep->registers : 0) : 0, stream, dims);
     if (m == MJ_MODE_W4A4) {
         MJ_CHECK(mj_launch_experts_quant(fq, dims[0], hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
                                          ex->n_local, ex->expert_begin, ex->xq, ex->xsf));

@@ -18,20 +18,50 @@
 #define MJ_EXPERTS_DRING 3
 #define MJ_EXPERTS_DSLOT(dsteps, tpe) ((dsteps) * 512 + 256 + 32 + 4 * ((tpe) == 16 ? 16 : 8))
 /* experts_up's k-steps a piece (the template's SPP): runs of 4 where a tile's runs deal
- * evenly to its NW1 x KSPLIT warps or its last run is 1 or 2 k-steps (H / 64 modulo 4),
- * else half-runs (2). */
-static inline int32_t mj_experts_up_spp(int32_t H, int32_t nw1, int32_t ksplit) {
+ * evenly to its NW1 warps (without STREAM) or its last run is 1 or 2 k-steps (H / 64 modulo
+ * 4), else half-runs (2). */
+static inline int32_t mj_experts_up_spp(int32_t H, int32_t nw1, int32_t stream) {
     const int32_t ks = H / 64, runs = (ks + 3) / 4;
-    return runs % (nw1 * ksplit) != 0 && ks % 4 != 1 && ks % 4 != 2 ? 2 : 4;
+    return (stream || runs % nw1 != 0) && ks % 4 != 1 && ks % 4 != 2 ? 2 : 4;
+}
+/* A tile's pieces (the template's PIECES1). */
+static inline int32_t mj_experts_up_pieces(int32_t H, int32_t nw1, int32_t stream) {
+    const int32_t spp = mj_experts_up_spp(H, nw1, stream);
+    return (H / 64 + spp - 1) / spp;
 }
 
-/* experts_up's k-steps for its busiest warp: a tile's H / 64 k-steps in pieces of
- * mj_experts_up_spp (the template's PIECES1), dealt to the warps in turn, a short last piece
- * counted whole (its loop runs the step, the MMAs skipped). */
-static inline int32_t mj_experts_up_steps(int32_t H, int32_t nw1, int32_t ksplit) {
-    const int32_t ks = H / 64, upd = nw1 * ksplit, spp = mj_experts_up_spp(H, nw1, ksplit);
-    return ((ks + spp - 1) / spp + upd - 1) / upd * spp;
+/* experts_up's k-steps for its busiest warp without STREAM: a tile's H / 64 k-steps in pieces
+ * of mj_experts_up_spp, dealt to the warps in turn, a short last piece counted whole (its loop
+ * runs the step, the MMAs skipped). With STREAM a block's run is ceil(pieces / blocks) of the
+ * list of every tile's pieces, dealt to its warps the same way. */
+static inline int32_t mj_experts_up_steps(int32_t H, int32_t nw1) {
+    const int32_t spp = mj_experts_up_spp(H, nw1, 0);
+    return (mj_experts_up_pieces(H, nw1, 0) + nw1 - 1) / nw1 * spp;
 }
+
+/* experts_up's blocks an SM, for STREAM's grid (the SMs times this: every block resident at
+ * once, none waiting for a second round) and the model: what a block's registers a thread
+ * (0: not known, as on the interpreter), its shared memory (bytes, with 1 KiB a block the
+ * system's) and nw1 warps leave room for. The limits an SM by compute capability sm (the CUDA
+ * C++ Programming Guide's table): 65536 registers, allocated by 256 a warp; 8.0: 164 KiB, 64
+ * warps, 32 blocks; 8.6: 100 KiB, 48 warps, 16 blocks; 8.9 and 12.x: 100 KiB, 48, 24; 9.0 and
+ * 10.0: 228 KiB, 64, 32 (tools/gpus.c holds the same per GPU). */
+static inline int32_t mj_experts_up_blocks_sm(int sm, int32_t regs, int64_t smem, int32_t nw1) {
+    const int big = sm == 90 || sm == 100;
+    const int64_t smem_sm = (sm == 80 ? 164 : big ? 228 : 100) * 1024LL;
+    int32_t n = sm == 86 ? 16 : sm == 80 || big ? 32 : 24;
+    const int32_t warps = sm == 80 || big ? 64 : 48;
+    if (warps / nw1 < n) n = warps / nw1;
+    if (regs > 0) {
+        const int32_t rw = (regs * 32 + 255) / 256 * 256;
+        if (65536 / (rw * nw1) < n) n = 65536 / (rw * nw1);
+    }
+    if (smem_sm / (smem + 1024) < n) n = (int32_t)(smem_sm / (smem + 1024));
+    return n < 1 ? 1 : n;
+}
+/* The SMs the interpreter's STREAM grid is sized for: a small GPU, so that the tests' shapes
+ * split tiles over blocks and runs over tiles. */
+#define MJ_EXPERTS_SIM_SMS 1
 #define MJ_EXPERTS_QT 64 /* experts_quant's threads a block, the template's QT */
 #define MJ_EXPERTS_QG 2  /* experts_quant's threads a 16-value group, the template's QG */
 typedef struct mj_experts_view {
@@ -47,8 +77,17 @@ typedef struct mj_experts_view {
                                                          (mj_pack_place_word): the target has no
                                                          FP4 MMA (sm below 120, the kernels'
                                                          MJ_TARGET_SM < 120) */
+    uint32_t *ucount;                                 /* up's STREAM counters, [ucount_tiles][I / 16]
+                                                         (0 between forwards), or NULL */
+    int32_t ucount_tiles;
 } mj_experts_view;
 void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
+/* Up's STREAM grid for knobs k (0 without STREAM): the SMs the handle was made for times the
+ * blocks an SM holds (regs: the kernel's registers a thread, 0: not known). */
+int32_t mj_experts_up_grid(mj_experts_t ex, const mj_knobs_moe_experts *k, int32_t regs);
+/* Size up's STREAM grid for sms SMs (tests: the interpreter's runs over grids of any size);
+ * the workspace is made again. */
+mj_status mj_experts_set_sms(mj_experts_t ex, int32_t sms);
 
 /* Grow the forward's workspace to max_batch tokens (nothing when it is that big already).
  * On failure the handle has no workspace (a forward of any B > 0 is refused) until a
@@ -72,9 +111,11 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
  * holding all three. The forward, mj_experts_prepare and the planner all ask this. */
 int32_t mj_experts_specs(mj_context_t ctx, const mj_knobs_moe_experts *k, mj_spec out[3]);
 /* The launches of a forward with knobs k of B tokens (n_slots: min(B K, E)) on stream:
- * dims[0] experts_quant's (W4A4 only), [1] experts_up's, [2] experts_down's; the forward
+ * dims[0] experts_quant's (W4A4 only), [1] experts_up's, [2] experts_down's; up_blocks: up's
+ * grid with STREAM (the GPU's SMs times mj_experts_up_blocks_sm), else unread. The forward
  * launches these, and the performance model (tools/predict_plan.c) reads them. */
-void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, void *stream, mj_launch_dims dims[3]);
+void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, int32_t up_blocks, void *stream,
+                     mj_launch_dims dims[3]);
 /* The mode policy ("w4a16", "1-8:w4a16,9-:w4a4"): parsed for a target (w4a4 needs sm_120+),
  * its default there, and the mode a batch of B takes (MJ_MODE_AUTO by the policy; an
  * explicit mode checked against the target). */

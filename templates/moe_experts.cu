@@ -5,11 +5,12 @@
  *
  *   experts_quant  (W4A4 only) each valid token's hidden row quantized to NVFP4 once per
  *                  expert it goes to, with that expert's w13 input_scale, into row order;
- *   experts_up     block (tile t of 16 intermediate rows, slot, z): the slot's expert (an
+ *   experts_up     block (tile t of 16 intermediate rows, slot): the slot's expert (an
  *                  active routed expert held here, or a shared sub-expert), its 16 gate and 16
  *                  up rows against its tokens; the block's warps split K (H) and add up in a
- *                  fixed order (at decode the tile's K is split over KSPLIT blocks too, and
- *                  the last of them adds their sums in block order); SwiGLU; the activation
+ *                  fixed order (at decode, STREAM, the grid's blocks instead take even runs
+ *                  of the list of every tile's pieces of K, a tile's pieces then over
+ *                  several blocks, and the last of them adds their sums in block order); SwiGLU; the activation
  *                  written as bf16 (W4A16) or requantized to NVFP4 with w2's input_scale (W4A4);
  *   experts_down   block (16 hidden dims, a tile of TPE tokens): its NW2 warps share the
  *                  active experts out. DEAL 1: by place in the list (warp w: entries w, w +
@@ -75,7 +76,7 @@ MJ_KNOB_SET(NW1, int, "1 2 4 8 16", "warps of an up block: they split H")
 MJ_KNOB_SET(NW2, int, "1 2 4 8", "warps of a down block: they deal its 16 hidden dims' experts among them")
 MJ_KNOB_RANGE(NSUB, int, 0, 8, "shared sub-experts of I rows each (the shared expert, split)")
 MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's), 1 experts_quant, 2 experts_up, 3 experts_down")
-MJ_KNOB_SET(KSPLIT, int, "1 2 4 8", "blocks an up tile's H is split over (TPE 8: one chunk a block); past 1 their sums meet in the workspace and the last block to finish adds them in order")
+MJ_KNOB_SET(STREAM, int, "0 1", "1: up's blocks (the grid the GPU holds at once) each take an even run of the list of the tiles' pieces of H (TPE 8: one chunk a tile); a tile's pieces over several blocks meet in the workspace, and the last block to finish adds their sums in block order")
 MJ_KNOB_SET(DSTEPS, int, "2 4", "k-steps of w2 an item of down brings: 4 (a scale run), or 2 (half the ring's shared memory, so more blocks fit an SM)")
 MJ_KNOB_SET(DEAL, int, "0 1", "down's experts to its warps: 0 by id, each warp's sums its own, added in warp order; 1 by place in the active list (even shares), each (token, expert) a slot of the block's tile, added in slot order")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
@@ -87,8 +88,8 @@ MJ_CONSTRAINT("PART == 0 || PART == 3 || DEAL == 0", "only experts_down reads DE
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DSTEPS == 4", "only experts_down reads DSTEPS: 4 elsewhere")
-MJ_CONSTRAINT("PART == 0 || PART == 2 || KSPLIT == 1", "only experts_up reads KSPLIT: 1 elsewhere")
-MJ_CONSTRAINT("KSPLIT == 1 || TPE == 8", "an up block split over H holds one chunk of at most 8 tokens: TPE 8")
+MJ_CONSTRAINT("PART == 0 || PART == 2 || STREAM == 0", "only experts_up reads STREAM: 0 elsewhere")
+MJ_CONSTRAINT("STREAM == 0 || TPE == 8", "up's runs of pieces hold one chunk of at most 8 tokens a tile: TPE 8")
 MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: NW1 1")
 
 #define NT (TPE / 8)                  /* token groups of 8 (the MMA's N)                     */
@@ -449,17 +450,15 @@ MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
     return rs->shared ? (long long)mb * K + (long long)(rs->xi - n_local) * mb + i : rs->off + i;
 }
 
-/* The pieces of a tile's k-steps are dealt to the UPD warps of its KSPLIT blocks in turn:
- * warp w of block z is dealer dw = w KSPLIT + z and takes pieces dw, dw + UPD, ... A piece is
- * a run of 4 k-steps (one scale chunk of the weights' layout) where the runs deal evenly, else
- * half a run (SPP 2): GLM-5's 24 runs over 16 dealers (TPE 8) gave 8 warps 2 runs and 8 one,
- * so every block waited 8 k-steps for its busier warp while its other one idled a third of
- * that; 48 half-runs are 3 each, 6 k-steps. */
-#define UPD (NW1 * KSPLIT)
+/* The pieces of a tile's k-steps that a block holds (all, or with STREAM its run's share of
+ * them, seg0 .. seg1) are dealt to its NW1 warps in turn: warp w takes pieces seg0 + w,
+ * seg0 + w + NW1, ... A piece is a run of 4 k-steps (one scale chunk of the weights' layout)
+ * where the runs deal evenly to the warps, else half a run (SPP 2); with STREAM half-runs, the
+ * finer grain the blocks' runs are cut at (GLM-5's 24 runs a tile are 48 pieces). */
 /* k-steps a piece: half-runs where they deal better, and every run's halves hold a k-step
  * (H / 64 = 1 or 2 modulo 4 would leave the last run's second half of scale bytes, padding,
  * unread: the byte-once accounting counts the packed chunk whole) */
-#define SPP (RUNS1 % UPD != 0 && KS1 % 4 != 1 && KS1 % 4 != 2 ? 2 : 4)
+#define SPP ((STREAM || RUNS1 % NW1 != 0) && KS1 % 4 != 1 && KS1 % 4 != 2 ? 2 : 4)
 #define PIECES1 ((KS1 + SPP - 1) / SPP) /* a tile's pieces (the last may be short)           */
 #define SCHUNK (SPP * 128)              /* a piece's scale chunk in the ring: [gate, up][16 rows][SPP k-steps][4 groups] */
 /* The scale word of (gate 0 / up 1) h, row r and step q of the piece in its chunk at c (the
@@ -671,7 +670,19 @@ MJ_NOINLINE void shared_gate_once(const uint16_t *x, const uint16_t *sgate, int 
     }
 }
 
-/* grid (I / 16, n_slots + NSUB, KSPLIT), block NW1 * 32, dynamic shared memory NW1 * RING_BYTES
+/* STREAM: the list of every unit's (tile's) pieces, P = (NSUB + active) I / 16 PIECES1 of them
+ * (at most 136 x 512 x 128: an int), cut into the grid's G runs, even to a piece: block b's run
+ * starts at run_start(b) = b base + min(b, rem) (base = P / G, the first rem = P % G runs one
+ * longer). One integer division a block, where it starts. */
+MJ_DEVICE void stream_cut(const int32_t *n_active, int n_slots, int *base, int *rem) {
+    const int na = n_active[0] < 0 ? 0 : n_active[0] < n_slots ? n_active[0] : n_slots;
+    const int P = (NSUB + na) * (I / 16) * PIECES1, G = (int)gridDim.x;
+    *base = P / G, *rem = P - *base * G;
+}
+MJ_DEVICE int run_start(int b, int base, int rem) { return b * base + (b < rem ? b : rem); }
+
+/* grid (I / 16, n_slots + NSUB) (STREAM: G blocks in x, G the blocks the GPU holds at once),
+ * block NW1 * 32, dynamic shared memory NW1 * RING_BYTES
  * (the warps' rings; after the k loop the warps' sums, then the SwiGLU tile), and with
  * SUMS_SMEM NW1 * UPACC + TPE * 4 bytes more (the warps' sums and the chunk's source rows;
  * the tile after the k loop at the start). sgate: the shared expert's gate, bf16 [H] (NULL:
@@ -695,181 +706,217 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
-    const int t = (int)blockIdx.x, lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
-    const int z = (int)blockIdx.z, dw = w * KSPLIT + z; /* this warp's share of the tile's pieces */
+    const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
     const int g = lane >> 2, p = lane & 3;
     const int nv = valid_tokens(num_valid, B);
-    /* The shared sub-experts' blocks first (y < NSUB), then the routed slots: a shared one
-     * takes every valid token, the longest blocks of a grid at B > 8, and the last blocks a
-     * GPU starts are the ones it waits for at the end. */
-    const int y = (int)blockIdx.y, slot = y < NSUB ? n_slots + y : y - NSUB;
-    rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
-    if (rs.xi < 0 || rs.n == 0) return;
-    if (sgate && rs.shared && rs.xi == n_local && t == 0 && z == 0) /* one block: the first shared sub-expert's */
-        shared_gate_once(x, sgate, nv, w, lane, sgate_w);
-    const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
-    const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
-    const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
-    const float alpha = MODE == 1 ? is13 * ws2 : ws2;
-    const float gs2 = scal[rs.xi * SCAL + 5];
     uint8_t *ring = (uint8_t *)smem + w * RING_BYTES;
     /* every warp's sums, [NW1][NT][2][32][4]; the SwiGLU tile [TPE][16] (W4A4 requant) */
     float *accs = SUMS_SMEM ? (float *)((uint8_t *)smem + NW1 * RING_BYTES) : smem;
     float *htile = SUMS_SMEM ? smem : smem + NW1 * NT * 256;
     float *acc = accs + w * NT * 256;                                  /* this warp's (SUMS_SMEM) */
     int *srcs = (int *)((uint8_t *)smem + NW1 * (RING_BYTES + UPACC)); /* [TPE] (SUMS_SMEM)       */
-
-    for (int c0 = 0; c0 < rs.n; c0 += TPE) {
-        const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
-        /* The source rows of the chunk's tokens (this lane's: token n * 8 + g of each group),
-         * and zero sums: in registers (regs; block-uniform), or in shared memory. */
-        const int regs = !SUMS_SMEM || nc <= 8;
-        int src[NTR]; /* rows are ints, as the dispatch counts them (srcs[] too) */
-        const uint16_t *xrow[NTR]; /* W4A16: up_bload's */
-        float accr[NTR][2][4];
-        if (regs) {
-            MJ_UNROLL
-            for (int n = 0; n < NTR; n++) {
-                src[n] = n * 8 + g < nc ? (int)src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
-                xrow[n] = MODE == 0 && NTR == 1 ? x + (long long)(src[n] >= 0 ? src[n] : 0) * H + 8 * p : 0;
-                for (int h = 0; h < 2; h++)
-                    for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
-            }
-        } else {
-            MJ_NO_UNROLL
-            for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) srcs[i] = (int)src_row(&rs, c0 + i, row_index, mb);
-            MJ_NO_UNROLL
-            for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            __syncthreads();
-        }
-        /* Pieces of SPP k-steps, one scale chunk each, dealt to the warps in turn, through
-         * the warp's ring: RING - 1 steps in flight while one computes. */
-        const int nq = dw < PIECES1 ? (PIECES1 - dw + UPD - 1) / UPD * SPP : 0;
-        /* Step j's k-step sj and ring slot cs, kept as cursors: within a piece the next step,
-         * then the first of the warp's next piece (SPP UPD - SPP + 1 on); step j + RING - 1 =
-         * j + 4, the one issued while j computes, is 4 / SPP pieces on (sj + 4 UPD either way)
-         * in the slot before cs. */
-        MJ_NO_UNROLL
-        for (int q = 0; q < RING - 1; q++) /* the warp's steps 0 .. 3: piece q / SPP of its (runs: the first) */
-            up_issue(ring, wt, st, SPP == 4 ? (uint32_t)(dw * 4 + q) : (uint32_t)((dw + q / SPP * UPD) * SPP + q % SPP),
-                     (uint32_t)q, SPP == 4 ? 0u : (uint32_t)(q / SPP), SPP == 4 ? q == 0 : q % SPP == 0, q < nq, lane);
-        uint32_t sj = (uint32_t)(dw * SPP), cs = 0u;
-        /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
-         * loaded during step j - 1; with two, at the start of step j (a copy of both groups
-         * held across a step would double their registers) */
-        uint32_t b16[NTR][4][2] = {{{0}}}, bq[NTR][2], bsf[NTR];
-        up_bload(NTR == 1 && regs && nq > 0 ? dw * SPP : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
-        MJ_NO_UNROLL
-        for (int j = 0; j < nq; j++) {
-            const uint32_t uj = (uint32_t)j, s = sj, s4 = uj % SPP; /* s4: the step's place in its piece */
-            /* into the slot step j - 1 read; a piece's scales into the slot 4 / SPP on */
-            up_issue(ring, wt, st, s + 4u * UPD, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
-                     j + RING - 1 < nq, lane);
-            const uint32_t sn = s4 == SPP - 1u ? s + (SPP * UPD - (SPP - 1u)) : s + 1u; /* step j + 1's */
-            /* one W4A16 group: this step's came during the last, the next step's load after
-             * this step's MMAs, into the same registers (no copy); one W4A4 group: this
-             * step's from the last, the next step's now, a whole step before its MMAs (W4A4
-             * has no dequantization to hide a load behind); two groups: this step's, before
-             * the wait (registers) */
-            const int reuse = NTR == 1 && MODE == 0;
-            uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
-            if (NTR == 1 && MODE == 1 && regs) {
-                cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
-                up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
-            } else if (NTR > 1 && regs) {
-                up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
-            }
-            mj_cp_async_wait(RING - 1); /* step j's group has landed... */
-            __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
-            if (s < KS1)
-                up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, srcs, nc, x,
-                        xq, xsf, lane, accr, acc, reuse ? b16 : c16, reuse ? bq : cq, reuse ? bsf : csf);
-            if (reuse && regs) up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
-            sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
-        }
-        __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
-        if (regs) {
-            MJ_UNROLL
-            for (int n = 0; n < NTR; n++)
-                for (int h = 0; h < 2; h++)
-                    for (int i = 0; i < 4; i++) acc[((n * 2 + h) * 32 + lane) * 4 + i] = accr[n][h][i];
-            __syncthreads();
-        }
-        /* Split-K: warp 0 adds the warps' sums in warp order as the SwiGLU below reads them: a
-         * rolled loop over the token groups, the four values of each and the warps, one
-         * copy of its code (expf and silu's division). With KSPLIT blocks on the tile (one
-         * chunk of at most 8 tokens: TPE 8), pass 0 writes this block's sums to upart (row
-         * prow of the chunk, [KSPLIT][8 (K + NSUB)][I / 16][gate 16, up 16]), the block
-         * counts itself in on ucount, and the last of the KSPLIT blocks makes pass 1: the
-         * blocks' sums added in block order (z 0, 1, ...: the same order whichever block is
-         * last), the SwiGLU, and ucount back to 0 for the next launch (a graph's replay). */
-        MJ_NO_UNROLL
-        for (int pass = KSPLIT > 1 ? 0 : 1; pass < 2; pass++) {
-            if (KSPLIT > 1 && pass == 1) {
-                __threadfence(); /* this block's sums are visible to the block that adds them */
-                __syncthreads();
-                /* the block's flag: the rings' last word (the rings are done; the sums and the
-                 * tile lie at the start of their memory) */
-                int *s_last = (int *)((uint8_t *)smem + NW1 * RING_BYTES) - 1;
-                if (threadIdx.x == 0) *s_last = atomicAdd(&ucount[y * (I / 16) + t], 1u) == (uint32_t)(KSPLIT - 1);
-                __syncthreads();
-                if (!*s_last) return; /* the whole block: the flag is the block's */
-                __threadfence();
-            }
-            if (w != 0) continue;
-            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
-            MJ_NO_UNROLL
-            for (int n = 0; n < NT && n * 8 < nc; n++)
+#if STREAM
+    /* The units: slot y's tile t is u = y I / 16 + t, the shared sub-experts' slots first (y <
+     * NSUB: a shared one takes every valid token), then the active experts'; this block's run
+     * of their pieces, a segment (seg0 .. seg1 of a unit's PIECES1) at a time: part of a unit
+     * at the run's ends, whole units between. */
+    int base, rem;
+    stream_cut(n_active, n_slots, &base, &rem);
+    const int r0 = run_start((int)blockIdx.x, base, rem), r1 = r0 + base + ((int)blockIdx.x < rem);
+    for (int q0 = r0; q0 < r1;) {
+        const int u = q0 / PIECES1, ub = u * PIECES1, q1 = r1 < ub + PIECES1 ? r1 : ub + PIECES1;
+        const int t = u % (I / 16), y = u / (I / 16), seg0 = q0 - ub, seg1 = q1 - ub;
+        const int first = q0 == r0; /* the run's first segment (its sums' place 0 in upart), else its last (1) */
+        q0 = q1;
+#else
+    do { /* one unit: this block's tile, all its pieces */
+        const int t = (int)blockIdx.x, y = (int)blockIdx.y, u = y * (I / 16) + t, seg0 = 0, seg1 = PIECES1, first = 1;
+#endif
+        const int unit_split = seg0 > 0 || seg1 < PIECES1; /* the unit's pieces over several blocks */
+        const int slot = y < NSUB ? n_slots + y : y - NSUB;
+        rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
+        if (rs.xi < 0 || rs.n == 0) continue;
+        if (sgate && rs.shared && rs.xi == n_local && t == 0 && seg0 == 0) /* one block: the first shared sub-expert's */
+            shared_gate_once(x, sgate, nv, w, lane, sgate_w);
+        const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
+        const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
+        const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
+        const float alpha = MODE == 1 ? is13 * ws2 : ws2;
+        const float gs2 = scal[rs.xi * SCAL + 5];
+        for (int c0 = 0; c0 < rs.n; c0 += TPE) {
+            /* A unit's pieces split over blocks are its first chunk's. A later chunk (an expert
+             * with more rows than TPE: a token's top-k naming it twice, as an engine's ids
+             * may) is the block's that holds the unit's first piece, all its pieces. */
+            if (c0 > 0 && seg0 > 0) break;
+            const int cs0 = c0 > 0 ? 0 : seg0, cs1 = c0 > 0 ? PIECES1 : seg1, split = c0 == 0 && unit_split;
+            const int dw = cs0 + w; /* this warp's first piece of the chunk's */
+            const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
+            /* The source rows of the chunk's tokens (this lane's: token n * 8 + g of each group),
+             * and zero sums: in registers (regs; block-uniform), or in shared memory. */
+            const int regs = !SUMS_SMEM || nc <= 8;
+            int src[NTR]; /* rows are ints, as the dispatch counts them (srcs[] too) */
+            const uint16_t *xrow[NTR]; /* W4A16: up_bload's */
+            float accr[NTR][2][4];
+            if (regs) {
+                MJ_UNROLL
+                for (int n = 0; n < NTR; n++) {
+                    src[n] = n * 8 + g < nc ? (int)src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
+                    xrow[n] = MODE == 0 && NTR == 1 ? x + (long long)(src[n] >= 0 ? src[n] : 0) * H + 8 * p : 0;
+                    for (int h = 0; h < 2; h++)
+                        for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
+                }
+            } else {
                 MJ_NO_UNROLL
-                for (int i = 0; i < 4; i++) {
-                    int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
-                    if (ti >= nc) continue;
-                    int ci = c0 + ti;
-                    float gate, up;
-                    /* the chunk's row in upart: routed rows by place, the shared after them */
-                    const long long prow = rs.shared ? 8LL * K + (long long)(rs.xi - n_local) * 8 + ci : rs.off + ci;
-                    float *pp = KSPLIT > 1 ? upart + (prow * (I / 16) + t) * 32 + r : 0; /* block z's: + z 8 (K + NSUB) I 2 */
-                    if (KSPLIT > 1 && pass == 1) {
-                        gate = 0.0f, up = 0.0f;
-                        MJ_NO_UNROLL
-                        for (int zz = 0; zz < KSPLIT; zz++) {
-                            const float *zp = pp + (long long)zz * 8 * (K + NSUB) * I * 2;
-                            gate += mj_ld_cg_f32(zp), up += mj_ld_cg_f32(zp + 16);
+                for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) srcs[i] = (int)src_row(&rs, c0 + i, row_index, mb);
+                MJ_NO_UNROLL
+                for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                __syncthreads();
+            }
+            /* Pieces of SPP k-steps, one scale chunk each, dealt to the warps in turn, through
+             * the warp's ring: RING - 1 steps in flight while one computes. */
+            const int nq = dw < cs1 ? (cs1 - dw + NW1 - 1) / NW1 * SPP : 0;
+            /* Step j's k-step sj and ring slot cs, kept as cursors: within a piece the next step,
+             * then the first of the warp's next piece (SPP NW1 - SPP + 1 on); step j + RING - 1 =
+             * j + 4, the one issued while j computes, is 4 / SPP pieces on (sj + 4 NW1 either way)
+             * in the slot before cs. */
+            MJ_NO_UNROLL
+            for (int q = 0; q < RING - 1; q++) /* the warp's steps 0 .. 3: piece q / SPP of its (runs: the first) */
+                up_issue(ring, wt, st, SPP == 4 ? (uint32_t)(dw * 4 + q) : (uint32_t)((dw + q / SPP * NW1) * SPP + q % SPP),
+                         (uint32_t)q, SPP == 4 ? 0u : (uint32_t)(q / SPP), SPP == 4 ? q == 0 : q % SPP == 0, q < nq, lane);
+            uint32_t sj = (uint32_t)(dw * SPP), cs = 0u;
+            /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
+             * loaded during step j - 1; with two, at the start of step j (a copy of both groups
+             * held across a step would double their registers) */
+            uint32_t b16[NTR][4][2] = {{{0}}}, bq[NTR][2], bsf[NTR];
+            up_bload(NTR == 1 && regs && nq > 0 ? dw * SPP : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+            MJ_NO_UNROLL
+            for (int j = 0; j < nq; j++) {
+                const uint32_t uj = (uint32_t)j, s = sj, s4 = uj % SPP; /* s4: the step's place in its piece */
+                /* into the slot step j - 1 read; a piece's scales into the slot 4 / SPP on */
+                up_issue(ring, wt, st, s + 4u * NW1, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
+                         j + RING - 1 < nq, lane);
+                const uint32_t sn = s4 == SPP - 1u ? s + (SPP * NW1 - (SPP - 1u)) : s + 1u; /* step j + 1's */
+                /* one W4A16 group: this step's came during the last, the next step's load after
+                 * this step's MMAs, into the same registers (no copy); one W4A4 group: this
+                 * step's from the last, the next step's now, a whole step before its MMAs (W4A4
+                 * has no dequantization to hide a load behind); two groups: this step's, before
+                 * the wait (registers) */
+                const int reuse = NTR == 1 && MODE == 0;
+                uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
+                if (NTR == 1 && MODE == 1 && regs) {
+                    cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
+                    up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+                } else if (NTR > 1 && regs) {
+                    up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
+                }
+                mj_cp_async_wait(RING - 1); /* step j's group has landed... */
+                __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
+                if (s < KS1)
+                    up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, srcs, nc, x,
+                            xq, xsf, lane, accr, acc, reuse ? b16 : c16, reuse ? bq : cq, reuse ? bsf : csf);
+                if (reuse && regs) up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+                sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
+            }
+            __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
+            if (regs) {
+                MJ_UNROLL
+                for (int n = 0; n < NTR; n++)
+                    for (int h = 0; h < 2; h++)
+                        for (int i = 0; i < 4; i++) acc[((n * 2 + h) * 32 + lane) * 4 + i] = accr[n][h][i];
+                __syncthreads();
+            }
+            /* Warp 0 adds the warps' sums in warp order as the SwiGLU below reads them: a rolled
+             * loop over the token groups, the four values of each and the warps, one copy of its
+             * code (expf and silu's division). A unit split over blocks (STREAM; one chunk of at
+             * most 8 tokens: TPE 8): pass 0 writes this block's sums to upart (place first ? 0 : 1
+             * of block b, [G][2][8 tokens][gate 16, up 16]), the block counts its pieces in on
+             * ucount[u], and the block that completes the unit's PIECES1 makes pass 1: the blocks'
+             * sums added in block order (the same order whichever block is last), the SwiGLU, and
+             * ucount[u] back to 0 for the next launch (a graph's replay). */
+            int rb0 = 0, rb1 = -1, rp0 = 0; /* pass 1: the blocks of the unit's runs, b0's sums' place */
+            MJ_NO_UNROLL
+            for (int pass = split ? 0 : 1; pass < 2; pass++) {
+                if (split && pass == 1) {
+                    __threadfence(); /* this block's sums are visible to the block that adds them */
+                    __syncthreads();
+                    /* the block's flag: the rings' last word (the rings are done; the sums and the
+                     * tile lie at the start of their memory) */
+                    int *s_last = (int *)((uint8_t *)smem + NW1 * RING_BYTES) - 1;
+                    if (threadIdx.x == 0)
+                        *s_last = atomicAdd(&ucount[u], (uint32_t)(cs1 - cs0)) == (uint32_t)(PIECES1 - (cs1 - cs0));
+                    __syncthreads();
+                    if (!*s_last) break; /* the whole block: the flag is the block's */
+                    __threadfence();
+                    /* the blocks whose runs hold the unit's pieces: this one's neighbours (no
+                     * empty run lies among them: those are the last ones, past every piece) */
+                    int base, rem; /* again: held across the k loop, they cost it registers */
+                    stream_cut(n_active, n_slots, &base, &rem);
+                    const int ub = u * PIECES1;
+                    rb0 = rb1 = (int)blockIdx.x;
+                    MJ_NO_UNROLL
+                    while (run_start(rb0, base, rem) > ub) rb0--;
+                    MJ_NO_UNROLL
+                    while (run_start(rb1 + 1, base, rem) < ub + PIECES1) rb1++;
+                    rp0 = run_start(rb0, base, rem) < ub; /* b0's run began in an earlier unit */
+                }
+                if (w != 0) continue;
+                /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+                MJ_NO_UNROLL
+                for (int n = 0; n < NT && n * 8 < nc; n++)
+                    MJ_NO_UNROLL
+                    for (int i = 0; i < 4; i++) {
+                        int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
+                        if (ti >= nc) continue;
+                        int ci = c0 + ti;
+                        float gate, up;
+                        if (split && pass == 1) {
+                            /* the blocks whose runs hold the unit's pieces, in order; each one's
+                             * sums at place 0 where the unit is its run's first, else 1 */
+                            gate = 0.0f, up = 0.0f;
+                            MJ_NO_UNROLL
+                            for (int b = rb0; b <= rb1; b++) {
+                                const float *zp = upart + ((b * 2 + (b == rb0 ? rp0 : 0)) * 8 + ci) * 32 + r;
+                                gate += mj_ld_cg_f32(zp), up += mj_ld_cg_f32(zp + 16);
+                            }
+                        } else {
+                            const float *av = accs + (n * 2 * 32 + lane) * 4 + i; /* warp 0's gate; up 128 on */
+                            gate = av[0], up = av[128];
+                            MJ_NO_UNROLL
+                            for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
+                            gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
+                            if (split) {
+                                float *zp = upart + (((int)blockIdx.x * 2 + !first) * 8 + ci) * 32 + r;
+                                zp[0] = gate, zp[16] = up;
+                                continue;
+                            }
                         }
-                    } else {
-                        const float *av = accs + (n * 2 * 32 + lane) * 4 + i; /* warp 0's gate; up 128 on */
-                        gate = av[0], up = av[128];
-                        MJ_NO_UNROLL
-                        for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
-                        gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
-                        if (KSPLIT > 1) {
-                            float *zp = pp + (long long)z * 8 * (K + NSUB) * I * 2;
-                            zp[0] = gate, zp[16] = up;
-                            continue;
-                        }
+                        float hv = silu(gate * alpha) * (up * alpha);
+                        const long long orow = act_row(&rs, ci, mb, n_local);
+                        if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
+                        else htile[ti * 16 + r] = hv;
                     }
-                    float hv = silu(gate * alpha) * (up * alpha);
-                    const long long orow = act_row(&rs, ci, mb, n_local);
-                    if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
-                    else htile[ti * 16 + r] = hv;
+                if (split && pass == 0) continue;
+                if (MODE == 1) {
+                    __syncwarp(0xFFFFFFFFu);
+                    MJ_NO_UNROLL
+                    for (int ti = lane; ti < nc; ti += 32) {
+                        int ci = c0 + ti;
+                        const long long orow = act_row(&rs, ci, mb, n_local);
+                        uint32_t w0, w1;
+                        act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, 1, gs2, &w0, &w1);
+                        store_q16(actq + orow * (I / 2), t, w0, w1);
+                    }
+                    __syncwarp(0xFFFFFFFFu);
                 }
-            if (KSPLIT > 1 && pass == 0) continue;
-            if (MODE == 1) {
-                __syncwarp(0xFFFFFFFFu);
-                MJ_NO_UNROLL
-                for (int ti = lane; ti < nc; ti += 32) {
-                    int ci = c0 + ti;
-                    const long long orow = act_row(&rs, ci, mb, n_local);
-                    uint32_t w0, w1;
-                    act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, 1, gs2, &w0, &w1);
-                    store_q16(actq + orow * (I / 2), t, w0, w1);
-                }
-                __syncwarp(0xFFFFFFFFu);
+                if (split && lane == 0) ucount[u] = 0u;
             }
-            if (KSPLIT > 1 && lane == 0) ucount[y * (I / 16) + t] = 0u;
+            __syncthreads(); /* the next chunk's (unit's) rings, sums and rows reuse this memory */
         }
-        __syncthreads(); /* the next chunk's rings, sums and rows reuse this memory */
+#if STREAM
     }
+#else
+    } while (0);
+#endif
 #endif
 }
 
@@ -1321,3 +1368,4 @@ MJ_KERNEL void experts_dequant(const uint32_t *words, const uint32_t *scales, in
     }
 #endif
 }
+

@@ -656,7 +656,7 @@ expect_fail env PATH=/nonexistent MOEJIT_NVDISASM= "$MJ" inspect --cache-dir "$C
 # An expert GEMM entry says what it reads per active expert, and the floor on a named GPU:
 # GLM-5 at TP 8 (H 6144, I_local 256) is 2654208 bytes an expert, 9 experts for one token on
 # an RTX PRO 6000 at 1792 GB/s: 13.3 us.
-printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1,"PART":0,"KSPLIT":1,"DSTEPS":4,"DEAL":0},"arch":"sm_120a"}\n' >ex.jsonl
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":2,"NSUB":1,"PART":0,"STREAM":0,"DSTEPS":4,"DEAL":0},"arch":"sm_120a"}\n' >ex.jsonl
 EC=$T/ecache
 expect_rc 0 "$MJ" prewarm -q --cache-dir "$EC" ex.jsonl
 ekey=$("$MJ" inspect --cache-dir "$EC" list | awk '$2=="moe_experts" {print $1; exit}')
@@ -664,7 +664,7 @@ expect_rc 0 "$MJ" inspect --cache-dir "$EC" show "$ekey" --roofline rtx-pro-6000
 contains out "moves      2654208 bytes per active expert"; contains out "1.48 us per active expert on rtx-pro-6000"
 contains out "reads 9 experts: 13.3 us"
 # On a GPU each expert kernel is an entry of its own: the entry says which share it reads.
-printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2,"KSPLIT":1,"DSTEPS":4,"DEAL":0},"arch":"sm_120a"}\n' >up.jsonl
+printf '{"template":"moe_experts","knobs":{"MODE":0,"H":6144,"I":256,"K":8,"TPE":8,"NW1":8,"NW2":1,"NSUB":1,"PART":2,"STREAM":0,"DSTEPS":4,"DEAL":0},"arch":"sm_120a"}\n' >up.jsonl
 expect_rc 0 "$MJ" prewarm -q --cache-dir "$T/upcache" up.jsonl
 ukey=$("$MJ" inspect --cache-dir "$T/upcache" list | awk '$2=="moe_experts" {print $1; exit}')
 expect_rc 0 "$MJ" inspect --cache-dir "$T/upcache" show "$ukey" --roofline rtx-pro-6000
@@ -994,10 +994,10 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # wait in shared memory and 8 warps with items of 4 fit 3 blocks an SM at TPE 32 too (2
   # k-steps there before: twice the items, each with its own issue, epilogue and next expert)
   json_check 'all(r["kernels"]["experts_down"]["threads"] == 256 and r["kernels"]["experts_down"]["hot_loop"]["tensor"] == 16 and r["kernels"]["experts_down"]["blocks_per_sm"] == 3 for r in j["predict"]["rows"])'
-  # up at B 1 to 8 (TPE 8, 16 warps a tile: 2 a block, 8 blocks): 24 runs of 4 k-steps deal
-  # unevenly (8 warps 2, 8 warps 1, so a block waits 8 k-steps), half-runs evenly: 6 k-steps
-  # the busiest warp
-  json_check 'all(r["kernels"]["experts_up"]["iters_warp"] == 6 for r in j["predict"]["rows"] if r["B"] <= 8)'
+  # up at B 1 to 8 (TPE 8, STREAM): the blocks the H200 holds at once (132 SMs times its
+  # blocks an SM: one round), each an even run of the (active + 1 shared) x 16 tiles x 48
+  # half-run pieces, dealt to its 2 warps: the busiest warp's k-steps, 2 a piece
+  json_check 'all(u["blocks"] == 132 * u["blocks_per_sm"] and u["busiest_sm_blocks"] == u["blocks_per_sm"] and u["iters_warp"] == 2 * -(-(-(-(r["active"] + 1) * 16 * 48 // u["blocks"])) // 2) and u["iters_warp"] >= 4 for r in j["predict"]["rows"] if r["B"] <= 8 for u in [r["kernels"]["experts_up"]])'
   # W4A16's k-steps on sm_90a: the codes bit-placed (runtime/weights/pack.c), so a bf16 pair
   # is a shift and a mask (in code order: up 325 instructions, 246 integer; down 978, 666),
   # and up's halves unrolled (rolled: 372, 286)

@@ -336,8 +336,29 @@ static mj_route_outputs route_outputs(const routing *r) {
 
 /* What the tests saw of the dispatcher's choices. */
 static int g_seen_halfruns; /* up's pieces of half a run (its runs did not deal evenly) */
-static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_ks[9], g_seen_deal[2], g_seen_chunks,
+static int g_seen_tpe[65], g_seen_nw1[17], g_seen_nw2[9], g_seen_ds[5], g_seen_stream[2], g_seen_deal[2], g_seen_chunks,
     g_seen_tiles;
+/* The shapes up's STREAM runs took: [0] a tile over 2 or more blocks, [1] over 3 or more (a
+ * run inside a tile), [2] a run holding a whole tile and part of another, [3] an empty run
+ * (fewer pieces than blocks), [4] a run of whole tiles alone. */
+static int g_seen_runs[5];
+
+/* What block b's run of P pieces (G blocks, tiles of U pieces) is, as the template cuts it
+ * (stream_cut: the first P % G runs P / G + 1 long, the rest P / G). */
+static void stream_seen(int64_t P, int64_t G, int64_t U) {
+    for (int64_t b = 0; b < G; b++) {
+        const int64_t base = P / G, rem = P % G, r0 = b * base + (b < rem ? b : rem), r1 = r0 + base + (b < rem);
+        if (r0 == r1) {
+            g_seen_runs[3] = 1;
+            continue;
+        }
+        const int cut0 = r0 % U != 0, cut1 = r1 % U != 0 && r1 < P;
+        g_seen_runs[0] |= cut0 || cut1;
+        g_seen_runs[1] |= cut0 && cut1 && r0 / U == r1 / U;
+        g_seen_runs[2] |= (cut0 || cut1) && (r0 + U - 1) / U * U + U <= r1;
+        g_seen_runs[4] |= !cut0 && !cut1;
+    }
+}
 
 /* One forward of routing r on L in mode, checked stage by stage and against mj_experts_ref.
  * Returns the stage failures when counting (mutation tests). */
@@ -348,8 +369,12 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     mj_experts_view_get(ex, &f.v);
     mj_experts_plan(ex, mode, B, &f.kn);
     g_seen_tpe[f.kn.TPE] = g_seen_nw1[f.kn.NW1] = g_seen_nw2[f.kn.NW2] = g_seen_ds[f.kn.DSTEPS] = 1;
-    g_seen_ks[f.kn.KSPLIT] = g_seen_deal[f.kn.DEAL] = 1;
-    g_seen_halfruns |= mj_experts_up_spp(H, f.kn.NW1, f.kn.KSPLIT) == 2;
+    g_seen_stream[f.kn.STREAM] = g_seen_deal[f.kn.DEAL] = 1;
+    g_seen_halfruns |= mj_experts_up_spp(H, f.kn.NW1, f.kn.STREAM) == 2;
+    if (f.kn.STREAM) {
+        const int64_t U = mj_experts_up_pieces(H, f.kn.NW1, 1), n_slots = (int64_t)B * r->k < r->E ? (int64_t)B * r->k : r->E;
+        stream_seen((f.v.nsub + (r->na < n_slots ? r->na : n_slots)) * (f.v.I / 16) * U, mj_experts_up_grid(ex, &f.kn, 0), U);
+    }
     for (int e = 0; e < r->E; e++) g_seen_chunks |= r->cnt[e] > f.kn.TPE;
     g_seen_tiles |= B > f.kn.TPE;
     tbuf out = tbuf_new(sizeof(float) * (size_t)B * H, 0);
@@ -358,6 +383,12 @@ static int run_forward(mj_context_t ctx, mj_layer_t L, mj_experts_t ex, mj_weigh
     mj_route_outputs ro = route_outputs(r);
     int before = g_fail;
     CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, nv == B ? NULL : &nv, out.p, NULL));
+    if (f.v.ucount && mj_experts_device(ex) == MJ_DEVICE_NONE) { /* up's counters back to 0 for the next forward */
+        mj_experts_view_get(ex, &f.v);
+        int64_t left = 0;
+        for (int64_t i = 0; i < (int64_t)f.v.ucount_tiles * (f.v.I / 16); i++) left += f.v.ucount[i] != 0;
+        CHECK(left == 0, "%s: %lld of up's tile counters not back to 0", what, (long long)left);
+    }
     float *got = malloc(sizeof(float) * (size_t)B * H);
     tbuf_get(&out, got, "experts out");
     f.out = got;
@@ -658,6 +689,81 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
      * reads its scales through the same ring: glm5_shapes takes its half-runs at H 6144). */
     static const fwd_case pieces[] = {{1472, 64, 16, 4, 3, 3, 4}, {1344, 64, 16, 4, 3, 3, 4}};
     forward_cases(ctx, pieces, 2, seed + 50, 8, 0, -1, "small: up's pieces");
+    /* An expert with more rows than TPE at decode: every token's top-k names expert 0 twice
+     * (an engine's ids may: mj_experts_forward_topk takes them), so at B 5 it has 10 rows, two
+     * chunks of up, whose tiles' pieces STREAM splits over blocks (H 1024: 8 pieces a tile; 1,
+     * 5 and 40 SMs). Up's counters must come back to 0 and a forward must repeat bit for bit.
+     * (The forward is not mj_experts_ref's for such a routing, which adds each slot: the
+     * oracle here is repetition.) */
+    {
+        mj_moe_config c = test_moe_cfg(1024, 64, 16, 4, 1);
+        mj_layer_t L = NULL;
+        CHECK_OK(mj_layer_create_random(&c, seed + 70, &L));
+        mj_experts_t ex = L ? make_experts(ctx, L, 8) : NULL;
+        if (ex) {
+            uint64_t rng = seed + 71;
+            uint16_t *hidden = malloc(sizeof(uint16_t) * 5 * 1024);
+            test_random_hidden(hidden, 5 * 1024, &rng);
+            routing r;
+            routing_alloc(&r, 5, 4, 16);
+            r.nv = 5;
+            for (int b = 0; b < 5; b++) {
+                const int ids[4] = {0, 0, 1 + b, 9 + b};
+                for (int i = 0; i < 4; i++) r.ids[b * 4 + i] = ids[i], r.w[b * 4 + i] = (float)(0.1 + mj_rng_uniform(&rng));
+                r.nsel[b] = 4;
+            }
+            routing_dispatch(&r);
+            CHECK(r.cnt[0] == 10, "expert 0 has %d rows", r.cnt[0]);
+            mj_route_outputs ro = route_outputs(&r);
+            mj_experts_view v;
+            float *o1 = malloc(sizeof(float) * 5 * 1024), *o2 = malloc(sizeof(float) * 5 * 1024);
+            static const int32_t sms[] = {1, 5, 40};
+            for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++)
+                for (int m = 0; m < 2; m++) {
+                    const mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
+                    CHECK_OK(mj_experts_set_sms(ex, sms[i]));
+                    CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, 5, NULL, o1, NULL));
+                    mj_experts_view_get(ex, &v);
+                    int64_t left = 0;
+                    for (int64_t j = 0; j < (int64_t)v.ucount_tiles * (v.I / 16); j++) left += v.ucount[j] != 0;
+                    CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, 5, NULL, o2, NULL));
+                    CHECK(left == 0 && !memcmp(o1, o2, sizeof(float) * 5 * 1024),
+                          "an expert named twice a token, %d SMs, %s: %lld counters left, outputs %s", (int)sms[i],
+                          m ? "W4A4" : "W4A16", (long long)left, memcmp(o1, o2, sizeof(float) * 5 * 1024) ? "differ" : "repeat");
+                }
+            free(o1), free(o2);
+            routing_free(&r);
+            free(hidden);
+        }
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
+    /* Up's STREAM over grids of every size (the SMs it is sized for): 1 SM (long runs, whole
+     * tiles in a run), 5, 40 and 600 (runs inside a tile, a tile over many blocks, empty runs). */
+    {
+        mj_moe_config c = test_moe_cfg(1024, 64, 16, 4, 1);
+        mj_layer_t L = NULL;
+        CHECK_OK(mj_layer_create_random(&c, seed + 60, &L));
+        mj_experts_t ex = L ? make_experts(ctx, L, 8) : NULL;
+        if (ex) {
+            uint64_t rng = seed + 61;
+            uint16_t *hidden = malloc(sizeof(uint16_t) * 6 * 1024);
+            test_random_hidden(hidden, 6 * 1024, &rng);
+            routing r;
+            route_layer(L, hidden, 6, 5, 4, &r);
+            static const int32_t sms[] = {1, 5, 40, 600};
+            for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {
+                CHECK_OK(mj_experts_set_sms(ex, sms[i]));
+                char what[64];
+                snprintf(what, sizeof what, "small: up's STREAM on %d SMs", (int)sms[i]);
+                for (int m = 0; m < 2; m++) run_forward(ctx, L, ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, hidden, &r, what);
+            }
+            routing_free(&r);
+            free(hidden);
+        }
+        mj_experts_free(ex);
+        mj_layer_free(L);
+    }
     /* Token counts by hand: experts with 0, 1, 8, 9 and 33 tokens. */
     mj_moe_config c = test_moe_cfg(512, 128, 16, 4, 1);
     mj_layer_t L = NULL;
@@ -1183,13 +1289,13 @@ static void test_specs(const char *cache) {
         for (int mode = 0; mode < 2; mode++)
             for (int tpe = 8; tpe <= 64; tpe *= 2) {
                 mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = 256, .K = 8, .TPE = tpe, .NW1 = 4, .NW2 = 2,
-                                          .NSUB = 1, .KSPLIT = 1, .DSTEPS = 2};
+                                          .NSUB = 1, .STREAM = 0, .DSTEPS = 2};
                 mj_spec s[3];
                 const int32_t n = mj_experts_specs(c, &k, s);
                 CHECK(n == (b ? 1 : mode ? 3 : 2), "%s %s TPE %d: %d specializations", backends[b],
                       mode ? "W4A4" : "W4A16", tpe, n);
                 for (int32_t q = 0; q < n && q < 3; q++) {
-                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART KSPLIT DSTEPS */
+                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART STREAM DSTEPS */
                     CHECK_OK(mj_spec_validate(&s[q]));
                     CHECK(kn[0] == mode && kn[1] == 6144 && kn[2] == 256 && kn[3] == 8 && kn[7] == 1,
                           "%s: the shape knobs are the forward's", backends[b]);
@@ -1197,14 +1303,14 @@ static void test_specs(const char *cache) {
                     if (b) {
                         CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[10] == 2, "sim: PART 0 with every knob");
                     } else if (part == 1) {
-                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 1 && kn[10] == 4,
-                              "quant: TPE 8, NW1 1, NW2 1, KSPLIT 1, DSTEPS 4");
+                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4,
+                              "quant: TPE 8, NW1 1, NW2 1, STREAM 0, DSTEPS 4");
                         CHECK(quant_tpe < 0 || quant_tpe == kn[4], "one experts_quant for every TPE");
                         quant_tpe = kn[4];
                     } else {
-                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 && kn[9] == 1 && kn[10] == 4
-                                        : kn[4] == tpe && kn[5] == 1 && kn[6] == 2 && kn[9] == 1 && kn[10] == 2,
-                              "%s PART %d TPE %d: NW1 %d NW2 %d KSPLIT %d DSTEPS %d", mode ? "W4A4" : "W4A16", part, tpe,
+                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4
+                                        : kn[4] == tpe && kn[5] == 1 && kn[6] == 2 && kn[9] == 0 && kn[10] == 2,
+                              "%s PART %d TPE %d: NW1 %d NW2 %d STREAM %d DSTEPS %d", mode ? "W4A4" : "W4A16", part, tpe,
                               kn[5], kn[6], kn[9], kn[10]);
                     }
                 }
@@ -1213,18 +1319,18 @@ static void test_specs(const char *cache) {
     }
     static const char *const bad[] = {
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"KSPLIT\": 1, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"KSPLIT\": 1, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"KSPLIT\": 1, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
     };
     /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
      * nothing at all for n = 0. */
     mj_context_t c = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     if (c) {
         mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1,
-                                  .KSPLIT = 1, .DSTEPS = 4};
+                                  .STREAM = 0, .DSTEPS = 4};
         mj_spec two[3];
         CHECK(mj_experts_specs(c, &k, two) == 1, "sim: one spec");
         two[1] = two[0];
@@ -1382,7 +1488,11 @@ static void teardown(void) { mj_context_destroy(g_ctx); }
 static void check_seen(void) {
     CHECK(g_seen_tpe[8] && g_seen_tpe[16] && g_seen_tpe[32] && g_seen_tpe[64], "every token bucket reached");
     CHECK(g_seen_nw1[1] && g_seen_nw1[2] && g_seen_nw1[4] && g_seen_nw1[8], "every split-K width reached");
-    CHECK(g_seen_ks[1] && g_seen_ks[2] && g_seen_ks[8], "up split over 1, 2 and 8 blocks reached");
+    CHECK(g_seen_stream[0] && g_seen_stream[1], "up with and without STREAM reached");
+    CHECK(g_seen_runs[0] && g_seen_runs[1] && g_seen_runs[2] && g_seen_runs[3] && g_seen_runs[4],
+          "up's STREAM runs: a tile over 2 blocks %d, over 3 %d, a whole tile and part of another %d, an empty run %d, "
+          "whole tiles alone %d",
+          g_seen_runs[0], g_seen_runs[1], g_seen_runs[2], g_seen_runs[3], g_seen_runs[4]);
     CHECK(g_seen_halfruns, "up's pieces of half a run reached (runs that do not deal evenly to its warps)");
     CHECK(g_seen_nw2[4], "down's 4-warp blocks reached");
     CHECK(g_seen_ds[4] && g_seen_ds[2], "both item sizes of down reached (4 k-steps at TPE 8, 2 past it)");

@@ -177,8 +177,9 @@ static void test_splits(uint64_t seed) {
 /* A Qwen2-MoE-shaped layer (softmax top-k, no bias, no renormalization) whose shared expert, 4
  * expert widths wide, is scaled by sigmoid(x . shared_expert_gate): every TP rank scales its
  * slice of the shared expert by the whole gate, EP rank 0 alone runs it; the ranks' sum is the
- * gated reference. H 256 takes up in one block a tile; H 1024 at decode splits a tile over 2
- * blocks (KSPLIT), of which one writes the gate's weights. (tests/test_families.c checks the
+ * gated reference. At decode up runs as STREAM, its runs of pieces over the interpreter's
+ * grid: a tile's pieces over several blocks, of which one (the first piece's) writes the
+ * gate's weights. (tests/test_families.c checks the
  * gate itself against the family's rule.) */
 static void test_gated_splits(uint64_t seed) {
     static const struct { int H; mj_parallel par; int n; int mode; const char *pol; int k0, B, nv; } cases[] = {
@@ -199,7 +200,7 @@ static void test_gated_splits(uint64_t seed) {
             CHECK(full->shared_gate != NULL, "a random layer of a gated config has the gate");
             mj_knobs_moe_experts k;
             mj_experts_knobs(cases[i].H, 256, 4, 4, MJ_MODE_W4A16, 5, MJ_TARGET_SM120A, &k);
-            CHECK(cases[i].H != 1024 || k.KSPLIT == 2, "H 1024 at 5 tokens splits up over %d blocks", k.KSPLIT);
+            CHECK(k.STREAM == 1, "H %d at 5 tokens: up as STREAM (%d)", cases[i].H, k.STREAM);
         }
         run_split(full, cases[i].par, cases[i].n, cases[i].mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, cases[i].pol,
                   cases[i].k0, cases[i].B, cases[i].nv, seed + 10 + i);

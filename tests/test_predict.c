@@ -124,7 +124,7 @@ static void test_launch(void) {
     pm_assume_default(&a);
     /* The hand-worked launch: 8 blocks of 4 warps, 32 registers: 16 blocks fit an SM (by
      * warps and registers); the busiest SM holds 2 (1 round), 2 x 4 x 4 KiB in flight. */
-    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0};
+    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0, 0, 0, 0};
     pm_result r;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.blocks_per_sm == 16 && r.busiest_blocks == 2 && r.rounds == 1, "occupancy %d %d %d", r.blocks_per_sm,
@@ -162,13 +162,13 @@ static void test_waves(void) {
     pm_assume_default(&a);
     pm_result r;
     /* Too few blocks for the SMs: one block of one warp on 4 SMs, 100000 instructions. */
-    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0};
+    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0, 0, 0, 0};
     pm_predict(&k_toy, &a, NULL, &one, &r);
     CHECK(r.bound == PM_BOUND_WAVES, "one block: %s", pm_bound_names[r.bound]);
     CHECK_NEAR(r.t_issue, 100000 * a.warp_cpi / 1000.0, 1e-9);
     /* An uneven grid: 5 blocks on 4 SMs, one resident at a time (the shared memory): the
      * busiest SM runs 2 rounds, so twice as long as 4 blocks. */
-    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0}, four = five;
+    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0, 0, 0, 0}, four = five;
     four.blocks = 4;
     pm_result r4;
     pm_predict(&k_toy, &a, NULL, &five, &r);
@@ -188,7 +188,7 @@ static void test_waves(void) {
 static void test_pipes(void) {
     pm_assume a;
     pm_assume_default(&a);
-    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0};
+    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0, 0, 0, 0};
     static const struct { double alu, imad, fp32, half, cycles; const char *why; } c[] = {
         {10, 10, 0, 0, 20, "10 ALU + 10 IMAD: 20 cycles on each pipe, 20 instructions"},
         {20, 0, 0, 0, 40, "20 ALU: 40 cycles"},
@@ -283,13 +283,39 @@ static void test_route(void) {
      * twice under OEA) is predicted slower on one block, though its warps share schedulers less. */
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1};
-    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1};
+    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1, 0, 0, 0};
+    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1, 0, 0, 0};
     pm_result r32, r8;
     pm_predict(&k_toy, &a, NULL, &w32, &r32);
     pm_predict(&k_toy, &a, NULL, &w8, &r8);
     CHECK(r8.predicted_us > 2 * r32.predicted_us, "8 warps %.2f us, 32 warps %.2f", r8.predicted_us, r32.predicted_us);
     CHECK(r32.bound == PM_BOUND_WAVES, "one block on 4 SMs: %s", pm_bound_names[r32.bound]);
+}
+
+/* A persistent launch (experts_up's STREAM), worked by hand on the toy (4 SMs): blocks of 2
+ * warps, 64 registers (16 an SM by registers), 12 KiB of shared memory (4 an SM of 64 KiB): 16
+ * blocks, each a run of ceil(1000 / 16) = 63 pieces, its busiest warp 32 pieces of 2 steps,
+ * and the 100 instructions outside the loop 1 + 62 / 48 times. Against the same pieces as 21
+ * blocks of a tile each (48 pieces, 24 a warp): the busiest SM runs 2 rounds of them. */
+static void test_stream(void) {
+    if (!toy()) return;
+    const pm_sass s = *toy();
+    pm_assume a;
+    pm_assume_default(&a);
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2};
+    pm_stream_launch(&k_toy, &s, &l);
+    CHECK(l.blocks == 16, "blocks %lld", (long long)l.blocks);
+    CHECK_NEAR(l.iters, 64, 0);
+    CHECK_NEAR(l.extra, 100 * (1 + 62.0 / 48), 1e-9);
+    pm_result r, rt;
+    pm_predict(&k_toy, &a, &s, &l, &r);
+    CHECK(r.rounds == 1 && r.blocks_per_sm == 4, "stream: %d rounds of %d", r.rounds, r.blocks_per_sm);
+    pm_launch tiles = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0}, keep = tiles;
+    pm_stream_launch(&k_toy, &s, &tiles); /* not persistent: left as it is */
+    CHECK(tiles.blocks == keep.blocks && tiles.iters == keep.iters && tiles.extra == keep.extra, "a plain launch kept");
+    pm_predict(&k_toy, &a, &s, &tiles, &rt);
+    CHECK(rt.rounds == 2, "tiles: %d rounds", rt.rounds);
+    CHECK(r.t_issue < 0.8 * rt.t_issue, "stream %.3f us, tiles %.3f us", r.t_issue, rt.t_issue);
 }
 
 static const test_case cases[] = {
@@ -302,6 +328,7 @@ static const test_case cases[] = {
     TEST_CASE("waves", test_waves),
     TEST_CASE("pipes", test_pipes),
     TEST_CASE("busiest", test_busiest),
+    TEST_CASE("stream", test_stream),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

@@ -623,6 +623,16 @@ static int resident_blocks(const tool_gpu *g, const pm_launch *l) {
     return r < 1 ? 1 : r;
 }
 
+void pm_stream_launch(const tool_gpu *g, const pm_sass *s, pm_launch *l) {
+    if (l->stream_pieces <= 0) return;
+    const int wpb = (l->threads + 31) / 32, unit = l->stream_unit > 0 ? l->stream_unit : 1;
+    l->blocks = (int64_t)g->sms * resident_blocks(g, l);
+    const double run = ceil(l->stream_pieces / (double)l->blocks);
+    l->iters = ceil(run / wpb) * (l->stream_spp > 0 ? l->stream_spp : 1);
+    const double outside = l->extra >= 0 ? l->extra : s ? s->outside : 0;
+    l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0));
+}
+
 double pm_launch_us(const pm_assume *a, const pm_launch *l) { return l->pdl ? a->pdl_launch_us : a->launch_us; }
 
 void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const pm_launch *l, pm_result *r) {

@@ -14,9 +14,11 @@
  *                 pieces' counts from the SASS (pm_sass_route) times its tokens, scorings
  *                 and picks (fetch_route);
  *   experts_quant (W4A4) blocks of 2 warps a (token, expert slot), a 16-value group 2 threads;
- *   experts_up    KSPLIT blocks a (16-row tile, active expert or shared sub-expert), NW1 warps
+ *   experts_up    a block a (16-row tile, active expert or shared sub-expert), NW1 warps
  *                 each, splitting H: the busiest warp's k-steps (mj_experts_up_steps: pieces of
- *                 4 or 2 k-steps dealt in turn), 4 of 1 KiB in flight;
+ *                 4 or 2 k-steps dealt in turn), 4 of 1 KiB in flight; at TPE 8 (STREAM) the
+ *                 blocks the GPU holds, each an even run of every tile's pieces
+ *                 (pm_stream_launch);
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
  *                 walks ceil(experts x parts / NW2) items (an expert's DSTEPS k-steps of w2
  *                 with a scale chunk and the record), MJ_EXPERTS_DRING - 2 in flight. */
@@ -100,6 +102,7 @@ static int fetch(mj_context_t ctx, reader *rd, const mj_spec *spec, const mj_spe
         if (pm_sass_analyze(text, k->name, &k->s)) return tool_fail("--predict: no function %s in its SASS", k->name);
         k->has_sass = 1;
     }
+    pm_stream_launch(gpu, k->has_sass ? &k->s : NULL, &k->l);
     pm_predict(gpu, a, k->has_sass ? &k->s : NULL, &k->l, &k->r);
     return 0;
 }
@@ -276,7 +279,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             const int32_t nx = mj_experts_specs(ctx, &kx, xs);
             const int32_t n_slots = (int64_t)B * K < E ? B * K : E;
             mj_launch_dims dims[3];
-            mj_experts_dims(&kx, B, n_slots, NULL, dims);
+            mj_experts_dims(&kx, B, n_slots, 1, NULL, dims); /* up's STREAM grid: pm_stream_launch's */
             const double items = na + nsub, w13 = (double)mj_pack_w13_bytes(H, I) + mj_pack_s13_bytes(H, I),
                          w2 = (double)mj_pack_w2_bytes(H, I) + mj_pack_s2_bytes(H, I);
             /* Past one token group an expert chunk of at most 8 tokens runs a one-group path
@@ -305,8 +308,13 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     k->l.blocks = (int64_t)d->grid[0] * d->grid[1] * d->grid[2], k->l.bytes = 2.0 * B * H, k->l.iters = 1;
                 } else if (part == 2) {
                     k->name = "experts_up";
-                    k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items) * kx.KSPLIT, k->l.bytes = items * w13;
-                    k->l.iters = mj_experts_up_steps(H, kx.NW1, kx.KSPLIT), k->l.inflight = 4 * 1024.0;
+                    k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items), k->l.bytes = items * w13;
+                    k->l.iters = mj_experts_up_steps(H, kx.NW1), k->l.inflight = 4 * 1024.0;
+                    if (kx.STREAM) {
+                        k->l.stream_unit = mj_experts_up_pieces(H, kx.NW1, 1);
+                        k->l.stream_pieces = items * (I / 16) * k->l.stream_unit;
+                        k->l.stream_spp = mj_experts_up_spp(H, kx.NW1, 1);
+                    }
                 } else {
                     k->name = "experts_down";
                     const int parts = (I / 64 + kx.DSTEPS - 1) / kx.DSTEPS;

@@ -233,6 +233,15 @@ def sglang_ep_layer(t, *, rank, ep, shared, storage_rank=None, per_rank_slots=Fa
     return layer, rows
 
 
+def every_token_to(ids, e):
+    """Expert e in every valid token's first slot, once (a token's ids stay distinct)."""
+    for row in ids:
+        j = np.flatnonzero(row == e)
+        if len(j):
+            row[j[0]] = row[0]
+        row[0] = e
+
+
 @pytest.mark.parametrize("rank,storage_rank", [(0, None), (1, None), (3, None), (0, 2)],
                          ids=["rank0", "rank1", "last_rank", "elastic_storage_rank2"])
 def test_from_layer_sglang_fused_shared_ep(rng, rank, storage_rank):
@@ -248,7 +257,7 @@ def test_from_layer_sglang_fused_shared_ep(rng, rank, storage_rank):
     ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
     x = hidden(rng, 5)
     ids, w = routing(rng, 5, K, 4)
-    ids[:, 0] = 3                                     # every token reaches the shared expert
+    every_token_to(ids, 3)                            # every token reaches the shared expert
     first = ex(x, w, ids)
     np.testing.assert_array_equal(first, ref(x, w, ids))
     # the engine reloads: new input scales for the shared expert and routed expert 0 (not
@@ -280,7 +289,7 @@ def test_from_layer_sglang_fused_shared_ep_torch(fake_torch, rng):
     ref = moejit.Experts.adopt(**local, top_k=K, max_batch=8, mode="w4a4")
     x = moejit.bf16_from_f32(hidden(rng, 3))
     ids, w = routing(rng, 3, K, 4)
-    ids[:, 0] = 3
+    every_token_to(ids, 3)
     call = lambda e: e(FakeTensor(x, tt.bfloat16), FakeTensor(w, tt.float32), FakeTensor(ids, tt.int32)).numpy()
     np.testing.assert_array_equal(call(ex), ref(x, w, ids))
     ex.release(), ref.release()
