@@ -39,8 +39,9 @@ struct mj_experts {
     uint8_t *xq, *xsf;                   /* [xrows][H/2], [xrows][H/16] (W4A4)             */
     int32_t sms;                         /* the device's SMs (the interpreter:
                                             MJ_EXPERTS_SIM_SMS): up's STREAM grid           */
-    float *upart;                        /* up's STREAM (TPE 8): each block's sums of the
-                                            tiles at its run's ends, [G][2][8 tokens][32]  */
+    float *upart;                        /* up's STREAM (TPE 8): a tile's pieces' sums where
+                                            its pieces are over several warps, [pieces][8
+                                            (K + nsub) rows][I / 16][32]                   */
     uint32_t *ucount;                    /* [8 K + nsub][I / 16]: a tile's pieces done, 0
                                             between launches                              */
     uint16_t *sgate;                     /* [H] bf16: the shared expert's sigmoid gate
@@ -143,7 +144,7 @@ static void workspace_release(mj_experts *ex) {
     ex->sgate_w = NULL, ex->mb = 0;
 }
 
-static int32_t up_stream_blocks(const mj_experts *ex);
+static int32_t up_stream_pieces(const mj_experts *ex);
 
 /* The forward's workspace for up to mb tokens: the activations between the two GEMMs,
  * (W4A4) the quantized inputs, STREAM up's sums and counters (a plan of at most 8 tokens
@@ -158,9 +159,9 @@ static void workspace_sizes(const mj_experts *ex, int32_t mb, int64_t bytes[WS_B
     bytes[2] = ex->w4a4 ? rows * I / 16 : 0;
     bytes[3] = ex->w4a4 ? xrows * H / 2 : 0;
     bytes[4] = ex->w4a4 ? xrows * H / 16 : 0;
-    const int64_t G = up_stream_blocks(ex), slots = 8LL * ex->K < ex->E ? 8LL * ex->K : ex->E;
-    bytes[5] = G > 0 ? G * 2 * 8 * 32 * (int64_t)sizeof(float) : 0;
-    bytes[6] = G > 0 ? (slots + ex->nsub) * (I / 16) * (int64_t)sizeof(uint32_t) : 0;
+    const int64_t pieces = up_stream_pieces(ex), slots = 8LL * ex->K < ex->E ? 8LL * ex->K : ex->E;
+    bytes[5] = pieces > 0 ? pieces * 8 * (ex->K + ex->nsub) * (I / 16) * 32 * (int64_t)sizeof(float) : 0;
+    bytes[6] = pieces > 0 ? (slots + ex->nsub) * (I / 16) * (int64_t)sizeof(uint32_t) : 0;
     bytes[7] = ex->gated ? (int64_t)mb * (int64_t)sizeof(float) : 0;
 }
 
@@ -188,19 +189,6 @@ int64_t mj_experts_bytes_allocated(mj_experts_t ex) {
     workspace_sizes(ex, ex->mb, ws);
     for (int i = 0; i < WS_BUFS; i++) total += ws[i];
     return total;
-}
-
-/* The workspace again at the same max batch (its STREAM sums' size moved with the SMs). */
-static mj_status mj_experts_reserve_again(mj_experts_t ex) {
-    const int32_t mb = ex->mb;
-    mj_status st = workspace_alloc(ex, mb);
-    if (st != MJ_OK) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", mj_last_error());
-        workspace_release(ex);
-        return mj_set_error(st, "%s", why);
-    }
-    return MJ_OK;
 }
 
 mj_status mj_experts_reserve(mj_experts_t ex, int32_t max_batch) {
@@ -441,14 +429,15 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
     int32_t runs = (H / 64 + 3) / 4;
     k.NW1 = 8;
     while (k.NW1 > 1 && (k.NW1 > runs || up_smem(&k) > MJ_SMEM_DEFAULT_LIMIT)) k.NW1 /= 2;
-    /* Up at decode (TPE 8, at most 8 tokens): STREAM, a grid of the blocks of 2 warps the GPU
-     * holds at once, each an even run of the list of every tile's pieces of H (the last block
-     * to finish a tile adds its blocks' sums in order). GLM-5's 144 tiles at one token are
-     * 1584 blocks on an H200, each warp 4 to 6 k-steps, not 144 blocks of 8 warps of 12 (12 SMs
-     * with two of them); at 8 tokens (about 50 experts) about 25 k-steps a warp, every SM's
-     * blocks done together, not 5 rounds of 12 blocks an SM for 4.2 rounds of work. */
+    /* Up at decode (TPE 8, at most 8 tokens): STREAM, a grid of the one-warp blocks the GPU
+     * holds at once, each warp an even run of the list of every tile's pieces of H (a tile's
+     * pieces' sums added in piece order, whichever warps hold them). GLM-5's 144 tiles at one
+     * token are 3168 warps on an H200, each 4 to 6 k-steps; at 8 tokens (about 50 experts) 26
+     * k-steps a warp, every SM's warps done together, not 5 rounds of 12 blocks an SM for 4.2
+     * rounds of work. One warp a block: the warps share nothing, and 24 of 80 registers fit an
+     * SM where blocks of 2 took 12 of 77 (the 80th register spilled). */
     k.STREAM = 0;
-    if (k.TPE == 8) k.NW1 = k.NW1 < 2 ? k.NW1 : 2, k.STREAM = 1;
+    if (k.TPE == 8) k.NW1 = 1, k.STREAM = 1;
     /* Down: an item of 4 k-steps (a whole scale run); past TPE 8 on targets whose SMs have
      * about 100 KiB of shared memory (sm_120a, sm_121a, sm_86, sm_89), items of 2, which
      * halve the rings (a warp's 7 KiB to 4 KiB): with the larger token tiles' sums, 4 warps
@@ -492,15 +481,15 @@ static int32_t up_grid(const mj_experts *ex, const mj_knobs_moe_experts *k, int3
     return ex->sms * mj_experts_up_blocks_sm(mj_target_sm(ex->target), regs, up_smem(k), k->NW1);
 }
 
-/* The most blocks up's STREAM grid may have in any mode the handle may run (the workspace's
- * upart holds that many blocks' sums), 0: no plan streams. */
-static int32_t up_stream_blocks(const mj_experts *ex) {
-    int32_t G = 0;
+/* A tile's pieces in up's STREAM plans, the most of any mode the handle may run (upart holds a
+ * sum a piece), 0: no plan streams. */
+static int32_t up_stream_pieces(const mj_experts *ex) {
+    int32_t n = 0;
     for (int m = 0; m < (ex->w4a4 ? 2 : 1); m++) {
         mj_knobs_moe_experts k = plan(ex, m ? MJ_MODE_W4A4 : MJ_MODE_W4A16, 1);
-        if (k.STREAM && up_grid(ex, &k, 0) > G) G = up_grid(ex, &k, 0);
+        if (k.STREAM && mj_experts_up_pieces(ex->H, k.NW1, 1) > n) n = mj_experts_up_pieces(ex->H, k.NW1, 1);
     }
-    return G;
+    return n;
 }
 
 void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_moe_experts *out) {
@@ -578,7 +567,7 @@ mj_status mj_experts_set_sms(mj_experts_t ex, int32_t sms) {
     if (!ex || sms < 1 || sms > 4096)
         return mj_set_error(MJ_ERR_INVALID_ARG, "mj_experts_set_sms: %d SMs; 1..4096", sms);
     ex->sms = sms;
-    return mj_experts_reserve_again(ex);
+    return MJ_OK;
 }
 
 mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode mode, int32_t max_batch) {

@@ -40,7 +40,7 @@ static inline int32_t mj_experts_up_steps(int32_t H, int32_t nw1) {
 }
 
 /* experts_up's blocks an SM, for STREAM's grid (the SMs times this: every block resident at
- * once, none waiting for a second round) and the model: what a block's registers a thread
+ * once, none waiting for a second round) and the model (pm_stream_launch): what a block's registers a thread
  * (0: not known, as on the interpreter), its shared memory (bytes, with 1 KiB a block the
  * system's) and nw1 warps leave room for. The limits an SM by compute capability sm (the CUDA
  * C++ Programming Guide's table): 65536 registers, allocated by 256 a warp; 8.0: 164 KiB, 64
@@ -57,6 +57,9 @@ static inline int32_t mj_experts_up_blocks_sm(int sm, int32_t regs, int64_t smem
         if (65536 / (rw * nw1) < n) n = 65536 / (rw * nw1);
     }
     if (smem_sm / (smem + 1024) < n) n = (int32_t)(smem_sm / (smem + 1024));
+    /* warps a multiple of the SM's 4 schedulers where that leaves any: the runs are even, so the
+     * scheduler with one warp more would set the pace (25 warps an SM are 7 on one) */
+    if (n * nw1 > 4 && (n * nw1) % 4) n -= ((n * nw1) % 4 + nw1 - 1) / nw1;
     return n < 1 ? 1 : n;
 }
 /* The SMs the interpreter's STREAM grid is sized for: a small GPU, so that the tests' shapes
@@ -85,8 +88,7 @@ void mj_experts_view_get(mj_experts_t ex, mj_experts_view *out);
 /* Up's STREAM grid for knobs k (0 without STREAM): the SMs the handle was made for times the
  * blocks an SM holds (regs: the kernel's registers a thread, 0: not known). */
 int32_t mj_experts_up_grid(mj_experts_t ex, const mj_knobs_moe_experts *k, int32_t regs);
-/* Size up's STREAM grid for sms SMs (tests: the interpreter's runs over grids of any size);
- * the workspace is made again. */
+/* Size up's STREAM grid for sms SMs (tests: the interpreter's runs over grids of any size). */
 mj_status mj_experts_set_sms(mj_experts_t ex, int32_t sms);
 
 /* Grow the forward's workspace to max_batch tokens (nothing when it is that big already).

@@ -450,11 +450,11 @@ MJ_DEVICE long long act_row(const rows_t *rs, int i, int mb, int n_local) {
     return rs->shared ? (long long)mb * K + (long long)(rs->xi - n_local) * mb + i : rs->off + i;
 }
 
-/* The pieces of a tile's k-steps that a block holds (all, or with STREAM its run's share of
- * them, seg0 .. seg1) are dealt to its NW1 warps in turn: warp w takes pieces seg0 + w,
- * seg0 + w + NW1, ... A piece is a run of 4 k-steps (one scale chunk of the weights' layout)
- * where the runs deal evenly to the warps, else half a run (SPP 2); with STREAM half-runs, the
- * finer grain the blocks' runs are cut at (GLM-5's 24 runs a tile are 48 pieces). */
+/* The pieces of a tile's k-steps are dealt to its block's NW1 warps in turn (warp w: pieces w,
+ * w + NW1, ...), or with STREAM taken in runs by the grid's warps. A piece is a run of 4
+ * k-steps (one scale chunk of the weights' layout) where the runs deal evenly to the warps, else
+ * half a run (SPP 2); with STREAM half-runs, the finer grain the runs are cut at (GLM-5's 24
+ * runs a tile are 48 pieces). */
 /* k-steps a piece: half-runs where they deal better, and every run's halves hold a k-step
  * (H / 64 = 1 or 2 modulo 4 would leave the last run's second half of scale bytes, padding,
  * unread: the byte-once accounting counts the packed chunk whole) */
@@ -645,15 +645,16 @@ MJ_DEVICE void up_step(const uint8_t *slot, const uint8_t *sr, int s, int s4, co
 }
 
 /* The shared expert's gate (Qwen2-MoE, Qwen3-Next): sgate_w[b] = 1 / (1 + e^-(x_b . sgate)) for
- * each valid token b (x_b and sgate bf16 [H]). One warp a token (warp w: tokens w, w + NW1,
+ * each valid token b (x_b and sgate bf16 [H]). One warp a token (warp w of nw: tokens w, w + nw,
  * ...); lane l adds the products of elements 8l .. 8l + 7, then 256 + 8l .., in index order, and
  * the lanes' sums are added by a butterfly (xor 16, 8, 4, 2, 1; float addition commutes, so
  * every lane holds the same bits): a fixed order, so a token's weight does not depend on the
  * other tokens or on NW1. The reciprocal is __fdividef's (no IEEE division's slow path in W4A16's
  * up; within 2 ulp; 0 past d = 2^126, where the weight is below 1e-38 anyway). */
-MJ_NOINLINE void shared_gate_once(const uint16_t *x, const uint16_t *sgate, int nv, int w, int lane, float *sgate_w) {
+MJ_NOINLINE void shared_gate_once(const uint16_t *x, const uint16_t *sgate, int nv, int w, int nw, int lane,
+                                  float *sgate_w) {
     MJ_NO_UNROLL
-    for (int b = w; b < nv; b += NW1) {
+    for (int b = w; b < nv; b += nw) {
         const uint16_t *xr = x + (long long)b * H;
         float dot = 0.0f;
         MJ_NO_UNROLL
@@ -670,18 +671,202 @@ MJ_NOINLINE void shared_gate_once(const uint16_t *x, const uint16_t *sgate, int 
     }
 }
 
-/* STREAM: the list of every unit's (tile's) pieces, P = (NSUB + active) I / 16 PIECES1 of them
- * (at most 136 x 512 x 128: an int), cut into the grid's G runs, even to a piece: block b's run
- * starts at run_start(b) = b base + min(b, rem) (base = P / G, the first rem = P % G runs one
- * longer). One integer division a block, where it starts. */
-MJ_DEVICE void stream_cut(const int32_t *n_active, int n_slots, int *base, int *rem) {
+/* STREAM (TPE 8: decode, one chunk of at most 8 tokens a tile, but for an expert a token's
+ * top-k names twice): the grid's W = G NW1 warps (G the blocks the GPU holds at once) each take
+ * an even run of the list of every unit's pieces, unit u = y I / 16 + t being slot y's tile t
+ * (the shared sub-experts' slots first, then the active experts', as many as the device's
+ * count says): P = (NSUB + active) I / 16 PIECES1 pieces (an int: at most 136 x 512 x 128),
+ * warp v's run starting at run_start(v) = v base + min(v, rem), base = P / W, the first rem =
+ * P % W runs one longer. A run is a segment of a unit at each end and whole units between.
+ *
+ * A piece's sums start from 0 (its SPP k-steps' MMAs in order), and a unit's are its pieces'
+ * added in piece order, T = ((S0 + S1) + S2) + ..., whichever warps compute them: so a token's
+ * bits depend on neither where the runs cut the list nor anything else in the batch. A warp
+ * whose segment starts at the unit's first piece adds as it goes; any other writes each piece's
+ * sums to upart ([PIECES1][UPROWS][I / 16][gate 16, up 16]: the chunk's rows by place, routed
+ * then shared, as at most 8 tokens hold them). A unit over several warps: the first one's
+ * running sum is written at its last piece's place, each warp counts its pieces in on
+ * ucount[u], and the one that completes the count adds the later pieces to that sum, makes the
+ * SwiGLU and sets the count back to 0 for the next launch (a graph's replay). No barrier: each
+ * warp runs its own ring, sums and epilogue. */
+#define UPROWS (8 * (K + NSUB))
+MJ_DEVICE void stream_cut(const int32_t *n_active, int n_slots, int W, int *base, int *rem) {
     const int na = n_active[0] < 0 ? 0 : n_active[0] < n_slots ? n_active[0] : n_slots;
-    const int P = (NSUB + na) * (I / 16) * PIECES1, G = (int)gridDim.x;
-    *base = P / G, *rem = P - *base * G;
+    const int P = (NSUB + na) * (I / 16) * PIECES1;
+    *base = P / W, *rem = P - *base * W;
 }
-MJ_DEVICE int run_start(int b, int base, int rem) { return b * base + (b < rem ? b : rem); }
+MJ_DEVICE int run_start(int v, int base, int rem) { return v * base + (v < rem ? v : rem); }
 
-/* grid (I / 16, n_slots + NSUB) (STREAM: G blocks in x, G the blocks the GPU holds at once),
+/* The SwiGLU of (token ci of the unit's rows, row r of tile t) from its gate and up sums: W4A16
+ * the bf16 activation, W4A4 into the tile row hrow for up_requant. */
+MJ_DEVICE void up_out(const rows_t *rs, int ci, int t, int r, float gate, float up, float alpha, int mb, int n_local,
+                      uint16_t *act, float *hrow) {
+    const float hv = silu(gate * alpha) * (up * alpha);
+    if (MODE == 0) act[act_row(rs, ci, mb, n_local) * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
+    else hrow[r] = hv;
+}
+
+/* W4A4: the chunk's nc rows of the SwiGLU tile (htile [nc][16]) requantized with w2's input
+ * scale, a lane a row. */
+MJ_DEVICE void up_requant(const rows_t *rs, int c0, int nc, int t, float gs2, int mb, int n_local, uint8_t *actq,
+                          uint8_t *act_sf, float *htile, int lane) {
+    __syncwarp(0xFFFFFFFFu);
+    MJ_NO_UNROLL
+    for (int ti = lane; ti < nc; ti += 32) {
+        const long long orow = act_row(rs, c0 + ti, mb, n_local);
+        uint32_t w0, w1;
+        act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, 1, gs2, &w0, &w1);
+        store_q16(actq + orow * (I / 2), t, w0, w1);
+    }
+    __syncwarp(0xFFFFFFFFu);
+}
+
+#if STREAM
+MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
+                                 const uint8_t *s13, const float *scal, const int32_t *counts,
+                                 const int32_t *offsets, const int32_t *active, const int32_t *n_active,
+                                 const int32_t *row_index, int nv, int mb, int n_local, int expert_begin,
+                                 int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf, float *upart,
+                                 uint32_t *ucount, const uint16_t *sgate, float *sgate_w, float *smem, int w,
+                                 int lane) {
+    const int g = lane >> 2, p = lane & 3;
+    const int v = (int)blockIdx.x * NW1 + w; /* this warp in the grid's */
+    int base, rem;
+    stream_cut(n_active, n_slots, (int)gridDim.x * NW1, &base, &rem);
+    const int r0 = run_start(v, base, rem), r1 = r0 + base + (v < rem);
+    uint8_t *ring = (uint8_t *)smem + w * RING_BYTES;
+    float *htile = (float *)ring; /* W4A4's SwiGLU tile [8][16], after the k loop: the ring's first bytes */
+    for (int q0 = r0; q0 < r1;) {
+        const int u = q0 / PIECES1, ub = u * PIECES1, q1 = r1 < ub + PIECES1 ? r1 : ub + PIECES1;
+        const int t = u % (I / 16), y = u / (I / 16), seg0 = q0 - ub, seg1 = q1 - ub;
+        q0 = q1;
+        const int slot = y < NSUB ? n_slots + y : y - NSUB;
+        rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
+        if (rs.xi < 0 || rs.n == 0) continue;
+        if (sgate && rs.shared && rs.xi == n_local && t == 0 && seg0 == 0) /* one warp: the first shared tile's first */
+            shared_gate_once(x, sgate, nv, 0, 1, lane, sgate_w);
+        const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
+        const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
+        const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
+        const float alpha = MODE == 1 ? is13 * ws2 : ws2;
+        const float gs2 = scal[rs.xi * SCAL + 5];
+        for (int c0 = 0; c0 < rs.n; c0 += TPE) {
+            /* A later chunk (more rows than TPE) is the whole of the warp holding the unit's
+             * first piece. */
+            if (c0 > 0 && seg0 > 0) break;
+            const int cs0 = c0 > 0 ? 0 : seg0, cs1 = c0 > 0 ? PIECES1 : seg1;
+            const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
+            int src[1];
+            const uint16_t *xrow[1];
+            src[0] = g < nc ? (int)src_row(&rs, c0 + g, row_index, mb) : -1;
+            xrow[0] = MODE == 0 ? x + (long long)(src[0] >= 0 ? src[0] : 0) * H + 8 * p : 0;
+            /* the running sum starts at -0, which adds to the first piece's sums as nothing
+             * (-0 + x is x, bit for bit, +0 too): T0 is S0 */
+            float tot[2][4], accr[1][2][4];
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 4; i++) tot[h][i] = -0.0f, accr[0][h][i] = 0.0f;
+            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i); a piece's
+             * sums in upart at pb (token 2p's row, row g) and the constant offsets from it */
+            const int prow0 = rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 + 2 * p : rs.off + c0 + 2 * p;
+            const int w0 = cs0 > 0 && 2 * p < nc, w1 = cs0 > 0 && 2 * p + 1 < nc; /* this lane's upart stores */
+            float *pb = upart + (((long long)cs0 * UPROWS + prow0) * (I / 16) + t) * 32 + g;
+            /* the segment's k-steps, in order, through the warp's ring (RING - 1 in flight) */
+            const int nq = (cs1 - cs0) * SPP;
+            const uint32_t s0 = (uint32_t)(cs0 * SPP);
+            MJ_NO_UNROLL
+            for (int q = 0; q < RING - 1; q++)
+                up_issue(ring, wt, st, s0 + (uint32_t)q, (uint32_t)q, (uint32_t)(q / SPP), q % SPP == 0, q < nq, lane);
+            uint32_t b16[1][4][2] = {{{0}}}, bq[1][2], bsf[1];
+            up_bload(nq > 0 ? (int)s0 : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+            uint32_t cs = 0u;
+            MJ_NO_UNROLL
+            for (int j = 0; j < nq; j++) {
+                const uint32_t uj = (uint32_t)j, s = s0 + uj, s4 = uj % SPP;
+                up_issue(ring, wt, st, s + 4u, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
+                         j + RING - 1 < nq, lane);
+                /* W4A16: this step's activations came during the last, the next step's load
+                 * after this step's MMAs; W4A4: the next step's now, a whole step ahead */
+                uint32_t cq[1][2], csf[1];
+                if (MODE == 1) {
+                    cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
+                    up_bload(j + 1 < nq ? (int)s + 1 : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+                }
+                mj_cp_async_wait(RING - 1); /* step j's group has landed... */
+                __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
+                if (s < KS1)
+                    up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, 0, nc, x,
+                            xq, xsf, lane, accr, 0, b16, MODE == 1 ? cq : bq, MODE == 1 ? csf : bsf);
+                if (MODE == 0) up_bload(j + 1 < nq ? (int)s + 1 : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+                if (s4 == SPP - 1u) { /* a piece's end: its sums into the running sum (used where the
+                                       * segment starts the unit), and to upart where it does not */
+                    for (int h = 0; h < 2; h++) {
+                        if (w0) pb[16 * h] = accr[0][h][0], pb[16 * h + 8] = accr[0][h][2];
+                        if (w1) pb[(I / 16) * 32 + 16 * h] = accr[0][h][1], pb[(I / 16) * 32 + 16 * h + 8] = accr[0][h][3];
+                        for (int i = 0; i < 4; i++) tot[h][i] += accr[0][h][i], accr[0][h][i] = 0.0f;
+                    }
+                    pb += (long long)UPROWS * (I / 16) * 32;
+                }
+                cs = cs == RING - 1u ? 0u : cs + 1u;
+            }
+            int last = cs0 == 0 && cs1 == PIECES1, k = 0;
+            if (!last) {
+                if (cs0 == 0) /* the running sum, at its last piece's place */
+                    for (int i = 0; i < 4; i++) {
+                        const int ti = 2 * p + (i & 1), r = g + 8 * (i >> 1);
+                        if (ti >= nc) continue;
+                        const int prow = rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 + ti : rs.off + c0 + ti;
+                        float *pp = upart + (((long long)(cs1 - 1) * UPROWS + prow) * (I / 16) + t) * 32 + r;
+                        pp[0] = tot[0][i], pp[16] = tot[1][i];
+                    }
+                __threadfence(); /* this warp's sums are visible to the warp that adds them */
+                __syncwarp(0xFFFFFFFFu);
+                uint32_t done = 0u;
+                if (lane == 0) done = atomicAdd(&ucount[u], (uint32_t)(cs1 - cs0)) == (uint32_t)(PIECES1 - (cs1 - cs0));
+                last = (int)__shfl_sync(0xFFFFFFFFu, done, 0);
+                if (last) {
+                    __threadfence();
+                    /* the warp whose run holds the unit's first piece: its run ends where its sum lies */
+                    int fw = v;
+                    MJ_NO_UNROLL
+                    while (run_start(fw, base, rem) > ub) fw--;
+                    const int fe = run_start(fw + 1, base, rem) - ub;
+                    k = (fe < PIECES1 ? fe : PIECES1) - 1;
+                }
+            }
+            if (last) {
+                /* the running sums through the ring's memory (past W4A4's tile), so that the
+                 * SwiGLU below is one rolled copy, as the block's epilogue is */
+                float *ts = (float *)(ring + 1024) + lane * 4;
+                for (int i = 0; i < 4; i++) ts[i] = tot[0][i], ts[128 + i] = tot[1][i];
+                __syncwarp(0xFFFFFFFFu);
+                MJ_NO_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    const int ti = 2 * p + (i & 1), r = g + 8 * (i >> 1);
+                    if (ti >= nc) continue;
+                    float gate = ts[i], up = ts[128 + i];
+                    if (!(cs0 == 0 && cs1 == PIECES1)) { /* the first warp's sum, then the later pieces' in order */
+                        const int prow = rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 + ti : rs.off + c0 + ti;
+                        const float *pp = upart + (((long long)k * UPROWS + prow) * (I / 16) + t) * 32 + r;
+                        gate = mj_ld_cg_f32(pp), up = mj_ld_cg_f32(pp + 16);
+                        MJ_NO_UNROLL
+                        for (int pc = k + 1; pc < PIECES1; pc++) {
+                            pp += (long long)UPROWS * (I / 16) * 32;
+                            gate += mj_ld_cg_f32(pp), up += mj_ld_cg_f32(pp + 16);
+                        }
+                    }
+                    gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
+                    up_out(&rs, c0 + ti, t, r, gate, up, alpha, mb, n_local, act, htile + ti * 16);
+                }
+                if (MODE == 1) up_requant(&rs, c0, nc, t, gs2, mb, n_local, actq, act_sf, htile, lane);
+                if (!(cs0 == 0 && cs1 == PIECES1) && lane == 0) ucount[u] = 0u;
+            }
+            __syncwarp(0xFFFFFFFFu); /* the ring (and W4A4's tile in it) is the next segment's */
+        }
+    }
+}
+#endif
+
+/* grid (I / 16, n_slots + NSUB) (STREAM: G blocks, the GPU's SMs times the blocks an SM holds),
  * block NW1 * 32, dynamic shared memory NW1 * RING_BYTES
  * (the warps' rings; after the k loop the warps' sums, then the SwiGLU tile), and with
  * SUMS_SMEM NW1 * UPACC + TPE * 4 bytes more (the warps' sums and the chunk's source rows;
@@ -709,214 +894,130 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;
     const int g = lane >> 2, p = lane & 3;
     const int nv = valid_tokens(num_valid, B);
+#if STREAM
+    experts_up_stream(x, xq, xsf, w13, s13, scal, counts, offsets, active, n_active, row_index, nv, mb, n_local,
+                      expert_begin, n_slots, act, actq, act_sf, upart, ucount, sgate, sgate_w, smem, w, lane);
+#else
+    const int t = (int)blockIdx.x, dw = w; /* this warp's first piece of the tile */
+    /* The shared sub-experts' blocks first (y < NSUB), then the routed slots: a shared one
+     * takes every valid token, the longest blocks of a grid at B > 8, and the last blocks a
+     * GPU starts are the ones it waits for at the end. */
+    const int y = (int)blockIdx.y, slot = y < NSUB ? n_slots + y : y - NSUB;
+    rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
+    if (rs.xi < 0 || rs.n == 0) return;
+    if (sgate && rs.shared && rs.xi == n_local && t == 0) /* one block: the first shared sub-expert's */
+        shared_gate_once(x, sgate, nv, w, NW1, lane, sgate_w);
+    const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
+    const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
+    const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
+    const float alpha = MODE == 1 ? is13 * ws2 : ws2;
+    const float gs2 = scal[rs.xi * SCAL + 5];
     uint8_t *ring = (uint8_t *)smem + w * RING_BYTES;
     /* every warp's sums, [NW1][NT][2][32][4]; the SwiGLU tile [TPE][16] (W4A4 requant) */
     float *accs = SUMS_SMEM ? (float *)((uint8_t *)smem + NW1 * RING_BYTES) : smem;
     float *htile = SUMS_SMEM ? smem : smem + NW1 * NT * 256;
     float *acc = accs + w * NT * 256;                                  /* this warp's (SUMS_SMEM) */
     int *srcs = (int *)((uint8_t *)smem + NW1 * (RING_BYTES + UPACC)); /* [TPE] (SUMS_SMEM)       */
-#if STREAM
-    /* The units: slot y's tile t is u = y I / 16 + t, the shared sub-experts' slots first (y <
-     * NSUB: a shared one takes every valid token), then the active experts'; this block's run
-     * of their pieces, a segment (seg0 .. seg1 of a unit's PIECES1) at a time: part of a unit
-     * at the run's ends, whole units between. */
-    int base, rem;
-    stream_cut(n_active, n_slots, &base, &rem);
-    const int r0 = run_start((int)blockIdx.x, base, rem), r1 = r0 + base + ((int)blockIdx.x < rem);
-    for (int q0 = r0; q0 < r1;) {
-        const int u = q0 / PIECES1, ub = u * PIECES1, q1 = r1 < ub + PIECES1 ? r1 : ub + PIECES1;
-        const int t = u % (I / 16), y = u / (I / 16), seg0 = q0 - ub, seg1 = q1 - ub;
-        const int first = q0 == r0; /* the run's first segment (its sums' place 0 in upart), else its last (1) */
-        q0 = q1;
-#else
-    do { /* one unit: this block's tile, all its pieces */
-        const int t = (int)blockIdx.x, y = (int)blockIdx.y, u = y * (I / 16) + t, seg0 = 0, seg1 = PIECES1, first = 1;
-#endif
-        const int unit_split = seg0 > 0 || seg1 < PIECES1; /* the unit's pieces over several blocks */
-        const int slot = y < NSUB ? n_slots + y : y - NSUB;
-        rows_t rs = slot_rows(slot, n_slots, counts, offsets, active, n_active, n_local, expert_begin, nv);
-        if (rs.xi < 0 || rs.n == 0) continue;
-        if (sgate && rs.shared && rs.xi == n_local && t == 0 && seg0 == 0) /* one block: the first shared sub-expert's */
-            shared_gate_once(x, sgate, nv, w, lane, sgate_w);
-        const uint8_t *wt = w13 + rs.xi * W13_EXPERT + t * W13_TILE;
-        const uint8_t *st = s13 + rs.xi * S13_EXPERT + t * S13_TILE;
-        const float ws2 = scal[rs.xi * SCAL + 0], is13 = scal[rs.xi * SCAL + 1];
-        const float alpha = MODE == 1 ? is13 * ws2 : ws2;
-        const float gs2 = scal[rs.xi * SCAL + 5];
-        for (int c0 = 0; c0 < rs.n; c0 += TPE) {
-            /* A unit's pieces split over blocks are its first chunk's. A later chunk (an expert
-             * with more rows than TPE: a token's top-k naming it twice, as an engine's ids
-             * may) is the block's that holds the unit's first piece, all its pieces. */
-            if (c0 > 0 && seg0 > 0) break;
-            const int cs0 = c0 > 0 ? 0 : seg0, cs1 = c0 > 0 ? PIECES1 : seg1, split = c0 == 0 && unit_split;
-            const int dw = cs0 + w; /* this warp's first piece of the chunk's */
-            const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
-            /* The source rows of the chunk's tokens (this lane's: token n * 8 + g of each group),
-             * and zero sums: in registers (regs; block-uniform), or in shared memory. */
-            const int regs = !SUMS_SMEM || nc <= 8;
-            int src[NTR]; /* rows are ints, as the dispatch counts them (srcs[] too) */
-            const uint16_t *xrow[NTR]; /* W4A16: up_bload's */
-            float accr[NTR][2][4];
-            if (regs) {
-                MJ_UNROLL
-                for (int n = 0; n < NTR; n++) {
-                    src[n] = n * 8 + g < nc ? (int)src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
-                    xrow[n] = MODE == 0 && NTR == 1 ? x + (long long)(src[n] >= 0 ? src[n] : 0) * H + 8 * p : 0;
-                    for (int h = 0; h < 2; h++)
-                        for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
-                }
-            } else {
-                MJ_NO_UNROLL
-                for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) srcs[i] = (int)src_row(&rs, c0 + i, row_index, mb);
-                MJ_NO_UNROLL
-                for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                __syncthreads();
+
+    for (int c0 = 0; c0 < rs.n; c0 += TPE) {
+        const int nc = rs.n - c0 < TPE ? rs.n - c0 : TPE;
+        /* The source rows of the chunk's tokens (this lane's: token n * 8 + g of each group),
+         * and zero sums: in registers (regs; block-uniform), or in shared memory. */
+        const int regs = !SUMS_SMEM || nc <= 8;
+        int src[NTR]; /* rows are ints, as the dispatch counts them (srcs[] too) */
+        const uint16_t *xrow[NTR]; /* W4A16: up_bload's */
+        float accr[NTR][2][4];
+        if (regs) {
+            MJ_UNROLL
+            for (int n = 0; n < NTR; n++) {
+                src[n] = n * 8 + g < nc ? (int)src_row(&rs, c0 + n * 8 + g, row_index, mb) : -1;
+                xrow[n] = MODE == 0 && NTR == 1 ? x + (long long)(src[n] >= 0 ? src[n] : 0) * H + 8 * p : 0;
+                for (int h = 0; h < 2; h++)
+                    for (int q = 0; q < 4; q++) accr[n][h][q] = 0.0f;
             }
-            /* Pieces of SPP k-steps, one scale chunk each, dealt to the warps in turn, through
-             * the warp's ring: RING - 1 steps in flight while one computes. */
-            const int nq = dw < cs1 ? (cs1 - dw + NW1 - 1) / NW1 * SPP : 0;
-            /* Step j's k-step sj and ring slot cs, kept as cursors: within a piece the next step,
-             * then the first of the warp's next piece (SPP NW1 - SPP + 1 on); step j + RING - 1 =
-             * j + 4, the one issued while j computes, is 4 / SPP pieces on (sj + 4 NW1 either way)
-             * in the slot before cs. */
+        } else {
             MJ_NO_UNROLL
-            for (int q = 0; q < RING - 1; q++) /* the warp's steps 0 .. 3: piece q / SPP of its (runs: the first) */
-                up_issue(ring, wt, st, SPP == 4 ? (uint32_t)(dw * 4 + q) : (uint32_t)((dw + q / SPP * NW1) * SPP + q % SPP),
-                         (uint32_t)q, SPP == 4 ? 0u : (uint32_t)(q / SPP), SPP == 4 ? q == 0 : q % SPP == 0, q < nq, lane);
-            uint32_t sj = (uint32_t)(dw * SPP), cs = 0u;
-            /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
-             * loaded during step j - 1; with two, at the start of step j (a copy of both groups
-             * held across a step would double their registers) */
-            uint32_t b16[NTR][4][2] = {{{0}}}, bq[NTR][2], bsf[NTR];
-            up_bload(NTR == 1 && regs && nq > 0 ? dw * SPP : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+            for (int i = (int)threadIdx.x; i < nc; i += NW1 * 32) srcs[i] = (int)src_row(&rs, c0 + i, row_index, mb);
             MJ_NO_UNROLL
-            for (int j = 0; j < nq; j++) {
-                const uint32_t uj = (uint32_t)j, s = sj, s4 = uj % SPP; /* s4: the step's place in its piece */
-                /* into the slot step j - 1 read; a piece's scales into the slot 4 / SPP on */
-                up_issue(ring, wt, st, s + 4u * NW1, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
-                         j + RING - 1 < nq, lane);
-                const uint32_t sn = s4 == SPP - 1u ? s + (SPP * NW1 - (SPP - 1u)) : s + 1u; /* step j + 1's */
-                /* one W4A16 group: this step's came during the last, the next step's load after
-                 * this step's MMAs, into the same registers (no copy); one W4A4 group: this
-                 * step's from the last, the next step's now, a whole step before its MMAs (W4A4
-                 * has no dequantization to hide a load behind); two groups: this step's, before
-                 * the wait (registers) */
-                const int reuse = NTR == 1 && MODE == 0;
-                uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
-                if (NTR == 1 && MODE == 1 && regs) {
-                    cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
-                    up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
-                } else if (NTR > 1 && regs) {
-                    up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
-                }
-                mj_cp_async_wait(RING - 1); /* step j's group has landed... */
-                __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
-                if (s < KS1)
-                    up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, srcs, nc, x,
-                            xq, xsf, lane, accr, acc, reuse ? b16 : c16, reuse ? bq : cq, reuse ? bsf : csf);
-                if (reuse && regs) up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
-                sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
-            }
-            __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
-            if (regs) {
-                MJ_UNROLL
-                for (int n = 0; n < NTR; n++)
-                    for (int h = 0; h < 2; h++)
-                        for (int i = 0; i < 4; i++) acc[((n * 2 + h) * 32 + lane) * 4 + i] = accr[n][h][i];
-                __syncthreads();
-            }
-            /* Warp 0 adds the warps' sums in warp order as the SwiGLU below reads them: a rolled
-             * loop over the token groups, the four values of each and the warps, one copy of its
-             * code (expf and silu's division). A unit split over blocks (STREAM; one chunk of at
-             * most 8 tokens: TPE 8): pass 0 writes this block's sums to upart (place first ? 0 : 1
-             * of block b, [G][2][8 tokens][gate 16, up 16]), the block counts its pieces in on
-             * ucount[u], and the block that completes the unit's PIECES1 makes pass 1: the blocks'
-             * sums added in block order (the same order whichever block is last), the SwiGLU, and
-             * ucount[u] back to 0 for the next launch (a graph's replay). */
-            int rb0 = 0, rb1 = -1, rp0 = 0; /* pass 1: the blocks of the unit's runs, b0's sums' place */
-            MJ_NO_UNROLL
-            for (int pass = split ? 0 : 1; pass < 2; pass++) {
-                if (split && pass == 1) {
-                    __threadfence(); /* this block's sums are visible to the block that adds them */
-                    __syncthreads();
-                    /* the block's flag: the rings' last word (the rings are done; the sums and the
-                     * tile lie at the start of their memory) */
-                    int *s_last = (int *)((uint8_t *)smem + NW1 * RING_BYTES) - 1;
-                    if (threadIdx.x == 0)
-                        *s_last = atomicAdd(&ucount[u], (uint32_t)(cs1 - cs0)) == (uint32_t)(PIECES1 - (cs1 - cs0));
-                    __syncthreads();
-                    if (!*s_last) break; /* the whole block: the flag is the block's */
-                    __threadfence();
-                    /* the blocks whose runs hold the unit's pieces: this one's neighbours (no
-                     * empty run lies among them: those are the last ones, past every piece) */
-                    int base, rem; /* again: held across the k loop, they cost it registers */
-                    stream_cut(n_active, n_slots, &base, &rem);
-                    const int ub = u * PIECES1;
-                    rb0 = rb1 = (int)blockIdx.x;
-                    MJ_NO_UNROLL
-                    while (run_start(rb0, base, rem) > ub) rb0--;
-                    MJ_NO_UNROLL
-                    while (run_start(rb1 + 1, base, rem) < ub + PIECES1) rb1++;
-                    rp0 = run_start(rb0, base, rem) < ub; /* b0's run began in an earlier unit */
-                }
-                if (w != 0) continue;
-                /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
-                MJ_NO_UNROLL
-                for (int n = 0; n < NT && n * 8 < nc; n++)
-                    MJ_NO_UNROLL
-                    for (int i = 0; i < 4; i++) {
-                        int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
-                        if (ti >= nc) continue;
-                        int ci = c0 + ti;
-                        float gate, up;
-                        if (split && pass == 1) {
-                            /* the blocks whose runs hold the unit's pieces, in order; each one's
-                             * sums at place 0 where the unit is its run's first, else 1 */
-                            gate = 0.0f, up = 0.0f;
-                            MJ_NO_UNROLL
-                            for (int b = rb0; b <= rb1; b++) {
-                                const float *zp = upart + ((b * 2 + (b == rb0 ? rp0 : 0)) * 8 + ci) * 32 + r;
-                                gate += mj_ld_cg_f32(zp), up += mj_ld_cg_f32(zp + 16);
-                            }
-                        } else {
-                            const float *av = accs + (n * 2 * 32 + lane) * 4 + i; /* warp 0's gate; up 128 on */
-                            gate = av[0], up = av[128];
-                            MJ_NO_UNROLL
-                            for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
-                            gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
-                            if (split) {
-                                float *zp = upart + (((int)blockIdx.x * 2 + !first) * 8 + ci) * 32 + r;
-                                zp[0] = gate, zp[16] = up;
-                                continue;
-                            }
-                        }
-                        float hv = silu(gate * alpha) * (up * alpha);
-                        const long long orow = act_row(&rs, ci, mb, n_local);
-                        if (MODE == 0) act[orow * I + 16 * t + r] = (uint16_t)bf16_bits(hv);
-                        else htile[ti * 16 + r] = hv;
-                    }
-                if (split && pass == 0) continue;
-                if (MODE == 1) {
-                    __syncwarp(0xFFFFFFFFu);
-                    MJ_NO_UNROLL
-                    for (int ti = lane; ti < nc; ti += 32) {
-                        int ci = c0 + ti;
-                        const long long orow = act_row(&rs, ci, mb, n_local);
-                        uint32_t w0, w1;
-                        act_sf[orow * (I / 16) + t] = (uint8_t)quant16(htile + ti * 16, 1, gs2, &w0, &w1);
-                        store_q16(actq + orow * (I / 2), t, w0, w1);
-                    }
-                    __syncwarp(0xFFFFFFFFu);
-                }
-                if (split && lane == 0) ucount[u] = 0u;
-            }
-            __syncthreads(); /* the next chunk's (unit's) rings, sums and rows reuse this memory */
+            for (int i = 0; i < 2 * NT && (i >> 1) * 8 < nc; i++) ((float4 *)acc)[i * 32 + lane] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            __syncthreads();
         }
-#if STREAM
+        /* Pieces of SPP k-steps, one scale chunk each, dealt to the warps in turn, through
+         * the warp's ring: RING - 1 steps in flight while one computes. */
+        const int nq = dw < PIECES1 ? (PIECES1 - dw + NW1 - 1) / NW1 * SPP : 0;
+        /* Step j's k-step sj and ring slot cs, kept as cursors: within a piece the next step,
+         * then the first of the warp's next piece (SPP NW1 - SPP + 1 on); step j + RING - 1 =
+         * j + 4, the one issued while j computes, is 4 / SPP pieces on (sj + 4 NW1 either way)
+         * in the slot before cs. */
+        MJ_NO_UNROLL
+        for (int q = 0; q < RING - 1; q++) /* the warp's steps 0 .. 3: piece q / SPP of its (runs: the first) */
+            up_issue(ring, wt, st, SPP == 4 ? (uint32_t)(dw * 4 + q) : (uint32_t)((dw + q / SPP * NW1) * SPP + q % SPP),
+                     (uint32_t)q, SPP == 4 ? 0u : (uint32_t)(q / SPP), SPP == 4 ? q == 0 : q % SPP == 0, q < nq, lane);
+        uint32_t sj = (uint32_t)(dw * SPP), cs = 0u;
+        /* the register sums' activations: with one token group step j's (b16, bq, bsf) are
+         * loaded during step j - 1; with two, at the start of step j (a copy of both groups
+         * held across a step would double their registers) */
+        uint32_t b16[NTR][4][2] = {{{0}}}, bq[NTR][2], bsf[NTR];
+        up_bload(NTR == 1 && regs && nq > 0 ? dw * SPP : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+        MJ_NO_UNROLL
+        for (int j = 0; j < nq; j++) {
+            const uint32_t uj = (uint32_t)j, s = sj, s4 = uj % SPP; /* s4: the step's place in its piece */
+            /* into the slot step j - 1 read; a piece's scales into the slot 4 / SPP on */
+            up_issue(ring, wt, st, s + 4u * NW1, cs == 0u ? RING - 1u : cs - 1u, (uj / SPP + 4u / SPP) % RUNRING, s4 == 0u,
+                     j + RING - 1 < nq, lane);
+            const uint32_t sn = s4 == SPP - 1u ? s + (SPP * NW1 - (SPP - 1u)) : s + 1u; /* step j + 1's */
+            /* one W4A16 group: this step's came during the last, the next step's load after
+             * this step's MMAs, into the same registers (no copy); one W4A4 group: this
+             * step's from the last, the next step's now, a whole step before its MMAs (W4A4
+             * has no dequantization to hide a load behind); two groups: this step's, before
+             * the wait (registers) */
+            const int reuse = NTR == 1 && MODE == 0;
+            uint32_t c16[NTR][4][2], cq[NTR][2], csf[NTR];
+            if (NTR == 1 && MODE == 1 && regs) {
+                cq[0][0] = bq[0][0], cq[0][1] = bq[0][1], csf[0] = bsf[0];
+                up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+            } else if (NTR > 1 && regs) {
+                up_bload((int)s, src, x, xrow, xq, xsf, p, c16, cq, csf);
+            }
+            mj_cp_async_wait(RING - 1); /* step j's group has landed... */
+            __syncwarp(0xFFFFFFFFu);    /* ...every lane's (scales are shared) */
+            if (s < KS1)
+                up_step(ring + cs * 1024u, ring + RING * 1024 + (uj / SPP % RUNRING) * SCHUNK, (int)s, (int)s4, srcs, nc, x,
+                        xq, xsf, lane, accr, acc, reuse ? b16 : c16, reuse ? bq : cq, reuse ? bsf : csf);
+            if (reuse && regs) up_bload(j + 1 < nq ? (int)sn : KS1, src, x, xrow, xq, xsf, p, b16, bq, bsf);
+            sj = sn, cs = cs == RING - 1u ? 0u : cs + 1u;
+        }
+        __syncthreads(); /* the rings' memory is the tile's (and the register sums') below */
+        if (regs) {
+            MJ_UNROLL
+            for (int n = 0; n < NTR; n++)
+                for (int h = 0; h < 2; h++)
+                    for (int i = 0; i < 4; i++) acc[((n * 2 + h) * 32 + lane) * 4 + i] = accr[n][h][i];
+            __syncthreads();
+        }
+        /* Warp 0 adds the warps' sums in warp order as the SwiGLU below reads them: a rolled
+         * loop over the token groups, the four values of each and the warps, one copy of its
+         * code (expf and silu's division). */
+        if (w == 0) {
+            /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i). */
+            MJ_NO_UNROLL
+            for (int n = 0; n < NT && n * 8 < nc; n++)
+                MJ_NO_UNROLL
+                for (int i = 0; i < 4; i++) {
+                    int ti = n * 8 + 2 * p + (i & 1), r = g + 8 * (i >> 1);
+                    if (ti >= nc) continue;
+                    const float *av = accs + (n * 2 * 32 + lane) * 4 + i; /* warp 0's gate; up 128 on */
+                    float gate = av[0], up = av[128];
+                    MJ_NO_UNROLL
+                    for (int v = 1; v < NW1; v++) gate += av[v * NT * 256], up += av[v * NT * 256 + 128];
+                    gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
+                    up_out(&rs, c0 + ti, t, r, gate, up, alpha, mb, n_local, act, htile + ti * 16);
+                }
+            if (MODE == 1) up_requant(&rs, c0, nc, t, gs2, mb, n_local, actq, act_sf, htile, lane);
+        }
+        __syncthreads(); /* the next chunk's rings, sums and rows reuse this memory */
     }
-#else
-    } while (0);
-#endif
+#endif /* STREAM */
 #endif
 }
 

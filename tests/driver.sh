@@ -986,18 +986,19 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # sm_90a: every kernel after the router GEMM is a programmatic dependent, with its fixed cost
   json_check 'all([n for n, k in r["kernels"].items() if k["pdl"]] == ["oea_route", "experts_up", "experts_down"] for r in j["predict"]["rows"]) and j["predict"]["assumptions"]["pdl_launch_us"] < j["predict"]["assumptions"]["launch_us"]'
   # B 32 (TPE 32): a few routed rows an expert, so the one-group registers' path runs, and
-  # the hot loops are read from the TPE 8 twin: up's within 10 % of B 8's (its splits differ),
-  # not the groups' loop's (down's: checked below)
-  json_check 'all(abs(a - b) <= 0.1 * a for a, b in [[r["kernels"][k]["hot_loop"]["insts"] for r in j["predict"]["rows"] if r["k0"] == 8 and r["B"] in (8, 32)] for k in ("experts_up",)])'
+  # the hot loops are read from the TPE 8 twin: up's within 15 % of B 8's (B 8's is STREAM's,
+  # whose loop also adds or stores its pieces' sums), not the groups' loop's (down's: checked below)
+  json_check 'all(abs(a - b) <= 0.15 * a for a, b in [[r["kernels"][k]["hot_loop"]["insts"] for r in j["predict"]["rows"] if r["k0"] == 8 and r["B"] in (8, 32)] for k in ("experts_up",)])'
   # sm_90a's down: 8 warps a block (256 threads) at B 1 to 32, items of 4 k-steps (a whole
   # expert at I 256) at every B: its token groups one at a time in registers, so no fragments
   # wait in shared memory and 8 warps with items of 4 fit 3 blocks an SM at TPE 32 too (2
   # k-steps there before: twice the items, each with its own issue, epilogue and next expert)
   json_check 'all(r["kernels"]["experts_down"]["threads"] == 256 and r["kernels"]["experts_down"]["hot_loop"]["tensor"] == 16 and r["kernels"]["experts_down"]["blocks_per_sm"] == 3 for r in j["predict"]["rows"])'
-  # up at B 1 to 8 (TPE 8, STREAM): the blocks the H200 holds at once (132 SMs times its
-  # blocks an SM: one round), each an even run of the (active + 1 shared) x 16 tiles x 48
-  # half-run pieces, dealt to its 2 warps: the busiest warp's k-steps, 2 a piece
-  json_check 'all(u["blocks"] == 132 * u["blocks_per_sm"] and u["busiest_sm_blocks"] == u["blocks_per_sm"] and u["iters_warp"] == 2 * -(-(-(-(r["active"] + 1) * 16 * 48 // u["blocks"])) // 2) and u["iters_warp"] >= 4 for r in j["predict"]["rows"] if r["B"] <= 8 for u in [r["kernels"]["experts_up"]])'
+  # up at B 1 to 8 (TPE 8, STREAM): blocks of one warp, as many as the H200 holds at once
+  # (132 SMs times its blocks an SM, rounded to a multiple of 4 warps: one round, every
+  # scheduler as busy), each an even run of the (active + 1 shared) x 16 tiles x 48 half-run
+  # pieces: a warp's k-steps, 2 a piece
+  json_check 'all(u["threads"] == 32 and u["blocks"] == 132 * u["busiest_sm_blocks"] and u["busiest_sm_blocks"] % 4 == 0 and u["blocks_per_sm"] - 4 < u["busiest_sm_blocks"] <= u["blocks_per_sm"] and u["iters_warp"] == 2 * -(-(r["active"] + 1) * 16 * 48 // u["blocks"]) and u["iters_warp"] >= 4 for r in j["predict"]["rows"] if r["B"] <= 8 for u in [r["kernels"]["experts_up"]])'
   # W4A16's k-steps on sm_90a: the codes bit-placed (runtime/weights/pack.c), so a bf16 pair
   # is a shift and a mask (in code order: up 325 instructions, 246 integer; down 978, 666),
   # and up's halves unrolled (rolled: 372, 286)

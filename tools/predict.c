@@ -626,9 +626,12 @@ static int resident_blocks(const tool_gpu *g, const pm_launch *l) {
 void pm_stream_launch(const tool_gpu *g, const pm_sass *s, pm_launch *l) {
     if (l->stream_pieces <= 0) return;
     const int wpb = (l->threads + 31) / 32, unit = l->stream_unit > 0 ? l->stream_unit : 1;
-    l->blocks = (int64_t)g->sms * resident_blocks(g, l);
-    const double run = ceil(l->stream_pieces / (double)l->blocks);
-    l->iters = ceil(run / wpb) * (l->stream_spp > 0 ? l->stream_spp : 1);
+    int per_sm = resident_blocks(g, l);
+    if (per_sm * wpb > 4 && (per_sm * wpb) % 4) /* mj_experts_up_blocks_sm: warps a multiple of the 4 schedulers */
+        per_sm -= ((per_sm * wpb) % 4 + wpb - 1) / wpb;
+    l->blocks = (int64_t)g->sms * (per_sm < 1 ? 1 : per_sm);
+    const double run = ceil(l->stream_pieces / ((double)l->blocks * wpb));
+    l->iters = run * (l->stream_spp > 0 ? l->stream_spp : 1);
     const double outside = l->extra >= 0 ? l->extra : s ? s->outside : 0;
     l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0));
 }

@@ -127,9 +127,9 @@ typedef struct pm_launch {
                                     SASS's count outside it, once)                            */
     double inflight;             /* bytes one warp keeps in flight (its ring)                 */
     int pdl;                     /* launched as a programmatic dependent of the kernel before */
-    /* A persistent grid (experts_up's STREAM): stream_pieces > 0, the pieces of a list dealt in
-     * even runs to the blocks the GPU holds at once, a block's run to its warps in turn;
-     * pm_stream_launch sets blocks, iters and extra from them. */
+    /* A persistent grid (experts_up's STREAM): stream_pieces > 0, the pieces of a list taken in
+     * even runs by the warps of the blocks the GPU holds at once; pm_stream_launch sets blocks,
+     * iters and extra from them. */
     double stream_pieces;        /* the list's pieces                                         */
     int stream_unit;             /* a unit's (tile's) pieces: a run's segments are units'     */
     int stream_spp;              /* hot-loop iterations (k-steps) a piece                     */
@@ -160,10 +160,10 @@ typedef struct pm_result {
 /* Predict launch l of the kernel whose SASS is s (NULL: no hot loop, only l->extra) on gpu. */
 void pm_predict(const tool_gpu *gpu, const pm_assume *a, const pm_sass *s, const pm_launch *l, pm_result *r);
 /* A persistent launch's shape on gpu (l->stream_pieces > 0; else nothing): blocks the SMs times
- * the blocks one holds (l's registers, shared memory, threads), a block's run ceil(pieces /
- * blocks), its busiest warp's iterations ceil(run / warps) x stream_spp, and the instructions
- * outside the loop (l->extra, < 0: the SASS's) once a segment: 1 + (run - 1) / stream_unit on
- * average (a run starting anywhere in a unit crosses that many units' ends). */
+ * the blocks one holds (l's registers, shared memory, threads), a warp's run ceil(pieces /
+ * (blocks x warps a block)), its iterations run x stream_spp, and the instructions outside the
+ * loop (l->extra, < 0: the SASS's) once a segment: 1 + (run - 1) / stream_unit on average (a
+ * run starting anywhere in a unit crosses that many units' ends). */
 void pm_stream_launch(const tool_gpu *gpu, const pm_sass *s, pm_launch *l);
 /* A launch's fixed cost: a programmatic dependent's, or a full one. */
 double pm_launch_us(const pm_assume *a, const pm_launch *l);
