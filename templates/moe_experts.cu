@@ -824,6 +824,7 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                 if (lane == 0) done = atomicAdd(&ucount[u], (uint32_t)(cs1 - cs0)) == (uint32_t)(PIECES1 - (cs1 - cs0));
                 last = (int)__shfl_sync(0xFFFFFFFFu, done, 0);
                 if (last) {
+                    __syncwarp(0xFFFFFFFFu); /* lane 0's atomic before every lane's fence and loads */
                     __threadfence();
                     /* the warp whose run holds the unit's first piece: its run ends where its sum lies */
                     int fw = v;
