@@ -722,6 +722,43 @@ MJ_DEVICE void up_requant(const rows_t *rs, int c0, int nc, int t, float gs2, in
 }
 
 #if STREAM
+/* The finisher's fold, for a unit its run does not hold whole: upart's slots k .. PIECES1 - 1
+ * (the first warp's running sum through piece k, then each later piece's sums) added in
+ * piece order, from -0 (which adds as nothing), into ts, the chunk's sums in the epilogue's
+ * place (token ti, row r, gate h 0 / up 1 at h 128 + (4 (r % 8) + ti / 2) 4 + ti % 2 + 2 (r / 8)).
+ * The chunk's rows are upart's prow0 + ti. Lane l takes token tp + l / 16 of each pair and
+ * floats 2 (l % 16) and the next of its 128-byte line (gate rows 0..15, then up's): 16 lanes a
+ * line. The loads go FOLD pieces at a time, all in flight before the first is added, so a
+ * unit's fold waits on L2 ceil(nc / 2) ceil((PIECES1 - k) / FOLD) times, not once a piece and
+ * value (tools/predict.c counts those trips). */
+#define FOLD 16
+MJ_DEVICE void up_fold(const float *upart, int k, int prow0, int t, int nc, float *ts, int lane) {
+    const int e = lane & 15, h = e >> 3, r = 2 * (e & 7);
+    const long long step = (long long)UPROWS * (I / 16) * 32; /* a piece's slot */
+    MJ_NO_UNROLL
+    for (int tp = 0; tp < nc; tp += 2) {
+        const int ti = tp + (lane >> 4), on = ti < nc;
+        const float *pp = upart + (((long long)k * UPROWS + prow0 + (on ? ti : 0)) * (I / 16) + t) * 32 + 2 * e;
+        float a0 = -0.0f, a1 = -0.0f;
+        MJ_NO_UNROLL
+        for (int pc0 = k; pc0 < PIECES1; pc0 += FOLD) {
+            float2 v[FOLD];
+            MJ_UNROLL
+            for (int j = 0; j < FOLD; j++)
+                v[j] = on && pc0 + j < PIECES1 ? mj_ld_cg_f32x2(pp + j * step) : make_float2(0.0f, 0.0f);
+            MJ_UNROLL
+            for (int j = 0; j < FOLD; j++) /* in piece order; past the last none (+0 would turn a -0) */
+                if (pc0 + j < PIECES1) a0 += v[j].x, a1 += v[j].y;
+            pp += FOLD * step;
+        }
+        if (on)
+            for (int j = 0; j < 2; j++) {
+                const int rr = r + j;
+                ts[h * 128 + (4 * (rr & 7) + (ti >> 1)) * 4 + (ti & 1) + 2 * (rr >> 3)] = j ? a1 : a0;
+            }
+    }
+}
+
 MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                                  const uint8_t *s13, const float *scal, const int32_t *counts,
                                  const int32_t *offsets, const int32_t *active, const int32_t *n_active,
@@ -837,24 +874,17 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
             if (last) {
                 /* the running sums through the ring's memory (past W4A4's tile), so that the
                  * SwiGLU below is one rolled copy, as the block's epilogue is */
-                float *ts = (float *)(ring + 1024) + lane * 4;
-                for (int i = 0; i < 4; i++) ts[i] = tot[0][i], ts[128 + i] = tot[1][i];
+                float *ts = (float *)(ring + 1024);
+                if (cs0 == 0 && cs1 == PIECES1)
+                    for (int i = 0; i < 4; i++) ts[lane * 4 + i] = tot[0][i], ts[128 + lane * 4 + i] = tot[1][i];
+                else /* the first warp's sum, then the later pieces', in order */
+                    up_fold(upart, k, rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 : rs.off + c0, t, nc, ts, lane);
                 __syncwarp(0xFFFFFFFFu);
                 MJ_NO_UNROLL
                 for (int i = 0; i < 4; i++) {
                     const int ti = 2 * p + (i & 1), r = g + 8 * (i >> 1);
                     if (ti >= nc) continue;
-                    float gate = ts[i], up = ts[128 + i];
-                    if (!(cs0 == 0 && cs1 == PIECES1)) { /* the first warp's sum, then the later pieces' in order */
-                        const int prow = rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 + ti : rs.off + c0 + ti;
-                        const float *pp = upart + (((long long)k * UPROWS + prow) * (I / 16) + t) * 32 + r;
-                        gate = mj_ld_cg_f32(pp), up = mj_ld_cg_f32(pp + 16);
-                        MJ_NO_UNROLL
-                        for (int pc = k + 1; pc < PIECES1; pc++) {
-                            pp += (long long)UPROWS * (I / 16) * 32;
-                            gate += mj_ld_cg_f32(pp), up += mj_ld_cg_f32(pp + 16);
-                        }
-                    }
+                    float gate = ts[lane * 4 + i], up = ts[128 + lane * 4 + i];
                     gate *= DQ_UNIT, up *= DQ_UNIT; /* exact: W4A16's sums are in units of 2^-7 */
                     up_out(&rs, c0 + ti, t, r, gate, up, alpha, mb, n_local, act, htile + ti * 16);
                 }

@@ -999,6 +999,12 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # scheduler as busy), each an even run of the (active + 1 shared) x 16 tiles x 48 half-run
   # pieces: a warp's k-steps, 2 a piece
   json_check 'all(u["threads"] == 32 and u["blocks"] == 132 * u["busiest_sm_blocks"] and u["busiest_sm_blocks"] % 4 == 0 and u["blocks_per_sm"] - 4 < u["busiest_sm_blocks"] <= u["blocks_per_sm"] and u["iters_warp"] == 2 * -(-(r["active"] + 1) * 16 * 48 // u["blocks"]) and u["iters_warp"] >= 4 for r in j["predict"]["rows"] if r["B"] <= 8 for u in [r["kernels"]["experts_up"]])'
+  # up's fold (a split tile's later pieces, added in order by the warp that completes it):
+  # 16 pieces' float pairs in flight a lane (templates/moe_experts.cu, up_fold), so the
+  # busiest tile (the shared expert's: min(B, 8) tokens) waits on L2 ceil(tokens / 2) x 3
+  # times (a piece's two floats at a time, it was 48 x 4 for each pair of values); none in
+  # the tiles' launch at B 32
+  json_check 'all(u["hot_loop"]["tail_bytes"] >= 128 and u["tail_trips"] == -(-min(r["B"], 8) // 2) * -(-48 * 8 // u["hot_loop"]["tail_bytes"]) and u["tail_us"] > 0 for r in j["predict"]["rows"] if r["B"] <= 8 for u in [r["kernels"]["experts_up"]]) and all(r["kernels"]["experts_up"]["tail_us"] == 0 for r in j["predict"]["rows"] if r["B"] > 8)'
   # W4A16's k-steps on sm_90a: the codes bit-placed (runtime/weights/pack.c), so a bf16 pair
   # is a shift and a mask (in code order: up 325 instructions, 246 integer; down 978, 666),
   # and up's halves unrolled (rolled: 372, 286)

@@ -124,7 +124,7 @@ static void test_launch(void) {
     pm_assume_default(&a);
     /* The hand-worked launch: 8 blocks of 4 warps, 32 registers: 16 blocks fit an SM (by
      * warps and registers); the busiest SM holds 2 (1 round), 2 x 4 x 4 KiB in flight. */
-    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0, 0, 0, 0};
+    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0, 0, 0, 0, 0};
     pm_result r;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.blocks_per_sm == 16 && r.busiest_blocks == 2 && r.rounds == 1, "occupancy %d %d %d", r.blocks_per_sm,
@@ -162,13 +162,13 @@ static void test_waves(void) {
     pm_assume_default(&a);
     pm_result r;
     /* Too few blocks for the SMs: one block of one warp on 4 SMs, 100000 instructions. */
-    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0, 0, 0, 0};
+    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0, 0, 0, 0, 0};
     pm_predict(&k_toy, &a, NULL, &one, &r);
     CHECK(r.bound == PM_BOUND_WAVES, "one block: %s", pm_bound_names[r.bound]);
     CHECK_NEAR(r.t_issue, 100000 * a.warp_cpi / 1000.0, 1e-9);
     /* An uneven grid: 5 blocks on 4 SMs, one resident at a time (the shared memory): the
      * busiest SM runs 2 rounds, so twice as long as 4 blocks. */
-    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0, 0, 0, 0}, four = five;
+    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0, 0, 0, 0, 0}, four = five;
     four.blocks = 4;
     pm_result r4;
     pm_predict(&k_toy, &a, NULL, &five, &r);
@@ -188,7 +188,7 @@ static void test_waves(void) {
 static void test_pipes(void) {
     pm_assume a;
     pm_assume_default(&a);
-    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0, 0, 0, 0};
+    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0, 0, 0, 0, 0};
     static const struct { double alu, imad, fp32, half, cycles; const char *why; } c[] = {
         {10, 10, 0, 0, 20, "10 ALU + 10 IMAD: 20 cycles on each pipe, 20 instructions"},
         {20, 0, 0, 0, 40, "20 ALU: 40 cycles"},
@@ -283,8 +283,8 @@ static void test_route(void) {
      * twice under OEA) is predicted slower on one block, though its warps share schedulers less. */
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1, 0, 0, 0};
-    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1, 0, 0, 0};
+    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1, 0, 0, 0, 0};
+    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1, 0, 0, 0, 0};
     pm_result r32, r8;
     pm_predict(&k_toy, &a, NULL, &w32, &r32);
     pm_predict(&k_toy, &a, NULL, &w8, &r8);
@@ -302,7 +302,7 @@ static void test_stream(void) {
     const pm_sass s = *toy();
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2};
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 0};
     pm_stream_launch(&k_toy, &s, &l);
     CHECK(l.blocks == 16, "blocks %lld", (long long)l.blocks);
     CHECK_NEAR(l.iters, 64, 0);
@@ -310,12 +310,55 @@ static void test_stream(void) {
     pm_result r, rt;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.rounds == 1 && r.blocks_per_sm == 4, "stream: %d rounds of %d", r.rounds, r.blocks_per_sm);
-    pm_launch tiles = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0}, keep = tiles;
+    pm_launch tiles = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0}, keep = tiles;
     pm_stream_launch(&k_toy, &s, &tiles); /* not persistent: left as it is */
     CHECK(tiles.blocks == keep.blocks && tiles.iters == keep.iters && tiles.extra == keep.extra, "a plain launch kept");
     pm_predict(&k_toy, &a, &s, &tiles, &rt);
     CHECK(rt.rounds == 2, "tiles: %d rounds", rt.rounds);
     CHECK(r.t_issue < 0.8 * rt.t_issue, "stream %.3f us, tiles %.3f us", r.t_issue, rt.t_issue);
+}
+
+/* The tail: the fold after a persistent launch's runs (experts_up STREAM's split tiles), read
+ * from the SASS and worked by hand. fold_serial's fold loop loads one piece's two floats (8
+ * bytes a lane) and adds them before the next trip: 7 instructions. fold_batched's has four
+ * pieces' float pairs in flight (32 bytes): 4 LDG.64, 8 FADD, IADD3, ISETP, BRA, 15; its
+ * other loops do not count (a load before the loop; a loop of 5 LDG.128 that holds a loop is
+ * not innermost). A lane folding 48 pieces of 8 bytes waits on L2 48 times serial, 12
+ * batched: on the toy (1000 MHz) 48 x (400 + 7 x 2) cycles = 19.872 us, 12 x (400 + 15 x
+ * 2) = 5.16 us, after the largest term. */
+static void test_tail(void) {
+    pm_sass ser, bat;
+    if (!toy_function("fold_serial", &ser) || !toy_function("fold_batched", &bat)) return;
+    CHECK(ser.first == 1 && ser.last == 4, "serial: hot loop %d..%d", ser.first, ser.last);
+    CHECK(ser.tail_ldg == 2 && ser.tail_bytes == 8 && ser.tail_insts == 7, "serial tail: %d loads, %d bytes, %d insts",
+          ser.tail_ldg, ser.tail_bytes, ser.tail_insts);
+    CHECK(bat.tail_ldg == 4 && bat.tail_bytes == 32 && bat.tail_insts == 15, "batched tail: %d loads, %d bytes, %d insts",
+          bat.tail_ldg, bat.tail_bytes, bat.tail_insts);
+    if (toy()) CHECK(toy()->tail_ldg == 0 && toy()->tail_bytes == 0, "toy: no tail (%d)", toy()->tail_ldg);
+    pm_assume a;
+    pm_assume_default(&a);
+    CHECK_NEAR(a.l2_lat_cycles, 400, 0);
+    CHECK_NEAR(a.tail_cpi, 2, 0);
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 48 * 8.0}, l2 = l;
+    pm_result rs, rb;
+    pm_stream_launch(&k_toy, &ser, &l);
+    pm_predict(&k_toy, &a, &ser, &l, &rs);
+    pm_stream_launch(&k_toy, &bat, &l2);
+    pm_predict(&k_toy, &a, &bat, &l2, &rb);
+    CHECK_NEAR(rs.tail_trips, 48, 0);
+    CHECK_NEAR(rs.t_tail, 48 * (400 + 7 * 2) / 1000.0, 1e-9);
+    CHECK_NEAR(rb.tail_trips, 12, 0);
+    CHECK_NEAR(rb.t_tail, 12 * (400 + 15 * 2) / 1000.0, 1e-9);
+    double big = rs.t_memory; /* the largest term, which the tail follows */
+    if (rs.t_little > big) big = rs.t_little;
+    if (rs.t_chain > big) big = rs.t_chain;
+    if (rs.t_issue > big) big = rs.t_issue;
+    CHECK_NEAR(rs.predicted_us, a.launch_us + big + rs.t_tail, 1e-9);
+    CHECK(rs.predicted_us > rb.predicted_us + 10, "serial %.2f us, batched %.2f", rs.predicted_us, rb.predicted_us);
+    /* a plain launch has no fold */
+    pm_launch plain = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0};
+    pm_predict(&k_toy, &a, &ser, &plain, &rs);
+    CHECK(rs.t_tail == 0 && rs.tail_trips == 0, "plain: tail %.3f", rs.t_tail);
 }
 
 static const test_case cases[] = {
@@ -329,6 +372,7 @@ static const test_case cases[] = {
     TEST_CASE("pipes", test_pipes),
     TEST_CASE("busiest", test_busiest),
     TEST_CASE("stream", test_stream),
+    TEST_CASE("tail", test_tail),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

@@ -38,6 +38,11 @@ void pm_assume_default(pm_assume *a) {
     a->tensor_rate = 0.125; /* an m16n8k16 bf16 MMA every 8 cycles a scheduler (mma.sync)   */
     a->mem_rate = 0.25;     /* 32 lanes of LSU an SM: a warp-instruction a cycle, 4 schedulers */
     a->half_rate = 1.0;     /* packed half: 2 x 16 lanes a scheduler                         */
+    a->l2_lat_cycles = 400; /* assumed: an L40's L2 hits measure 222 to 339 cycles by SM
+                             * (arXiv 2606.22588); Hopper's and Blackwell's two partitions
+                             * add a hop for the far one's lines */
+    a->tail_cpi = 2.0;      /* assumed: a fold's loads issue back to back, its adds wait on
+                             * each other two at a time */
     a->waves_imbalance = 1.25;
 }
 
@@ -58,9 +63,11 @@ void pm_assume_print(FILE *f, const pm_assume *a, const tool_gpu *g) {
                "    tensor %.3f, load/store %.2f, half2 %.2f, fp32 and the rest 1; a dependent global-load chain\n"
                "    of 2 or more costs chain x latency an iteration (a chain of 1 is prefetched by the rings);\n"
                "    oea_route's instructions a warp from its SASS's pieces (token, pick, dispatch) times the\n"
-               "    launch's tokens and picks; \"waves\" past %.2fx the average SM's blocks\n",
+               "    launch's tokens and picks; \"waves\" past %.2fx the average SM's blocks; a persistent\n"
+               "    launch's fold after its runs: trips to L2 (%.0f cycles each, assumed) by the bytes its tail\n"
+               "    loop has in flight, its instructions at %.1f cycles\n",
             a->launch_us, a->pdl_launch_us, a->warp_cpi, a->tensor_rate, a->mem_rate, a->half_rate,
-            a->waves_imbalance);
+            a->waves_imbalance, a->l2_lat_cycles, a->tail_cpi);
 }
 
 /* ---- SASS --------------------------------------------------------------------------------- */
@@ -342,6 +349,28 @@ static int load_chain(const inst *v, int first, int last) {
     return chain;
 }
 
+/* Bytes a lane's global load brings: by the opcode's width. */
+static int load_bytes(const char *op) {
+    if (strstr(op, ".128")) return 16;
+    if (strstr(op, ".64")) return 8;
+    if (strstr(op, ".U16") || strstr(op, ".S16")) return 2;
+    if (strstr(op, ".U8") || strstr(op, ".S8")) return 1;
+    return 4;
+}
+
+/* Whether instruction i lies in a rare subroutine (a division's slow path, a *_once helper:
+ * labels of kind 2 and 5, each closed by the next subroutine or the function's end). */
+static int in_rare(const label *lab, int nl, int n, int i) {
+    for (int j = 0; j < nl; j++) {
+        if ((lab[j].sub != 2 && lab[j].sub != 5) || i < lab[j].at) continue;
+        int end = n;
+        for (int q = 0; q < nl; q++)
+            if (lab[q].sub && lab[q].at > lab[j].at && lab[q].at < end) end = lab[q].at;
+        if (i < end) return 1;
+    }
+    return 0;
+}
+
 int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
     memset(s, 0, sizeof *s);
     inst *v = NULL;
@@ -404,6 +433,16 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
         s->rare += span;
     }
     s->outside = s->outside > s->rare ? s->outside - s->rare : 0;
+    /* The tail loop: innermost, outside the hot loop and the rare subroutines, the most LDGs. */
+    for (int b = 0; b < n; b++) {
+        const int a0 = v[b].target;
+        if (a0 < 0 || a0 > b || (s->found && b >= s->first && a0 <= s->last) || in_rare(lab, nl, n, a0)) continue;
+        int inner = 0, ldg = 0, bytes = 0;
+        for (int i = a0; i < b && !inner; i++) inner = v[i].target >= a0 && v[i].target <= i;
+        for (int i = a0; i <= b && !inner; i++)
+            if (op_is(v[i].op, "LDG")) ldg++, bytes += load_bytes(v[i].op);
+        if (!inner && ldg > s->tail_ldg) s->tail_ldg = ldg, s->tail_bytes = bytes, s->tail_insts = b - a0 + 1;
+    }
     free(v);
     free(lab);
     return 0;
@@ -695,5 +734,11 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
         const double avg = (double)blocks / g->sms;
         if (r->busiest_blocks > a->waves_imbalance * avg || 2 * blocks < g->sms) r->bound = PM_BOUND_WAVES;
     }
-    r->predicted_us = pm_launch_us(a, l) + t;
+    /* A persistent launch's fold: after every run has ended (its runs end together), the warp
+     * that completes the busiest unit adds the others' sums, tail_bytes a lane a trip to L2. */
+    if (l->stream_fold_bytes > 0 && s && s->tail_bytes > 0) {
+        r->tail_trips = ceil(l->stream_fold_bytes / s->tail_bytes);
+        r->t_tail = r->tail_trips * (a->l2_lat_cycles + s->tail_insts * a->tail_cpi) / g->clock_mhz;
+    }
+    r->predicted_us = pm_launch_us(a, l) + t + r->t_tail;
 }

@@ -48,6 +48,13 @@ typedef struct pm_sass {
     int rare;                    /* subroutines a warp does not run in the common case, left
                                     out of outside: a division's slow path, a helper named
                                     *_once (one block of a launch runs it)                    */
+    /* The tail loop: the innermost loop outside the hot one (and the rare subroutines) with
+     * the most global loads (LDG), a reduction of what other warps stored (experts_up STREAM's
+     * fold of a split tile, router_gemm's parts). What one iteration loads is what a lane has
+     * in flight before it waits for L2 (0: no such loop). */
+    int tail_ldg;                /* its global loads (static)                                 */
+    int tail_bytes;              /* bytes a lane loads in one iteration                       */
+    int tail_insts;              /* its instructions                                          */
 } pm_sass;
 
 /* Read nvdisasm's text of the function named `function` (its `.text.NAME:` section) into s.
@@ -108,6 +115,9 @@ typedef struct pm_assume {
     double tensor_rate;          /* MMA warp-instructions a scheduler issues per cycle        */
     double mem_rate;             /* load/store warp-instructions a scheduler issues per cycle */
     double half_rate;            /* HMUL2/HFMA2 warp-instructions per scheduler per cycle     */
+    double l2_lat_cycles;        /* an L2 hit's latency, cycles (a tail's round trip)          */
+    double tail_cpi;             /* cycles an instruction of a tail loop's iteration (its loads
+                                    independent, its adds two interleaved chains)             */
     double waves_imbalance;      /* the busiest SM with this many times the average SM's
                                     blocks (or a grid under half the SMs) makes a per-SM bound
                                     "waves"                                                   */
@@ -133,13 +143,18 @@ typedef struct pm_launch {
     double stream_pieces;        /* the list's pieces                                         */
     int stream_unit;             /* a unit's (tile's) pieces: a run's segments are units'     */
     int stream_spp;              /* hot-loop iterations (k-steps) a piece                     */
+    double stream_fold_bytes;    /* what a lane of the warp that completes a split unit loads
+                                    to add the other warps' sums (the busiest unit's, the
+                                    whole unit's pieces but the first): the SASS's tail loop
+                                    takes it tail_bytes a trip to L2, after every run ends    */
 } pm_launch;
 
 typedef enum { PM_BOUND_MEMORY, PM_BOUND_ISSUE, PM_BOUND_LATENCY, PM_BOUND_WAVES } pm_bound;
 extern const char *const pm_bound_names[4]; /* "memory", "issue", "latency", "waves" */
 
 typedef struct pm_result {
-    double predicted_us;         /* launch_us (pdl_launch_us) + the largest of the terms below */
+    double predicted_us;         /* launch_us (pdl_launch_us) + the largest of the terms below,
+                                    + t_tail                                                  */
     double floor_us;             /* bytes / the copy bandwidth                                */
     pm_bound bound;
     /* the terms, µs */
@@ -148,6 +163,10 @@ typedef struct pm_result {
     double t_chain;              /* dependent global loads: rounds x iters x chain x latency  */
     double t_issue;              /* the busiest SM's schedulers: instructions by pipe, or one
                                     warp's dependent issue (warp_cpi)                         */
+    double t_tail;               /* after the largest term, not in it: a persistent launch's
+                                    fold, tail_trips x (L2 latency + the tail loop's
+                                    instructions x tail_cpi)                                  */
+    double tail_trips;
     /* how it got there */
     int blocks_per_sm;           /* resident, by registers, shared memory, threads, blocks    */
     int busiest_blocks;          /* blocks of the busiest SM, and its rounds of resident ones */

@@ -132,6 +132,8 @@ static json_t *result_json(const kernel_row *k) {
     json_object_set_new(o, "little_us", json_real(k->r.t_little));
     json_object_set_new(o, "chain_us", json_real(k->r.t_chain));
     json_object_set_new(o, "issue_us", json_real(k->r.t_issue));
+    json_object_set_new(o, "tail_us", json_real(k->r.t_tail));
+    json_object_set_new(o, "tail_trips", json_real(k->r.tail_trips));
     json_object_set_new(o, "blocks", json_integer(k->l.blocks));
     json_object_set_new(o, "threads", json_integer(k->l.threads));
     json_object_set_new(o, "registers", json_integer(k->l.regs));
@@ -161,6 +163,9 @@ static json_t *result_json(const kernel_row *k) {
         for (int c = 0; c < PM_NCLASS; c++) json_object_set_new(h, pm_class_names[c], json_real(k->s.iter[c]));
         json_object_set_new(h, "imad", json_real(k->s.iter_imad));
         json_object_set_new(h, "chain", json_integer(k->s.chain));
+        json_object_set_new(h, "tail_ldg", json_integer(k->s.tail_ldg));
+        json_object_set_new(h, "tail_bytes", json_integer(k->s.tail_bytes));
+        json_object_set_new(h, "tail_insts", json_integer(k->s.tail_insts));
         json_object_set_new(h, "found", json_boolean(k->s.found));
         json_object_set_new(o, "hot_loop", h);
         json_object_set_new(o, "outside", json_integer(k->s.outside));
@@ -314,6 +319,11 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                         k->l.stream_unit = mj_experts_up_pieces(H, kx.NW1, 1);
                         k->l.stream_pieces = items * (I / 16) * k->l.stream_unit;
                         k->l.stream_spp = mj_experts_up_spp(H, kx.NW1, 1);
+                        /* the fold (templates/moe_experts.cu, up_fold): a lane 8 bytes a piece of
+                         * each pair of the unit's tokens, the shared sub-experts' every token
+                         * (at most TPE), from the first warp's slot on: the whole unit at worst */
+                        const int nc = B < kx.TPE ? B : kx.TPE;
+                        k->l.stream_fold_bytes = (double)((nc + 1) / 2) * k->l.stream_unit * 8.0;
                     }
                 } else {
                     k->name = "experts_down";
