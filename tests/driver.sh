@@ -420,7 +420,7 @@ rm ylink.npy yq.weight.npy
 # ---- prewarm --config ---------------------------------------------------------------------
 GLM5="$SRC/tests/data/model/glm5_moe_config.json"
 # GLM-5's plan at TP 8 for sm_120a: router GEMM ROWS 8/16/32/64, plain top-k routing (8 warps up
-# to 8 tokens, 16 up to 16, 32 past), experts TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE
+# to 4 tokens, 16 up to 16, 32 past), experts TPE 8 (W4A16 at 1-8 tokens: up, down) and TPE
 # 16/32/64 (W4A4: up, down, and one experts_quant for all three): 16 specializations, listed.
 Q="--quant $SRC/tests/data/model/hf_quant_config.example.json"
 expect_rc 1 "$MJ" prewarm --config "$GLM5" --tp 8 --dry-run --cache-dir "$T/pc"; contains err "--quant"
@@ -1024,8 +1024,10 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   json_check 'all(r["kernels"]["oea_route"]["route_sass"]["pick"] <= 40 for r in j["predict"]["rows"])'
   # and its short dispatch (B x k <= 32: warp 0 sorts the entries across its lanes, every
   # thread binary-searches its experts' offsets; about 270), which B 1's warp counts in place
-  # of the whole one (about 450); left out of the blocks of 32 warps (B 17 to 32 at top-8)
-  json_check 'all((0 < s["dispatch_small"] <= 300 < s["dispatch"]) if r["B"] <= 8 else s["dispatch_small"] == 0 for r in j["predict"]["rows"] for s in [r["kernels"]["oea_route"]["route_sass"]])'
+  # of the whole one (about 450); left out of the blocks of 16 and 32 warps (B 5 to 32 at top-8)
+  json_check 'all((0 < s["dispatch_small"] <= 300 < s["dispatch"]) if r["B"] <= 4 else s["dispatch_small"] == 0 for r in j["predict"]["rows"] for s in [r["kernels"]["oea_route"]["route_sass"]])'
+  # B 5 to 8 route on 16 warps (4 sigmoid pairs a thread, not 8), B 1 on 8 (the short dispatch)
+  json_check 'all(r["kernels"]["oea_route"]["threads"] == (256 if r["B"] <= 4 else 512 if r["B"] <= 16 else 1024) for r in j["predict"]["rows"])'
   # at B 1 the token's 256 experts over the block's 256 threads: the score loop once
   json_check 'all(abs(k["insts_warp"] - (s["outside"] + s["dispatch_small"] + s["token"] + 8 * s["pick"] + s["score_once"] + s["score"])) < 1e-6 for r in j["predict"]["rows"] if r["B"] == 1 for k in [r["kernels"]["oea_route"]] for s in [k["route_sass"]])'
   # the router GEMM on the bf16 MMA: 16 experts a block, H in 12 parts (192 blocks of 4 warps
