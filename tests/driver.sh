@@ -1005,6 +1005,10 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # times (a piece's two floats at a time, it was 48 x 4 for each pair of values); none in
   # the tiles' launch at B 32
   json_check 'all(u["hot_loop"]["tail_bytes"] >= 128 and u["tail_trips"] == -(-min(r["B"], 8) // 2) * -(-48 * 8 // u["hot_loop"]["tail_bytes"]) and u["tail_us"] > 0 for r in j["predict"]["rows"] if r["B"] <= 8 for u in [r["kernels"]["experts_up"]]) and all(r["kernels"]["experts_up"]["tail_us"] == 0 for r in j["predict"]["rows"] if r["B"] > 8)'
+  # up's piece end in STREAM (a piece's sums added to the running sum, stored where the run
+  # began inside the tile, zeroed: about 32 instructions behind a branch) counted once a piece
+  # of 2 k-steps, not every step; the tiles' launch at B 32 has none
+  json_check 'all(16 <= r["kernels"]["experts_up"]["hot_loop"]["piece_end"] <= 48 if r["B"] <= 8 else r["kernels"]["experts_up"]["hot_loop"]["piece_end"] == 0 for r in j["predict"]["rows"])'
   # W4A16's k-steps on sm_90a: the codes bit-placed (runtime/weights/pack.c), so a bf16 pair
   # is a shift and a mask (in code order: up 325 instructions, 246 integer; down 978, 666),
   # and up's halves unrolled (rolled: 372, 286)

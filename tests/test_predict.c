@@ -361,6 +361,32 @@ static void test_tail(void) {
     CHECK(rs.t_tail == 0 && rs.tail_trips == 0, "plain: tail %.3f", rs.t_tail);
 }
 
+/* A persistent launch's piece end: in piece's hot loop (12 instructions) a guarded branch skips
+ * a global store, an add and a move (3: mem, fp32, an IMAD), which run once a piece; the other
+ * skipped block stores to shared memory only and runs every iteration. With 2 iterations a
+ * piece, 10 iterations of a warp issue 10 x (12 - 3 / 2) = 105, not 120. */
+static void test_piece_end(void) {
+    pm_sass s;
+    if (!toy_function("piece", &s)) return;
+    CHECK(s.first == 1 && s.last == 12, "hot loop %d..%d", s.first, s.last);
+    CHECK_NEAR(s.iter_total, 12, 0);
+    CHECK_NEAR(s.piece_total, 3, 0);
+    CHECK_NEAR(s.piece[PM_MEM], 1, 0);
+    CHECK_NEAR(s.piece[PM_FP32], 1, 0);
+    CHECK_NEAR(s.piece[PM_INT], 1, 0);
+    CHECK_NEAR(s.piece_imad, 1, 0);
+    if (toy()) CHECK(toy()->piece_total == 0, "toy: no piece end (%.0f)", toy()->piece_total);
+    pm_assume a;
+    pm_assume_default(&a);
+    pm_launch l = {"up", 4, 32, 32, 0, 1e3, 10, 0, 4096, 0, 0, 0, 2, 0}, plain = l;
+    plain.stream_spp = 0;
+    pm_result r, rp;
+    pm_predict(&k_toy, &a, &s, &l, &r);
+    pm_predict(&k_toy, &a, &s, &plain, &rp);
+    CHECK_NEAR(r.insts_warp, 105, 1e-9);
+    CHECK_NEAR(rp.insts_warp, 120, 1e-9);
+}
+
 static const test_case cases[] = {
     TEST_CASE("sass", test_toy_sass),
     TEST_CASE("shuffled", test_shuffled_chain),
@@ -373,6 +399,7 @@ static const test_case cases[] = {
     TEST_CASE("busiest", test_busiest),
     TEST_CASE("stream", test_stream),
     TEST_CASE("tail", test_tail),
+    TEST_CASE("piece_end", test_piece_end),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

@@ -399,6 +399,17 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
     if (best >= 0) {
         const int first = v[best].target, last = best;
         s->found = 1, s->first = first, s->last = last;
+        /* The piece end: spans a guarded forward branch inside the loop skips that hold a
+         * global store (the hot loop's other stores go to shared memory). */
+        unsigned char *pe = calloc((size_t)(last - first + 1), 1);
+        if (!pe) abort();
+        for (int b = first; b < last; b++) {
+            const int t = v[b].target;
+            if (!op_is(v[b].op, "BRA") || v[b].pred < 0 || t <= b + 1 || t > last) continue;
+            int st = 0;
+            for (int i = b + 1; i < t; i++) st |= op_is(v[i].op, "STG");
+            for (int i = b + 1; i < t && st; i++) pe[i - first] = 1;
+        }
         for (int i = first; i <= last; i++) {
             double w = 1; /* the trips of the loops nested inside the hot one that hold i */
             for (int b = first; b < last; b++)
@@ -407,9 +418,14 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
             s->iter[v[i].cls] += w;
             s->iter_total += w;
             if (op_is(v[i].op, "IMAD") || op_is(v[i].op, "IMUL")) s->iter_imad += w;
+            if (pe[i - first]) {
+                s->piece[v[i].cls] += w, s->piece_total += w;
+                if (op_is(v[i].op, "IMAD") || op_is(v[i].op, "IMUL")) s->piece_imad += w;
+            }
             if (op_is(v[i].op, "LDGSTS")) s->ldgsts++;
             else if (op_is(v[i].op, "LDG")) s->ldg++;
         }
+        free(pe);
         s->chain = load_chain(v, first, last);
         s->outside = n - (last - first + 1);
     } else {
@@ -671,7 +687,8 @@ void pm_stream_launch(const tool_gpu *g, const pm_sass *s, pm_launch *l) {
     l->blocks = (int64_t)g->sms * (per_sm < 1 ? 1 : per_sm);
     const double run = ceil(l->stream_pieces / ((double)l->blocks * wpb));
     l->iters = run * (l->stream_spp > 0 ? l->stream_spp : 1);
-    const double outside = l->extra >= 0 ? l->extra : s ? s->outside : 0;
+    /* the fold's loop is the finishing warp's alone, after its run: pm_predict's tail */
+    const double outside = l->extra >= 0 ? l->extra : s ? s->outside - (l->stream_fold_bytes > 0 ? s->tail_insts : 0) : 0;
     l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0));
 }
 
@@ -698,11 +715,16 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
     const double it = s && s->found ? l->iters : 0;
     double n = extra, pipe = 0;
     if (s && s->found) {
-        n += it * s->iter_total;
+        /* an iteration's counts: a persistent launch's piece end once every stream_spp */
+        const double skip = l->stream_spp > 1 ? 1.0 - 1.0 / l->stream_spp : 0.0;
+        double iter[PM_NCLASS];
+        for (int c = 0; c < PM_NCLASS; c++) iter[c] = s->iter[c] - skip * s->piece[c];
+        const double iter_imad = s->iter_imad - skip * s->piece_imad;
+        n += it * (s->iter_total - skip * s->piece_total);
         const double rate[PM_NCLASS] = {a->mem_rate, a->tensor_rate, 1.0, g->int_rate, a->half_rate, 1.0};
         for (int c = 0; c < PM_NCLASS; c++) {
-            double cyc = it * s->iter[c] / rate[c];
-            if (c == PM_INT && g->int_rate < 1.0) cyc = it * (s->iter[c] - s->iter_imad) / rate[c];
+            double cyc = it * iter[c] / rate[c];
+            if (c == PM_INT && g->int_rate < 1.0) cyc = it * (iter[c] - iter_imad) / rate[c];
             if (cyc > pipe) pipe = cyc;
         }
         if (g->int_rate < 1.0) {
@@ -711,7 +733,7 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
              * packed-half instruction both for a cycle (GA10x, GH100, as NVIDIA describes
              * them: docs/performance.md, the model's assumptions). IMAD alone fills the heavy
              * one at the integer rate; with FP32 and half the two share the load. */
-            const double imad = it * s->iter_imad, fp = it * s->iter[PM_FP32], hf = it * s->iter[PM_HALF] / a->half_rate;
+            const double imad = it * iter_imad, fp = it * iter[PM_FP32], hf = it * iter[PM_HALF] / a->half_rate;
             double fma = imad / g->int_rate + hf;
             const double both = (imad + fp) / (2.0 * g->int_rate) + hf;
             if (both > fma) fma = both;

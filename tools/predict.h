@@ -40,6 +40,11 @@ typedef struct pm_sass {
     double iter_total;
     double iter_imad;            /* of iter[PM_INT], the IMADs (IMAD.SHL, IMAD.MOV, ...): before
                                     Blackwell the FMA pipe issues them, not the ALU            */
+    double piece[PM_NCLASS];     /* of iter, what a forward branch inside the hot loop skips
+                                    where the skipped code stores to global memory (STG): a
+                                    persistent launch's piece end (a piece's sums stored and
+                                    added), which runs once every stream_spp iterations      */
+    double piece_total, piece_imad;
     int ldgsts, ldg;             /* global loads in its body (static)                         */
     int chain;                   /* the longest chain of dependent global loads in one
                                     iteration: a load whose address comes from another's data */
