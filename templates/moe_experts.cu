@@ -1130,15 +1130,19 @@ MJ_DEVICE void fill_places(int *pos, int *xn, int *xr, int na, const int32_t *co
  * has a slot of its own, added in slot order); by id a token's sum goes over the same warps in
  * the same order whatever else the batch holds. Either way a token's output does not depend
  * on the other tokens (padding rows included). */
-MJ_DEVICE down_item_t next_expert(int *xn, const int *xr, int *pos, const float *scal, int n_local, int mb, int B,
+MJ_DEVICE down_item_t next_expert(int *xn, int *xr, int *pos, const float *scal, int n_local, int mb, int B,
                                   const int32_t *num_valid, int lane) {
     down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
     const unsigned m = __ballot_sync(0xFFFFFFFFu, *xn >> 16 != 0);
     const int t0 = tile_t0();
     if (m) {
         const int f = __ffs((int)m) - 1, v = __shfl_sync(0xFFFFFFFFu, *xn, f), r = __shfl_sync(0xFFFFFFFFu, *xr, f);
-        if (lane == f) *xn = 0; /* taken */
-        it.xi = v & 0xFFFF, it.n = v >> 16, it.r0 = r;
+        /* TPE rows at most an item (the sums hold TPE / 8 token groups): an expert with more
+         * rows in the tile (a token's top-k naming it twice) stays in its place with the rest,
+         * its next item the next TPE rows */
+        const int n = v >> 16, take = n < TPE ? n : TPE;
+        if (lane == f) *xn = n > take ? (v & 0xFFFF) | ((n - take) << 16) : 0, *xr = r + take; /* taken */
+        it.xi = v & 0xFFFF, it.n = take, it.r0 = r;
     } else if (POS_LAST(*pos) && POS_SHARED(*pos) < NSUB) {
         const int nv = valid_tokens(num_valid, B), ts = nv < tile_t1(B) ? nv : tile_t1(B); /* the tile's valid tokens */
         if (ts > t0) {
