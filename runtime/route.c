@@ -171,10 +171,11 @@ static int64_t route_smem(int32_t nw, int32_t E, int32_t k, int32_t B) {
  * share them out), so that a warp routes one token and scores it once; 16 from 5 tokens, so
  * that the round's sigmoid scores are 4 pairs a thread, not 8 (the block's warps are then 4 a
  * scheduler, still fewer than one warp's own issue interval hides: GLM-5's B 8 on an H200, 4.9
- * us by the model, 5.5 on 8 warps), while B x k <= 32 keeps the short dispatch of 8 warps;
- * fewer when the shared memory would not fit the budget. */
+ * us by the model, 5.5 on 8 warps) where B x k is past 32: B x k <= 32 keeps 8 warps and
+ * the short dispatch, which blocks of more warps leave out; fewer when the shared memory would
+ * not fit the budget. */
 static int32_t route_warps(int32_t E, int32_t k, int32_t B) {
-    int32_t nw = B > 16 ? 32 : B > 4 ? 16 : 8;
+    int32_t nw = B > 16 ? 32 : B > 4 && (int64_t)B * k > 32 ? 16 : 8;
     while (nw > 1 && route_smem(nw, E, k, B) > MJ_ROUTE_SMEM_BUDGET) nw /= 2;
     return nw;
 }

@@ -567,9 +567,9 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
 }
 
 /* Whether this specialization has dispatch_small. The runtime gives a block of more than 8
- * warps to batches past 8 tokens only (runtime/route.c, route_warps), where B x K <= 32 means
- * top-3 or less: those leave it out (its code costs a compile about 45 ms) and take the whole
- * dispatch, which is right for any B. */
+ * warps only to batches with B x K past 32 (runtime/route.c, route_warps), or past 16 tokens,
+ * where B x K <= 32 means top-1: those leave it out (its code costs a compile about 45 ms) and
+ * take the whole dispatch, which is right for any B. */
 #define SMALL_DISPATCH (NWARPS <= 8)
 
 /* The dispatch metadata of at most 32 entries (B x K <= 32: decode's B 1 to 4 at top-8), the

@@ -348,10 +348,11 @@ static void test_plan_strict(uint64_t seed) {
         CHECK_OK(mj_plan_build(warm, &req, &plan));
         prewarm_plan(warm, &plan);
         planned += plan.n;
-        /* TP: router GEMM ROWS 8/16, two routings (k0 4 with 8 warps at 1-4 tokens; k0 2
-         * with 16 past 4), experts TPE 8 in W4A16 (1-8) and TPE 16 in W4A4 (9-16) -> 2 + 2 + 2.
-         * EP: rank 0's experts with the shared expert and the others' without: 2 more. */
-        int want = s == 0 ? 6 : 8;
+        /* TP: router GEMM ROWS 8/16, three routings (k0 4; k0 2 with 8 warps at 5-8 tokens,
+         * where top-4's B x k <= 32 keeps the short dispatch, and 16 past 8), experts TPE 8 in
+         * W4A16 (1-8) and TPE 16 in W4A4 (9-16) -> 2 + 3 + 2. EP: rank 0's experts with the
+         * shared expert and the others' without: 2 more. */
+        int want = s == 0 ? 7 : 9;
         CHECK(plan.n == want, "%s=2 plan: %d specializations, want %d", s ? "EP" : "TP", plan.n, want);
         for (int i = 0; i < plan.n; i++)
             printf("  plan %s=2: %-12s B %2d..%-2d %s\n", s ? "EP" : "TP", plan.e[i].what, plan.e[i].b_lo,

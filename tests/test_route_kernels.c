@@ -897,6 +897,24 @@ static int setup(void) {
 
 static void teardown(void) { mj_context_destroy(g_ctx); }
 
+/* The block's warps by batch (runtime/route.c, route_warps): a warp a token, at least 8; 16
+ * from 5 tokens where B x k is past 32 (GLM-5's top-8: B 5 to 16), where the short dispatch
+ * (B x k <= 32, blocks of 8 warps) could not run anyway; a top-4 model keeps 8 warps and the
+ * short dispatch to B 8; 32 past 16 tokens. */
+static void case_warps(void) {
+    static const struct { int E, k, B, nw; } want[] = {
+        {256, 8, 1, 8}, {256, 8, 4, 8}, {256, 8, 5, 16}, {256, 8, 8, 16}, {256, 8, 16, 16}, {256, 8, 17, 32},
+        {64, 4, 5, 8},  {64, 4, 8, 8},  {64, 4, 9, 16},  {64, 4, 16, 16}, {64, 4, 32, 32},  {64, 2, 16, 8}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        mj_route_params p = MJ_ROUTE_PARAMS_INIT;
+        p.n_experts = want[i].E, p.topk = want[i].k, p.k0 = want[i].k;
+        mj_knobs_oea_route kn;
+        CHECK_OK(mj_route_knobs(&p, want[i].B, &kn));
+        CHECK(kn.NWARPS == want[i].nw, "E %d top-%d B %d: %d warps, want %d", want[i].E, want[i].k, want[i].B, kn.NWARPS,
+              want[i].nw);
+    }
+}
+
 static void case_router(void) { test_router(g_ctx, g_seed); }
 static void case_router_grid(void) { test_router_grid(); }
 
@@ -936,6 +954,7 @@ static const test_case cases[] = {
     TEST_CASE("replay", case_replay),
     TEST_CASE("constraints", case_constraints),
     TEST_CASE("router_grid", case_router_grid),
+    TEST_CASE("warps", case_warps),
 };
 enum { N_GPU_CASES = 5 };
 

@@ -688,7 +688,9 @@ void pm_stream_launch(const tool_gpu *g, const pm_sass *s, pm_launch *l) {
     const double run = ceil(l->stream_pieces / ((double)l->blocks * wpb));
     l->iters = run * (l->stream_spp > 0 ? l->stream_spp : 1);
     /* the fold's loop is the finishing warp's alone, after its run: pm_predict's tail */
-    const double outside = l->extra >= 0 ? l->extra : s ? s->outside - (l->stream_fold_bytes > 0 ? s->tail_insts : 0) : 0;
+    const double outside = l->extra >= 0 ? l->extra
+                           : s ? fmax(0.0, (double)s->outside - (l->stream_fold_bytes > 0 ? s->tail_insts : 0))
+                               : 0;
     l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0));
 }
 
@@ -759,7 +761,7 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
     /* A persistent launch's fold: after every run has ended (its runs end together), the warp
      * that completes the busiest unit adds the others' sums, tail_bytes a lane a trip to L2. */
     if (l->stream_fold_bytes > 0 && s && s->tail_bytes > 0) {
-        r->tail_trips = ceil(l->stream_fold_bytes / s->tail_bytes);
+        r->tail_trips = (l->stream_fold_passes > 1 ? l->stream_fold_passes : 1) * ceil(l->stream_fold_bytes / s->tail_bytes);
         r->t_tail = r->tail_trips * (a->l2_lat_cycles + s->tail_insts * a->tail_cpi) / g->clock_mhz;
     }
     r->predicted_us = pm_launch_us(a, l) + t + r->t_tail;

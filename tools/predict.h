@@ -149,9 +149,11 @@ typedef struct pm_launch {
     int stream_unit;             /* a unit's (tile's) pieces: a run's segments are units'     */
     int stream_spp;              /* hot-loop iterations (k-steps) a piece                     */
     double stream_fold_bytes;    /* what a lane of the warp that completes a split unit loads
-                                    to add the other warps' sums (the busiest unit's, the
-                                    whole unit's pieces but the first): the SASS's tail loop
-                                    takes it tail_bytes a trip to L2, after every run ends    */
+                                    for one pass of its fold (a pair of the unit's tokens: the
+                                    first warp's sum and every later piece's, at worst the
+                                    whole unit's pieces): the SASS's tail loop takes it
+                                    tail_bytes a trip to L2, after every run ends            */
+    int stream_fold_passes;      /* the busiest unit's passes (its token pairs; 0 counts as 1) */
 } pm_launch;
 
 typedef enum { PM_BOUND_MEMORY, PM_BOUND_ISSUE, PM_BOUND_LATENCY, PM_BOUND_WAVES } pm_bound;

@@ -320,11 +320,13 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                         k->l.stream_unit = mj_experts_up_pieces(H, kx.NW1, 1);
                         k->l.stream_pieces = items * (I / 16) * k->l.stream_unit;
                         k->l.stream_spp = mj_experts_up_spp(H, kx.NW1, 1);
-                        /* the fold (templates/moe_experts.cu, up_fold): a lane 8 bytes a piece of
-                         * each pair of the unit's tokens, the shared sub-experts' every token
-                         * (at most TPE), from the first warp's slot on: the whole unit at worst */
+                        /* the fold (templates/moe_experts.cu, up_fold): a pass a pair of the
+                         * unit's tokens (the shared sub-experts' every token, at most TPE), a
+                         * lane 8 bytes a piece of it, from the first warp's slot on: the whole
+                         * unit at worst */
                         const int nc = B < kx.TPE ? B : kx.TPE;
-                        k->l.stream_fold_bytes = (double)((nc + 1) / 2) * k->l.stream_unit * 8.0;
+                        k->l.stream_fold_passes = (nc + 1) / 2;
+                        k->l.stream_fold_bytes = k->l.stream_unit * 8.0;
                     }
                 } else {
                     k->name = "experts_down";
