@@ -406,8 +406,11 @@ MJ_DEVICE float mj_ld_cg_f32(const float *p) {
     __atomic_load((const float *)p, &v, __ATOMIC_RELAXED);
     return v;
 }
-/* Two such floats (8-byte aligned). */
-MJ_DEVICE float2 mj_ld_cg_f32x2(const float *p) { return make_float2(mj_ld_cg_f32(p), mj_ld_cg_f32(p + 1)); }
+/* Two such floats (8-byte aligned: a GPU faults on a misaligned vector load, so does this). */
+MJ_DEVICE float2 mj_ld_cg_f32x2(const float *p) {
+    if ((size_t)p & 7u) __trap();
+    return make_float2(mj_ld_cg_f32(p), mj_ld_cg_f32(p + 1));
+}
 MJ_DEVICE uint4 mj_ld_stream(const void *p) {
     *mj_sim_self()->stream_bytes += 16;
     return *(const uint4 *)p;
