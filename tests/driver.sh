@@ -1009,6 +1009,9 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # began inside the tile, zeroed: about 32 instructions behind a branch) counted once a piece
   # of 2 k-steps, not every step; the tiles' launch at B 32 has none
   json_check 'all(16 <= r["kernels"]["experts_up"]["hot_loop"]["piece_end"] <= 48 if r["B"] <= 8 else r["kernels"]["experts_up"]["hot_loop"]["piece_end"] == 0 for r in j["predict"]["rows"])'
+  # a work item's start, before the hot loop: the active list, an expert's offset and count,
+  # its rows' entries, the activations: 3 to 6 dependent loads in up and down (reported)
+  json_check 'all(3 <= r["kernels"][k]["hot_loop"]["pre_chain"] <= 6 for r in j["predict"]["rows"] for k in ("experts_up", "experts_down"))'
   # W4A16's k-steps on sm_90a: the codes bit-placed (runtime/weights/pack.c), so a bf16 pair
   # is a shift and a mask (in code order: up 325 instructions, 246 integer; down 978, 666),
   # and up's halves unrolled (rolled: 372, 286)

@@ -403,6 +403,17 @@ static void test_piece_end(void) {
     CHECK_NEAR(rp.insts_warp, 120, 1e-9);
 }
 
+/* A work item's start: prechain loads an index, then the entry it points at, then the value
+ * that points at (3 dependent loads; a fourth load beside the first adds nothing) before its
+ * hot loop, whose own chain is 1. toy's code before its loop loads nothing. */
+static void test_pre_chain(void) {
+    pm_sass s;
+    if (!toy_function("prechain", &s)) return;
+    CHECK(s.first == 6 && s.last == 9, "hot loop %d..%d", s.first, s.last);
+    CHECK(s.pre_chain == 3 && s.chain == 1, "pre_chain %d (want 3), chain %d (want 1)", s.pre_chain, s.chain);
+    if (toy()) CHECK(toy()->pre_chain == 0, "toy: pre_chain %d", toy()->pre_chain);
+}
+
 static const test_case cases[] = {
     TEST_CASE("sass", test_toy_sass),
     TEST_CASE("shuffled", test_shuffled_chain),
@@ -416,6 +427,7 @@ static const test_case cases[] = {
     TEST_CASE("stream", test_stream),
     TEST_CASE("tail", test_tail),
     TEST_CASE("piece_end", test_piece_end),
+    TEST_CASE("pre_chain", test_pre_chain),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

@@ -427,6 +427,7 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
         }
         free(pe);
         s->chain = load_chain(v, first, last);
+        if (first > 0) s->pre_chain = load_chain(v, 0, first - 1);
         s->outside = n - (last - first + 1);
     } else {
         s->outside = n;

@@ -48,6 +48,8 @@ typedef struct pm_sass {
     int ldgsts, ldg;             /* global loads in its body (static)                         */
     int chain;                   /* the longest chain of dependent global loads in one
                                     iteration: a load whose address comes from another's data */
+    int pre_chain;               /* the same in the code before the hot loop (a work item's
+                                    start: its metadata, then its rows)                       */
     int outside;                 /* the function's instructions outside the hot loop, but the
                                     rare subroutines                                          */
     int rare;                    /* subroutines a warp does not run in the common case, left

@@ -163,6 +163,7 @@ static json_t *result_json(const kernel_row *k) {
         for (int c = 0; c < PM_NCLASS; c++) json_object_set_new(h, pm_class_names[c], json_real(k->s.iter[c]));
         json_object_set_new(h, "imad", json_real(k->s.iter_imad));
         json_object_set_new(h, "chain", json_integer(k->s.chain));
+        json_object_set_new(h, "pre_chain", json_integer(k->s.pre_chain));
         json_object_set_new(h, "piece_end", json_real(k->s.piece_total));
         json_object_set_new(h, "tail_ldg", json_integer(k->s.tail_ldg));
         json_object_set_new(h, "tail_bytes", json_integer(k->s.tail_bytes));
