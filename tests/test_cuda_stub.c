@@ -64,9 +64,9 @@ static void test_streams_events_graphs(const mj_function *f) {
     CHECK_OK(mj_cuda_event_elapsed(e0, e1, &ms));
     CHECK(fabsf(ms - 0.060f) < 1e-6f, "two replays of 3 kernels: %g ms, want 0.060", ms);
     log = test_take_log(g_log);
-    int n = 0;
-    for (char *q = log; (q = strstr(q, "cuLaunchKernel fixture_saxpy")); q++) n++;
-    CHECK(n == 6, "two replays ran %d launches, want 6: %s", n, log);
+    int n = 0, starts = 0; /* one line a call: each launch starts a line, and the log ends one */
+    for (char *q = log; (q = strstr(q, "cuLaunchKernel fixture_saxpy")); q++) n++, starts += q == log || q[-1] == '\n';
+    CHECK(n == 6 && starts == 6 && *log && log[strlen(log) - 1] == '\n', "two replays ran %d launches (%d at a line's start), want 6: %s", n, starts, log);
     free(log);
     CHECK_OK(mj_cuda_graph_exec_destroy(x));
     CHECK_OK(mj_cuda_graph_destroy(g));

@@ -61,6 +61,10 @@ def test_engine_layouts():
         assert np.array_equal(t["w13_weight_scale"][:, :I], sfirst)
         assert t["w13_input_scale"].shape == (5, 2) and t["w2_input_scale"].shape == (5,)
         assert (t["w13_input_scale"][1:4] < 1).all() and (t["w13_input_scale"][[0, 4]] == 1e3).all()
+    # a zero block scale in every expert's gate (row 0, block 0): its 16 values dequantize to 0
+    t, nat = make_engine(rng, E, H, I)
+    assert (nat["sg"][:, 0, 0] == 0).all() and (t["w13_weight_scale"][:, 0, 0] == 0).all()
+    assert (dequant(nat["gate"][0], nat["sg"][0], 1.0)[0, :16] == 0).all()
     t, _ = make_engine(rng, E, H, I, swizzled=True)
     assert t["w13_weight_scale"].shape == (E, 128, H // 16 + (-(H // 16)) % 4)
     t1, _ = make_engine(np.random.default_rng(7), E, H, I)
@@ -74,6 +78,9 @@ def test_routing_and_reference():
     E, H, I, T, k = 4, 64, 32, 6, 2
     ids, w = routing(rng, T, k, E, n_valid=4)
     assert (ids[4:] == -1).all() and ((ids >= -1) & (ids < E)).all()
+    # weights uniform in [0.05, 1) times the routed scaling factor (2.5)
+    _, wide = routing(np.random.default_rng(11), 64, 4, 8)
+    assert wide.dtype == np.float32 and 0.05 * 2.5 <= wide.min() and wide.max() < 2.5 and wide.max() > 1.0
     for row in ids:
         got = row[row >= 0]
         assert len(set(got)) == len(got)
