@@ -39,6 +39,14 @@ static inline int32_t mj_experts_up_steps(int32_t H, int32_t nw1) {
     return (mj_experts_up_pieces(H, nw1, 0) + nw1 - 1) / nw1 * spp;
 }
 
+/* n blocks of nw1 warps an SM, fewer so that their warps are a multiple of the SM's 4
+ * schedulers where that leaves any: STREAM's runs are even, so the scheduler with one warp
+ * more would set the pace (25 warps an SM are 7 on one). The grid's rule and the model's. */
+static inline int32_t mj_experts_stream_round(int32_t n, int32_t nw1) {
+    if (n * nw1 > 4 && (n * nw1) % 4) n -= ((n * nw1) % 4 + nw1 - 1) / nw1;
+    return n < 1 ? 1 : n;
+}
+
 /* experts_up's blocks an SM, for STREAM's grid (the SMs times this: every block resident at
  * once, none waiting for a second round) and the model (pm_stream_launch): what a block's registers a thread
  * (0: not known, as on the interpreter), its shared memory (bytes, with 1 KiB a block the
@@ -57,10 +65,7 @@ static inline int32_t mj_experts_up_blocks_sm(int sm, int32_t regs, int64_t smem
         if (65536 / (rw * nw1) < n) n = 65536 / (rw * nw1);
     }
     if (smem_sm / (smem + 1024) < n) n = (int32_t)(smem_sm / (smem + 1024));
-    /* warps a multiple of the SM's 4 schedulers where that leaves any: the runs are even, so the
-     * scheduler with one warp more would set the pace (25 warps an SM are 7 on one) */
-    if (n * nw1 > 4 && (n * nw1) % 4) n -= ((n * nw1) % 4 + nw1 - 1) / nw1;
-    return n < 1 ? 1 : n;
+    return mj_experts_stream_round(n, nw1);
 }
 /* The SMs the interpreter's STREAM grid is sized for: a small GPU, so that the tests' shapes
  * split tiles over blocks and runs over tiles. */

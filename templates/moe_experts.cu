@@ -690,6 +690,11 @@ MJ_NOINLINE void shared_gate_once(const uint16_t *x, const uint16_t *sgate, int 
  * SwiGLU and sets the count back to 0 for the next launch (a graph's replay). No barrier: each
  * warp runs its own ring, sums and epilogue. */
 #define UPROWS (8 * (K + NSUB))
+/* upart's row of the chunk row i of a slot's rows: the route row, or shared sub-expert j's
+ * 8 rows after the routed 8 K. */
+MJ_DEVICE int upart_row(const rows_t *rs, int i, int n_local) {
+    return rs->shared ? 8 * K + (rs->xi - n_local) * 8 + i : rs->off + i;
+}
 MJ_DEVICE void stream_cut(const int32_t *n_active, int n_slots, int W, int *base, int *rem) {
     const int na = n_active[0] < 0 ? 0 : n_active[0] < n_slots ? n_active[0] : n_slots;
     const int P = (NSUB + na) * (I / 16) * PIECES1;
@@ -804,7 +809,7 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                 for (int i = 0; i < 4; i++) tot[h][i] = -0.0f, accr[0][h][i] = 0.0f;
             /* d_i: intermediate row 16t + g (+8 for i >= 2), token 2p (+1 for odd i); a piece's
              * sums in upart at pb (token 2p's row, row g) and the constant offsets from it */
-            const int prow0 = rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 + 2 * p : rs.off + c0 + 2 * p;
+            const int prow0 = upart_row(&rs, c0 + 2 * p, n_local);
             const int w0 = cs0 > 0 && 2 * p < nc, w1 = cs0 > 0 && 2 * p + 1 < nc; /* this lane's upart stores */
             float *pb = upart + (((long long)cs0 * UPROWS + prow0) * (I / 16) + t) * 32 + g;
             /* the segment's k-steps, in order, through the warp's ring (RING - 1 in flight) */
@@ -851,7 +856,7 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                     for (int i = 0; i < 4; i++) {
                         const int ti = 2 * p + (i & 1), r = g + 8 * (i >> 1);
                         if (ti >= nc) continue;
-                        const int prow = rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 + ti : rs.off + c0 + ti;
+                        const int prow = upart_row(&rs, c0 + ti, n_local);
                         float *pp = upart + (((long long)(cs1 - 1) * UPROWS + prow) * (I / 16) + t) * 32 + r;
                         pp[0] = tot[0][i], pp[16] = tot[1][i];
                     }
@@ -878,7 +883,7 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                 if (cs0 == 0 && cs1 == PIECES1)
                     for (int i = 0; i < 4; i++) ts[lane * 4 + i] = tot[0][i], ts[128 + lane * 4 + i] = tot[1][i];
                 else /* the first warp's sum, then the later pieces', in order */
-                    up_fold(upart, k, rs.shared ? 8 * K + (rs.xi - n_local) * 8 + c0 : rs.off + c0, t, nc, ts, lane);
+                    up_fold(upart, k, upart_row(&rs, c0, n_local), t, nc, ts, lane);
                 __syncwarp(0xFFFFFFFFu);
                 MJ_NO_UNROLL
                 for (int i = 0; i < 4; i++) {

@@ -19,6 +19,8 @@
  * (predict_plan.c); what an iteration costs comes from the SASS. */
 #include "predict.h"
 
+#include "experts.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
@@ -682,10 +684,7 @@ static int resident_blocks(const tool_gpu *g, const pm_launch *l) {
 void pm_stream_launch(const tool_gpu *g, const pm_sass *s, pm_launch *l) {
     if (l->stream_pieces <= 0) return;
     const int wpb = (l->threads + 31) / 32, unit = l->stream_unit > 0 ? l->stream_unit : 1;
-    int per_sm = resident_blocks(g, l);
-    if (per_sm * wpb > 4 && (per_sm * wpb) % 4) /* mj_experts_up_blocks_sm: warps a multiple of the 4 schedulers */
-        per_sm -= ((per_sm * wpb) % 4 + wpb - 1) / wpb;
-    l->blocks = (int64_t)g->sms * (per_sm < 1 ? 1 : per_sm);
+    l->blocks = (int64_t)g->sms * mj_experts_stream_round(resident_blocks(g, l), wpb); /* the runtime's grid rule */
     const double run = ceil(l->stream_pieces / ((double)l->blocks * wpb));
     l->iters = run * (l->stream_spp > 0 ? l->stream_spp : 1);
     /* the fold's loop is the finishing warp's alone, after its run: pm_predict's tail */
