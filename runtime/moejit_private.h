@@ -62,7 +62,8 @@
  * mj_router_knobs, mj_route_knobs, mj_experts_knobs, mj_experts_specs and mj_experts_dims,
  * with mj_spec_router_gemm and mj_spec_oea_route of the generated mj_kernels.h (through
  * mj_context_spec_fill): the performance model's kernels, as the runtime would launch them;
- * MJ_EXPERTS_DRING and MJ_EXPERTS_DSLOT (down's ring: the model's bytes in flight). */
+ * MJ_EXPERTS_DRING and MJ_EXPERTS_DSLOT (down's ring: the model's bytes in flight);
+ * mj_experts_stream_round (STREAM up's blocks an SM: the model's grid is the runtime's). */
 #include "plan.h"
 
 /* ---- the CUDA driver, for timing (cuda/cudalibs.h) --------------------------------------

@@ -19,7 +19,7 @@
  * (predict_plan.c); what an iteration costs comes from the SASS. */
 #include "predict.h"
 
-#include "experts.h"
+#include "moejit_private.h"
 
 #include <ctype.h>
 #include <math.h>
