@@ -953,8 +953,10 @@ expect_fail "$MJ" prewarm --config "$SRC/tests/data/config/families/GLM-4.5-Air.
 contains err "slices of 176 rows"; contains err "up to 8 ranks, TP 2 or EP 2, 4, 8 works"
 # Without a GPU: the plan compiled (cold, disk, memory), the launch path's host time, the
 # bytes counted equal to the floor, and the floor on named GPUs.
-MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --reps 1 --json
+MOEJIT_COMPILE_THREADS=2 MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" $BENCH --reps 1 --json
 json_check 'j["gpu"] is None and j["target"] == "sm_120a" and j["config"]["i_local"] == 128'
+# ...and the whole plan at once, as prepare and prewarm compile it, on the pool's threads
+json_check 'j["plan"]["compile_threads"] == 2 and 0 < j["plan"]["cold_plan_ms"] < 60000 and j["plan"]["cold_total_ms"] > 0'
 json_check 'any("no GPU" in n for n in j["notes"]) and any("above top-k" in n for n in j["notes"])'
 json_check 'len(j["plan"]["specializations"]) >= 3 and all(r["cold_ms"] > 0 and r["disk_ms"] > 0 and r["mem_us"] > 0 for r in j["plan"]["specializations"])'
 json_check '{r["what"] for r in j["plan"]["specializations"]} == {"router GEMM", "routing", "experts"}'

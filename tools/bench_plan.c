@@ -1,6 +1,7 @@
 /* bench_plan.c — `moejit bench`'s plan: the specializations mj_moe_prepare compiles for the
  * settings (the planner of runtime/plan.c), each one's cold NVRTC compile (a fresh temporary
- * cache; the median of --reps), its load from the disk cache and its in-memory lookup. */
+ * cache; the median of --reps), its load from the disk cache and its in-memory lookup; then the
+ * whole plan cold at once, as mj_moe_prepare and prewarm build it (mj_jit_get_many's pool). */
 #include "bench.h"
 
 #include "moejit_private.h"
@@ -56,6 +57,38 @@ static mj_status time_spec(const mj_context_options *o, const char *dir, const m
     mj_context_destroy(c2);
     mj_context_destroy(c1);
     return st;
+}
+
+/* The whole plan compiled cold at once, reps times, each into a fresh cache: what mj_moe_prepare
+ * and prewarm wait for on a cold cache (mj_jit_get_many's pool of compile threads), ms into
+ * ms[]; the pool's threads into *threads. Returns 0, else tool_fail's status. */
+static int time_plan(const mj_context_options *o, const mj_plan *plan, int reps, double *ms, int *threads) {
+    mj_spec *specs = calloc((size_t)plan->n, sizeof *specs);
+    const mj_function **fs = calloc((size_t)plan->n, sizeof *fs);
+    int rc = 0;
+    if (!specs || !fs) rc = tool_fail("out of memory for a plan of %d specializations", (int)plan->n);
+    for (int32_t i = 0; !rc && i < plan->n; i++) specs[i] = plan->e[i].spec;
+    for (int rep = 0; !rc && rep < reps; rep++) {
+        char *d = temp_dir();
+        if (!d) {
+            rc = tool_fail("cannot create a temporary directory in $TMPDIR or /tmp: set TMPDIR to a writable one");
+            break;
+        }
+        mj_context_options co = *o;
+        co.cache_dir = d;
+        mj_context_t c = NULL;
+        const double t0 = bench_now_ms();
+        mj_status st = mj_context_create(&co, &c);
+        if (st == MJ_OK) *threads = mj_jit_compile_threads(c), st = mj_jit_get_many(c, specs, (int)plan->n, fs);
+        ms[rep] = bench_now_ms() - t0;
+        if (st != MJ_OK) rc = tool_fail_status("compiling the plan side by side", st);
+        mj_context_destroy(c);
+        rm_rf(d);
+        free(d);
+    }
+    free(specs);
+    free(fs);
+    return rc;
 }
 
 int bench_plan(bench *b, const char *arch) {
@@ -136,6 +169,17 @@ int bench_plan(bench *b, const char *arch) {
         json_object_set_new(jp, "failed", json_integer(failed));
         bench_txt(b, "  total cold compile: %.0f ms (one thread)%s\n", total,
                   failed ? "; some failed (see above)" : "");
+        if (!failed && plan.n > 0) { /* what a prepare or a prewarm waits for: the plan at once */
+            double side[64];
+            int threads = 0;
+            if ((rc = time_plan(&o, &plan, a->reps, side, &threads))) goto out;
+            const double sm = bench_median(side, a->reps);
+            json_object_set_new(jp, "cold_plan_ms", json_real(sm));
+            json_object_set_new(jp, "compile_threads", json_integer(threads));
+            bench_txt(b, "  the plan cold, side by side: %.0f ms (median of %d; %d compile thread%s, as "
+                         "mj_moe_prepare and prewarm; $MOEJIT_COMPILE_THREADS sets them)\n",
+                      sm, a->reps, threads, threads == 1 ? "" : "s");
+        }
         if (failed) { /* a plan that does not compile is no measurement: say why and fail */
             const char *why = json_string_value(json_object_get(json_array_get(rows, first_failed), "error"));
             rc = tool_fail("%d of %d specializations did not compile for %s, the first: %s (--no-compile lists "
