@@ -918,13 +918,38 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
 #else
 #define UP_BOUNDS /* ptxas's own choice: a bound of 1 block would let it take more registers */
 #endif
+/* What up reads whatever the routing decides, the shared sub-experts' weights and scales (NSUB
+ * after the n_local routed ones), brought into L2 before the grid dependence's wait: on sm_90+
+ * this grid's blocks are resident while the kernels before it run (the routing, one block on
+ * one SM: the memory idle), and a hint needs nothing they write. The grid's threads take the
+ * lines in turn, each region's first from its first byte (every address inside it). */
+MJ_DEVICE void prefetch_region(const uint8_t *a, int n, int tid, int T) {
+    const int lead = (int)((unsigned long long)a & 127u), lines = (n + lead + 127) >> 7;
+    MJ_NO_UNROLL
+    for (int i = tid; i < lines; i += T) mj_prefetch_l2(a + (128 * i > lead ? 128 * i - lead : 0));
+}
+MJ_DEVICE void prefetch_shared(const uint8_t *w13, const uint8_t *s13, int n_local) {
+    /* ints: a grid of at most (I / 16) (E + NSUB) blocks of 256 threads, an expert's lines
+     * at most 2^20 (the knobs' ranges) */
+    const int T = (int)(gridDim.x * gridDim.y * blockDim.x);
+    const int tid = (int)((blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x);
+    MJ_UNROLL
+    for (int j = 0; j < NSUB; j++) { /* an expert's bytes are fewer than 2^31 (knob ranges) */
+        prefetch_region(w13 + (n_local + j) * W13_EXPERT, (int)W13_EXPERT, tid, T);
+        prefetch_region(s13 + (n_local + j) * S13_EXPERT, (int)S13_EXPERT, tid, T);
+    }
+}
+
 MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
                           const uint8_t *s13, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
                           int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf,
                           float *upart, uint32_t *ucount, const uint16_t *sgate, float *sgate_w) {
-    mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
+#if PART == 0 || PART == 2
+    prefetch_shared(w13, s13, n_local); /* weights: nothing the grid before this one writes */
+#endif
+    mj_grid_dep_wait(); /* before any other memory: the grid before this one has finished */
 #if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */
     MJ_DYNAMIC_SHARED(float, smem);
     const int lane = (int)threadIdx.x % 32, w = (int)threadIdx.x / 32;

@@ -118,6 +118,11 @@ MJ_DEVICE void mj_grid_dep_wait(void) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+/* A hint: the 128-byte line holding p into L2 (prefetch.global.L2; nothing waits for it,
+ * nothing is loaded into registers, and a GPU drops it rather than fault). */
+MJ_DEVICE void mj_prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p)));
+}
 /* The largest and the smallest of an unsigned value over every lane of the warp, in every
  * lane: one REDUX instruction (sm_80 and later, every target of ours). */
 MJ_DEVICE uint32_t mj_warp_umax(uint32_t v) { return __reduce_max_sync(0xFFFFFFFFu, v); }

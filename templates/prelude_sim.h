@@ -28,7 +28,7 @@
 /* ---- the ABI shared with the runtime (runtime/sim/sim.c includes this part alone) ---- */
 #ifndef MJ_SIM_ABI_H
 #define MJ_SIM_ABI_H
-#define MJ_SIM_ABI_VERSION 4
+#define MJ_SIM_ABI_VERSION 5
 
 typedef struct mj_sim_dim3 { unsigned x, y, z; } mj_sim_dim3;
 
@@ -39,6 +39,9 @@ typedef struct mj_sim_thread {
     unsigned warp;             /* linear thread index / 32                                 */
     void *dyn_smem;            /* the block's dynamic shared memory (launch's smem bytes)  */
     unsigned long long *stream_bytes; /* bytes loaded through mj_ld_stream (per worker)   */
+    unsigned long long *prefetch;     /* [3]: mj_prefetch_l2's calls and the sums of their
+                                       * lines' indices (address / 128) and of their squares,
+                                       * per worker                                          */
 } mj_sim_thread;
 
 /* Warp collectives: one runtime entry, the operation named by op. */
@@ -395,6 +398,13 @@ MJ_DEVICE void mj_cp_async4(void *dst, const void *src) {
     mj_sim_api_->cp_async(MJ_SIM_CP_COPY_INDEX, dst, src, 4, __FILE__, __LINE__);
 }
 MJ_DEVICE void mj_cp_async_commit(void) { mj_sim_api_->cp_async(MJ_SIM_CP_COMMIT, 0, 0, 0, __FILE__, __LINE__); }
+/* An L2 prefetch: the byte at p read (so a prefetch outside an allocation is found, as the
+ * sanitizers see reads), and counted with its line's index for the tests. */
+MJ_DEVICE void mj_prefetch_l2(const void *p) {
+    (void)*(const volatile unsigned char *)p;
+    unsigned long long *c = mj_sim_self()->prefetch, line = (unsigned long long)(size_t)p >> 7;
+    c[0] += 1, c[1] += line, c[2] += line * line;
+}
 /* Programmatic dependent launch: on the interpreter, launches run one after another. */
 MJ_DEVICE void mj_grid_dep_wait(void) {}
 #define mj_cp_async_wait(n) mj_sim_api_->cp_async(MJ_SIM_CP_WAIT, 0, 0, (n), __FILE__, __LINE__)

@@ -1043,8 +1043,13 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # up to 64 rows), 8 MMAs a run of 128 k at B <= 8 (the FMA kernel's loop had none: 461
   # warp-instructions a group of 8 rows)
   json_check 'all(k["blocks"] == 192 and k["threads"] == 128 and k["hot_loop"]["tensor"] == (8 if r["B"] <= 8 else 32) and k["hot_loop"]["insts"] <= (100 if r["B"] <= 8 else 260) for r in j["predict"]["rows"] for k in [r["kernels"]["router_gemm"]])'
+  # up, a programmatic dependent, prefetches the shared expert's weights and scales into L2
+  # while the routing runs (one block: 3 us and more, the memory idle): all of them, which
+  # its memory term leaves out (its floor keeps them); nothing else is prefetched
+  json_check 'all(abs(u["prefetched"] / (u["bytes"] / (r["active"] + 1)) - 1) < 1e-5 and abs(u["memory_us"] - u["floor_us"] * (1 - u["prefetched"] / u["bytes"])) < 1e-5 * u["floor_us"] and all(k["prefetched"] == 0 for n, k in r["kernels"].items() if n != "experts_up") for r in j["predict"]["rows"] for u in [r["kernels"]["experts_up"]])'
   # the launch floor: the first kernel's launch, the programmatic dependents', then the bytes
-  json_check 'all(abs(r["layer"]["launch_floor_us"] - r["layer"]["floor_us"] - a["launch_us"] - 3 * a["pdl_launch_us"]) < 1e-3 and r["layer"]["launch_floor_us"] <= r["layer"]["predicted_us"] for r in j["predict"]["rows"] for a in [j["predict"]["assumptions"]])'
+  # but those read from L2 after a prefetch under the routing
+  json_check 'all(abs(r["layer"]["launch_floor_us"] - (r["layer"]["floor_us"] - sum(k["floor_us"] - k["memory_us"] for k in r["kernels"].values())) - a["launch_us"] - 3 * a["pdl_launch_us"]) < 1e-3 and r["layer"]["launch_floor_us"] <= r["layer"]["predicted_us"] for r in j["predict"]["rows"] for a in [j["predict"]["assumptions"]])'
   MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-8 --bench-batch 1 \
     --k0 8 --no-compile --no-sim --predict rtx-pro-6000 --cache-dir "$T/predcache" -q
   contains out "the performance model on rtx-pro-6000"; contains out "model assumptions"; contains out "experts_down"

@@ -1062,7 +1062,8 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
     static const int Hs[] = {256, 1472, 1344};
     for (int hi = 0; hi < 3; hi++) {
         const int H = Hs[hi];
-        mj_moe_config c = hi ? test_moe_cfg(H, 64, 16, 4, 1) : test_moe_cfg(H, 64, 64, 8, 1);
+        /* H 1344: two shared sub-experts (up's prefetch of each, below) */
+        mj_moe_config c = hi ? test_moe_cfg(H, 64, 16, 4, hi == 2 ? 2 : 1) : test_moe_cfg(H, 64, 64, 8, 1);
         mj_layer_t L = NULL;
         CHECK_OK(mj_layer_create_random(&c, seed + (uint64_t)hi, &L));
         if (!L) return;
@@ -1088,12 +1089,28 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
                     float *o1 = malloc(sizeof(float) * (size_t)B * H), *o2 = malloc(sizeof(float) * (size_t)B * H);
                     mj_weight_mode mode = m ? MJ_MODE_W4A4 : MJ_MODE_W4A16;
                     mj_sim_stream_bytes_take();
+                    mj_sim_prefetch_take(NULL);
                     CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, NULL, o1, NULL));
                     unsigned long long got = mj_sim_stream_bytes_take();
                     unsigned long long want = (unsigned long long)(r.na + v.nsub) * (unsigned long long)per;
                     CHECK(got == want,
                           "H=%d B=%d k0=%d mode %d: %llu bytes read, want %llu (%d active experts + shared, %lld each)", H,
                           B, k0, m, got, want, r.na, (long long)per);
+                    /* before the routing's outputs are there, up prefetches into L2 every line
+                     * of the shared sub-experts' gate/up weights and scales, once, and nothing else */
+                    unsigned long long pf[3], lw[3] = {0, 0, 0};
+                    mj_sim_prefetch_take(pf);
+                    for (int j = 0; j < 2 * v.nsub; j++) {
+                        const uintptr_t a = j < v.nsub ? (uintptr_t)(v.w13 + (int64_t)(v.n_local + j) * v.bytes_w13)
+                                                       : (uintptr_t)(v.s13 + (int64_t)(v.n_local + j - v.nsub) * v.bytes_s13);
+                        const uintptr_t n = (uintptr_t)(j < v.nsub ? v.bytes_w13 : v.bytes_s13);
+                        for (uintptr_t line = a >> 7; line <= (a + n - 1) >> 7; line++)
+                            lw[0]++, lw[1] += line, lw[2] += (unsigned long long)line * line;
+                    }
+                    CHECK(v.nsub == (hi == 2 ? 2 : 1) && pf[0] == lw[0] && pf[1] == lw[1] && pf[2] == lw[2],
+                          "H=%d B=%d k0=%d mode %d: %llu L2 prefetches (line sums %llu, %llu), want %llu (%llu, %llu): the "
+                          "%d shared sub-experts' w13 and s13 lines, each once", H, B, k0, m, pf[0], pf[1], pf[2], lw[0],
+                          lw[1], lw[2], v.nsub);
                     if (!hi) {
                         CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, NULL, o2, NULL));
                         CHECK(!memcmp(o1, o2, sizeof(float) * (size_t)B * H), "H=%d B=%d: two runs differ in some bit", H,

@@ -124,7 +124,7 @@ static void test_launch(void) {
     pm_assume_default(&a);
     /* The hand-worked launch: 8 blocks of 4 warps, 32 registers: 16 blocks fit an SM (by
      * warps and registers); the busiest SM holds 2 (1 round), 2 x 4 x 4 KiB in flight. */
-    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0, 0, 0, 0, 0, 0};
+    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0, 0, 0, 0, 0, 0, 0};
     pm_result r;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.blocks_per_sm == 16 && r.busiest_blocks == 2 && r.rounds == 1, "occupancy %d %d %d", r.blocks_per_sm,
@@ -154,6 +154,23 @@ static void test_launch(void) {
     pm_predict(&k_toy, &a, &flat, &l, &r);
     CHECK(a.pdl_launch_us > 0 && a.pdl_launch_us < a.launch_us && r.predicted_us == a.pdl_launch_us + 8.0,
           "pdl: %.2f (launch %.2f, pdl %.2f)", r.predicted_us, a.launch_us, a.pdl_launch_us);
+    /* 2 of the 8 MB prefetched into L2 while the kernel before ran: 6 MB from DRAM (6 us), the
+     * floor still the 8 MB; the busiest SM's share for Little's law 1.5 MB. */
+    l.prefetched = 2e6;
+    pm_predict(&k_toy, &a, &flat, &l, &r);
+    CHECK_NEAR(r.floor_us, 8.0, 1e-9);
+    CHECK_NEAR(r.t_memory, 6.0, 1e-9);
+    CHECK_NEAR(r.t_little, 1.5e6 * 1000e-3 / (2 * 4 * 64 * 1024.0), 1e-9);
+    CHECK(r.bound == PM_BOUND_MEMORY && r.predicted_us == a.pdl_launch_us + 6.0, "prefetched: %s %.2f",
+          pm_bound_names[r.bound], r.predicted_us);
+    /* more than it reads: nothing from DRAM; and without PDL the grid starts after the one
+     * before has ended, so nothing was prefetched under it */
+    l.prefetched = 9e6;
+    pm_predict(&k_toy, &a, &flat, &l, &r);
+    CHECK(r.t_memory == 0 && r.floor_us == 8.0, "all prefetched: memory %.2f floor %.2f", r.t_memory, r.floor_us);
+    l.pdl = 0, l.prefetched = 2e6;
+    pm_predict(&k_toy, &a, &flat, &l, &r);
+    CHECK(r.t_memory == 8.0 && r.predicted_us == a.launch_us + 8.0, "no PDL, no prefetch: %.2f", r.t_memory);
 }
 
 /* Too few blocks for the SMs, and an uneven grid. */
@@ -162,13 +179,13 @@ static void test_waves(void) {
     pm_assume_default(&a);
     pm_result r;
     /* Too few blocks for the SMs: one block of one warp on 4 SMs, 100000 instructions. */
-    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0, 0, 0, 0, 0, 0};
+    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0, 0, 0, 0, 0, 0, 0};
     pm_predict(&k_toy, &a, NULL, &one, &r);
     CHECK(r.bound == PM_BOUND_WAVES, "one block: %s", pm_bound_names[r.bound]);
     CHECK_NEAR(r.t_issue, 100000 * a.warp_cpi / 1000.0, 1e-9);
     /* An uneven grid: 5 blocks on 4 SMs, one resident at a time (the shared memory): the
      * busiest SM runs 2 rounds, so twice as long as 4 blocks. */
-    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0, 0, 0, 0, 0, 0}, four = five;
+    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0, 0, 0, 0, 0, 0, 0}, four = five;
     four.blocks = 4;
     pm_result r4;
     pm_predict(&k_toy, &a, NULL, &five, &r);
@@ -188,7 +205,7 @@ static void test_waves(void) {
 static void test_pipes(void) {
     pm_assume a;
     pm_assume_default(&a);
-    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0, 0, 0, 0, 0, 0};
+    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0, 0, 0, 0, 0, 0, 0};
     static const struct { double alu, imad, fp32, half, cycles; const char *why; } c[] = {
         {10, 10, 0, 0, 20, "10 ALU + 10 IMAD: 20 cycles on each pipe, 20 instructions"},
         {20, 0, 0, 0, 40, "20 ALU: 40 cycles"},
@@ -283,8 +300,8 @@ static void test_route(void) {
      * twice under OEA) is predicted slower on one block, though its warps share schedulers less. */
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0};
-    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0};
+    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0, 0};
+    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0, 0};
     pm_result r32, r8;
     pm_predict(&k_toy, &a, NULL, &w32, &r32);
     pm_predict(&k_toy, &a, NULL, &w8, &r8);
@@ -302,7 +319,7 @@ static void test_stream(void) {
     const pm_sass s = *toy();
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 0, 0};
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 0, 0, 0};
     pm_stream_launch(&k_toy, &s, &l);
     CHECK(l.blocks == 16, "blocks %lld", (long long)l.blocks);
     CHECK_NEAR(l.iters, 64, 0);
@@ -310,7 +327,7 @@ static void test_stream(void) {
     pm_result r, rt;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.rounds == 1 && r.blocks_per_sm == 4, "stream: %d rounds of %d", r.rounds, r.blocks_per_sm);
-    pm_launch tiles = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0}, keep = tiles;
+    pm_launch tiles = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0, 0}, keep = tiles;
     pm_stream_launch(&k_toy, &s, &tiles); /* not persistent: left as it is */
     CHECK(tiles.blocks == keep.blocks && tiles.iters == keep.iters && tiles.extra == keep.extra, "a plain launch kept");
     pm_predict(&k_toy, &a, &s, &tiles, &rt);
@@ -339,7 +356,7 @@ static void test_tail(void) {
     pm_assume_default(&a);
     CHECK_NEAR(a.l2_lat_cycles, 400, 0);
     CHECK_NEAR(a.tail_cpi, 2, 0);
-    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 48 * 8.0, 1}, l2 = l;
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0}, l2 = l;
     pm_result rs, rb;
     pm_stream_launch(&k_toy, &ser, &l);
     pm_predict(&k_toy, &a, &ser, &l, &rs);
@@ -358,7 +375,7 @@ static void test_tail(void) {
     /* The unit's token pairs are passes of their own, each its trips: 4 pairs of 40 pieces
      * (320 bytes a lane a pass) take 4 x ceil(320 / 32) = 40 trips batched, 4 x 40 serial
      * (not ceil(4 x 320 / 32)). */
-    pm_launch lp = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 40 * 8.0, 4}, lp2 = lp;
+    pm_launch lp = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 40 * 8.0, 4, 0}, lp2 = lp;
     pm_stream_launch(&k_toy, &bat, &lp);
     pm_predict(&k_toy, &a, &bat, &lp, &rb);
     CHECK_NEAR(rb.tail_trips, 40, 0);
@@ -367,12 +384,12 @@ static void test_tail(void) {
     CHECK_NEAR(rs.tail_trips, 160, 0);
     /* The SASS's outside count (extra < 0) leaves the fold's loop out of a segment's: the
      * finishing warp's alone, counted by the tail. 16 blocks of 2 warps, runs of 32 pieces. */
-    pm_launch lo = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 1000, 48, 2, 48 * 8.0, 1};
+    pm_launch lo = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0};
     pm_stream_launch(&k_toy, &bat, &lo);
     CHECK(bat.outside > bat.tail_insts, "outside %d, tail %d", bat.outside, bat.tail_insts);
     CHECK_NEAR(lo.extra, (bat.outside - bat.tail_insts) * (1 + 31.0 / 48), 1e-9);
     /* a plain launch has no fold */
-    pm_launch plain = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0};
+    pm_launch plain = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0, 0};
     pm_predict(&k_toy, &a, &ser, &plain, &rs);
     CHECK(rs.t_tail == 0 && rs.tail_trips == 0, "plain: tail %.3f", rs.t_tail);
 }
@@ -394,7 +411,7 @@ static void test_piece_end(void) {
     if (toy()) CHECK(toy()->piece_total == 0, "toy: no piece end (%.0f)", toy()->piece_total);
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch l = {"up", 4, 32, 32, 0, 1e3, 10, 0, 4096, 0, 0, 0, 2, 0, 0}, plain = l;
+    pm_launch l = {"up", 4, 32, 32, 0, 1e3, 10, 0, 4096, 0, 0, 0, 2, 0, 0, 0}, plain = l;
     plain.stream_spp = 0;
     pm_result r, rp;
     pm_predict(&k_toy, &a, &s, &l, &r);

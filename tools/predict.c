@@ -701,14 +701,18 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
     const double copy = pm_copy_gbps(g, a);
     const int64_t blocks = l->blocks > 0 ? l->blocks : 1;
     const int wpb = (l->threads + 31) / 32;
-    r->floor_us = r->t_memory = l->bytes / (copy * 1e3);
+    r->floor_us = l->bytes / (copy * 1e3);
+    /* what a programmatic dependent brought into L2 while the kernels before it ran is read
+     * from there; without PDL a grid starts when the one before has ended: nothing overlaps */
+    const double dram = l->bytes - (l->pdl && l->prefetched > 0 ? fmin(l->prefetched, l->bytes) : 0);
+    r->t_memory = dram / (copy * 1e3);
     r->blocks_per_sm = resident_blocks(g, l);
     r->busiest_blocks = (int)((blocks + g->sms - 1) / g->sms);
     r->rounds = (r->busiest_blocks + r->blocks_per_sm - 1) / r->blocks_per_sm;
     r->waves = (double)blocks / ((double)g->sms * r->blocks_per_sm);
     const int resident = r->busiest_blocks < r->blocks_per_sm ? r->busiest_blocks : r->blocks_per_sm;
     r->inflight_sm = (double)resident * wpb * l->inflight;
-    const double sm_bytes = (double)r->busiest_blocks * l->bytes / (double)blocks;
+    const double sm_bytes = (double)r->busiest_blocks * dram / (double)blocks;
     if (r->inflight_sm > 0) r->t_little = sm_bytes * g->lat_ns * 1e-3 / r->inflight_sm;
     const int chain = s && s->found && s->chain >= 2 ? s->chain : 0;
     r->t_chain = r->rounds * l->iters * chain * g->lat_ns * 1e-3;

@@ -156,6 +156,11 @@ typedef struct pm_launch {
                                     whole unit's pieces): the SASS's tail loop takes it
                                     tail_bytes a trip to L2, after every run ends            */
     int stream_fold_passes;      /* the busiest unit's passes (its token pairs; 0 counts as 1) */
+    double prefetched;           /* of bytes, those in L2 before the kernel reads them: brought
+                                    there while the kernels before it ran (experts_up's
+                                    prefetch of the shared sub-experts during the routing);
+                                    the memory and latency terms leave them out where the
+                                    kernel is a programmatic dependent (pdl), the floor not  */
 } pm_launch;
 
 typedef enum { PM_BOUND_MEMORY, PM_BOUND_ISSUE, PM_BOUND_LATENCY, PM_BOUND_WAVES } pm_bound;
@@ -167,7 +172,7 @@ typedef struct pm_result {
     double floor_us;             /* bytes / the copy bandwidth                                */
     pm_bound bound;
     /* the terms, µs */
-    double t_memory;             /* bytes / copy bandwidth                                    */
+    double t_memory;             /* (bytes - prefetched) / copy bandwidth                     */
     double t_little;             /* the busiest SM's bytes / (its bytes in flight / latency)  */
     double t_chain;              /* dependent global loads: rounds x iters x chain x latency  */
     double t_issue;              /* the busiest SM's schedulers: instructions by pipe, or one

@@ -207,6 +207,8 @@ struct worker {
     pthread_t th;
     int started;
     unsigned long long stream_bytes; /* mj_ld_stream and cp.async bytes of this worker's blocks */
+    unsigned long long prefetch[3];  /* mj_prefetch_l2: calls, the sums of their lines' indices
+                                      * and of their squares                                     */
 };
 
 /* The fiber running on this thread (NULL in the scheduler). */
@@ -823,6 +825,7 @@ static int worker_setup(worker *w) {
         f->pub.warp = i / 32;
         f->pub.dyn_smem = w->dyn_smem;
         f->pub.stream_bytes = &w->stream_bytes;
+        f->pub.prefetch = w->prefetch;
     }
     return 0;
 }
@@ -868,6 +871,16 @@ unsigned long long mj_sim_stream_bytes_take(void) {
     unsigned long long n = tls_stream_bytes;
     tls_stream_bytes = 0;
     return n;
+}
+
+/* The same for mj_prefetch_l2: calls, and the sums of their lines' indices and squares. */
+static _Thread_local unsigned long long tls_prefetch[3];
+
+void mj_sim_prefetch_take(unsigned long long out[3]) {
+    for (int i = 0; i < 3; i++) {
+        if (out) out[i] = tls_prefetch[i];
+        tls_prefetch[i] = 0;
+    }
 }
 
 mj_status mj_sim_run(mj_sim_entry entry, const char *kernel, const uint32_t grid[3],
@@ -920,7 +933,10 @@ mj_status mj_sim_run(mj_sim_entry entry, const char *kernel, const uint32_t grid
     worker_run(&ws[0]);
     for (unsigned i = 1; i < n_workers; i++)
         if (ws[i].started) pthread_join(ws[i].th, NULL);
-    for (unsigned i = 0; i < n_workers; i++) tls_stream_bytes += ws[i].stream_bytes;
+    for (unsigned i = 0; i < n_workers; i++) {
+        tls_stream_bytes += ws[i].stream_bytes;
+        for (int k = 0; k < 3; k++) tls_prefetch[k] += ws[i].prefetch[k];
+    }
     free(ws);
     pthread_mutex_destroy(&L.mu);
     if (L.st != MJ_OK) return mj_set_error(L.st, "%s", L.err);

@@ -67,5 +67,9 @@ mj_status mj_sim_run(mj_sim_entry entry, const char *kernel, const uint32_t grid
  * mj_cp_async16 or mj_cp_async8 (the weight stream) since the last call, not the indices
  * copied with mj_cp_async4; the count restarts at 0. */
 unsigned long long mj_sim_stream_bytes_take(void);
+/* The L2 prefetches (mj_prefetch_l2) of the calling thread's sim launches since the last call,
+ * into out (NULL: dropped): how many, the sum of their 128-byte lines' indices (address / 128)
+ * and the sum of those indices' squares, so that a test can tell which lines; all restart at 0. */
+void mj_sim_prefetch_take(unsigned long long out[3]);
 
 #endif
