@@ -431,6 +431,38 @@ static void test_pre_chain(void) {
     if (toy()) CHECK(toy()->pre_chain == 0, "toy: pre_chain %d", toy()->pre_chain);
 }
 
+/* The finisher: what a guarded branch after the hot loop skips around the tail loop (STREAM
+ * up's `if (last)`), counted once a unit, not once a segment, and after the fold in the tail.
+ * The fixture by hand: 22 instructions, the hot loop 1..4, the tail loop 9..15 (7, two 8-byte
+ * loads); the outer guard at 6 skips 7..19 (13), the inner one at 8 only the loop: 13 - 7 = 6. */
+static void test_finisher(void) {
+    pm_sass f, bat;
+    if (!toy_function("finisher", &f) || !toy_function("fold_batched", &bat)) return;
+    CHECK(f.found && f.first == 1 && f.last == 4 && f.n_insts == 22 && f.outside == 18, "hot loop %d..%d of %d, outside %d",
+          f.first, f.last, f.n_insts, f.outside);
+    CHECK(f.tail_ldg == 2 && f.tail_bytes == 16 && f.tail_insts == 7 && f.tail_first == 9 && f.tail_last == 15,
+          "tail: %d loads, %d bytes, %d..%d", f.tail_ldg, f.tail_bytes, f.tail_first, f.tail_last);
+    CHECK(f.finish == 6, "finish %d (want 6)", f.finish);
+    CHECK(bat.finish == 0, "fold_batched: its tail loop is not behind a guard: finish %d", bat.finish);
+    pm_assume a;
+    pm_assume_default(&a);
+    /* 16 blocks of 2 warps, runs of 32 of 1000 pieces (units of 48): a segment's outside is
+     * 18 - 7 - 6 = 5, the finisher's 6 once a unit over the grid's 32 warps */
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0};
+    pm_stream_launch(&k_toy, &f, &l);
+    CHECK(l.blocks == 16, "blocks %lld", (long long)l.blocks);
+    CHECK_NEAR(l.extra, 5 * (1 + 31.0 / 48) + 6 * (1000.0 / 48 / 32), 1e-9);
+    pm_result r;
+    pm_predict(&k_toy, &a, &f, &l, &r);
+    CHECK_NEAR(r.tail_trips, 24, 0);                                       /* 384 bytes, 16 a trip */
+    CHECK_NEAR(r.t_tail, (24 * (400 + 7 * 2) + 6 * 2) / 1000.0, 1e-9);     /* then the epilogue */
+    /* a launch's own count (extra >= 0) is taken as it is */
+    pm_launch given = l;
+    given.blocks = 0, given.extra = 100;
+    pm_stream_launch(&k_toy, &f, &given);
+    CHECK_NEAR(given.extra, 100 * (1 + 31.0 / 48), 1e-9);
+}
+
 static const test_case cases[] = {
     TEST_CASE("sass", test_toy_sass),
     TEST_CASE("shuffled", test_shuffled_chain),
@@ -445,6 +477,7 @@ static const test_case cases[] = {
     TEST_CASE("tail", test_tail),
     TEST_CASE("piece_end", test_piece_end),
     TEST_CASE("pre_chain", test_pre_chain),
+    TEST_CASE("finisher", test_finisher),
 };
 
 int main(int argc, char **argv) { return test_main(argc, argv, cases, TEST_N(cases), NULL, NULL); }

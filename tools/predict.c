@@ -460,7 +460,20 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
         for (int i = a0; i < b && !inner; i++) inner = v[i].target >= a0 && v[i].target <= i;
         for (int i = a0; i <= b && !inner; i++)
             if (op_is(v[i].op, "LDG")) ldg++, bytes += load_bytes(v[i].op);
-        if (!inner && ldg > s->tail_ldg) s->tail_ldg = ldg, s->tail_bytes = bytes, s->tail_insts = b - a0 + 1;
+        if (!inner && ldg > s->tail_ldg)
+            s->tail_ldg = ldg, s->tail_bytes = bytes, s->tail_insts = b - a0 + 1, s->tail_first = a0, s->tail_last = b;
+    }
+    /* The finisher: the outermost span a guarded forward branch after the hot loop skips over
+     * the tail loop, less that loop and rare code. */
+    if (s->found && s->tail_ldg > 0) {
+        int lo = -1, hi = -1;
+        for (int b = s->last + 1; b < s->tail_first; b++) {
+            const int t = v[b].target;
+            if (!op_is(v[b].op, "BRA") || v[b].pred < 0 || t <= s->tail_last) continue;
+            if (lo < 0 || t - 1 - (b + 1) > hi - lo) lo = b + 1, hi = t - 1;
+        }
+        for (int i = lo; lo >= 0 && i <= hi; i++)
+            s->finish += (i < s->tail_first || i > s->tail_last) && !in_rare(lab, nl, n, i);
     }
     free(v);
     free(lab);
@@ -687,11 +700,13 @@ void pm_stream_launch(const tool_gpu *g, const pm_sass *s, pm_launch *l) {
     l->blocks = (int64_t)g->sms * mj_experts_stream_round(resident_blocks(g, l), wpb); /* the runtime's grid rule */
     const double run = ceil(l->stream_pieces / ((double)l->blocks * wpb));
     l->iters = run * (l->stream_spp > 0 ? l->stream_spp : 1);
-    /* the fold's loop is the finishing warp's alone, after its run: pm_predict's tail */
+    /* the fold's loop is the finishing warp's alone, after its run: pm_predict's tail; the rest
+     * of the finisher once a unit, the grid's units over its warps on average */
+    const int fold = l->extra < 0 && l->stream_fold_bytes > 0 && s;
     const double outside = l->extra >= 0 ? l->extra
-                           : s ? fmax(0.0, (double)s->outside - (l->stream_fold_bytes > 0 ? s->tail_insts : 0))
-                               : 0;
-    l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0));
+                           : s ? fmax(0.0, (double)s->outside - (fold ? s->tail_insts + s->finish : 0)) : 0;
+    const double units = l->stream_pieces / unit, warps = (double)l->blocks * wpb;
+    l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0)) + (fold ? s->finish * fmin(1.0, units / warps) : 0);
 }
 
 double pm_launch_us(const pm_assume *a, const pm_launch *l) { return l->pdl ? a->pdl_launch_us : a->launch_us; }
@@ -766,7 +781,9 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
      * that completes the busiest unit adds the others' sums, tail_bytes a lane a trip to L2. */
     if (l->stream_fold_bytes > 0 && s && s->tail_bytes > 0) {
         r->tail_trips = (l->stream_fold_passes > 1 ? l->stream_fold_passes : 1) * ceil(l->stream_fold_bytes / s->tail_bytes);
-        r->t_tail = r->tail_trips * (a->l2_lat_cycles + s->tail_insts * a->tail_cpi) / g->clock_mhz;
+        /* then its finisher's epilogue, after the fold */
+        r->t_tail = (r->tail_trips * (a->l2_lat_cycles + s->tail_insts * a->tail_cpi) + s->finish * a->tail_cpi) /
+                    g->clock_mhz;
     }
     r->predicted_us = pm_launch_us(a, l) + t + r->t_tail;
 }

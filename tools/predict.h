@@ -62,6 +62,12 @@ typedef struct pm_sass {
     int tail_ldg;                /* its global loads (static)                                 */
     int tail_bytes;              /* bytes a lane loads in one iteration                       */
     int tail_insts;              /* its instructions                                          */
+    int tail_first, tail_last;   /* its instructions: indices (when tail_ldg > 0)             */
+    int finish;                  /* the finisher: what the outermost guarded forward branch
+                                    after the hot loop that skips over the tail loop skips,
+                                    but the tail loop and rare code (STREAM up's `if (last)`:
+                                    the fold's passes, the SwiGLU epilogue): the warp that
+                                    completes a unit runs it, once a unit, not once a segment */
 } pm_sass;
 
 /* Read nvdisasm's text of the function named `function` (its `.text.NAME:` section) into s.

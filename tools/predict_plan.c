@@ -170,6 +170,7 @@ static json_t *result_json(const kernel_row *k) {
         json_object_set_new(h, "tail_ldg", json_integer(k->s.tail_ldg));
         json_object_set_new(h, "tail_bytes", json_integer(k->s.tail_bytes));
         json_object_set_new(h, "tail_insts", json_integer(k->s.tail_insts));
+        json_object_set_new(h, "finish", json_integer(k->s.finish));
         json_object_set_new(h, "found", json_boolean(k->s.found));
         json_object_set_new(o, "hot_loop", h);
         json_object_set_new(o, "outside", json_integer(k->s.outside));
