@@ -658,7 +658,8 @@ mj_status mj_experts_forward_out(mj_context_t ctx, mj_experts_t ex, mj_weight_mo
         MJ_CHECK(mj_launch_experts_quant(fq, dims[0], hidden, ex->scal, r.ids, r.permutation, B, num_valid, ex->mb,
                                          ex->n_local, ex->expert_begin, ex->xq, ex->xsf));
     }
-    MJ_CHECK(mj_launch_experts_up(fu, dims[1], hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->scal, r.expert_counts,
+    MJ_CHECK(mj_launch_experts_up(fu, dims[1], hidden, ex->xq, ex->xsf, ex->w13, ex->s13, ex->w2, ex->s2, ex->scal,
+                                  r.expert_counts,
                                   r.expert_offsets, r.active_experts, r.n_active, r.row_index, B, num_valid, ex->mb,
                                   ex->n_local, ex->expert_begin, n_slots, ex->act, ex->actq, ex->act_sf, ex->upart,
                                   ex->ucount, ex->sgate, ex->sgate_w));

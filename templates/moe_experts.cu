@@ -120,8 +120,9 @@ MJ_CONSTRAINT("PART != 3 || NW1 == 1", "experts_down has no up warps to choose: 
 #define SCAL 8
 
 /* A helper ptxas compiles as a function of its own (called, not inlined): code one block of a
- * launch runs (the shared expert's gate), kept out of the kernel's body; the performance model
- * (tools/predict.c) counts a subroutine of that kind once a launch, not once a warp. */
+ * launch runs (the shared expert's gate: *_once) or its first threads (up's prefetch: *_few),
+ * kept out of the kernel's body; the performance model (tools/predict.c) leaves a subroutine
+ * of those kinds out of a warp's count. */
 #ifdef __CUDACC_RTC__
 #define MJ_NOINLINE static __device__ __noinline__
 #else
@@ -918,36 +919,44 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
 #else
 #define UP_BOUNDS /* ptxas's own choice: a bound of 1 block would let it take more registers */
 #endif
-/* What up reads whatever the routing decides, the shared sub-experts' weights and scales (NSUB
- * after the n_local routed ones), brought into L2 before the grid dependence's wait: on sm_90+
- * this grid's blocks are resident while the kernels before it run (the routing, one block on
- * one SM: the memory idle), and a hint needs nothing they write. The grid's threads take the
- * lines in turn, each region's first from its first byte (every address inside it). */
-MJ_DEVICE void prefetch_region(const uint8_t *a, int n, int tid, int T) {
-    const int lead = (int)((unsigned long long)a & 127u), lines = (n + lead + 127) >> 7;
+/* What up and down read whatever the routing decides, the shared sub-experts' weights and
+ * scales (NSUB after the n_local routed ones), brought into L2 before the grid dependence's
+ * wait: on sm_90+ this grid's blocks are resident while the kernels before it run (the
+ * routing, one block on one SM: the memory idle), and a hint needs nothing they write. Four
+ * regions, each array's NSUB sub-experts, their 128-byte lines one list that the grid's
+ * threads take in turn, each region's first line from its first byte (every address inside
+ * it); thread tid of T calls it only where tid < PF_LINES (at least the list's lines), so most
+ * warps skip it. Ints: a grid of at most (I / 16) (E + NSUB) blocks of 256 threads, a region
+ * at most 2^21 lines (the knobs' ranges). */
+#define PF_LINES ((int)((NSUB * (W13_EXPERT + S13_EXPERT + W2_EXPERT + S2_EXPERT)) / 128 + 4))
+MJ_NOINLINE void prefetch_shared_few(const uint8_t *w13, const uint8_t *s13, const uint8_t *w2, const uint8_t *s2,
+                                     int n_local, int tid, int T) {
+    const uint8_t *a0 = w13 + n_local * W13_EXPERT, *a1 = s13 + n_local * S13_EXPERT;
+    const uint8_t *a2 = w2 + n_local * W2_EXPERT, *a3 = s2 + n_local * S2_EXPERT;
+    const int l0 = (int)((unsigned long long)a0 & 127u), l1 = (int)((unsigned long long)a1 & 127u);
+    const int l2 = (int)((unsigned long long)a2 & 127u), l3 = (int)((unsigned long long)a3 & 127u);
+    const int c1 = (int)((NSUB * W13_EXPERT + l0 + 127) >> 7), c2 = c1 + (int)((NSUB * S13_EXPERT + l1 + 127) >> 7);
+    const int c3 = c2 + (int)((NSUB * W2_EXPERT + l2 + 127) >> 7), c4 = c3 + (int)((NSUB * S2_EXPERT + l3 + 127) >> 7);
     MJ_NO_UNROLL
-    for (int i = tid; i < lines; i += T) mj_prefetch_l2(a + (128 * i > lead ? 128 * i - lead : 0));
-}
-MJ_DEVICE void prefetch_shared(const uint8_t *w13, const uint8_t *s13, int n_local) {
-    /* ints: a grid of at most (I / 16) (E + NSUB) blocks of 256 threads, an expert's lines
-     * at most 2^20 (the knobs' ranges) */
-    const int T = (int)(gridDim.x * gridDim.y * blockDim.x);
-    const int tid = (int)((blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x);
-    MJ_UNROLL
-    for (int j = 0; j < NSUB; j++) { /* an expert's bytes are fewer than 2^31 (knob ranges) */
-        prefetch_region(w13 + (n_local + j) * W13_EXPERT, (int)W13_EXPERT, tid, T);
-        prefetch_region(s13 + (n_local + j) * S13_EXPERT, (int)S13_EXPERT, tid, T);
+    for (int i = tid; i < c4; i += T) { /* line o of its region */
+        const uint8_t *a = i < c1 ? a0 : i < c2 ? a1 : i < c3 ? a2 : a3;
+        const int o = 128 * (i < c1 ? i : i < c2 ? i - c1 : i < c3 ? i - c2 : i - c3);
+        const int lead = i < c1 ? l0 : i < c2 ? l1 : i < c3 ? l2 : l3;
+        mj_prefetch_l2(a + (o > lead ? o - lead : 0));
     }
 }
 
 MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const uint8_t *xsf, const uint8_t *w13,
-                          const uint8_t *s13, const float *scal, const int32_t *counts,
+                          const uint8_t *s13, const uint8_t *w2, const uint8_t *s2, const float *scal, const int32_t *counts,
                           const int32_t *offsets, const int32_t *active, const int32_t *n_active,
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
                           int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf,
                           float *upart, uint32_t *ucount, const uint16_t *sgate, float *sgate_w) {
 #if PART == 0 || PART == 2
-    prefetch_shared(w13, s13, n_local); /* weights: nothing the grid before this one writes */
+    if (NSUB > 0) { /* weights: nothing the grid before this one writes */
+        const int tid = (int)((blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x);
+        if (tid < PF_LINES) prefetch_shared_few(w13, s13, w2, s2, n_local, tid, (int)(gridDim.x * gridDim.y * blockDim.x));
+    }
 #endif
     mj_grid_dep_wait(); /* before any other memory: the grid before this one has finished */
 #if PART == 0 || PART == 2 /* else an empty kernel: this specialization compiles another */

@@ -1097,19 +1097,21 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
                           "H=%d B=%d k0=%d mode %d: %llu bytes read, want %llu (%d active experts + shared, %lld each)", H,
                           B, k0, m, got, want, r.na, (long long)per);
                     /* before the routing's outputs are there, up prefetches into L2 every line
-                     * of the shared sub-experts' gate/up weights and scales, once, and nothing else */
+                     * of the shared sub-experts' weights and scales (gate/up and down), once,
+                     * and nothing else */
                     unsigned long long pf[3], lw[3] = {0, 0, 0};
                     mj_sim_prefetch_take(pf);
-                    for (int j = 0; j < 2 * v.nsub; j++) {
-                        const uintptr_t a = j < v.nsub ? (uintptr_t)(v.w13 + (int64_t)(v.n_local + j) * v.bytes_w13)
-                                                       : (uintptr_t)(v.s13 + (int64_t)(v.n_local + j - v.nsub) * v.bytes_s13);
-                        const uintptr_t n = (uintptr_t)(j < v.nsub ? v.bytes_w13 : v.bytes_s13);
+                    for (int j = 0; j < 4; j++) { /* each array's shared sub-experts, one region */
+                        uint8_t *const base[4] = {v.w13, v.s13, v.w2, v.s2};
+                        const int64_t size[4] = {v.bytes_w13, v.bytes_s13, v.bytes_w2, v.bytes_s2};
+                        const uintptr_t a = (uintptr_t)(base[j] + (int64_t)v.n_local * size[j]);
+                        const uintptr_t n = (uintptr_t)(v.nsub * size[j]);
                         for (uintptr_t line = a >> 7; line <= (a + n - 1) >> 7; line++)
                             lw[0]++, lw[1] += line, lw[2] += (unsigned long long)line * line;
                     }
                     CHECK(v.nsub == (hi == 2 ? 2 : 1) && pf[0] == lw[0] && pf[1] == lw[1] && pf[2] == lw[2],
                           "H=%d B=%d k0=%d mode %d: %llu L2 prefetches (line sums %llu, %llu), want %llu (%llu, %llu): the "
-                          "%d shared sub-experts' w13 and s13 lines, each once", H, B, k0, m, pf[0], pf[1], pf[2], lw[0],
+                          "%d shared sub-experts' w13, s13, w2 and s2 lines, each once", H, B, k0, m, pf[0], pf[1], pf[2], lw[0],
                           lw[1], lw[2], v.nsub);
                     if (!hi) {
                         CHECK_OK(mj_experts_forward(ctx, ex, mode, hidden, &ro, B, NULL, o2, NULL));

@@ -8,7 +8,7 @@
  *            iteration of a warp waits for in turn (chain x latency an iteration);
  *   issue    the busiest SM's schedulers: each warp's instructions (hot loop x iterations,
  *            plus what runs outside it, but for subroutines a warp does not run in the
- *            common case: a division's slow path, helpers named *_once), each pipe at its rate (the integer ALU at half a
+ *            common case: a division's slow path, helpers named *_once or *_few), each pipe at its rate (the integer ALU at half a
  *            warp-instruction a cycle before Blackwell, IMAD then on the FMA pipes with
  *            FP32 and packed half), or one warp's own dependent issue
  *            (warp_cpi cycles an instruction) when too few warps share a scheduler;
@@ -87,7 +87,8 @@ typedef struct label {
     int at;            /* the instruction that follows it                                     */
     int sub;           /* a subroutine's start ("$name:"): 1, 2 a libdevice slow path, 3 the
                           route kernel's dispatch, 4 its short dispatch, 5 a helper named
-                          *_once, 6 the route kernel's block_scores; 0 a branch label        */
+                          *_once or *_few, 6 the route kernel's block_scores; 0 a branch
+                          label                                                              */
 } label;
 
 static int op_is(const char *op, const char *base) {
@@ -157,7 +158,7 @@ static int parse_function(const char *text, const char *fn, inst **out, int *n_o
             const char *sn = s[0] == '$' ? strrchr(s, '$') + 1 : s;
             lab[nl].sub = s[0] != '$'                   ? 0
                           : strstr(sn, "slowpath")       ? 2
-                          : strstr(sn, "_once")          ? 5
+                          : strstr(sn, "_once") || strstr(sn, "_few") ? 5
                           : strstr(sn, "dispatch_small") ? 4
                           : strstr(sn, "dispatch")       ? 3
                           : strstr(sn, "block_scores")   ? 6
@@ -360,7 +361,7 @@ static int load_bytes(const char *op) {
     return 4;
 }
 
-/* Whether instruction i lies in a rare subroutine (a division's slow path, a *_once helper:
+/* Whether instruction i lies in a rare subroutine (a division's slow path, a *_once or *_few helper:
  * labels of kind 2 and 5, each closed by the next subroutine or the function's end). */
 static int in_rare(const label *lab, int nl, int n, int i) {
     for (int j = 0; j < nl; j++) {
@@ -435,8 +436,9 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
         s->outside = n;
     }
     /* Subroutines a warp does not run in the common case: a division's slow path (operands
-     * its fast path cannot take) and a helper named *_once (one block of a launch runs it:
-     * the shared expert's gate). Counted apart, not in a warp's instructions. */
+     * its fast path cannot take), a helper named *_once (one block of a launch runs it: the
+     * shared expert's gate) or *_few (the launch's first threads: up's prefetch of the shared
+     * experts, a line a thread). Counted apart, not in a warp's instructions. */
     for (int j = 0; j < nl; j++) {
         int dup = 0; /* two rare labels at one instruction: one span */
         for (int q = 0; q < j; q++) dup |= (lab[q].sub == 2 || lab[q].sub == 5) && lab[q].at == lab[j].at;

@@ -54,7 +54,8 @@ typedef struct pm_sass {
                                     rare subroutines                                          */
     int rare;                    /* subroutines a warp does not run in the common case, left
                                     out of outside: a division's slow path, a helper named
-                                    *_once (one block of a launch runs it)                    */
+                                    *_once (one block of a launch runs it) or *_few (its
+                                    first threads: up's prefetch, a line a thread)            */
     /* The tail loop: the innermost loop outside the hot one (and the rare subroutines) with
      * the most global loads (LDG), a reduction of what other warps stored (experts_up STREAM's
      * fold of a split tile, router_gemm's parts). What one iteration loads is what a lane has

@@ -307,6 +307,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k8.TPE = 8;
                 use_twin = mj_experts_specs(ctx, &k8, twin) == nx;
             }
+            double pf_window = 0, pf_down = 0; /* up's prefetch: the window's bytes, down's share */
             for (int32_t x = 0; x < nx; x++) {
                 const int part = nx - x == 3 ? 1 : nx - x == 2 ? 2 : 3;
                 const mj_launch_dims *d = &dims[part - 1];
@@ -320,13 +321,20 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     k->name = "experts_up";
                     k->l.blocks = (int64_t)(I / 16) * (int64_t)ceil(items), k->l.bytes = items * w13;
                     k->l.iters = mj_experts_up_steps(H, kx.NW1), k->l.inflight = 4 * 1024.0;
-                    /* the shared sub-experts' bytes, prefetched into L2 while the kernels
-                     * after the router GEMM run (the routing, W4A4's quantization: their
-                     * time past their launches, at the copy bandwidth); pm_predict counts it
-                     * where up is a programmatic dependent */
+                    /* the shared sub-experts' bytes (up's, then down's), prefetched into L2
+                     * by up's blocks while the kernels after the router GEMM run (the routing,
+                     * W4A4's quantization: their time past their launches, at the copy
+                     * bandwidth); pm_predict counts it where the kernel is a programmatic
+                     * dependent */
                     double window = 0;
                     for (int i = 1; i < nk - 1; i++) window += kr[i].r.predicted_us - pm_launch_us(&a, &kr[i].l);
-                    k->l.prefetched = fmin(nsub * w13, fmax(0.0, window) * pm_copy_gbps(gpu, &a) * 1e3);
+                    pf_window = fmax(0.0, window) * pm_copy_gbps(gpu, &a) * 1e3;
+                    k->l.prefetched = fmin(nsub * w13, pf_window);
+                    /* down's, after up's in the window, if up's reads from DRAM and all of them
+                     * fit in half the L2 (else counted as gone by the time down reads them) */
+                    const double up_dram = k->l.bytes - k->l.prefetched;
+                    pf_down = up_dram + nsub * (w13 + w2) <= 0.5 * gpu->l2_mb * 1e6
+                                  ? fmin(nsub * w2, pf_window - k->l.prefetched) : 0;
                     if (kx.STREAM) {
                         k->l.stream_unit = mj_experts_up_pieces(H, kx.NW1, 1);
                         k->l.stream_pieces = items * (I / 16) * k->l.stream_unit;
@@ -341,6 +349,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     }
                 } else {
                     k->name = "experts_down";
+                    k->l.prefetched = pf_down;
                     const int parts = (I / 64 + kx.DSTEPS - 1) / kx.DSTEPS;
                     k->l.blocks = (int64_t)d->grid[0] * d->grid[1], k->l.bytes = items * w2;
                     /* a block waits for its busiest warp: dealt by place (DEAL 1, the shared
