@@ -702,6 +702,13 @@ MJ_DEVICE void stream_cut(const int32_t *n_active, int n_slots, int W, int *base
     *base = P / W, *rem = P - *base * W;
 }
 MJ_DEVICE int run_start(int v, int base, int rem) { return v * base + (v < rem ? v : rem); }
+/* The warp whose run holds piece q: the first rem runs hold base + 1 pieces, the rest base (at
+ * least 1 where q lies past those: P >= W then). One division, where a walk back from the
+ * finisher took a step a run (at B 1 a tile spans some 20 runs). */
+MJ_DEVICE int run_of(int q, int base, int rem) {
+    const int long_end = rem * (base + 1);
+    return q < long_end ? q / (base + 1) : rem + (q - long_end) / base;
+}
 
 /* The SwiGLU of (token ci of the unit's rows, row r of tile t) from its gate and up sums: W4A16
  * the bf16 activation, W4A4 into the tile row hrow for up_requant. */
@@ -851,7 +858,7 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                 }
                 cs = cs == RING - 1u ? 0u : cs + 1u;
             }
-            int last = cs0 == 0 && cs1 == PIECES1, k = 0;
+            int last = cs0 == 0 && cs1 == PIECES1;
             if (!last) {
                 if (cs0 == 0) /* the running sum, at its last piece's place */
                     for (int i = 0; i < 4; i++) {
@@ -869,12 +876,6 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                 if (last) {
                     __syncwarp(0xFFFFFFFFu); /* lane 0's atomic before every lane's fence and loads */
                     __threadfence();
-                    /* the warp whose run holds the unit's first piece: its run ends where its sum lies */
-                    int fw = v;
-                    MJ_NO_UNROLL
-                    while (run_start(fw, base, rem) > ub) fw--;
-                    const int fe = run_start(fw + 1, base, rem) - ub;
-                    k = (fe < PIECES1 ? fe : PIECES1) - 1;
                 }
             }
             if (last) {
@@ -883,8 +884,11 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                 float *ts = (float *)(ring + 1024);
                 if (cs0 == 0 && cs1 == PIECES1)
                     for (int i = 0; i < 4; i++) ts[lane * 4 + i] = tot[0][i], ts[128 + lane * 4 + i] = tot[1][i];
-                else /* the first warp's sum, then the later pieces', in order */
-                    up_fold(upart, k, upart_row(&rs, c0, n_local), t, nc, ts, lane);
+                else { /* the first warp's sum, then the later pieces', in order: the warp whose
+                        * run holds the unit's first piece has its sum where that run ends */
+                    const int fe = run_start(run_of(ub, base, rem) + 1, base, rem) - ub;
+                    up_fold(upart, (fe < PIECES1 ? fe : PIECES1) - 1, upart_row(&rs, c0, n_local), t, nc, ts, lane);
+                }
                 __syncwarp(0xFFFFFFFFu);
                 MJ_NO_UNROLL
                 for (int i = 0; i < 4; i++) {
