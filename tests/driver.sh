@@ -973,7 +973,7 @@ expect_rc 2 "$MJ" bench --predict h300;         contains err "unknown GPU"
 if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   MOEJIT_LIBCUDA=/nonexistent/libcuda.so.1 expect_rc 0 "$MJ" bench --tp 8 --batch 1-32 \
     --bench-batch 1,8,32 --k0 8,4 --no-compile --no-sim --predict h200 --cache-dir "$T/predcache" -q --json
-  json_check 'j["target"] == "sm_90a" and j["predict"]["gpu"] == "h200" and [(r["B"], r["k0"]) for r in j["predict"]["rows"]] == [(b, k) for k in (8, 4) for b in (1, 8, 32)]'
+  json_check 'j["target"] == "sm_90a" and j["predict"]["gpu"] == "h200" and j["predict"]["active_from"] == "expected" and [(r["B"], r["k0"]) for r in j["predict"]["rows"]] == [(b, k) for k in (8, 4) for b in (1, 8, 32)]'
   json_check 'all(sorted(r["kernels"]) == ["experts_down", "experts_up", "oea_route", "router_gemm"] and r["mode"] == "W4A16" for r in j["predict"]["rows"])'
   json_check 'all(k["predicted_us"] >= k["floor_us"] > 0 and k["bound"] in ("memory", "issue", "latency", "waves") for r in j["predict"]["rows"] for k in list(r["kernels"].values()) + [r["layer"]])'
   json_check 'all(abs(r["layer"]["predicted_us"] - sum(k["predicted_us"] for k in r["kernels"].values())) < 1e-3 * r["layer"]["predicted_us"] and r["layer"]["of_floor"] >= 1 for r in j["predict"]["rows"])'
@@ -1098,6 +1098,12 @@ json_check 'j["gpu"]["cold_l2"] is True and j["gpu"]["l2_bytes"] == 128 << 20 an
 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --k0 4 --bench-batch 8 --no-sim
 contains out "cold L2: 256 MiB written before each timed call"
 expect_rc 0 "$MJ" bench --help; contains out "cold-L2"
+# With a GPU (the stub's) and --predict, the model runs after the GPU's tables and takes the
+# active experts the GPU's routing measured (the stub runs no kernel: 0, but the same ones)
+if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
+  MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --no-sim --json --predict rtx-pro-6000
+  json_check 'j["predict"]["active_from"] == "gpu" and [(r["B"], r["k0"], r["active"]) for r in j["predict"]["rows"]] == [(r["B"], r["k0"], r["active"]) for r in j["gpu"]["experts"] if r["mode"] == "W4A16"]'
+fi
 # An H200 (sm_90): the plan and the GPU runs for sm_90a, W4A4 left out and said so.
 MJ_STUB_CC=9.0 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --json --k0 4 --bench-batch 8 --no-sim
 json_check 'j["target"] == "sm_90a" and j["gpu"]["target"] == "sm_90a" and {r["mode"] for r in j["gpu"]["experts"]} == {"W4A16"}'

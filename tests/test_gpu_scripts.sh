@@ -120,6 +120,25 @@ summ test_route:pass test_nccl:skip bench:pass
 echo '{"gpu": null, "notes": ["no GPU"]}' >"$S/bench.json"
 summ test_route:pass bench:pass
 [ $? = 1 ] && grep -q "FAILED: bench" sum.log && ok || bad "summarize: a bench without GPU results on a GPU machine passed: $(cat sum.log)"
+# The model's predictions in bench.json (run.sh's bench --predict): beside the measured routing,
+# experts and layer (graph), measured / predicted, in summary.txt and results.json.
+cat >"$S/bench.json" <<'JSON'
+{"gpu": {"device": "X", "copy": {"gbps": 1}, "goals": {},
+  "routing": [{"what": "routing", "B": 1, "k0": 8, "us": 8.0}],
+  "experts": [{"what": "experts", "B": 1, "k0": 8, "mode": "W4A16", "us": 15.0, "of_copy": 0.5, "active": 8.0}],
+  "layer": [{"what": "layer", "B": 1, "k0": 8, "mode": "W4A16", "us": 30.0, "of_copy": 0.3},
+            {"what": "layer_graph", "B": 1, "k0": 8, "mode": "W4A16", "us": 25.0, "of_copy": 0.4}]},
+ "predict": {"gpu": "h200", "active_from": "gpu", "rows": [{"B": 1, "k0": 8, "mode": "W4A16", "active": 8.0,
+  "kernels": {"router_gemm": {"predicted_us": 3.0, "bound": "waves"}, "oea_route": {"predicted_us": 1.0, "bound": "waves"},
+              "experts_up": {"predicted_us": 6.0, "bound": "issue"}, "experts_down": {"predicted_us": 4.0, "bound": "issue"}},
+  "layer": {"predicted_us": 20.0}}]}}
+JSON
+summ test_route:pass bench:pass torch:skip
+[ $? = 0 ] && grep -q "bench --predict h200, active experts from the gpu" sum.log &&
+    grep -Eq "^ +1 +8 +8.0 / 4.0 \(2.00\) +15.0 / 10.0 \(1.50\) +25.0 / 20.0 \(1.25\)$" sum.log && ok ||
+    bad "summarize: the model beside the measurements: $(cat sum.log)"
+python3 -c "import json,sys; m=json.load(open(sys.argv[1]))['model']; r=m['rows'][0]; sys.exit(0 if m['gpu'] == 'h200' and r['experts']['measured_over_predicted'] == 1.5 and r['layer']['predicted_us'] == 20.0 and r['active_measured'] == 8.0 else 1)" \
+    "$S/results.json" && ok || bad "summarize: results.json's model: $(cat "$S/results.json")"
 rm "$S/torch.json"
 summ test_route:pass torch:skip
 [ $? = 1 ] && grep -q "FAILED: torch" sum.log && ok || bad "summarize: a torch skip without a reason on a GPU machine passed: $(cat sum.log)"

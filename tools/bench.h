@@ -40,8 +40,9 @@ typedef struct bench {
     int64_t gate_bytes;           /* the router's weight, E x H bf16                          */
     json_t *root;
     FILE *txt;                    /* stdout, or NULL with --json                              */
-    int32_t active[BENCH_MAX_LIST * BENCH_MAX_LIST]; /* [k0][B]: active experts the          */
-    int have_active;              /* interpreter saw                                          */
+    double active[BENCH_MAX_LIST * BENCH_MAX_LIST]; /* [k0][B]: active experts the           */
+    int have_active;              /* interpreter saw (1), or the GPU's routing (2: the mean of
+                                     its sets, which --predict then takes)                    */
 } bench;
 
 /* The sections, in the order they run; each 0, or the exit code after the error line. */

@@ -460,9 +460,11 @@ static mj_status experts_table(gpu *g, report *rep, double copy_gbps) {
                 json_t *r = report_row(b, rep->experts, "experts", "experts", a->bb[i], a->k0s[ki],
                                        bench_mode_name(mode), us, bytes, copy_gbps);
                 json_object_set_new(r, "active", json_real(active));
+                if (!m) b->active[ki * a->n_bb + i] = active; /* --predict's, after this section */
             }
     }
     mj_experts_free(g->ex), g->ex = NULL;
+    b->have_active = 2; /* every (k0, B): --predict takes the GPU's active experts */
     return MJ_OK;
 }
 

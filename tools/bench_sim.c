@@ -192,7 +192,7 @@ static mj_status run_sim(sim *s, const char *arch, json_t *launch_rows, json_t *
             unsigned long long read;
             int32_t na;
             if ((st = measure_bytes(s, a->bb[i], &read, &na)) != MJ_OK) return st;
-            b->active[ki * a->n_bb + i] = na;
+            b->active[ki * a->n_bb + i] = (double)na;
             report_bytes_row(b, byte_rows, a->bb[i], a->k0s[ki], na, read, s->per_sim);
         }
     }

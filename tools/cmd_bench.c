@@ -77,8 +77,9 @@ static const tool_opt k_opts[] = {
      .help = "also the performance model (no GPU needed): each kernel of a forward\n"
              "compiled for GPU's target (unless --arch), its SASS's hot loop, its\n"
              "launch and occupancy, predicted us with its bound (memory, issue,\n"
-             "latency, waves), and the layer against its floor, for each B x k0\n"
-             "(GPU: {gpus})"},
+             "latency, waves), and the layer against its floor, for each B x k0,\n"
+             "at the active experts the GPU's routing measured (with a GPU), else\n"
+             "the interpreter's, else the expected number (GPU: {gpus})"},
     TOOL_SHARED(TOOL_OPT_CACHE_DIR, "of the interpreter and GPU runs (cold compiles use temporary ones)"),
     {.name = "json", .id = OPT_JSON, .help = "one JSON object on stdout (progress on stderr)"},
     TOOL_SHARED(TOOL_OPT_QUIET, NULL),
@@ -400,12 +401,15 @@ int cmd_bench(int argc, char **argv) {
     } else if ((rc = bench_sim(&b, arch))) {
         goto out;
     }
-    if (a.predict) { /* the performance model (tools/predict_plan.c) */
+    /* The GPU first, so that the performance model (tools/predict_plan.c) takes the active
+     * experts its routing measured, and its rows stand beside those it predicts. */
+    if (have_gpu && (rc = bench_gpu(&b))) goto out;
+    if (a.predict) {
         tool_predict_in pi = {&b.cfg, b.i_local, b.nsub, (double)b.per_expert, (double)b.gate_bytes, arch, a.predict,
-                              a.cache_dir, a.mode, a.bb, a.k0s, a.n_bb, a.n_k0, b.have_active ? b.active : NULL};
+                              a.cache_dir, a.mode, a.bb, a.k0s, a.n_bb, a.n_k0, b.have_active ? b.active : NULL,
+                              b.have_active == 2 ? "gpu" : b.have_active ? "interpreter" : "expected"};
         if ((rc = tool_predict_plan(&pi, b.root, b.txt))) goto out;
     }
-    if (have_gpu && (rc = bench_gpu(&b))) goto out;
 out:
     if (a.json && !rc) {
         char *s = json_dumps(b.root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));

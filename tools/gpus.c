@@ -20,11 +20,13 @@
  *     not published for sm_100).
  *   copy bandwidth: measured only on the H200 (bench/results/2026-12-04-h200-*: 4189 GB/s,
  *     0.87 of peak); others get pm_assume's copy_fraction of the peak.
- *   L2 cache: the architecture whitepapers (GH100: 50 MB; GA100: 40 MB; AD102 parts: 96 MB on the
- *     L40S, 72 MB on the 4090; GB202: 128 MB whole on the RTX PRO 6000, 96 MB on the 5090);
- *     B200's 126 MB as measured by Chips and Cheese ("Nvidia's B200: Keeping the CUDA Juggernaut
- *     Rolling", 2025); GB10's is not published: 24 MB assumed. The model uses it only to tell
- *     whether what up prefetched for down can still be in L2 when down runs.
+ *   L2 cache: the architecture whitepapers (H100 SXM: 50 MB; A100: 40 MB; AD102 parts: 96 MB on
+ *     the L40S, 72 MB on the 4090; GB202: 128 MB whole on the RTX PRO 6000, 96 MB on the 5090);
+ *     the H200's 60 MiB as its CUDA driver reported it in our run of 2026-12-04
+ *     (bench/results/2026-12-04-h200-by-id, gpu.l2_bytes); B200's 126 MB as measured by Chips
+ *     and Cheese ("Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025); GB10's is not
+ *     published: 24 MB assumed. The model uses it only to tell whether what up prefetched for
+ *     down can still be in L2 when down runs.
  *   DRAM latency of a dependent load, with the GPU busy: assumed. Pointer-chasing
  *     microbenchmarks published for Volta to Hopper put an idle HBM access at roughly
  *     450-600 ns; the H200's down kernel (a dependent chain per expert) measured ~2.8 µs per
@@ -36,7 +38,7 @@
 #include <string.h>
 
 static const tool_gpu k_gpus[] = {
-    /* name, desc, peak GB/s, arch, SMs, MHz, copy, int, lat ns, regs, smem, warps, blocks, L2 MB */
+    /* name, desc, peak GB/s, arch, SMs, MHz, copy, int, lat ns, regs, smem, warps, blocks, L2 MiB */
     {"rtx-pro-6000", "RTX PRO 6000 Blackwell (sm_120, 96 GB GDDR7)", 1792.0, "sm_120a", 188, 2617, 0, 1.0, 700,
      65536, 100 * 1024, 48, 24, 128},
     {"rtx-5090", "GeForce RTX 5090 (sm_120, 32 GB GDDR7)", 1792.0, "sm_120a", 170, 2407, 0, 1.0, 700, 65536,
@@ -46,7 +48,7 @@ static const tool_gpu k_gpus[] = {
     {"b200", "B200 (sm_100, 180 GB HBM3e)", 8000.0, "sm_100a", 148, 1965, 0, 0.5, 600, 65536, 228 * 1024, 64, 32,
      126},
     {"h200", "H200 SXM (sm_90, 141 GB HBM3e)", 4800.0, "sm_90a", 132, 1980, 4189.0, 0.5, 600, 65536, 228 * 1024, 64,
-     32, 50},
+     32, 60},
     {"h100", "H100 SXM (sm_90, 80 GB HBM3)", 3352.0, "sm_90a", 132, 1980, 0, 0.5, 600, 65536, 228 * 1024, 64, 32, 50},
     {"a100", "A100 SXM 80 GB (sm_80, HBM2e)", 2039.0, "sm_80", 108, 1410, 0, 0.5, 600, 65536, 164 * 1024, 64, 32, 40},
     {"l40s", "L40S (sm_89, 48 GB GDDR6)", 864.0, "sm_89", 142, 2520, 0, 0.5, 700, 65536, 100 * 1024, 48, 24, 96},

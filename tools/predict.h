@@ -232,7 +232,8 @@ typedef struct tool_predict_in {
     const char *mode;              /* --mode's text, NULL: the target's policy                */
     const int32_t *bb, *k0s;       /* --bench-batch, --k0                                     */
     int n_bb, n_k0;
-    const int32_t *active;         /* [n_k0][n_bb], or NULL                                   */
+    const double *active;          /* [n_k0][n_bb], or NULL                                   */
+    const char *active_from;       /* where active came from ("the interpreter", "the GPU")   */
 } tool_predict_in;
 /* The model of every (B, k0) into root["predict"] and, when txt is not NULL, a table. 0, or 1
  * after the error line (a kernel that does not compile, no nvdisasm). */

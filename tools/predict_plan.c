@@ -221,6 +221,9 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
     json_object_set_new(ja, "sms", json_integer(gpu->sms));
     json_object_set_new(jp, "assumptions", ja);
     json_object_set_new(jp, "rows", rows);
+    /* where each row's active experts come from: the GPU's routing (a bench on a GPU), the
+     * interpreter's, or the expected number */
+    json_object_set_new(jp, "active_from", json_string(in->active_from ? in->active_from : "expected"));
     if (!in->active)
         json_array_append_new(json_object_get(root, "notes"),
                               json_string("--predict without the interpreter: active experts are the expected number "
@@ -333,7 +336,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     /* down's, after up's in the window, if up's reads from DRAM and all of them
                      * fit in half the L2 (else counted as gone by the time down reads them) */
                     const double up_dram = k->l.bytes - k->l.prefetched;
-                    pf_down = up_dram + nsub * (w13 + w2) <= 0.5 * gpu->l2_mb * 1e6
+                    pf_down = up_dram + nsub * (w13 + w2) <= 0.5 * gpu->l2_mib * 1048576.0
                                   ? fmin(nsub * w2, pf_window - k->l.prefetched) : 0;
                     if (kx.STREAM) {
                         k->l.stream_unit = mj_experts_up_pieces(H, kx.NW1, 1);

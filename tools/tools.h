@@ -63,7 +63,7 @@ typedef struct tool_gpu {
     double lat_ns;             /* assumed DRAM latency of a dependent load, loaded GPU      */
     int regs_sm, smem_sm;      /* registers and shared memory (bytes) for blocks, per SM   */
     int warps_sm, blocks_sm;   /* resident warps and blocks per SM at most                 */
-    double l2_mb;              /* L2 cache, MB                                             */
+    double l2_mib;             /* L2 cache, MiB (as cudaDevAttrL2CacheSize reports it)     */
 } tool_gpu;
 const tool_gpu *tool_gpu_find(const char *name);
 const char *tool_gpu_names(void);

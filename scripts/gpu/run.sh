@@ -20,7 +20,9 @@
 #                 sanitizer supports the device (it refuses it under gVisor: recorded so)
 #   checkpoint    moejit make-checkpoint: GLM-5's MoE layer with experts of 256 rows (a TP-8
 #                 rank's shapes), 256 experts
-#   bench         moejit bench --json on that checkpoint (one rank holds it)
+#   bench         moejit bench --json on that checkpoint (one rank holds it), with the performance
+#                 model of the GPU nvidia-smi names (--predict h200, h100, ...: its predictions
+#                 at the active experts this GPU's routing measured, in the same bench.json)
 #   bench_nopdl   the same at B 1, 8, 32 and k0 8 with MOEJIT_PDL=0 (plain launches):
 #                 bench_nopdl.json, what programmatic dependent launch saves (the model
 #                 assumes pdl_launch_us)
@@ -130,6 +132,24 @@ step() {
 }
 
 GLM="--config $B/data/glm5_config.json --quant $B/data/hf_quant_config.json"
+# The performance model's name for this GPU (tools/gpus.c), from nvidia-smi's: bench --predict.
+predict_gpu() {
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)" in
+    *H200*) echo h200 ;;
+    *H100*) echo h100 ;;
+    *B200*) echo b200 ;;
+    *A100*) echo a100 ;;
+    *L40S*) echo l40s ;;
+    *"RTX PRO 6000"*) echo rtx-pro-6000 ;;
+    *5090*) echo rtx-5090 ;;
+    *4090*) echo rtx-4090 ;;
+    esac
+}
+# (It reads the kernels' SASS: only where nvdisasm is, so that the bench's measurements never
+# depend on it.)
+PRED=$([ "$DRY" = 1 ] && echo h200 || predict_gpu)
+if ! command -v nvdisasm >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvdisasm ] && [ "$DRY" = 0 ]; then PRED=; fi
+PREDICT=${PRED:+--predict $PRED}
 if [ "$GPU" = 1 ] || [ "$DRY" = 1 ]; then
     [ "$DRY" = 1 ] && echo "run.sh --dry-run: the steps on a GPU (name, time limit, command); budget ${BUDGET}s"
     step device 30 nvidia-smi
@@ -148,7 +168,7 @@ if [ "$GPU" = 1 ] || [ "$DRY" = 1 ]; then
     fi
     step checkpoint 240 "$B/bin/moejit" make-checkpoint $GLM --out "$WORK/ck" --seed 1 --intermediate 256
     step bench 240 sh -c "\"$B/bin/moejit\" bench --checkpoint \"$WORK/ck\" --json --reps 1 --no-sim --iters 50 \
-        --cache-dir \"$WORK/cache\" >\"$WORK/bench.json\""
+        $PREDICT --cache-dir \"$WORK/cache\" >\"$WORK/bench.json\""
     step bench_nopdl 120 sh -c "MOEJIT_PDL=0 \"$B/bin/moejit\" bench --checkpoint \"$WORK/ck\" --json --reps 1 --no-sim \
         --no-compile --bench-batch 1,8,32 --k0 8 --iters 50 -q --cache-dir \"$WORK/cache\" >\"$WORK/bench_nopdl.json\""
     step torch 200 python3 "$B/torch_baseline.py" --checkpoint "$WORK/ck" --moejit "$B/bin/moejit" \

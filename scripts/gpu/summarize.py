@@ -19,6 +19,40 @@ def load(path):
         return {"error": "%s: %s" % (path, e)} if os.path.exists(path) else None
 
 
+def model_rows(bench):
+    """The performance model (bench --predict, in bench.json when run.sh named the GPU) beside
+    what the GPU measured, at each (B, k0) of both, W4A16: the routing (router GEMM and
+    oea_route), the experts (quant, up, down) and the layer (its graph replay against the
+    model's kernels one after another, each with its launch), in us, and measured / predicted."""
+    g, p = bench.get("gpu") or {}, bench.get("predict") or {}
+    if not g or not p.get("rows"):
+        return []
+
+    def meas(table, key, what=None):
+        for r in g.get(table, []):
+            if (r["B"], r["k0"]) == key and (what is None or r.get("what") == what) and r.get("mode", "W4A16") == "W4A16":
+                return r
+        return None
+
+    out = []
+    for r in p["rows"]:
+        if r.get("mode") != "W4A16":
+            continue
+        key, k = (r["B"], r["k0"]), r["kernels"]
+        pred = {"routing": sum(k[n]["predicted_us"] for n in ("router_gemm", "oea_route") if n in k),
+                "experts": sum(v["predicted_us"] for n, v in k.items() if n.startswith("experts")),
+                "layer": r["layer"]["predicted_us"]}
+        got = {"routing": meas("routing", key), "experts": meas("experts", key),
+               "layer": meas("layer", key, "layer_graph")}
+        row = {"B": key[0], "k0": key[1], "active_measured": (got["experts"] or {}).get("active"),
+               "active_model": r.get("active"), "bounds": {n: v["bound"] for n, v in k.items()}}
+        for n in pred:
+            m = got[n]["us"] if got[n] else None
+            row[n] = {"measured_us": m, "predicted_us": pred[n], "measured_over_predicted": m / pred[n] if m else None}
+        out.append(row)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", required=True)
@@ -58,6 +92,10 @@ def main():
         res["device"] = bench["gpu"].get("device")
     if torch:
         res["torch_check"] = torch.get("check")
+    model = model_rows(bench) if isinstance(bench, dict) else []
+    if model:
+        res["model"] = {"gpu": bench["predict"].get("gpu"), "active_from": bench["predict"].get("active_from"),
+                        "rows": model}
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
 
@@ -92,6 +130,16 @@ def main():
         goals = g.get("goals", {})
         for k, v in goals.items():
             lines.append("goal %s: %s (%s)" % (k, "met" if v.get("met") else "NOT met", v.get("goal")))
+    if model:
+        lines.append("the performance model (bench --predict %s, active experts from the %s) against the GPU, W4A16, "
+                     "us measured / predicted (ratio)" % (res["model"]["gpu"], res["model"]["active_from"]))
+        lines.append("%4s %3s %22s %22s %22s" % ("B", "k0", "routing", "experts", "layer (graph)"))
+        for r in model:
+            def mp(c):
+                if c["measured_us"] is None:
+                    return "%22s" % ("- / %.1f" % c["predicted_us"])
+                return "%22s" % ("%.1f / %.1f (%.2f)" % (c["measured_us"], c["predicted_us"], c["measured_over_predicted"]))
+            lines.append("%4d %3d %s %s %s" % (r["B"], r["k0"], mp(r["routing"]), mp(r["experts"]), mp(r["layer"])))
     if torch and torch.get("check"):
         c = torch["check"]
         lines.append("torch vs moejit output: %s" % json.dumps(c)[:300])
