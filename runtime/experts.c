@@ -392,7 +392,7 @@ static int32_t pow2_at_least(int32_t v) {
  * groups (SUMS_SMEM: TPE > 16). */
 #define UP_RING (5 * 1024 + 2 * 512)
 #define DOWN_RING(dsteps, tpe) (MJ_EXPERTS_DRING * MJ_EXPERTS_DSLOT(dsteps, tpe))
-#define QUANT_VALUES (16 / MJ_EXPERTS_QG * MJ_EXPERTS_QT * (uint32_t)sizeof(float))
+#define QUANT_VALUES(qg) (16 / (uint32_t)(qg) * MJ_EXPERTS_QT * (uint32_t)sizeof(float))
 
 /* Up's: each warp's ring, and with the sums in shared memory each warp's (TPE * 128 bytes)
  * and the chunk's source rows. */
@@ -438,6 +438,10 @@ void mj_experts_knobs(int32_t H, int32_t I, int32_t K, int32_t nsub, mj_weight_m
      * SM where blocks of 2 took 12 of 77 (the 80th register spilled). */
     k.STREAM = 0;
     if (k.TPE == 8) k.NW1 = 1, k.STREAM = 1;
+    /* W4A4's experts_quant: 8 threads a 16-value group at TPE 8 (a few tokens' rows leave most
+     * SMs idle, and a thread's chain of IEEE divisions sets the pace: 2 values each), 2 past it
+     * (the groups fill the GPU, and each thread repeats the group's scale) */
+    k.QG = k.MODE && k.TPE == 8 ? 8 : 2;
     /* Down: an item of 4 k-steps (a whole scale run); past TPE 8 on targets whose SMs have
      * about 100 KiB of shared memory (sm_120a, sm_121a, sm_86, sm_89), items of 2, which
      * halve the rings (a warp's 7 KiB to 4 KiB): with the larger token tiles' sums, 4 warps
@@ -499,13 +503,14 @@ void mj_experts_plan(mj_experts_t ex, mj_weight_mode mode, int32_t B, mj_knobs_m
 /* On a GPU each kernel is a specialization of its own (templates/moe_experts.cu, PART): a
  * cold compile is one kernel's, and W4A16 never compiles experts_quant. The knobs a kernel
  * does not read are pinned, so specs that differ only in them share one compile (W4A4's
- * experts_quant serves every TPE). The interpreter builds them all at once (PART 0). */
+ * experts_quant serves every TPE past 8, its QG 2; TPE 8's has QG 8). The interpreter builds
+ * them all at once (PART 0). */
 static mj_knobs_moe_experts part_knobs(const mj_knobs_moe_experts *k, int32_t part) {
     mj_knobs_moe_experts p = *k;
     p.PART = part;
     if (part == 1) p.TPE = 8, p.NW1 = 1, p.NW2 = 1, p.DSTEPS = 4, p.STREAM = 0, p.DEAL = 0;
-    if (part == 2) p.NW2 = 1, p.DSTEPS = 4, p.DEAL = 0;
-    if (part == 3) p.STREAM = 0;
+    if (part == 2) p.NW2 = 1, p.DSTEPS = 4, p.DEAL = 0, p.QG = 2;
+    if (part == 3) p.STREAM = 0, p.QG = 2;
     if (part == 3) p.NW1 = 1;
     return p;
 }
@@ -603,9 +608,9 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
 
 void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, int32_t up_blocks, void *stream,
                      mj_launch_dims dims[3]) {
-    const uint32_t qgroups = MJ_EXPERTS_QT / MJ_EXPERTS_QG; /* 16-value groups an experts_quant block */
+    const uint32_t qgroups = MJ_EXPERTS_QT / (uint32_t)k->QG; /* 16-value groups an experts_quant block */
     const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, (uint32_t)((k->H / 16 + qgroups - 1) / qgroups)},
-                              {MJ_EXPERTS_QT, 1, 1}, QUANT_VALUES, stream};
+                              {MJ_EXPERTS_QT, 1, 1}, QUANT_VALUES(k->QG), stream};
     const mj_launch_dims u = {{k->STREAM ? (uint32_t)up_blocks : (uint32_t)(k->I / 16),
                                k->STREAM ? 1u : (uint32_t)(n_slots + k->NSUB), 1},
                               {(uint32_t)k->NW1 * 32, 1, 1},

@@ -71,7 +71,6 @@ static inline int32_t mj_experts_up_blocks_sm(int sm, int32_t regs, int64_t smem
  * split tiles over blocks and runs over tiles. */
 #define MJ_EXPERTS_SIM_SMS 1
 #define MJ_EXPERTS_QT 64 /* experts_quant's threads a block, the template's QT */
-#define MJ_EXPERTS_QG 2  /* experts_quant's threads a 16-value group, the template's QG */
 typedef struct mj_experts_view {
     int32_t H, I, K, E, n_local, expert_begin, nsub, mb;
     int64_t bytes_w13, bytes_s13, bytes_w2, bytes_s2; /* one packed expert */

@@ -79,12 +79,14 @@ MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's
 MJ_KNOB_SET(STREAM, int, "0 1", "1: up's blocks (the grid the GPU holds at once) each take an even run of the list of the tiles' pieces of H (TPE 8: one chunk a tile); a tile's pieces over several blocks meet in the workspace, and the last block to finish adds their sums in block order")
 MJ_KNOB_SET(DSTEPS, int, "2 4", "k-steps of w2 an item of down brings: 4 (a scale run), or 2 (half the ring's shared memory, so more blocks fit an SM)")
 MJ_KNOB_SET(DEAL, int, "0 1", "down's experts to its warps: 0 by id, each warp's sums its own, added in warp order; 1 by place in the active list (even shares), each (token, expert) a slot of the block's tile, added in slot order")
+MJ_KNOB_SET(QG, int, "2 4 8", "experts_quant's threads a 16-value group: 2 (8 values a thread), 4 or 8 (fewer values a thread: a shorter chain where few tokens leave SMs idle; each thread repeats the group's scale)")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
 MJ_CONSTRAINT("NW2 * (TPE * 64 * ((TPE > 8 && I > 64 * DSTEPS) + 1 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DEAL == 0", "only experts_down reads DEAL: 0 elsewhere")
+MJ_CONSTRAINT("PART == 0 || PART == 1 || QG == 2", "only experts_quant reads QG: 2 elsewhere")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
 MJ_CONSTRAINT("PART != 2 || NW2 == 1", "experts_up has no down warps to choose: NW2 1")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DSTEPS == 4", "only experts_down reads DSTEPS: 4 elsewhere")
@@ -346,32 +348,36 @@ MJ_DEVICE void fp4_bfrag(const uint8_t *xq, const uint8_t *xsf, long long src, i
 }
 
 /* ---- experts_quant (W4A4) --------------------------------------------------------------------
- * grid (B, K + 1, ceil(H / 16 / (QT / QG))), block QT, dynamic shared memory QT x 32 bytes:
- * block (b, j, c) quantizes the c-th QT / QG 16-element groups of token b's hidden row for
- * its j-th expert (j < K: with that expert's input scale, into its route row, if the expert
- * is held here) or, j = K, for the shared experts (row MB K + b). Two threads a group (QG), 8
- * values each (each value's quantization is a chain of an IEEE division and a conversion), so
- * even one token's K + 1 rows spread over many SMs and a thread's chain is half a group's:
- * the pair's largest magnitude meets by one shuffle (a max: exact, in any order), then each
- * thread codes its 8 values into the group's word it owns, with quant16's arithmetic. By the
- * model 4 threads a group take B 1 from 2.3 to 1.7 us on the RTX PRO 6000 but B 32 from 3.2
- * to 3.9 (each repeats the group's scale), and W4A4 runs past 8 tokens by default. */
+ * grid (B, K + 1, ceil(H / 16 / (QT / QG))), block QT, dynamic shared memory QT x 16 / QG
+ * floats: block (b, j, c) quantizes the c-th QT / QG 16-element groups of token b's hidden
+ * row for its j-th expert (j < K: with that expert's input scale, into its route row, if the
+ * expert is held here) or, j = K, for the shared experts (row MB K + b). QG threads a group
+ * (QV = 16 / QG values each: each value's quantization is a chain of an IEEE division and a
+ * conversion), so even one token's K + 1 rows spread over many SMs and a thread's chain is a
+ * QG-th of a group's: the group's largest magnitude meets by log2(QG) shuffles (a max: exact,
+ * in any order), each thread codes its values with quant16's arithmetic into its nibbles of
+ * the group's word (w0: the first 8 values, w1: the last 8), and the QG / 2 threads of a word
+ * OR their parts together. More threads a group repeat its scale's chain each: QG 2 where the
+ * tokens fill the GPU (by the model 4 took B 32 from 3.2 to 3.9 us on the RTX PRO 6000), 8 at
+ * TPE 8 (runtime/experts.c). */
 #define QT 64
-#define QG 2 /* threads a group: runtime/experts.h's MJ_EXPERTS_QG */
-#if QG != 2
-#error "experts_quant codes one of quant16's two words a thread"
-#endif
+#define QV (16 / QG) /* values a thread */
 
-/* The group's scale byte and the codes of the lane's 8 values of it (v, stride apart; the
- * other 8 held by the lane xor 1, which every lane of the warp calls this with): quant16's
- * scale byte and its word w0 (the group's first 8 values) or w1 (its last 8). */
-MJ_DEVICE uint32_t quant_half(const float *v, int stride, float gs, uint32_t *w) {
-    float amax = quant_amax(v, stride, 8);
-    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, 1);
-    amax = o > amax ? o : amax;
+/* The group's scale byte and the word (w0 or w1 of quant16) holding the lane's QV values of
+ * it, v stride apart (the group's other values held by its other QG - 1 lanes, every lane of
+ * the warp calling this): lane h of the group holds values h QV .. h QV + QV - 1. */
+MJ_DEVICE uint32_t quant_part(const float *v, int stride, float gs, int h, uint32_t *w) {
+    float amax = quant_amax(v, stride, QV);
+    for (int m = 1; m < QG; m <<= 1) {
+        const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, m);
+        amax = o > amax ? o : amax;
+    }
     const uint32_t sf = mj_cvt_e4m3(gs * amax / 6.0f);
-    uint32_t none;
-    quant_codes(v, stride, 8, gs, mj_e4m3_dec_c(sf), w, &none);
+    uint32_t lo, none;
+    quant_codes(v, stride, QV, gs, mj_e4m3_dec_c(sf), &lo, &none);
+    uint32_t word = lo << (4 * ((h * QV) % 8)); /* its nibbles of its word */
+    for (int m = 1; m < QG / 2; m <<= 1) word |= (uint32_t)__shfl_xor_sync(0xFFFFFFFFu, word, m);
+    *w = word;
     return sf;
 }
 
@@ -380,7 +386,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
                              uint8_t *xq, uint8_t *xsf) {
     mj_grid_dep_wait(); /* before any memory: the grid before this one has finished */
 #if PART == 0 || PART == 1 /* else an empty kernel: this specialization compiles another */
-    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant_half reads: [8][QT threads] */
+    MJ_DYNAMIC_SHARED(float, vbuf); /* the values quant_part reads: [QV][QT threads] */
     const int b = (int)blockIdx.x, j = (int)blockIdx.y;
     if (MODE == 0 || b >= valid_tokens(num_valid, B)) return; /* W4A16 never launches it */
     const uint16_t *xr = x + (long long)b * H;
@@ -397,19 +403,19 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
             row = mb * K + b;
         }
         const float gs = scal[xi * SCAL + 4];
-        const int h = (int)threadIdx.x % QG; /* the lane's half of its group */
+        const int h = (int)threadIdx.x % QG; /* the lane's part of its group */
         /* the block's groups, QT / QG at a time: every lane takes part in each round (the
          * pair's shuffle), those past the row's groups on zeros, writing nothing */
         for (int g0 = (int)blockIdx.z * (QT / QG); g0 < H / 16; g0 += (int)gridDim.z * (QT / QG)) {
             const int grp = g0 + (int)threadIdx.x / QG, live = grp < H / 16;
-            float *v = vbuf + threadIdx.x; /* this thread's 8 values, QT floats apart */
-            for (int i = 0; i < 8; i++)
-                v[i * QT] = live ? mj_f32_from_bits((uint32_t)xr[grp * 16 + h * 8 + i] << 16) : 0.0f;
+            float *v = vbuf + threadIdx.x; /* this thread's QV values, QT floats apart */
+            for (int i = 0; i < QV; i++)
+                v[i * QT] = live ? mj_f32_from_bits((uint32_t)xr[grp * 16 + h * QV + i] << 16) : 0.0f;
             uint32_t w;
-            const uint32_t sf = quant_half(v, QT, gs, &w);
+            const uint32_t sf = quant_part(v, QT, gs, h, &w);
             if (!live) continue;
             if (h == 0) xsf[(long long)row * (H / 16) + grp] = (uint8_t)sf;
-            *q16_word(xq + (long long)row * (H / 2), grp, h) = w;
+            if (h % (QG / 2) == 0) *q16_word(xq + (long long)row * (H / 2), grp, h / (QG / 2)) = w;
         }
     }
 #endif
@@ -932,7 +938,8 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
  * it); thread tid of T calls it only where tid < PF_LINES (at least the list's lines), so most
  * warps skip it. Ints: a grid of at most (I / 16) (E + NSUB) blocks of 256 threads, a region
  * at most 2^21 lines (the knobs' ranges). */
-#define PF_LINES ((int)((NSUB * (W13_EXPERT + S13_EXPERT + W2_EXPERT + S2_EXPERT)) / 128 + 4))
+#define PF_LINES ((int)((NSUB * (W13_EXPERT + S13_EXPERT + W2_EXPERT + S2_EXPERT)) / 128 + 8)) /* each region's
+                                                          * bytes / 128 and 2 lines more, at least */
 MJ_NOINLINE void prefetch_shared_few(const uint8_t *w13, const uint8_t *s13, const uint8_t *w2, const uint8_t *s2,
                                      int n_local, int tid, int T) {
     const uint8_t *a0 = w13 + n_local * W13_EXPERT, *a1 = s13 + n_local * S13_EXPERT;

@@ -536,7 +536,8 @@ static inline void test_stub_log_end(void) {
 /* experts_silu's kernel: moe_experts at its smallest shape with PART 0, the build where every
  * kernel has its body (a forward never builds it on a GPU). */
 static inline mj_status test_silu_kernel(mj_context_t ctx, const mj_function **f) {
-    const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0, 1, 4}; /* MODE H I K TPE NW1 NW2 NSUB PART STREAM DSTEPS */
+    /* MODE H I K TPE NW1 NW2 NSUB PART STREAM DSTEPS DEAL QG */
+    const int32_t kn[MJ_MAX_KNOBS] = {0, 64, 64, 1, 8, 1, 1, 0, 0, 1, 4, 0, 2};
     mj_spec s;
     mj_status st = mj_context_spec(ctx, "moe_experts", kn, &s);
     return st != MJ_OK ? st : mj_jit_get(ctx, &s, f);

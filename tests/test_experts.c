@@ -1389,27 +1389,28 @@ static void test_specs(const char *cache) {
         for (int mode = 0; mode < 2; mode++)
             for (int tpe = 8; tpe <= 64; tpe *= 2) {
                 mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = 256, .K = 8, .TPE = tpe, .NW1 = 4, .NW2 = 2,
-                                          .NSUB = 1, .STREAM = 0, .DSTEPS = 2};
+                                          .NSUB = 1, .STREAM = 0, .DSTEPS = 2, .QG = 4};
                 mj_spec s[3];
                 const int32_t n = mj_experts_specs(c, &k, s);
                 CHECK(n == (b ? 1 : mode ? 3 : 2), "%s %s TPE %d: %d specializations", backends[b],
                       mode ? "W4A4" : "W4A16", tpe, n);
                 for (int32_t q = 0; q < n && q < 3; q++) {
-                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART STREAM DSTEPS */
+                    const int32_t *kn = s[q].knobs; /* MODE H I K TPE NW1 NW2 NSUB PART STREAM DSTEPS DEAL QG */
                     CHECK_OK(mj_spec_validate(&s[q]));
                     CHECK(kn[0] == mode && kn[1] == 6144 && kn[2] == 256 && kn[3] == 8 && kn[7] == 1,
                           "%s: the shape knobs are the forward's", backends[b]);
                     const int32_t part = kn[8];
                     if (b) {
-                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[10] == 2, "sim: PART 0 with every knob");
+                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[10] == 2 && kn[12] == 4,
+                              "sim: PART 0 with every knob");
                     } else if (part == 1) {
-                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4,
-                              "quant: TPE 8, NW1 1, NW2 1, STREAM 0, DSTEPS 4");
+                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4 && kn[12] == 4,
+                              "quant: TPE 8, NW1 1, NW2 1, STREAM 0, DSTEPS 4, the plan's QG");
                         CHECK(quant_tpe < 0 || quant_tpe == kn[4], "one experts_quant for every TPE");
                         quant_tpe = kn[4];
                     } else {
-                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4
-                                        : kn[4] == tpe && kn[5] == 1 && kn[6] == 2 && kn[9] == 0 && kn[10] == 2,
+                        CHECK(part == 2 ? kn[4] == tpe && kn[5] == 4 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4 && kn[12] == 2
+                                        : kn[4] == tpe && kn[5] == 1 && kn[6] == 2 && kn[9] == 0 && kn[10] == 2 && kn[12] == 2,
                               "%s PART %d TPE %d: NW1 %d NW2 %d STREAM %d DSTEPS %d", mode ? "W4A4" : "W4A16", part, tpe,
                               kn[5], kn[6], kn[9], kn[10]);
                     }
@@ -1419,18 +1420,18 @@ static void test_specs(const char *cache) {
     }
     static const char *const bad[] = {
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 1, \"NW2\": 1, \"NSUB\": 1, \"PART\": 1, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0, \"QG\": 2}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 2, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0, \"QG\": 2}, \"arch\": \"sm_120a\"}",
         "{\"template\": \"moe_experts\", \"knobs\": {\"MODE\": 0, \"H\": 6144, \"I\": 256, \"K\": 8, \"TPE\": 8, "
-        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0}, \"arch\": \"sm_120a\"}",
+        "\"NW1\": 8, \"NW2\": 2, \"NSUB\": 1, \"PART\": 3, \"STREAM\": 0, \"DSTEPS\": 4, \"DEAL\": 0, \"QG\": 2}, \"arch\": \"sm_120a\"}",
     };
     /* mj_jit_get_many: every spec, the first failure (in order) reported with its text, and
      * nothing at all for n = 0. */
     mj_context_t c = test_new_context(cache, MJ_BACKEND_SIM, "sm_120a", 0);
     if (c) {
         mj_knobs_moe_experts k = {.MODE = 0, .H = 256, .I = 128, .K = 4, .TPE = 8, .NW1 = 2, .NW2 = 1, .NSUB = 1,
-                                  .STREAM = 0, .DSTEPS = 4};
+                                  .STREAM = 0, .DSTEPS = 4, .QG = 2};
         mj_spec two[3];
         CHECK(mj_experts_specs(c, &k, two) == 1, "sim: one spec");
         two[1] = two[0];
@@ -1635,8 +1636,23 @@ static void case_ring(void) {
     /* experts_quant's block and group: the launch's grid and shared memory follow them */
     snprintf(want, sizeof want, "\n#define QT %d\n", MJ_EXPERTS_QT);
     CHECK(strstr(t->body, want) != NULL, "templates/moe_experts.cu defines QT as runtime/experts.h (%d)", MJ_EXPERTS_QT);
-    snprintf(want, sizeof want, "\n#define QG %d ", MJ_EXPERTS_QG);
-    CHECK(strstr(t->body, want) != NULL, "templates/moe_experts.cu defines QG as runtime/experts.h (%d)", MJ_EXPERTS_QG);
+    /* QG is a knob: the plan's choice (8 at W4A4's TPE 8, else 2) and the launch's grid and
+     * shared memory from it */
+    CHECK(strstr(t->body, "\n#define QV (16 / QG) ") != NULL, "templates/moe_experts.cu: a thread's values, 16 / QG");
+    mj_target t120;
+    CHECK_OK(mj_target_parse("sm_120a", &t120));
+    for (int tpe = 8; tpe <= 64; tpe *= 2)
+        for (int mode = 0; mode < 2; mode++) {
+            mj_knobs_moe_experts k;
+            mj_experts_knobs(6144, 256, 8, 1, mode ? MJ_MODE_W4A4 : MJ_MODE_W4A16, tpe, t120, &k);
+            mj_launch_dims d[3];
+            mj_experts_dims(&k, tpe, 8 * tpe, 1, NULL, d);
+            const int qg = mode && tpe == 8 ? 8 : 2;
+            CHECK(k.QG == qg && d[0].smem == (uint32_t)(16 / qg * MJ_EXPERTS_QT * 4) &&
+                      d[0].grid[2] == (uint32_t)((6144 / 16 + MJ_EXPERTS_QT / qg - 1) / (MJ_EXPERTS_QT / qg)),
+                  "TPE %d mode %d: QG %d (want %d), quant smem %u, grid.z %u", tpe, mode, k.QG, qg, d[0].smem,
+                  d[0].grid[2]);
+        }
 }
 
 static void case_pack(void) { test_pack(g_seed); }

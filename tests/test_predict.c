@@ -456,6 +456,11 @@ static void test_finisher(void) {
     pm_predict(&k_toy, &a, &f, &l, &r);
     CHECK_NEAR(r.tail_trips, 24, 0);                                       /* 384 bytes, 16 a trip */
     CHECK_NEAR(r.t_tail, (24 * (400 + 7 * 2) + 6 * 2) / 1000.0, 1e-9);     /* then the epilogue */
+    /* more tiles than warps (100 of 48 pieces over 32 warps: runs of 150): a warp completes
+     * 100 / 32 of them on average, not at most one */
+    pm_launch many = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 4800, 48, 2, 48 * 8.0, 1, 0};
+    pm_stream_launch(&k_toy, &f, &many);
+    CHECK_NEAR(many.extra, 5 * (1 + 149.0 / 48) + 6 * (100.0 / 32), 1e-9);
     /* a launch's own count (extra >= 0) is taken as it is */
     pm_launch given = l;
     given.blocks = 0, given.extra = 100;

@@ -382,7 +382,7 @@ int cmd_bench(int argc, char **argv) {
     b.txt = a.json ? NULL : stdout;
     b.root = json_object();
     json_object_set_new(b.root, "notes", json_array());
-    int have_gpu;
+    int have_gpu, measured = 0; /* measured: the GPU's tables are in the JSON */
     mj_device_info di;
     if ((rc = setup(&b, &a)) || (rc = find_gpu(&a, &have_gpu, &di)) || (rc = load_checkpoint_layer(&b, have_gpu)))
         goto out;
@@ -404,14 +404,21 @@ int cmd_bench(int argc, char **argv) {
     /* The GPU first, so that the performance model (tools/predict_plan.c) takes the active
      * experts its routing measured, and its rows stand beside those it predicts. */
     if (have_gpu && (rc = bench_gpu(&b))) goto out;
+    measured = have_gpu;
     if (a.predict) {
         tool_predict_in pi = {&b.cfg, b.i_local, b.nsub, (double)b.per_expert, (double)b.gate_bytes, arch, a.predict,
                               a.cache_dir, a.mode, a.bb, a.k0s, a.n_bb, a.n_k0, b.have_active ? b.active : NULL,
                               b.have_active == 2 ? "gpu" : b.have_active ? "interpreter" : "expected"};
-        if ((rc = tool_predict_plan(&pi, b.root, b.txt))) goto out;
+        if ((rc = tool_predict_plan(&pi, b.root, b.txt))) {
+            /* the command failed (exit 1, said above), but a GPU's measurements are not lost;
+             * no half of a model */
+            json_object_del(b.root, "predict");
+            if (measured) bench_note(&b, "--predict failed (see stderr): the GPU's measurements above stand alone");
+            goto out;
+        }
     }
 out:
-    if (a.json && !rc) {
+    if (a.json && (!rc || measured)) {
         char *s = json_dumps(b.root, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
         if (s) puts(s);
         free(s);

@@ -703,12 +703,13 @@ void pm_stream_launch(const tool_gpu *g, const pm_sass *s, pm_launch *l) {
     const double run = ceil(l->stream_pieces / ((double)l->blocks * wpb));
     l->iters = run * (l->stream_spp > 0 ? l->stream_spp : 1);
     /* the fold's loop is the finishing warp's alone, after its run: pm_predict's tail; the rest
-     * of the finisher once a unit, the grid's units over its warps on average */
+     * of the finisher once a unit (each unit's one finishing warp): the grid's units over its
+     * warps, on average */
     const int fold = l->extra < 0 && l->stream_fold_bytes > 0 && s;
     const double outside = l->extra >= 0 ? l->extra
                            : s ? fmax(0.0, (double)s->outside - (fold ? s->tail_insts + s->finish : 0)) : 0;
     const double units = l->stream_pieces / unit, warps = (double)l->blocks * wpb;
-    l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0)) + (fold ? s->finish * fmin(1.0, units / warps) : 0);
+    l->extra = outside * (1.0 + (run > 1 ? (run - 1) / unit : 0)) + (fold ? s->finish * units / warps : 0);
 }
 
 double pm_launch_us(const pm_assume *a, const pm_launch *l) { return l->pdl ? a->pdl_launch_us : a->launch_us; }

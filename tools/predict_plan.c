@@ -333,11 +333,11 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                     for (int i = 1; i < nk - 1; i++) window += kr[i].r.predicted_us - pm_launch_us(&a, &kr[i].l);
                     pf_window = fmax(0.0, window) * pm_copy_gbps(gpu, &a) * 1e3;
                     k->l.prefetched = fmin(nsub * w13, pf_window);
-                    /* down's, after up's in the window, if up's reads from DRAM and all of them
-                     * fit in half the L2 (else counted as gone by the time down reads them) */
-                    const double up_dram = k->l.bytes - k->l.prefetched;
-                    pf_down = up_dram + nsub * (w13 + w2) <= 0.5 * gpu->l2_mib * 1048576.0
-                                  ? fmin(nsub * w2, pf_window - k->l.prefetched) : 0;
+                    /* down's, after up's in the window, if up's bytes (every one passes through
+                     * L2) and down's prefetched fit in half the L2 (else counted as gone by the
+                     * time down reads them) */
+                    const double down_pf = fmin(nsub * w2, pf_window - k->l.prefetched);
+                    pf_down = k->l.bytes + down_pf <= 0.5 * gpu->l2_mib * 1048576.0 ? down_pf : 0;
                     if (kx.STREAM) {
                         k->l.stream_unit = mj_experts_up_pieces(H, kx.NW1, 1);
                         k->l.stream_pieces = items * (I / 16) * k->l.stream_unit;

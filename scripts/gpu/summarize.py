@@ -48,7 +48,8 @@ def model_rows(bench):
                "active_model": r.get("active"), "bounds": {n: v["bound"] for n, v in k.items()}}
         for n in pred:
             m = got[n]["us"] if got[n] else None
-            row[n] = {"measured_us": m, "predicted_us": pred[n], "measured_over_predicted": m / pred[n] if m else None}
+            row[n] = {"measured_us": m, "predicted_us": pred[n],
+                      "measured_over_predicted": m / pred[n] if m is not None and pred[n] > 0 else None}
         out.append(row)
     return out
 
@@ -136,8 +137,9 @@ def main():
         lines.append("%4s %3s %22s %22s %22s" % ("B", "k0", "routing", "experts", "layer (graph)"))
         for r in model:
             def mp(c):
-                if c["measured_us"] is None:
-                    return "%22s" % ("- / %.1f" % c["predicted_us"])
+                if c["measured_over_predicted"] is None:
+                    return "%22s" % ("%s / %.1f" % ("-" if c["measured_us"] is None else "%.1f" % c["measured_us"],
+                                                     c["predicted_us"]))
                 return "%22s" % ("%.1f / %.1f (%.2f)" % (c["measured_us"], c["predicted_us"], c["measured_over_predicted"]))
             lines.append("%4d %3d %s %s %s" % (r["B"], r["k0"], mp(r["routing"]), mp(r["experts"]), mp(r["layer"])))
     if torch and torch.get("check"):
