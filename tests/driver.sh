@@ -1050,8 +1050,8 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   # while the routing runs (one block: 3 us and more, the memory idle): all of them, which
   # its memory term leaves out (its floor keeps them); nothing else is prefetched
   json_check 'all(abs(u["prefetched"] / (u["bytes"] / (r["active"] + 1)) - 1) < 1e-5 and abs(u["memory_us"] - u["floor_us"] * (1 - u["prefetched"] / u["bytes"])) < 1e-5 * u["floor_us"] and all(k["prefetched"] == 0 for n, k in r["kernels"].items() if n not in ("experts_up", "experts_down")) for r in j["predict"]["rows"] for u in [r["kernels"]["experts_up"]])'
-  # and down's, which stay in L2 (60 MiB) while up reads its DRAM bytes where those and the
-  # prefetched fit in half of it: B 1 (9 experts' 14 MB at k0 8), not B 8 or 32
+  # and down's, which stay in L2 (60 MiB) while up reads its bytes where those and down's
+  # prefetched fit in half of it: B 1 (9 experts' 16 MB at k0 8), not B 8 or 32
   json_check 'all((abs(d["prefetched"] / (d["bytes"] / (r["active"] + 1)) - 1) < 1e-5) if r["B"] == 1 else d["prefetched"] == 0 for r in j["predict"]["rows"] for d in [r["kernels"]["experts_down"]])'
   # the launch floor: the first kernel's launch, the programmatic dependents', then the bytes
   # but those read from L2 after a prefetch under the routing
