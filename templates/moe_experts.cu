@@ -963,7 +963,7 @@ MJ_KERNEL void UP_BOUNDS experts_up(const uint16_t *x, const uint8_t *xq, const 
                           const int32_t *row_index, int B, const int32_t *num_valid, int mb, int n_local,
                           int expert_begin, int n_slots, uint16_t *act, uint8_t *actq, uint8_t *act_sf,
                           float *upart, uint32_t *ucount, const uint16_t *sgate, float *sgate_w) {
-#if PART == 0 || PART == 2
+#if (PART == 0 || PART == 2) && MJ_TARGET_SM >= 90 /* below, no PDL: nothing would overlap it */
     if (NSUB > 0) { /* weights: nothing the grid before this one writes */
         const int tid = (int)((blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x);
         if (tid < PF_LINES) prefetch_shared_few(w13, s13, w2, s2, n_local, tid, (int)(gridDim.x * gridDim.y * blockDim.x));

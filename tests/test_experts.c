@@ -1054,7 +1054,7 @@ static void test_mutations(mj_context_t ctx, uint64_t seed) {
 
 /* Bytes of weights read: each active expert's (and each shared sub-expert's) exactly once
  * for B <= 64; none of an inactive one. Same bits run after run. */
-static void test_bytes(mj_context_t ctx, uint64_t seed) {
+static void test_bytes(mj_context_t ctx, const char *cache, uint64_t seed) {
     /* H 256 at every batch bucket, both modes, each forward twice; then, at B 8 in W4A16 once
      * (up's copies are the same in both modes) with 16 experts of top-4, up's k-steps dealt in
      * half-runs (H 1472: 6 runs over 4 warps, a last run of 3 k-steps) and in runs with a last
@@ -1123,6 +1123,28 @@ static void test_bytes(mj_context_t ctx, uint64_t seed) {
                     free(o1), free(o2), free(hidden);
                     routing_free(&r);
                 }
+        if (!hi) { /* sm_80: no programmatic dependent launch, nothing to overlap: no prefetch */
+            mj_context_t c80 = test_new_context(cache, MJ_BACKEND_SIM, "sm_80", 0);
+            mj_experts_t e80 = c80 ? make_experts(c80, L, 64) : NULL;
+            uint16_t *hidden = malloc(sizeof(uint16_t) * (size_t)H);
+            float *o = malloc(sizeof(float) * (size_t)H);
+            if (e80 && hidden && o) {
+                uint64_t rng = seed + 99;
+                test_random_hidden(hidden, (size_t)H, &rng);
+                routing r;
+                route_layer(L, hidden, 1, 1, 8, &r);
+                mj_route_outputs ro = route_outputs(&r);
+                unsigned long long pf[3];
+                mj_sim_prefetch_take(NULL);
+                CHECK_OK(mj_experts_forward(c80, e80, MJ_MODE_W4A16, hidden, &ro, 1, NULL, o, NULL));
+                mj_sim_prefetch_take(pf);
+                CHECK(pf[0] == 0, "sm_80: %llu L2 prefetches (no PDL there: none)", pf[0]);
+                routing_free(&r);
+            }
+            free(hidden), free(o);
+            mj_experts_free(e80);
+            mj_context_destroy(c80);
+        }
         mj_experts_free(ex);
         mj_layer_free(L);
     }
@@ -1666,7 +1688,7 @@ static void case_prefill(void) { test_prefill(g_ctx, g_seed + 250); }
 static void case_scale_bytes(void) { test_scale_bytes(g_ctx, g_seed + 280); }
 static void case_quant_signs(void) { test_quant_signs(g_ctx, g_seed + 290); }
 static void case_mutations(void) { test_mutations(g_ctx, g_seed + 300); }
-static void case_bytes(void) { test_bytes(g_ctx, g_seed + 400); }
+static void case_bytes(void) { test_bytes(g_ctx, g_cache, g_seed + 400); }
 static void case_replay(void) { test_replay(g_ctx, g_seed + 500); }
 static void case_batch_invariance(void) { test_batch_invariance(g_ctx, g_seed + 550); }
 static void case_refusals(void) { test_refusals(g_ctx, g_cache); }
