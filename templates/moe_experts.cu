@@ -79,7 +79,7 @@ MJ_KNOB_SET(PART, int, "0 1 2 3", "kernels with a body: 0 all (the interpreter's
 MJ_KNOB_SET(STREAM, int, "0 1", "1: up's blocks (the grid the GPU holds at once) each take an even run of the list of the tiles' pieces of H (TPE 8: one chunk a tile); a tile's pieces over several blocks meet in the workspace, and the last block to finish adds their sums in block order")
 MJ_KNOB_SET(DSTEPS, int, "2 4", "k-steps of w2 an item of down brings: 4 (a scale run), or 2 (half the ring's shared memory, so more blocks fit an SM)")
 MJ_KNOB_SET(DEAL, int, "0 1", "down's experts to its warps: 0 by id, each warp's sums its own, added in warp order; 1 by place in the active list (even shares), each (token, expert) a slot of the block's tile, added in slot order")
-MJ_KNOB_SET(QG, int, "2 4 8", "experts_quant's threads a 16-value group: 2 (8 values a thread), 4 or 8 (fewer values a thread: a shorter chain where few tokens leave SMs idle; each thread repeats the group's scale)")
+MJ_KNOB_SET(QG, int, "2 8", "experts_quant's threads a 16-value group: 2 (8 values a thread) or 8 (2 values a thread: a shorter chain where few tokens leave SMs idle; each thread repeats the group's scale)")
 MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of sm_120a / sm_121a")
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
@@ -405,7 +405,7 @@ MJ_KERNEL void experts_quant(const uint16_t *x, const float *scal, const int32_t
         const float gs = scal[xi * SCAL + 4];
         const int h = (int)threadIdx.x % QG; /* the lane's part of its group */
         /* the block's groups, QT / QG at a time: every lane takes part in each round (the
-         * pair's shuffle), those past the row's groups on zeros, writing nothing */
+         * group's shuffles), those past the row's groups on zeros, writing nothing */
         for (int g0 = (int)blockIdx.z * (QT / QG); g0 < H / 16; g0 += (int)gridDim.z * (QT / QG)) {
             const int grp = g0 + (int)threadIdx.x / QG, live = grp < H / 16;
             float *v = vbuf + threadIdx.x; /* this thread's QV values, QT floats apart */

@@ -1106,7 +1106,7 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
 fi
 # The model failing (here: no nvdisasm) fails the command, but the GPU's measurements are
 # still printed (run.sh's bench.json keeps them)
-PATH=/nonexistent MOEJIT_NVDISASM= MOEJIT_LIBCUDA=$STUB expect_rc 1 "$MJ" $BENCH --no-compile --no-sim --json --predict rtx-pro-6000
+MOEJIT_NVDISASM=/nonexistent/nvdisasm MOEJIT_LIBCUDA=$STUB expect_rc 1 "$MJ" $BENCH --no-compile --no-sim --json --predict rtx-pro-6000
 contains err "nvdisasm"
 json_check 'len(j["gpu"]["experts"]) > 0 and "predict" not in j and any("--predict failed" in n for n in j["notes"])'
 # An H200 (sm_90): the plan and the GPU runs for sm_90a, W4A4 left out and said so.

@@ -676,6 +676,9 @@ static void test_small(mj_context_t ctx, uint64_t seed) {
         {256, 128, 16, 4, 1, 1, 4},   {256, 128, 16, 4, 2, 2, 2},  {512, 64, 16, 4, 7, 5, 4},
         {1024, 128, 16, 4, 16, 16, 2}, {2048, 64, 16, 4, 64, 61, 4}, {512, 128, 16, 4, 257, 250, 4},
         {4096, 64, 8, 2, 3, 3, 1},    {256, 64, 16, 4, 32, 30, 2},
+        /* W4A4's quantizer at TPE 8 (8 threads a group, 8 groups a round) over 20 groups: a
+         * last round part empty (H 320) */
+        {320, 64, 16, 4, 3, 3, 4},
         /* up as STREAM at TPE 8 (H 1024: 8 pieces a tile; 4096 above: 32), and 8 up warps
          * (TPE 16, H 2048) */
         {1024, 64, 16, 4, 5, 4, 4},   {2048, 64, 16, 4, 12, 12, 4},
@@ -1411,7 +1414,7 @@ static void test_specs(const char *cache) {
         for (int mode = 0; mode < 2; mode++)
             for (int tpe = 8; tpe <= 64; tpe *= 2) {
                 mj_knobs_moe_experts k = {.MODE = mode, .H = 6144, .I = 256, .K = 8, .TPE = tpe, .NW1 = 4, .NW2 = 2,
-                                          .NSUB = 1, .STREAM = 0, .DSTEPS = 2, .QG = 4};
+                                          .NSUB = 1, .STREAM = 0, .DSTEPS = 2, .QG = 8};
                 mj_spec s[3];
                 const int32_t n = mj_experts_specs(c, &k, s);
                 CHECK(n == (b ? 1 : mode ? 3 : 2), "%s %s TPE %d: %d specializations", backends[b],
@@ -1423,10 +1426,10 @@ static void test_specs(const char *cache) {
                           "%s: the shape knobs are the forward's", backends[b]);
                     const int32_t part = kn[8];
                     if (b) {
-                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[10] == 2 && kn[12] == 4,
+                        CHECK(part == 0 && kn[4] == tpe && kn[5] == 4 && kn[6] == 2 && kn[10] == 2 && kn[12] == 8,
                               "sim: PART 0 with every knob");
                     } else if (part == 1) {
-                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4 && kn[12] == 4,
+                        CHECK(mode == 1 && kn[4] == 8 && kn[5] == 1 && kn[6] == 1 && kn[9] == 0 && kn[10] == 4 && kn[12] == 8,
                               "quant: TPE 8, NW1 1, NW2 1, STREAM 0, DSTEPS 4, the plan's QG");
                         CHECK(quant_tpe < 0 || quant_tpe == kn[4], "one experts_quant for every TPE");
                         quant_tpe = kn[4];
