@@ -608,10 +608,9 @@ mj_status mj_experts_prepare(mj_context_t ctx, mj_experts_t ex, mj_weight_mode m
 
 void mj_experts_dims(const mj_knobs_moe_experts *k, int32_t B, int32_t n_slots, int32_t up_blocks, void *stream,
                      mj_launch_dims dims[3]) {
-    const int32_t qg = k->QG > 0 ? k->QG : 2; /* knobs made by hand may leave QG 0 */
-    const uint32_t qgroups = MJ_EXPERTS_QT / (uint32_t)qg; /* 16-value groups an experts_quant block */
+    const uint32_t qgroups = MJ_EXPERTS_QT / (uint32_t)k->QG; /* 16-value groups an experts_quant block */
     const mj_launch_dims q = {{(uint32_t)B, (uint32_t)k->K + 1, (uint32_t)((k->H / 16 + qgroups - 1) / qgroups)},
-                              {MJ_EXPERTS_QT, 1, 1}, QUANT_VALUES(qg), stream};
+                              {MJ_EXPERTS_QT, 1, 1}, QUANT_VALUES(k->QG), stream};
     const mj_launch_dims u = {{k->STREAM ? (uint32_t)up_blocks : (uint32_t)(k->I / 16),
                                k->STREAM ? 1u : (uint32_t)(n_slots + k->NSUB), 1},
                               {(uint32_t)k->NW1 * 32, 1, 1},

@@ -722,7 +722,8 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
     r->floor_us = l->bytes / (copy * 1e3);
     /* what a programmatic dependent brought into L2 while the kernels before it ran is read
      * from there; without PDL a grid starts when the one before has ended: nothing overlaps */
-    const double dram = l->bytes - (l->pdl && l->prefetched > 0 ? fmin(l->prefetched, l->bytes) : 0);
+    r->prefetched = l->pdl && l->prefetched > 0 ? fmin(l->prefetched, l->bytes) : 0;
+    const double dram = l->bytes - r->prefetched;
     r->t_memory = dram / (copy * 1e3);
     r->blocks_per_sm = resident_blocks(g, l);
     r->busiest_blocks = (int)((blocks + g->sms - 1) / g->sms);

@@ -179,6 +179,8 @@ typedef struct pm_result {
     double floor_us;             /* bytes / the copy bandwidth                                */
     pm_bound bound;
     /* the terms, µs */
+    double prefetched;           /* of the launch's prefetched, what the memory term left out
+                                    (a programmatic dependent's, at most its bytes)           */
     double t_memory;             /* (bytes - prefetched) / copy bandwidth                     */
     double t_little;             /* the busiest SM's bytes / (its bytes in flight / latency)  */
     double t_chain;              /* dependent global loads: rounds x iters x chain x latency  */

@@ -143,8 +143,7 @@ static json_t *result_json(const kernel_row *k) {
     json_object_set_new(o, "busiest_sm_blocks", json_integer(k->r.busiest_blocks));
     json_object_set_new(o, "inflight_sm", json_real(k->r.inflight_sm));
     json_object_set_new(o, "bytes", json_real(k->l.bytes));
-    /* what the memory term left out (pm_predict: a programmatic dependent's, at most its bytes) */
-    json_object_set_new(o, "prefetched", json_real(k->l.pdl ? fmin(fmax(k->l.prefetched, 0.0), k->l.bytes) : 0));
+    json_object_set_new(o, "prefetched", json_real(k->r.prefetched));
     json_object_set_new(o, "iters_warp", json_real(k->l.iters));
     json_object_set_new(o, "insts_warp", json_real(k->r.insts_warp));
     json_object_set_new(o, "pdl", json_boolean(k->l.pdl));
@@ -310,7 +309,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                 k8.TPE = 8;
                 use_twin = mj_experts_specs(ctx, &k8, twin) == nx;
             }
-            double pf_window = 0, pf_down = 0; /* up's prefetch: the window's bytes, down's share */
+            double pf_down = 0; /* down's share of up's prefetch */
             for (int32_t x = 0; x < nx; x++) {
                 const int part = nx - x == 3 ? 1 : nx - x == 2 ? 2 : 3;
                 const mj_launch_dims *d = &dims[part - 1];
@@ -331,7 +330,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
                      * dependent */
                     double window = 0;
                     for (int i = 1; i < nk - 1; i++) window += kr[i].r.predicted_us - pm_launch_us(&a, &kr[i].l);
-                    pf_window = fmax(0.0, window) * pm_copy_gbps(gpu, &a) * 1e3;
+                    const double pf_window = window * pm_copy_gbps(gpu, &a) * 1e3; /* each past its launch */
                     k->l.prefetched = fmin(nsub * w13, pf_window);
                     /* down's, after up's in the window, if up's bytes (every one passes through
                      * L2) and down's prefetched fit in half the L2 (else counted as gone by the
@@ -372,7 +371,7 @@ int tool_predict_plan(const tool_predict_in *in, json_t *root, FILE *txt) {
             for (int i = 0; i < nk; i++) {
                 pred += kr[i].r.predicted_us;
                 launches += pm_launch_us(&a, &kr[i].l);
-                hidden += kr[i].r.floor_us - kr[i].r.t_memory; /* bytes read under another kernel */
+                hidden += kr[i].r.prefetched / (pm_copy_gbps(gpu, &a) * 1e3); /* read under another kernel */
                 if (kr[i].r.predicted_us > slow) slow = kr[i].r.predicted_us, lb = kr[i].r.bound;
             }
             const double floor = (in->gate_bytes + items * in->per_expert) / (pm_copy_gbps(gpu, &a) * 1e3);
