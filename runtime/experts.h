@@ -13,10 +13,10 @@
 #define MJ_EXPERTS_SCAL 8 /* floats of scal an expert: templates/moe_experts.cu's SCAL layout */
 /* experts_down's ring, templates/moe_experts.cu's DRING and DSLOT: items a warp's ring holds
  * (DRING - 2 in flight while one computes) and the bytes of one (DSTEPS k-steps of w2, a scale
- * chunk, the item record, the top-k entries of the expert's first rows in the token tile:
+ * chunk, the top-k entries of the expert's first rows in the token tile:
  * all 16 at TPE 16, else 8, one token group). test_experts holds them against the template. */
 #define MJ_EXPERTS_DRING 3
-#define MJ_EXPERTS_DSLOT(dsteps, tpe) ((dsteps) * 512 + 256 + 32 + 4 * ((tpe) == 16 ? 16 : 8))
+#define MJ_EXPERTS_DSLOT(dsteps, tpe) ((dsteps) * 512 + 256 + 4 * ((tpe) == 16 ? 16 : 8))
 /* experts_up's k-steps a piece (the template's SPP): runs of 4 where a tile's runs deal
  * evenly to its NW1 warps (without STREAM) or its last run is 1 or 2 k-steps (H / 64 modulo
  * 4), else half-runs (2). */

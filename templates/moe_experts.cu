@@ -84,7 +84,7 @@ MJ_CONSTRAINT("MODE == 0 || SM >= 120", "W4A4 needs the block-scaled FP4 MMA of 
 MJ_CONSTRAINT("H % 64 == 0 && I % 64 == 0", "H and I are whole k-steps of 64")
 MJ_CONSTRAINT("NW1 * 6 * 1024 <= 64 * 1024", "up's weight rings (6 KiB a warp) fit shared memory")
 MJ_CONSTRAINT("TPE <= 16 || NW1 * (6 * 1024 + TPE * 128) + TPE * 4 <= 64 * 1024", "past two token groups, up's rings and its sums (TPE * 128 bytes a warp) fit shared memory")
-MJ_CONSTRAINT("NW2 * (TPE * 64 * ((TPE > 8 && I > 64 * DSTEPS) + 1 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
+MJ_CONSTRAINT("NW2 * (TPE * 64 * ((TPE > 8 && I > 64 * DSTEPS) + 1 - DEAL) + 3 * (DSTEPS * 512 + 256 + 32 + 32 * (TPE == 16))) + DEAL * TPE * (K + NSUB) * 64 <= 64 * 1024 + 16 * 1024 * (SM == 90 || SM == 100)", "down's fragments, weight rings and sums (the warps' or the slot tile) fit shared memory (three blocks an SM of 228 KiB on sm_90a and sm_100a)")
 MJ_CONSTRAINT("PART == 0 || PART == 3 || DEAL == 0", "only experts_down reads DEAL: 0 elsewhere")
 MJ_CONSTRAINT("PART == 0 || PART == 1 || QG == 2", "only experts_quant reads QG: 2 elsewhere")
 MJ_CONSTRAINT("PART != 1 || (MODE == 1 && TPE == 8 && NW1 == 1 && NW2 == 1)", "experts_quant is W4A4's alone and has no tile or warps to choose: TPE 8, NW1 1, NW2 1")
@@ -293,7 +293,7 @@ MJ_DEVICE int valid_tokens(const int32_t *num_valid, int B) {
  * bit here would land in the bf16's exponent (2^16 times the scale: Inf after the
  * multiplies), not make the scale negative. */
 MJ_DEVICE uint32_t e4m3x2_bf16(uint32_t w, int q) {
-    const uint32_t t = __byte_perm(w, 0u, 0x4040u | (uint32_t)q | (uint32_t)(q + 2) << 8); /* at bits 0, 16 */
+    const uint32_t t = __byte_perm(w, 0u, 0x4240u + 0x101u * (uint32_t)q); /* bytes q, q + 2 at bits 0, 16 (q 0 or 1) */
     return mj_mul_bf16x2(mj_mul_bf16x2(t << 4, 0x7B807B80u /* 2^120 */), 0x7B007B00u /* 2^119 */);
 }
 
@@ -1121,21 +1121,22 @@ typedef struct down_item_t {
     int xi;          /* packed expert, -1: none left                                       */
     int r0, n;       /* its rows (tokens t0 .. of the tile)                                */
     int shared_row0; /* the shared sub-expert's first act row, -1 for a routed expert     */
-    float alpha;
+    float alpha;     /* the expert's scale times DQ_UNIT                                   */
     int part;        /* which DSTEPS k-steps of the expert (in the ring)                   */
 } down_item_t;
 
-/* A warp's share of the active list goes 32 of its places at a time (a chunk; lane l: the
+/* A warp's share of the active list, and after the list's na places the shared sub-experts'
+ * NSUB (place na + j: sub-expert j), goes 32 of its places at a time (a chunk; lane l: the
  * chunk's l-th). Its places are w, w + NW2, ... (DEAL 1: by place) or every place whose
- * expert's id is w modulo NW2 (DEAL 0: by id; a chunk is then 32 consecutive places, the
- * others' lanes empty). A lane keeps its place's expert in one register (the loop keeps it
- * across its MMAs): the expert (low 16 bits) and its rows in the tile (high; 0 when the place
- * is not the warp's to take, or is taken). The warp's position, one register too: the next
- * chunk's first place (low 15 bits: in the warp's places for DEAL 1, in the list's for DEAL
- * 0), whether the chunk before was its last (bit 15), its next shared sub-expert (high 16). */
+ * expert's id (a shared sub-expert's j) is w modulo NW2 (DEAL 0: by id; a chunk is then 32
+ * consecutive places, the others' lanes empty). A lane keeps its place's expert in one
+ * register (the loop keeps it across its MMAs): the packed expert (low 16 bits: n_local + j
+ * for shared sub-expert j) and its rows in the tile (high; 0 when the place is not the warp's
+ * to take, or is taken). The warp's position, one register too: the next chunk's first place
+ * (low 15 bits: in the warp's places for DEAL 1, in the list's for DEAL 0) and whether the
+ * chunk before was its last (bit 15). */
 #define POS_CHUNK(pos) ((pos) & 0x7FFF)
 #define POS_LAST(pos) ((pos) & 0x8000)
-#define POS_SHARED(pos) ((pos) >> 16)
 
 /* The token tile's bounds, again where needed (not kept in registers across the loop). */
 MJ_DEVICE int tile_t0(void) { return (int)blockIdx.y * TPE; }
@@ -1145,18 +1146,21 @@ MJ_DEVICE int tile_t1(int B) { return tile_t0() + TPE < B ? tile_t0() + TPE : B;
 MJ_DEVICE int tile_whole(int B) { return tile_t0() == 0 && tile_t1(B) == B; }
 
 /* The warp's next chunk (from *pos on) into the lane's place registers: *xn its expert and
- * rows in the tile, *xr its first row. Every lane its own place's expert, offset and count at
- * once, one chain of dependent loads (the id, then its offset and count) a chunk, not one an
- * expert. A tile that holds the whole batch takes an expert's rows as the dispatch counted
- * them; others search them by token (first_row). */
+ * rows in the tile, *xr its first row (0 for a shared sub-expert: its rows are the tile's tn
+ * valid tokens, in down_issue's and the loop's own places). Every lane its own place's
+ * expert, offset and count at once, one chain of dependent loads (the id, then its offset and
+ * count) a chunk, not one an expert. A tile that holds the whole batch takes an expert's rows
+ * as the dispatch counted them; others search them by token (first_row). */
 MJ_DEVICE void fill_places(int *pos, int *xn, int *xr, int na, const int32_t *counts, const int32_t *offsets,
-                           const int32_t *active, const int32_t *row_index, int n_local, int expert_begin, int B, int w,
-                           int lane) {
+                           const int32_t *active, const int32_t *row_index, int n_local, int expert_begin, int B,
+                           int tn, int w, int lane) {
     const int t0 = tile_t0(), t1 = tile_t1(B);
     const int k = POS_CHUNK(*pos) + lane, c = DEAL ? w + NW2 * k : k, e = c < na ? active[c] : -1, xi = e - expert_begin;
-    const int ok = e >= 0 && (DEAL || (e & (NW2 - 1)) == w) && xi >= 0 && xi < n_local;
-    int n = 0, r0 = 0;
-    if (ok) {
+    const int j = c - na; /* past the list: shared sub-expert j */
+    const int routed = e >= 0 && (DEAL || (e & (NW2 - 1)) == w) && xi >= 0 && xi < n_local;
+    const int shared = c >= na && j < NSUB && (DEAL || (j & (NW2 - 1)) == w) && tn > 0;
+    int n = shared ? tn : 0, r0 = 0;
+    if (routed) {
         const int off = offsets[e], cnt = counts[e];
         if (tile_whole(B)) {
             n = cnt, r0 = off;
@@ -1165,45 +1169,35 @@ MJ_DEVICE void fill_places(int *pos, int *xn, int *xr, int na, const int32_t *co
             n = first_row(row_index, off, off + cnt, t1) - r0;
         }
     }
-    *xn = ok ? (xi & 0xFFFF) | (n << 16) : 0;
+    *xn = routed || shared ? ((routed ? xi : n_local + j) & 0xFFFF) | (n << 16) : 0;
     *xr = r0;
     *pos += 32;
-    if ((DEAL ? w + NW2 * POS_CHUNK(*pos) : POS_CHUNK(*pos)) >= na) *pos |= 0x8000;
+    if ((DEAL ? w + NW2 * POS_CHUNK(*pos) : POS_CHUNK(*pos)) >= na + NSUB) *pos |= 0x8000;
 }
 
-/* The warp's next expert of its chunk (lowest place first), then after its last chunk
- * (POS_LAST) the shared sub-experts j, j + NW2, ... (POS_SHARED; the first: w, or by place the
- * one at place na + j that is w's); xi -1 when the chunk has no more. The expert's rows come
- * from its place (fill_places: no load here), its scales are the one load. By place the
- * warps' shares differ by
- * one at most, and which warp takes an expert does not reach the output (each (token, expert)
- * has a slot of its own, added in slot order); by id a token's sum goes over the same warps in
- * the same order whatever else the batch holds. Either way a token's output does not depend
- * on the other tokens (padding rows included). */
-MJ_DEVICE down_item_t next_expert(int *xn, int *xr, int *pos, const float *scal, int n_local, int mb, int B,
-                                  const int32_t *num_valid, int lane) {
+/* The warp's next item of its chunk (lowest place first); xi -1 when the chunk has no more.
+ * The expert's rows come from its place (fill_places: no load here), its scales are the one
+ * load. By place the warps' shares differ by one at most, and which warp takes an expert
+ * does not reach the output (each (token, expert) has a slot of its own, added in slot
+ * order); by id a token's sum goes over the same warps in the same order whatever else the
+ * batch holds. Either way a token's output does not depend on the other tokens (padding rows
+ * included). */
+MJ_DEVICE down_item_t next_expert(int *xn, int *xr, const float *scal, int n_local, int mb, int lane) {
     down_item_t it = {-1, 0, 0, -1, 0.0f, 0};
     const unsigned m = __ballot_sync(0xFFFFFFFFu, *xn >> 16 != 0);
-    const int t0 = tile_t0();
     if (m) {
         const int f = __ffs((int)m) - 1, v = __shfl_sync(0xFFFFFFFFu, *xn, f), r = __shfl_sync(0xFFFFFFFFu, *xr, f);
         /* TPE rows at most an item (the sums hold TPE / 8 token groups): an expert with more
          * rows in the tile (a token's top-k naming it twice) stays in its place with the rest,
-         * its next item the next TPE rows */
+         * its next item the next TPE rows (a shared sub-expert has at most TPE) */
         const int n = v >> 16, take = n < TPE ? n : TPE;
         if (lane == f) *xn = n > take ? (v & 0xFFFF) | ((n - take) << 16) : 0, *xr = r + take; /* taken */
         it.xi = v & 0xFFFF, it.n = take, it.r0 = r;
-    } else if (POS_LAST(*pos) && POS_SHARED(*pos) < NSUB) {
-        const int nv = valid_tokens(num_valid, B), ts = nv < tile_t1(B) ? nv : tile_t1(B); /* the tile's valid tokens */
-        if (ts > t0) {
-            const int j = POS_SHARED(*pos);
-            *pos += NW2 << 16;
-            it.xi = n_local + j, it.r0 = 0, it.n = ts - t0, it.shared_row0 = mb * K + j * mb;
-        }
-    }
-    if (it.xi >= 0) {
+        it.shared_row0 = it.xi >= n_local ? mb * (K + it.xi - n_local) : -1; /* sub-expert j's act rows: mb K + j mb */
         const float ws2 = scal[it.xi * SCAL + 2];
-        it.alpha = MODE == 1 ? scal[it.xi * SCAL + 3] * ws2 : ws2;
+        /* x DQ_UNIT: exact (a power of 2), and a sum times it times alpha rounds once, as it
+         * would times DQ_UNIT (W4A16's sums are in units of 2^-7) and then alpha */
+        it.alpha = (MODE == 1 ? scal[it.xi * SCAL + 3] * ws2 : ws2) * DQ_UNIT;
     }
     return it;
 }
@@ -1211,51 +1205,48 @@ MJ_DEVICE down_item_t next_expert(int *xn, int *xr, int *pos, const float *scal,
 /* A down warp streams its items through a ring in shared memory, its own: DRING slots of an
  * item's DSTEPS k-steps of w2 fragments (DSTEPS x 512 bytes; each lane's 16 bytes where it
  * reads them back), its run's scale chunk (256 bytes: rows 0-15, 4 k-steps: brought by the
- * run's first item; with DSTEPS 2 the second item reads it in the slot before its own), the
- * item itself (32 bytes, written by lane 0) and, with an expert's last part, the top-k
- * entries (row_index) of its first DRIDX rows: the epilogue's weights are then one load from
- * what the ring holds, not a load of an entry and then of its weight. cp.async keeps DRING - 2 items in flight
+ * run's first item; with DSTEPS 2 the second item reads it in the slot before its own) and,
+ * with an expert's last part, the top-k entries (row_index) of its first DRIDX rows: the
+ * epilogue's weights are then one load from what the ring holds, not a load of an entry and
+ * then of its weight. The item itself every lane holds in registers (next_expert's result is
+ * the same in every lane): the one in flight, kept a trip (DRING - 2 is 1). cp.async keeps DRING - 2 items in flight
  * while one computes (at decode with I_local 256 and DSTEPS 4 an item is a whole expert: the
  * next experts' weights arrive during this one). A slot is refilled two items after the one
  * that read it (item j's at the issue of item j + 2, made by the iteration after j's), and
- * every iteration ends with a __syncwarp: the scales and the item, which lanes read across,
- * are free by then. */
+ * every iteration ends with a __syncwarp: the scales and the entries, which lanes read
+ * across, are free by then. */
 #define DRING 3
 #define DRIDX (TPE == 16 ? 16 : 8) /* rows whose top-k entries a slot carries: TPE 16 all, else one group */
-#define DSLOT (DSTEPS * 512 + 256 + 32 + 4 * DRIDX)
-#define DSCALES (DSTEPS * 512) /* a slot's scale chunk, then its item record, then its rows' entries */
-#define DRECORD (DSCALES + 256)
-#define DINDEX (DSCALES + 256 + 32)
+#define DSLOT (DSTEPS * 512 + 256 + 4 * DRIDX)
+#define DSCALES (DSTEPS * 512) /* a slot's scale chunk, then its rows' entries */
+#define DINDEX (DSCALES + 256)
 
-/* Item q's slot of a warp's ring (q >= 0). */
-MJ_DEVICE uint8_t *dslot(uint8_t *ring, int q) { return ring + ((unsigned)q % DRING) * DSLOT; }
+/* Slot i (0 .. DRING - 1) of a warp's ring: item q's is q % DRING. */
+MJ_DEVICE uint8_t *dslot(uint8_t *ring, unsigned i) { return ring + i * DSLOT; }
 /* An item's first k-step: its part's (with one part an expert, 0 where the compiler sees it). */
 MJ_DEVICE int item_step0(int part) { return DPARTS == 1 ? 0 : part * DSTEPS; }
 
-/* Queue item it's copies (its k-steps `part`) into the ring slot q % DRING, as a group of its
- * own (an empty group and a none-left item when it.xi < 0). */
-MJ_DEVICE void down_issue(uint8_t *ring, const uint8_t *w2, const uint8_t *s2, const int32_t *row_index,
-                          const down_item_t *it, int part, int d, int q, int lane) {
+/* Queue item it's copies (its k-steps `part`) into ring slot `slot`, as a group of its own
+ * (an empty group when it.xi < 0: the none-left item). */
+MJ_DEVICE void down_issue(const uint8_t *w2, const uint8_t *s2, const int32_t *row_index,
+                          const down_item_t *it, int part, int d, uint8_t *slot, int lane) {
     const int g = lane >> 2, p = lane & 3;
-    uint8_t *slot = dslot(ring, q);
     if (it->xi >= 0) {
         const int s0 = item_step0(part);
-        const uint8_t *wt = w2 + it->xi * W2_EXPERT + d * W2_TILE + s0 * 512 + lane * 16;
-        const uint8_t *st = s2 + it->xi * S2_EXPERT + d * S2_TILE + (s0 / 4) * 256 + (p * 8 + g) * 16;
+        /* the (expert, 16 dims) tile: one 32-bit index (n_local x H / 16 < 2^26), one wide
+         * multiply a region */
+        const unsigned u = (unsigned)(it->xi * (H / 16) + d);
+        const uint8_t *wt = w2 + (unsigned long long)u * W2_TILE + (unsigned)(s0 * 512 + lane * 16);
+        const uint8_t *st = s2 + (unsigned long long)u * S2_TILE + (unsigned)((s0 / 4) * 256 + (p * 8 + g) * 16);
         MJ_UNROLL
         for (int i = 0; i < DSTEPS; i++) /* one base, the steps at immediate offsets */
             if (KS2 % DSTEPS == 0 || s0 + i < KS2) mj_cp_async16(slot + i * 512 + lane * 16, wt + i * 512);
         if (p < 2 && (DSTEPS == 4 || s0 % 4 == 0)) mj_cp_async16(slot + DSCALES + (p * 8 + g) * 16, st);
         /* the expert's last part: its first DRIDX rows' top-k entries, for the epilogue */
         if (it->shared_row0 < 0 && (DPARTS == 1 || part == DPARTS - 1) && lane < it->n && lane < DRIDX)
-            mj_cp_async4(slot + DINDEX + lane * 4, row_index + it->r0 + lane);
+            mj_cp_async4(slot + DINDEX + lane * 4, row_index + (unsigned)(it->r0 + lane)); /* a row is >= 0 */
     }
     mj_cp_async_commit();
-    if (lane == 0) {
-        down_item_t *m = (down_item_t *)(slot + DRECORD);
-        *m = *it;
-        m->part = part;
-    }
 }
 
 /* One token group's MMAs of an item (its fragments in slot, its run's scale chunk at sr; its
@@ -1352,25 +1343,27 @@ MJ_DEVICE void down_epi_group(const down_item_t *it, int c, const float d[4], co
                               const int32_t *row_index, const float *weights, int t0, int lane, float *tile,
                               const float *sgate_w, int n_local) {
     const int g = lane >> 2, p = lane & 3;
+    const int routed = it->shared_row0 < 0;
+    /* One load, whichever the weight: a routed row's (weights[entry]) or a shared
+     * sub-expert's, its token's gate (sgate_w[token]); without a gate it is 1, and the
+     * load reads weights[token] (in bounds: B K entries) for nothing. No branch on
+     * sgate_w: ptxas would compile the rest of the epilogue once for either case. */
+    const float *const wsrc = routed || !sgate_w ? weights : sgate_w;
+    const int wone = !routed && !sgate_w;
     MJ_UNROLL
     for (int h = 0; h < 2; h++) {
-        const int ti = c * 8 + 2 * p + h;
-        if (ti < it->n) {
-            const int routed = it->shared_row0 < 0;
-            int tk = t0 + ti, slot = K + it->xi - n_local, wi = tk;
-            if (routed) {
-                const int ri = c * 8 + 8 <= DRIDX ? idx[ti] : row_index[it->r0 + ti];
-                tk = (int)((unsigned)ri / K), slot = ri - tk * K, wi = ri; /* an entry is >= 0 */
-            }
-            /* One load, whichever the weight: a routed row's (weights[entry]) or a shared
-             * sub-expert's, its token's gate (sgate_w[token]); without a gate it is 1, and the
-             * load reads weights[token] (in bounds: B K entries) for nothing. No branch on
-             * sgate_w: ptxas would compile the rest of the epilogue once for either case. */
-            const float wv = (routed || !sgate_w ? weights : sgate_w)[wi];
-            const float wgt = routed || sgate_w ? wv : 1.0f;
-            float *o = tile + (DEAL ? (tk - t0) * NSLOT + slot : tk - t0) * 16 + g;
-            /* x DQ_UNIT first: exact (W4A16's sums are in units of 2^-7) */
-            const float v0 = wgt * (d[h] * DQ_UNIT * it->alpha), v1 = wgt * (d[h + 2] * DQ_UNIT * it->alpha);
+        /* Both rows, branch-free (they share their setup); a row past n takes the item's
+         * first row's entry or token (every load in bounds) and stores nothing. */
+        const int ti = c * 8 + 2 * p + h, ok = ti < it->n, tr = ok ? ti : c * 8;
+        int tt = tr, slot = K + it->xi - n_local, wi = t0 + tr; /* tt: the row's token - t0 */
+        if (routed) {
+            const int ri = c * 8 + 8 <= DRIDX ? idx[tr] : row_index[it->r0 + tr], tk = (int)((unsigned)ri / K);
+            tt = tk - t0, slot = ri - tk * K, wi = ri; /* an entry is >= 0 */
+        }
+        const float wv = wsrc[wi], wgt = wone ? 1.0f : wv;
+        float *o = tile + (DEAL ? tt * NSLOT + slot : tt) * 16 + g;
+        const float v0 = wgt * (d[h] * it->alpha), v1 = wgt * (d[h + 2] * it->alpha);
+        if (ok) {
             if (DEAL) o[0] = v0, o[8] = v1;
             else o[0] += v0, o[8] += v1;
         }
@@ -1415,12 +1408,13 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     for (int i = (int)threadIdx.x; i < DTILE; i += NW2 * 32) sums[i] = 0.0f; /* what no expert fills stays 0 */
     __syncthreads();
     const int na = n_active[0] < n_slots ? n_active[0] : n_slots;
+    const int nv = valid_tokens(num_valid, B), tn = (nv < t1 ? nv : t1) - t0; /* the tile's valid tokens (<= 0: none) */
     uint8_t *ring = (uint8_t *)smem + NW2 * DFRAG * 4 + DTILE * 4 + w * DRING * DSLOT;
     /* The producer: the item DRING - 2 ahead of the one computed (one place that fetches
      * items, so next_expert's searches are compiled once). The warp's share: fill_places and
      * next_expert. By place the shared sub-experts take the places after the list's (na + j),
      * so the warp that took the last routed place is not given one too. */
-    int pos = (DEAL ? (w - na) & (NW2 - 1) : w) << 16;
+    int pos = 0;
     int xn = 0, xr = 0; /* the lane's place in the warp's chunk, and its expert's first row (fill_places) */
     int row0 = 0; /* the item's first act row (token t0 + i at row0 + i; rows are ints, as the dispatch counts them) */
     float accr[SUMS_SMEM ? 1 : NT][4]; /* not read where DWHOLE */
@@ -1430,30 +1424,32 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
      * active experts, two chunks of 32 places by id with 4 warps, one by place). */
     MJ_NO_UNROLL
     for (int last = 0; !last;) {
-        fill_places(&pos, &xn, &xr, na, counts, offsets, active, row_index, n_local, expert_begin, B, w, lane);
+        fill_places(&pos, &xn, &xr, na, counts, offsets, active, row_index, n_local, expert_begin, B, tn, w, lane);
         int ppart = DPARTS - 1;
         down_item_t pit = {0, 0, 0, -1, 0.0f, 0};
+        down_item_t held = pit; /* the item issued on the trip before (item j: DRING - 2 is 1) */
         MJ_NO_UNROLL
         for (int j = -(DRING - 2);; j++) {
             /* item j + DRING - 2: the expert's next part, or the next expert's first */
             if (pit.xi >= 0) {
                 if (++ppart == DPARTS) {
                     ppart = 0;
-                    pit = next_expert(&xn, &xr, &pos, scal, n_local, mb, B, num_valid, lane);
+                    pit = next_expert(&xn, &xr, scal, n_local, mb, lane);
                 }
             }
-            down_issue(ring, w2, s2, row_index, &pit, ppart, d, j + DRING - 2, lane);
+            down_issue(w2, s2, row_index, &pit, ppart, d, dslot(ring, (unsigned)(j + 1) % DRING), lane);
+            const down_item_t it = held; /* item j, in every lane's registers alike */
+            held = pit, held.part = ppart;
             if (j < 0) continue;
             mj_cp_async_wait(DRING - 2); /* item j's group has landed... */
-            __syncwarp(0xFFFFFFFFu);     /* ...every lane's, and lane 0's item record */
-            const uint8_t *slot = dslot(ring, j);
-            const down_item_t it = *(const down_item_t *)(slot + DRECORD);
+            __syncwarp(0xFFFFFFFFu);     /* ...every lane's */
+            const uint8_t *slot = dslot(ring, (unsigned)j % DRING);
             const int32_t *idx = (const int32_t *)(slot + DINDEX); /* its rows' top-k entries (last part) */
             if (it.xi < 0) break;
             const int ipart = DPARTS == 1 ? 0 : it.part; /* one part an expert: 0, known here */
             /* the run's scale chunk: in this slot for a run's first part, else (DSTEPS 2, the
              * run's second part) in the slot of the item before, the same expert's first */
-            const uint8_t *sr = (DSTEPS == 4 || (ipart & 1) == 0 ? slot : dslot(ring, j + DRING - 1)) + DSCALES;
+            const uint8_t *sr = (DSTEPS == 4 || (ipart & 1) == 0 ? slot : dslot(ring, (unsigned)(j + DRING - 1) % DRING)) + DSCALES;
             if (ipart == 0) /* a new expert: its rows */
                 row0 = it.shared_row0 >= 0 ? it.shared_row0 + t0 : it.r0;
             if (DWHOLE) {

@@ -21,7 +21,7 @@
  *                 (pm_stream_launch);
  *   experts_down  a block (16 hidden dims, TPE tokens), NW2 warps dealing the experts: each
  *                 walks ceil(experts x parts / NW2) items (an expert's DSTEPS k-steps of w2
- *                 with a scale chunk and the record), MJ_EXPERTS_DRING - 2 in flight. */
+ *                 with a scale chunk and its rows' entries), MJ_EXPERTS_DRING - 2 in flight. */
 #include "predict.h"
 #include "moejit_private.h"
 
