@@ -59,6 +59,10 @@ mj_status mj_route_knobs(const mj_route_params *p, int32_t B, mj_knobs_oea_route
 mj_status mj_route_dispatch_knobs(int32_t E, int32_t k, mj_knobs_oea_route *kn);
 mj_status mj_route_dispatch(mj_context_t ctx, const int32_t *ids, int32_t B, int32_t k, int32_t E,
                             const mj_route_outputs *out, void *stream);
+/* The warps of a route launch of kn that take part in its dispatch (templates/oea_route.cu's
+ * DWARPS): at most MJ_ROUTE_DISPATCH_WARPS up to 256 experts, else every warp. */
+#define MJ_ROUTE_DISPATCH_WARPS 8
+int32_t mj_route_dispatch_warps(const mj_knobs_oea_route *kn);
 /* The dynamic shared memory of a route launch of kn: the warps' score rows, and with B > 0
  * (the one-block launch) the B x K ids, bytes. */
 int64_t mj_route_dyn_smem(const mj_knobs_oea_route *kn, int32_t B);

@@ -255,6 +255,10 @@ mj_status mj_route(mj_context_t ctx, const mj_route_params *params, const float 
                                out.row_index);
 }
 
+int32_t mj_route_dispatch_warps(const mj_knobs_oea_route *kn) {
+    return kn->NWARPS > MJ_ROUTE_DISPATCH_WARPS && kn->E <= 256 ? MJ_ROUTE_DISPATCH_WARPS : kn->NWARPS;
+}
+
 mj_status mj_route_dispatch_knobs(int32_t E, int32_t k, mj_knobs_oea_route *kn) {
     mj_route_params p = MJ_ROUTE_PARAMS_INIT;
     p.n_experts = E, p.topk = k, p.k0 = k;

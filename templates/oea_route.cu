@@ -440,13 +440,22 @@ MJ_DEVICE void warp_scan2(int *a, int *b, int n, int lane) {
 /* Mask words an expert in one chunk of the dispatch's rank step (DW x 32 entries a chunk),
  * within the scratch of the warps' score rows (2 x NWARPS x E words). */
 #define DW (2 * NWARPS < 8 ? 2 * NWARPS : 8)
-#define SL ((E + NWARPS * 32 - 1) / (NWARPS * 32)) /* experts a thread in the dispatch's scan */
+
+/* The warps that take part in the dispatch: at most 8 up to 256 experts (GLM-5's 256 are a
+ * thread each on 8 warps, and so are a decode batch's B x K entries; the dispatch-alone launch
+ * of a big batch has 8 warps anyway), all of them past that. The block's other warps meet its
+ * barriers and issue nothing else, so a block of 32 spends a quarter of the issue on it.
+ * runtime/route.c's mj_route_dispatch_warps says the same (test_route_kernels holds them
+ * together), and the performance model counts it so. */
+#define DWARPS (NWARPS > 8 && E <= 256 ? 8 : NWARPS)
+#define DT (DWARPS * 32)                 /* the dispatch's threads                      */
+#define SL ((E + DT - 1) / DT)           /* experts a thread in the dispatch's scan     */
 
 /* The dispatch metadata (the permutation and its inverse, row_index, among it) from ids
  * [B, K]: rows grouped by expert (experts in id order), within an expert in entry order
  * (entry r = b * K + j: tokens in order, a token's slots in order), -1 in empty slots (row_index
- * -1 in rows past the routed ones). An id outside 0..E-1 is an empty slot. The block's
- * threads take entries and experts in strides, and
+ * -1 in rows past the routed ones). An id outside 0..E-1 is an empty slot. The dispatch's
+ * threads (DT of them: DWARPS warps) take entries and experts in strides, and
  *   1. count each expert's entries (shared integer atomics: the totals do not depend on the
  *      order);
  *   2. the exclusive scan over the experts (offsets) and the active list: thread t takes
@@ -458,39 +467,47 @@ MJ_DEVICE void warp_scan2(int *a, int *b, int n, int lane) {
  *      the entries of the chunks before) plus the bits below its own: its rank among the
  *      expert's entries. O(1) a thread at decode batches, however many tokens an expert has.
  * Integer work only, each result in a fixed place: deterministic; duplicate ids in a token
- * get rows of their own, in slot order, as the reference gives them. cnt: E ints (shared);
- * scr: 2 x NWARPS x E words (shared): the offsets and the active list (steps 2-3), then the
- * masks [DW][E] (step 4). */
+ * get rows of their own, in slot order, as the reference gives them. Every warp meets every
+ * barrier. cnt: E ints (shared); scr: 2 x NWARPS x E words (shared): the offsets and the
+ * active list (steps 2-3), then the masks [DW][E] (step 4). */
 MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *offsets,
                           int32_t *active, int32_t *n_active, int32_t *perm, int32_t *row_index,
                           int32_t *cnt, uint32_t *scr, int32_t *wsum) {
     const int t = (int)threadIdx.x, lane = t % 32, w = warp_index(), n = B * K;
+    const int on = w < DWARPS; /* the same in every lane */
     int32_t *const off = (int32_t *)scr, *const act = (int32_t *)scr + E;
+    if (on) {
 #pragma unroll 1
-    for (int e = t; e < E; e += NWARPS * 32) cnt[e] = 0;
-    /* Rows past the routed ones have no source: -1 (the routed rows are written in step 4,
-     * after barriers). */
-    if (row_index) {
+        for (int e = t; e < E; e += DT) cnt[e] = 0;
+        /* Rows past the routed ones have no source: -1 (the routed rows are written in step
+         * 4, after barriers). */
+        if (row_index) {
 #pragma unroll 1
-        for (int r = t; r < n; r += NWARPS * 32) row_index[r] = -1;
+            for (int r = t; r < n; r += DT) row_index[r] = -1;
+        }
     }
     __syncthreads();
+    if (on) {
 #pragma unroll 1
-    for (int r = t; r < n; r += NWARPS * 32) {
-        const int e = ids[r];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+        for (int r = t; r < n; r += DT) {
+            const int e = ids[r];
+            if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+        }
     }
     __syncthreads();
     /* thread t: experts t * SL .. t * SL + SL - 1; a warp's inclusive scan by shuffles, the
-     * warps' totals scanned by warp 0 (wsum: NWARPS totals, then NWARPS active counts) */
-    int tot = 0, nz = 0;
+     * warps' totals scanned by warp 0 (wsum: NWARPS totals, then NWARPS active counts; a warp
+     * past the dispatch's, none) */
+    int tot = 0, nz = 0, it = 0, iz = 0;
+    if (on) {
 #pragma unroll 1
-    for (int i = 0; i < SL; i++) {
-        const int e = t * SL + i, c = e < E ? cnt[e] : 0;
-        tot += c, nz += c > 0;
+        for (int i = 0; i < SL; i++) {
+            const int e = t * SL + i, c = e < E ? cnt[e] : 0;
+            tot += c, nz += c > 0;
+        }
+        it = tot, iz = nz;
+        warp_scan2(&it, &iz, 32, lane);
     }
-    int it = tot, iz = nz;
-    warp_scan2(&it, &iz, 32, lane);
     if (lane == 31) wsum[w] = it, wsum[NWARPS + w] = iz;
     __syncthreads();
     if (w == 0) { /* warp 0 alone (w is known warp-uniform: no divergent shuffles) */
@@ -500,7 +517,7 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
     }
     __syncthreads();
     const int n_act = wsum[2 * NWARPS - 1];
-    {
+    if (on) {
         int o = (w ? wsum[w - 1] : 0) + it - tot, na = (w ? wsum[NWARPS + w - 1] : 0) + iz - nz;
 #pragma unroll 1
         for (int i = 0; i < SL; i++) {
@@ -511,55 +528,70 @@ MJ_NOINLINE void dispatch(const int32_t *ids, int B, int32_t *counts, int32_t *o
                 o += cnt[e];
             }
         }
-    }
 #pragma unroll 1
-    for (int e = n_act + t; e < E; e += NWARPS * 32) act[e] = -1;
+        for (int e = n_act + t; e < E; e += DT) act[e] = -1;
+    }
     if (t == NWARPS * 32 - 1) {
         if (offsets) offsets[E] = wsum[NWARPS - 1];
         if (n_active) n_active[0] = n_act;
     }
     __syncthreads();
+    if (on) {
 #pragma unroll 1
-    for (int e = t; e < E; e += NWARPS * 32) {
-        if (counts) counts[e] = cnt[e];
-        if (offsets) offsets[e] = off[e];
-        if (active) active[e] = act[e];
-        cnt[e] = off[e]; /* from here: the expert's next chunk's first row */
+        for (int e = t; e < E; e += DT) {
+            if (counts) counts[e] = cnt[e];
+            if (offsets) offsets[e] = off[e];
+            if (active) active[e] = act[e];
+            cnt[e] = off[e]; /* from here: the expert's next chunk's first row */
+        }
     }
     if (!perm && !row_index) return;
     __syncthreads(); /* off and act are read: the scratch takes the masks */
 #pragma unroll 1
     for (int c0 = 0; c0 < n; c0 += DW * 32) {
         const int c1 = c0 + DW * 32 < n ? c0 + DW * 32 : n;
+        if (on) { /* 16 bytes a store where the masks are whole 16-byte words */
+            if ((DW * E) % 4 == 0) {
 #pragma unroll 1
-        for (int i = t; i < DW * E; i += NWARPS * 32) scr[i] = 0;
-        __syncthreads();
+                for (int i = t; i < DW * E / 4; i += DT) ((uint4 *)scr)[i] = make_uint4(0u, 0u, 0u, 0u);
+            } else {
 #pragma unroll 1
-        for (int r = c0 + t; r < c1; r += NWARPS * 32) {
-            const int e = ids[r];
-            if (e >= 0 && e < E) atomicOr(&scr[(r - c0) / 32 * E + e], 1u << ((r - c0) % 32));
+                for (int i = t; i < DW * E; i += DT) scr[i] = 0;
+            }
         }
         __syncthreads();
+        if (on) {
 #pragma unroll 1
-        for (int r = c0 + t; r < c1; r += NWARPS * 32) {
-            const int e = ids[r], q = (r - c0) / 32;
-            int row = -1;
-            if (e >= 0 && e < E) {
-                row = cnt[e] + __popc(scr[q * E + e] & ((1u << ((r - c0) % 32)) - 1u));
-#pragma unroll 1
-                for (int j = 0; j < q; j++) row += __popc(scr[j * E + e]);
+            for (int r = c0 + t; r < c1; r += DT) {
+                const int e = ids[r];
+                if (e >= 0 && e < E) atomicOr(&scr[(r - c0) / 32 * E + e], 1u << ((r - c0) % 32));
             }
-            if (perm) perm[r] = row;
-            if (row_index && row >= 0) row_index[row] = r;
+        }
+        __syncthreads();
+        if (on) {
+#pragma unroll 1
+            for (int r = c0 + t; r < c1; r += DT) {
+                const int e = ids[r], q = (r - c0) / 32;
+                int row = -1;
+                if (e >= 0 && e < E) {
+                    row = cnt[e] + __popc(scr[q * E + e] & ((1u << ((r - c0) % 32)) - 1u));
+#pragma unroll 1
+                    for (int j = 0; j < q; j++) row += __popc(scr[j * E + e]);
+                }
+                if (perm) perm[r] = row;
+                if (row_index && row >= 0) row_index[row] = r;
+            }
         }
         if (c1 < n) { /* another chunk: the bases move past this one's entries */
             __syncthreads();
+            if (on) {
 #pragma unroll 1
-            for (int e = t; e < E; e += NWARPS * 32) {
-                int m = 0;
+                for (int e = t; e < E; e += DT) {
+                    int m = 0;
 #pragma unroll 1
-                for (int j = 0; j < DW; j++) m += __popc(scr[j * E + e]);
-                cnt[e] += m;
+                    for (int j = 0; j < DW; j++) m += __popc(scr[j * E + e]);
+                    cnt[e] += m;
+                }
             }
             __syncthreads();
         }

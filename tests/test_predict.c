@@ -124,7 +124,7 @@ static void test_launch(void) {
     pm_assume_default(&a);
     /* The hand-worked launch: 8 blocks of 4 warps, 32 registers: 16 blocks fit an SM (by
      * warps and registers); the busiest SM holds 2 (1 round), 2 x 4 x 4 KiB in flight. */
-    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0, 0, 0, 0, 0, 0, 0};
+    pm_launch l = {"toy", 8, 128, 32, 0, 8e6, 100, 0, 4096, 0, 0, 0, 0, 0, 0, 0, 0};
     pm_result r;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.blocks_per_sm == 16 && r.busiest_blocks == 2 && r.rounds == 1, "occupancy %d %d %d", r.blocks_per_sm,
@@ -179,13 +179,13 @@ static void test_waves(void) {
     pm_assume_default(&a);
     pm_result r;
     /* Too few blocks for the SMs: one block of one warp on 4 SMs, 100000 instructions. */
-    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0, 0, 0, 0, 0, 0, 0};
+    pm_launch one = {"lonely", 1, 32, 32, 0, 1e3, 0, 100000, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pm_predict(&k_toy, &a, NULL, &one, &r);
     CHECK(r.bound == PM_BOUND_WAVES, "one block: %s", pm_bound_names[r.bound]);
     CHECK_NEAR(r.t_issue, 100000 * a.warp_cpi / 1000.0, 1e-9);
     /* An uneven grid: 5 blocks on 4 SMs, one resident at a time (the shared memory): the
      * busiest SM runs 2 rounds, so twice as long as 4 blocks. */
-    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0, 0, 0, 0, 0, 0, 0}, four = five;
+    pm_launch five = {"uneven", 5, 32, 32, 60 * 1024, 1e3, 0, 10000, 0, 0, 0, 0, 0, 0, 0, 0, 0}, four = five;
     four.blocks = 4;
     pm_result r4;
     pm_predict(&k_toy, &a, NULL, &five, &r);
@@ -205,7 +205,7 @@ static void test_waves(void) {
 static void test_pipes(void) {
     pm_assume a;
     pm_assume_default(&a);
-    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0, 0, 0, 0, 0, 0, 0};
+    const pm_launch l = {"pipes", 4, 1024, 32, 0, 1e3, 100, 0, 1e6, 0, 0, 0, 0, 0, 0, 0, 0};
     static const struct { double alu, imad, fp32, half, cycles; const char *why; } c[] = {
         {10, 10, 0, 0, 20, "10 ALU + 10 IMAD: 20 cycles on each pipe, 20 instructions"},
         {20, 0, 0, 0, 40, "20 ALU: 40 cycles"},
@@ -272,36 +272,60 @@ static void test_route(void) {
      * UP0's compare with 0x4), STG, ISETP, BRA = 26 (the score loop loads global memory but
      * holds no pick: not the token loop). pick: REDUX x 2, IADD3, ISETP, BRA = 5
      * (once: a pick is one trip). outside: S2R, MOV, BAR, CALL x 2, EXIT = 6 (not the
-     * diverged shuffle's path past the EXIT). dispatch: MOV,
-     * the loop's 4 x 4 (0x400 / 0x100), RET = 18; the short dispatch: SHFL, STS, RET = 3; the
+     * diverged shuffle's path past the EXIT). dispatch: MOV, BAR,
+     * the loop's 4 x 4 (0x400 / 0x100), RET = 19, one barrier; the short dispatch: SHFL, STS, RET = 3; the
      * block's scoring: a trip of its loop 6 (LDS, MUFU, STS, VIADD, ISETP, BRA), the rest 4
      * (S2R, LDG, STS, RET); the slow path is not counted. */
     CHECK_NEAR(r.token, 26, 0);
     CHECK_NEAR(r.pick, 5, 0);
     CHECK_NEAR(r.outside, 6, 0);
-    CHECK_NEAR(r.dispatch, 18, 0);
+    CHECK_NEAR(r.dispatch, 19, 0);
+    CHECK_NEAR(r.dispatch_bars, 1, 0);
     CHECK_NEAR(r.dispatch_small, 3, 0);
     CHECK_NEAR(r.score, 6, 0);
     CHECK_NEAR(r.score_once, 4, 0);
-    /* A warp's instructions: 6 + the dispatch (3 for B x k <= 32, else 18) + tokens x
+    /* A warp's instructions: 6 + the dispatch (3 for B x k <= 32, else 19) + tokens x
      * (scorings x 26 + picks x 5) + scorings x each round's block scoring, 4 + its busiest
      * thread's pairs (ceil(n E / threads) of the round's n tokens) x 6. */
     CHECK_NEAR(pm_route_insts(&r, 1, 8, 256, 8, 8), 9 + 26 + 8 * 5 + 4 + 6, 0); /* one token: a pair a thread */
     CHECK_NEAR(pm_route_insts(&r, 1, 8, 1024, 8, 8), 9 + 26 + 8 * 5 + 4 + 4 * 6, 0); /* E 1024: 4 */
     CHECK_NEAR(pm_route_insts(&r, 4, 8, 256, 8, 8), 9 + 26 + 8 * 5 + 4 + 4 * 6, 0); /* 32 entries: the short one */
-    CHECK_NEAR(pm_route_insts(&r, 5, 8, 256, 8, 8), 24 + 26 + 8 * 5 + 4 + 5 * 6, 0); /* 40: the whole dispatch */
-    CHECK_NEAR(pm_route_insts(&r, 32, 32, 256, 8, 4), 24 + 26 + 8 * 5 + 4 + 8 * 6, 0); /* OEA, a token a warp: scored once */
-    CHECK_NEAR(pm_route_insts(&r, 32, 16, 256, 8, 4), 24 + 2 * (2 * 26 + 12 * 5) + 2 * 2 * (4 + 8 * 6),
+    CHECK_NEAR(pm_route_insts(&r, 5, 8, 256, 8, 8), 25 + 26 + 8 * 5 + 4 + 5 * 6, 0); /* 40: the whole dispatch */
+    CHECK_NEAR(pm_route_insts(&r, 32, 32, 256, 8, 4), 25 + 26 + 8 * 5 + 4 + 8 * 6, 0); /* OEA, a token a warp: scored once */
+    CHECK_NEAR(pm_route_insts(&r, 32, 16, 256, 8, 4), 25 + 2 * (2 * 26 + 12 * 5) + 2 * 2 * (4 + 8 * 6),
                0); /* 2 a warp: phase 1 again, each phase 2 rounds of 16 tokens */
-    CHECK_NEAR(pm_route_insts(&r, 32, 8, 256, 8, 8), 24 + 4 * (26 + 8 * 5) + 4 * (4 + 8 * 6), 0); /* plain, 4 a warp */
-    CHECK_NEAR(pm_route_insts(&r, 12, 8, 256, 8, 8), 24 + 2 * (26 + 8 * 5) + (4 + 8 * 6) + (4 + 4 * 6),
+    CHECK_NEAR(pm_route_insts(&r, 32, 8, 256, 8, 8), 25 + 4 * (26 + 8 * 5) + 4 * (4 + 8 * 6), 0); /* plain, 4 a warp */
+    CHECK_NEAR(pm_route_insts(&r, 12, 8, 256, 8, 8), 25 + 2 * (26 + 8 * 5) + (4 + 8 * 6) + (4 + 4 * 6),
                0); /* a full round, then 4 tokens */
+    /* The warps on average (the SM's issue): the dispatch is 8 warps' of 32 (19 each), the
+     * other 24 issue its one barrier, its guard and branch (3); the short dispatch and a
+     * block of no more warps than the dispatch's: every warp the same. */
+    const double all32 = pm_route_insts(&r, 32, 32, 256, 8, 4);
+    CHECK_NEAR(pm_route_insts_avg(&r, 32, 32, 8, 256, 8, 4), all32 - 19 + (8 * 19 + 24 * 3) / 32.0, 1e-9);
+    CHECK_NEAR(pm_route_insts_avg(&r, 32, 8, 8, 256, 8, 4), pm_route_insts(&r, 32, 8, 256, 8, 4), 0);
+    CHECK_NEAR(pm_route_insts_avg(&r, 4, 16, 8, 256, 8, 8), pm_route_insts(&r, 4, 16, 256, 8, 8), 0);
+    {   /* the SM's schedulers issue the average (8 warps each: 8 x 131), a warp alone its own
+         * chain (143 x 6 cycles, below it) */
+        pm_assume a0;
+        pm_assume_default(&a0);
+        pm_launch even = {"oea_route", 1, 32 * 32, 40, 0, 1e3, 0, all32, 0, 1, 0, 0, 0, 0, 0, 0, 0}, some = even;
+        some.extra_sm = pm_route_insts_avg(&r, 32, 32, 8, 256, 8, 4);
+        pm_result re, rs;
+        pm_predict(&k_toy, &a0, NULL, &even, &re);
+        pm_predict(&k_toy, &a0, NULL, &some, &rs);
+        CHECK_NEAR(all32, 143, 0);
+        CHECK_NEAR(rs.insts_sm, 131, 1e-9);
+        CHECK_NEAR(re.insts_sm, 143, 0);
+        CHECK_NEAR(re.t_issue * k_toy.clock_mhz, 8 * 143, 1e-6);
+        CHECK_NEAR(rs.t_issue * k_toy.clock_mhz, 8 * 131, 1e-6);
+        CHECK(rs.insts_warp == 143 && 143 * a0.warp_cpi < 8 * 131, "the busiest warp's own %.0f", rs.insts_warp);
+    }
     /* Made slow on purpose: the batch on 8 warps in place of 32 (4 tokens a warp, each scored
      * twice under OEA) is predicted slower on one block, though its warps share schedulers less. */
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0, 0};
-    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0, 0};
+    pm_launch w32 = {"oea_route", 1, 32 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 32, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0, 0, 0};
+    pm_launch w8 = {"oea_route", 1, 8 * 32, 40, 0, 4.0 * 32 * 256, 0, pm_route_insts(&r, 32, 8, 256, 8, 4), 0, 1, 0, 0, 0, 0, 0, 0, 0};
     pm_result r32, r8;
     pm_predict(&k_toy, &a, NULL, &w32, &r32);
     pm_predict(&k_toy, &a, NULL, &w8, &r8);
@@ -319,7 +343,7 @@ static void test_stream(void) {
     const pm_sass s = *toy();
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 0, 0, 0};
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 0, 0, 0, 0};
     pm_stream_launch(&k_toy, &s, &l);
     CHECK(l.blocks == 16, "blocks %lld", (long long)l.blocks);
     CHECK_NEAR(l.iters, 64, 0);
@@ -327,7 +351,7 @@ static void test_stream(void) {
     pm_result r, rt;
     pm_predict(&k_toy, &a, &s, &l, &r);
     CHECK(r.rounds == 1 && r.blocks_per_sm == 4, "stream: %d rounds of %d", r.rounds, r.blocks_per_sm);
-    pm_launch tiles = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0, 0}, keep = tiles;
+    pm_launch tiles = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0, 0, 0}, keep = tiles;
     pm_stream_launch(&k_toy, &s, &tiles); /* not persistent: left as it is */
     CHECK(tiles.blocks == keep.blocks && tiles.iters == keep.iters && tiles.extra == keep.extra, "a plain launch kept");
     pm_predict(&k_toy, &a, &s, &tiles, &rt);
@@ -356,7 +380,7 @@ static void test_tail(void) {
     pm_assume_default(&a);
     CHECK_NEAR(a.l2_lat_cycles, 400, 0);
     CHECK_NEAR(a.tail_cpi, 2, 0);
-    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0}, l2 = l;
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0, 0}, l2 = l;
     pm_result rs, rb;
     pm_stream_launch(&k_toy, &ser, &l);
     pm_predict(&k_toy, &a, &ser, &l, &rs);
@@ -375,7 +399,7 @@ static void test_tail(void) {
     /* The unit's token pairs are passes of their own, each its trips: 4 pairs of 40 pieces
      * (320 bytes a lane a pass) take 4 x ceil(320 / 32) = 40 trips batched, 4 x 40 serial
      * (not ceil(4 x 320 / 32)). */
-    pm_launch lp = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 40 * 8.0, 4, 0}, lp2 = lp;
+    pm_launch lp = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, 100, 4096, 0, 1000, 48, 2, 40 * 8.0, 4, 0, 0}, lp2 = lp;
     pm_stream_launch(&k_toy, &bat, &lp);
     pm_predict(&k_toy, &a, &bat, &lp, &rb);
     CHECK_NEAR(rb.tail_trips, 40, 0);
@@ -384,12 +408,12 @@ static void test_tail(void) {
     CHECK_NEAR(rs.tail_trips, 160, 0);
     /* The SASS's outside count (extra < 0) leaves the fold's loop out of a segment's: the
      * finishing warp's alone, counted by the tail. 16 blocks of 2 warps, runs of 32 pieces. */
-    pm_launch lo = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0};
+    pm_launch lo = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0, 0};
     pm_stream_launch(&k_toy, &bat, &lo);
     CHECK(bat.outside > bat.tail_insts, "outside %d, tail %d", bat.outside, bat.tail_insts);
     CHECK_NEAR(lo.extra, (bat.outside - bat.tail_insts) * (1 + 31.0 / 48), 1e-9);
     /* a plain launch has no fold */
-    pm_launch plain = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0, 0};
+    pm_launch plain = {"up", 21, 64, 64, 12 * 1024, 1e3, 48, 100, 4096, 0, 0, 0, 0, 0, 0, 0, 0};
     pm_predict(&k_toy, &a, &ser, &plain, &rs);
     CHECK(rs.t_tail == 0 && rs.tail_trips == 0, "plain: tail %.3f", rs.t_tail);
 }
@@ -411,7 +435,7 @@ static void test_piece_end(void) {
     if (toy()) CHECK(toy()->piece_total == 0, "toy: no piece end (%.0f)", toy()->piece_total);
     pm_assume a;
     pm_assume_default(&a);
-    pm_launch l = {"up", 4, 32, 32, 0, 1e3, 10, 0, 4096, 0, 0, 0, 2, 0, 0, 0}, plain = l;
+    pm_launch l = {"up", 4, 32, 32, 0, 1e3, 10, 0, 4096, 0, 0, 0, 2, 0, 0, 0, 0}, plain = l;
     plain.stream_spp = 0;
     pm_result r, rp;
     pm_predict(&k_toy, &a, &s, &l, &r);
@@ -448,7 +472,7 @@ static void test_finisher(void) {
     pm_assume_default(&a);
     /* 16 blocks of 2 warps, runs of 32 of 1000 pieces (units of 48): a segment's outside is
      * 18 - 7 - 6 = 5, the finisher's 6 once a unit over the grid's 32 warps */
-    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0};
+    pm_launch l = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 1000, 48, 2, 48 * 8.0, 1, 0, 0};
     pm_stream_launch(&k_toy, &f, &l);
     CHECK(l.blocks == 16, "blocks %lld", (long long)l.blocks);
     CHECK_NEAR(l.extra, 5 * (1 + 31.0 / 48) + 6 * (1000.0 / 48 / 32), 1e-9);
@@ -458,7 +482,7 @@ static void test_finisher(void) {
     CHECK_NEAR(r.t_tail, (24 * (400 + 7 * 2) + 6 * 2) / 1000.0, 1e-9);     /* then the epilogue */
     /* more tiles than warps (100 of 48 pieces over 32 warps: runs of 150): a warp completes
      * 100 / 32 of them on average, not at most one */
-    pm_launch many = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 4800, 48, 2, 48 * 8.0, 1, 0};
+    pm_launch many = {"up", 0, 64, 64, 12 * 1024, 1e3, 0, -1, 4096, 0, 4800, 48, 2, 48 * 8.0, 1, 0, 0};
     pm_stream_launch(&k_toy, &f, &many);
     CHECK_NEAR(many.extra, 5 * (1 + 149.0 / 48) + 6 * (100.0 / 32), 1e-9);
     /* a launch's own count (extra >= 0) is taken as it is */

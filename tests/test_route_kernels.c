@@ -913,6 +913,21 @@ static void case_warps(void) {
         CHECK(kn.NWARPS == want[i].nw, "E %d top-%d B %d: %d warps, want %d", want[i].E, want[i].k, want[i].B, kn.NWARPS,
               want[i].nw);
     }
+    /* The dispatch's warps: the template's rule is the runtime's (the performance model's
+     * count of the SM's issue): at most 8 up to 256 experts, else all of them. */
+    int32_t tpl = -1;
+    const mj_template_desc *t = mj_template_find("oea_route", &tpl);
+    CHECK(t && strstr(t->body, "\n#define DWARPS (NWARPS > 8 && E <= 256 ? 8 : NWARPS)\n") &&
+              MJ_ROUTE_DISPATCH_WARPS == 8,
+          "templates/oea_route.cu's DWARPS and runtime/plan.h's MJ_ROUTE_DISPATCH_WARPS (%d) agree",
+          MJ_ROUTE_DISPATCH_WARPS);
+    static const struct { int E, nw, dw; } dws[] = {{256, 32, 8}, {256, 16, 8}, {256, 8, 8}, {256, 4, 4},
+                                                    {257, 32, 32}, {1024, 16, 16}, {64, 32, 8}};
+    for (size_t i = 0; i < sizeof dws / sizeof dws[0]; i++) {
+        mj_knobs_oea_route kn = {.E = dws[i].E, .K = 8, .K0 = 8, .NG = 1, .TG = 1, .NWARPS = dws[i].nw};
+        CHECK(mj_route_dispatch_warps(&kn) == dws[i].dw, "E %d on %d warps: %d dispatch warps, want %d", dws[i].E,
+              dws[i].nw, mj_route_dispatch_warps(&kn), dws[i].dw);
+    }
 }
 
 static void case_router(void) { test_router(g_ctx, g_seed); }

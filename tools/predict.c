@@ -65,7 +65,8 @@ void pm_assume_print(FILE *f, const pm_assume *a, const tool_gpu *g) {
                "    tensor %.3f, load/store %.2f, half2 %.2f, fp32 and the rest 1; a dependent global-load chain\n"
                "    of 2 or more costs chain x latency an iteration (a chain of 1 is prefetched by the rings);\n"
                "    oea_route's instructions a warp from its SASS's pieces (token, pick, dispatch) times the\n"
-               "    launch's tokens and picks; \"waves\" past %.2fx the average SM's blocks; a persistent\n"
+               "    launch's tokens and picks (the dispatch on 8 warps up to 256 experts: the SM's issue counts\n"
+               "    the others at its barriers); \"waves\" past %.2fx the average SM's blocks; a persistent\n"
                "    launch's fold after its runs: trips to L2 (%.0f cycles each, assumed) by the bytes its tail\n"
                "    loop has in flight, its instructions at %.1f cycles\n",
             a->launch_us, a->pdl_launch_us, a->warp_cpi, a->tensor_rate, a->mem_rate, a->half_rate,
@@ -485,14 +486,16 @@ int pm_sass_analyze(const char *text, const char *function, pm_sass *s) {
 /* The trip count of the loop closed by branch b (first..b) for a loop that may step by more
  * than one: the guard's compare "ISETP... Pn, PT, Rx, imm, ..." and an add to Rx inside the
  * loop ("IADD3 Rx, PT, PT, Rx, step, RZ", "VIADD Rx, Rx, step") give ceil(imm / step): the
- * trips of a thread that starts below step (lane, thread or warp index: the busiest one). No
- * such add: trip_count's reading. */
+ * trips of a thread that starts below step (lane, thread or warp index: the busiest one). An
+ * add of a register (a step the launch sets): unknown, once. No such add: trip_count's
+ * reading. */
 static int strided_trips(const inst *v, int first, int b) {
     char reg[16];
     long bound;
     if (!guard_compare(v, first, b, 1, reg, &bound)) return 1;
     if (bound < 1 || !reg[0]) return trip_count(v, first, b);
     const size_t rl = strlen(reg);
+    int reg_step = 0;
     for (int j = first; j < b; j++) {
         const int viadd = op_is(v[j].op, "VIADD"),
                   iadd = op_is(v[j].op, "IADD3") || op_is(v[j].op, "UIADD3");
@@ -508,13 +511,17 @@ static int strided_trips(const inst *v, int first, int b) {
         if (strncmp(q, reg, rl) || q[rl] != ',') continue;
         q += rl + 1;
         while (isspace((unsigned char)*q)) q++;
-        if (!isdigit((unsigned char)*q)) continue;
+        if (!isdigit((unsigned char)*q)) { /* a step in a register (oea_route's dispatch: its
+                                            * threads): unknown, counted once */
+            reg_step = 1;
+            continue;
+        }
         const long step = strtol(q, NULL, 0);
         if (step < 1) continue;
         const long trips = (bound + step - 1) / step;
         return trips < 1 ? 1 : trips > 4096 ? 4096 : (int)trips;
     }
-    return trip_count(v, first, b);
+    return reg_step ? 1 : trip_count(v, first, b);
 }
 
 /* Instructions of v[a..b) but those in the ranges skip[0..ns) (first, last), each counted
@@ -600,7 +607,10 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r) {
         const int tok[1][2] = {{tf, tl}};
         r->outside = weighted(v, 0, body_end, tok, 1, -1);
     }
-    if (disp >= 0) r->dispatch = weighted(v, disp, disp_end, NULL, 0, -1);
+    if (disp >= 0) {
+        r->dispatch = weighted(v, disp, disp_end, NULL, 0, -1);
+        for (int i = disp; i < disp_end; i++) r->dispatch_bars += op_is(v[i].op, "BAR");
+    }
     if (small >= 0) r->dispatch_small = weighted(v, small, small_end, NULL, 0, -1);
     if (sc >= 0) { /* its loop's trips depend on the round: a trip, and the rest once */
         int lf = -1, ll = -1; /* the pairs' loop: the one that holds the exponential */
@@ -680,6 +690,14 @@ double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int E, int k, i
             rounds += r->score_once + (double)((nb * E + threads - 1) / threads) * r->score;
         }
     return r->outside + dispatch + tpw * (scored * r->token + picks * r->pick) + scored * rounds;
+}
+
+double pm_route_insts_avg(const pm_route_sass *r, int B, int nwarps, int dwarps, int E, int k, int k0) {
+    const double all = pm_route_insts(r, B, nwarps, E, k, k0);
+    if (r->dispatch_small > 0 && (long long)B * k <= 32) return all; /* every warp runs the short one */
+    if (nwarps <= 0 || dwarps >= nwarps || dwarps <= 0) return all;
+    const double idle = 3.0 * r->dispatch_bars; /* a warp past the dispatch's: its barriers */
+    return all - r->dispatch + ((double)dwarps * r->dispatch + (double)(nwarps - dwarps) * idle) / nwarps;
 }
 
 /* ---- the model ------------------------------------------------------------------------------ */
@@ -766,8 +784,9 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
         }
     }
     r->insts_warp = n;
+    r->insts_sm = l->extra_sm > 0 ? l->extra_sm : n; /* the warps' average, where they differ */
     const double w_sched = ceil((double)resident * wpb / 4.0); /* warps a scheduler holds */
-    double cyc = w_sched * n;
+    double cyc = w_sched * r->insts_sm;
     if (w_sched * pipe > cyc) cyc = w_sched * pipe;
     if (n * a->warp_cpi > cyc) cyc = n * a->warp_cpi;
     r->t_issue = r->rounds * cyc / g->clock_mhz;

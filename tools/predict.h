@@ -96,6 +96,9 @@ typedef struct pm_route_sass {
     double token, pick, outside, dispatch;
     double dispatch_small;       /* the short dispatch of B x k <= 32 entries (0: the kernel
                                     has none: blocks of more than 8 warps)                    */
+    double dispatch_bars;        /* the dispatch's barriers (BAR): what a warp that takes no
+                                    part in it issues, 3 instructions each (the barrier, its
+                                    guard and branch)                                         */
     double score, score_once;
 } pm_route_sass;
 int pm_sass_route(const char *text, const char *function, pm_route_sass *r);
@@ -106,6 +109,10 @@ int pm_sass_route(const char *text, const char *function, pm_route_sass *r);
  * 32)) pairs of the round's n tokens; the dispatch (the short one where B x k <= 32 and the
  * kernel has it) and the kernel's set-up once. */
 double pm_route_insts(const pm_route_sass *r, int B, int nwarps, int E, int k, int k0);
+/* The same launch's warps on average (the SM's issue): pm_route_insts's, with the whole
+ * dispatch the part of dwarps of the nwarps (mj_route_dispatch_warps) and the others at its
+ * barriers. */
+double pm_route_insts_avg(const pm_route_sass *r, int B, int nwarps, int dwarps, int E, int k, int k0);
 
 /* The experts the busiest of w warps takes when n routed experts are dealt by id modulo w
  * (ids at random: each warp equally likely) and s shared sub-experts j to warp j modulo w:
@@ -168,6 +175,10 @@ typedef struct pm_launch {
                                     prefetch of the shared sub-experts during the routing);
                                     the memory and latency terms leave them out where the
                                     kernel is a programmatic dependent (pdl), the floor not  */
+    double extra_sm;             /* > 0: a warp's instructions on average over the launch's
+                                    warps where they differ (oea_route: the dispatch is some
+                                    warps'), which the SM's issue counts; extra stays the
+                                    busiest warp's (its own dependent issue)                 */
 } pm_launch;
 
 typedef enum { PM_BOUND_MEMORY, PM_BOUND_ISSUE, PM_BOUND_LATENCY, PM_BOUND_WAVES } pm_bound;
@@ -197,6 +208,8 @@ typedef struct pm_result {
     double waves;                /* blocks / (SMs x resident)                                 */
     double inflight_sm;          /* bytes in flight on the busiest SM                         */
     double insts_warp;           /* warp-instructions of one working warp                     */
+    double insts_sm;             /* a warp's on average, for the SM's issue (insts_warp where
+                                    the warps do the same)                                    */
 } pm_result;
 
 /* Predict launch l of the kernel whose SASS is s (NULL: no hot loop, only l->extra) on gpu. */

@@ -119,6 +119,7 @@ static int fetch_route(mj_context_t ctx, reader *rd, const mj_spec *spec, const 
         return tool_fail("--predict: no token loop with picks in %s's SASS", k->name);
     k->has_route = 1;
     k->l.extra = pm_route_insts(&k->rs, B, kn->NWARPS, kn->E, kn->K, kn->K0);
+    k->l.extra_sm = pm_route_insts_avg(&k->rs, B, kn->NWARPS, mj_route_dispatch_warps(kn), kn->E, kn->K, kn->K0);
     pm_predict(gpu, a, NULL, &k->l, &k->r);
     return 0;
 }
@@ -146,6 +147,7 @@ static json_t *result_json(const kernel_row *k) {
     json_object_set_new(o, "prefetched", json_real(k->r.prefetched));
     json_object_set_new(o, "iters_warp", json_real(k->l.iters));
     json_object_set_new(o, "insts_warp", json_real(k->r.insts_warp));
+    json_object_set_new(o, "insts_sm", json_real(k->r.insts_sm));
     json_object_set_new(o, "pdl", json_boolean(k->l.pdl));
     if (k->has_route) {
         json_t *h = json_object();
@@ -156,6 +158,7 @@ static json_t *result_json(const kernel_row *k) {
         json_object_set_new(h, "dispatch_small", json_real(k->rs.dispatch_small));
         json_object_set_new(h, "score", json_real(k->rs.score));
         json_object_set_new(h, "score_once", json_real(k->rs.score_once));
+        json_object_set_new(h, "dispatch_bars", json_real(k->rs.dispatch_bars));
         json_object_set_new(o, "route_sass", h);
     }
     if (k->has_sass) {
