@@ -1122,7 +1122,7 @@ typedef struct down_item_t {
     int r0, n;       /* its rows (tokens t0 .. of the tile)                                */
     int shared_row0; /* the shared sub-expert's first act row, -1 for a routed expert     */
     float alpha;     /* the expert's scale times DQ_UNIT                                   */
-    int part;        /* which DSTEPS k-steps of the expert (in the ring)                   */
+    int part;        /* which DSTEPS k-steps of the expert                                 */
 } down_item_t;
 
 /* A warp's share of the active list, and after the list's na places the shared sub-experts'
@@ -1195,8 +1195,8 @@ MJ_DEVICE down_item_t next_expert(int *xn, int *xr, const float *scal, int n_loc
         it.xi = v & 0xFFFF, it.n = take, it.r0 = r;
         it.shared_row0 = it.xi >= n_local ? mb * (K + it.xi - n_local) : -1; /* sub-expert j's act rows: mb K + j mb */
         const float ws2 = scal[it.xi * SCAL + 2];
-        /* x DQ_UNIT: exact (a power of 2), and a sum times it times alpha rounds once, as it
-         * would times DQ_UNIT (W4A16's sums are in units of 2^-7) and then alpha */
+        /* the scale times DQ_UNIT (W4A16's sums are in units of 2^-7): a power of 2, so a sum
+         * times it is the sum times DQ_UNIT times the scale, rounded once */
         it.alpha = (MODE == 1 ? scal[it.xi * SCAL + 3] * ws2 : ws2) * DQ_UNIT;
     }
     return it;
@@ -1209,13 +1209,17 @@ MJ_DEVICE down_item_t next_expert(int *xn, int *xr, const float *scal, int n_loc
  * with an expert's last part, the top-k entries (row_index) of its first DRIDX rows: the
  * epilogue's weights are then one load from what the ring holds, not a load of an entry and
  * then of its weight. The item itself every lane holds in registers (next_expert's result is
- * the same in every lane): the one in flight, kept a trip (DRING - 2 is 1). cp.async keeps DRING - 2 items in flight
- * while one computes (at decode with I_local 256 and DSTEPS 4 an item is a whole expert: the
- * next experts' weights arrive during this one). A slot is refilled two items after the one
- * that read it (item j's at the issue of item j + 2, made by the iteration after j's), and
- * every iteration ends with a __syncwarp: the scales and the entries, which lanes read
- * across, are free by then. */
+ * the same in every lane): the one in flight, kept a trip. cp.async keeps DRING - 2 items in
+ * flight while one computes (at decode with I_local 256 and DSTEPS 4 an item is a whole
+ * expert: the next experts' weights arrive during this one). Item q's slot is q % DRING: the
+ * trip that computes item j first issues item j + 1 into the slot item j - 2 had (item j - 1's
+ * stays, whose scale chunk item j reads where DSTEPS is 2 and j is a run's second part), and
+ * every trip ends with a __syncwarp: the scales and the entries, which lanes read across,
+ * are free by then. */
 #define DRING 3
+#if DRING != 3
+#error "experts_down's loop keeps one item in flight in registers (held): DRING - 2 must be 1"
+#endif
 #define DRIDX (TPE == 16 ? 16 : 8) /* rows whose top-k entries a slot carries: TPE 16 all, else one group */
 #define DSLOT (DSTEPS * 512 + 256 + 4 * DRIDX)
 #define DSCALES (DSTEPS * 512) /* a slot's scale chunk, then its rows' entries */
@@ -1418,7 +1422,7 @@ MJ_KERNEL void __launch_bounds__(NW2 * 32, NW2 == 8 ? 3 : 1) experts_down(const 
     int xn = 0, xr = 0; /* the lane's place in the warp's chunk, and its expert's first row (fill_places) */
     int row0 = 0; /* the item's first act row (token t0 + i at row0 + i; rows are ints, as the dispatch counts them) */
     float accr[SUMS_SMEM ? 1 : NT][4]; /* not read where DWHOLE */
-    /* A pass a chunk of the warp's places (the last with its shared sub-experts after it): the
+    /* A pass a chunk of the warp's places (the list's, then the shared sub-experts'): the
      * chunk's experts stream through the ring (the inner loop, down's hot loop), which drains
      * before the next chunk (at decode one chunk holds a warp's share: GLM-5 at B 32 has 103
      * active experts, two chunks of 32 places by id with 4 warps, one by place). */
