@@ -749,7 +749,8 @@ MJ_DEVICE void up_requant(const rows_t *rs, int c0, int nc, int t, float gs2, in
  * floats 2 (l % 16) and the next of its 128-byte line (gate rows 0..15, then up's): 16 lanes a
  * line. The loads go FOLD pieces at a time, all in flight before the first is added, so a
  * unit's fold waits on L2 ceil(nc / 2) ceil((PIECES1 - k) / FOLD) times, not once a piece and
- * value (tools/predict.c counts those trips). */
+ * value (tools/predict.c counts those trips): whole trips of FOLD pieces with no test a piece
+ * (the model's tail loop), then the rest in one trip. */
 #define FOLD 16
 MJ_DEVICE void up_fold(const float *upart, int k, int prow0, int t, int nc, float *ts, int lane) {
     const int e = lane & 15, h = e >> 3, r = 2 * (e & 7);
@@ -759,16 +760,26 @@ MJ_DEVICE void up_fold(const float *upart, int k, int prow0, int t, int nc, floa
         const int ti = tp + (lane >> 4), on = ti < nc;
         const float *pp = upart + (((long long)k * UPROWS + prow0 + (on ? ti : 0)) * (I / 16) + t) * 32 + 2 * e;
         float a0 = -0.0f, a1 = -0.0f;
+        int pc0 = k;
+        /* FOLD whole pieces a trip, no test a piece (a lane past nc reads the chunk's first
+         * token's sums, in bounds, and stores nothing) */
         MJ_NO_UNROLL
-        for (int pc0 = k; pc0 < PIECES1; pc0 += FOLD) {
+        for (; pc0 + FOLD <= PIECES1; pc0 += FOLD) {
+            float2 v[FOLD];
+            MJ_UNROLL
+            for (int j = 0; j < FOLD; j++) v[j] = mj_ld_cg_f32x2(pp + j * step);
+            MJ_UNROLL
+            for (int j = 0; j < FOLD; j++) a0 += v[j].x, a1 += v[j].y; /* in piece order */
+            pp += FOLD * step;
+        }
+        if (pc0 < PIECES1) { /* the last pieces, fewer than FOLD */
             float2 v[FOLD];
             MJ_UNROLL
             for (int j = 0; j < FOLD; j++)
-                v[j] = on && pc0 + j < PIECES1 ? mj_ld_cg_f32x2(pp + j * step) : make_float2(0.0f, 0.0f);
+                v[j] = pc0 + j < PIECES1 ? mj_ld_cg_f32x2(pp + j * step) : make_float2(0.0f, 0.0f);
             MJ_UNROLL
-            for (int j = 0; j < FOLD; j++) /* in piece order; past the last none (+0 would turn a -0) */
+            for (int j = 0; j < FOLD; j++) /* past the last none (+0 would turn a -0) */
                 if (pc0 + j < PIECES1) a0 += v[j].x, a1 += v[j].y;
-            pp += FOLD * step;
         }
         if (on)
             for (int j = 0; j < 2; j++) {
