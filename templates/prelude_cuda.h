@@ -13,7 +13,7 @@ typedef unsigned long long uint64_t;
 #define MJ_KERNEL extern "C" __global__
 #define MJ_DEVICE static __device__ __forceinline__
 #define MJ_SHARED __shared__
-#define MJ_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#define MJ_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[] /* 16-byte accesses, past any static */
 #define MJ_RESTRICT __restrict__
 /* Before a loop whose unrolling buys nothing on the GPU but costs compile time. */
 /* Before a loop that must be unrolled (it indexes register arrays). */

@@ -605,6 +605,28 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
  * of the hot loop is 16 bytes wide (the 4-byte ones are the last block's parts), the gate's
  * are the non-coherent no-allocate stream, two a chunk of a run (8), and a chunk is 2 bf16
  * MMAs a token group (8 MMAs at ROWS 8). */
+/* oea_route's dynamic shared memory follows its static arrays (4 E + 256 bytes: E 9 ends them
+ * 4 bytes past a 16-byte line) and its dispatch zeroes the masks in 16-byte stores: the PTX
+ * declares the dynamic area 16-byte aligned (NVVM's default for an extern shared array, which
+ * MJ_DYNAMIC_SHARED also asks for), so the GPU places it on a 16-byte boundary whatever E is.
+ * The interpreter's allocation is aligned anyway, so only the declaration can be checked
+ * here. */
+static void test_route_dyn_align(mj_context_t c, const char *target) {
+    mj_knobs_oea_route kn = {.E = 9, .K = 2, .K0 = 2, .NG = 1, .TG = 1, .NWARPS = 2};
+    mj_spec s;
+    char *src = NULL;
+    mj_compile_result cr;
+    memset(&cr, 0, sizeof cr);
+    mj_spec_oea_route(c, &kn, &s);
+    CHECK_OK(mj_render(&s, &src, NULL));
+    if (!src) return;
+    CHECK_OK(mj_nvrtc_compile(src, "oea_route", s.target, &cr));
+    free(src);
+    CHECK(cr.ptx && strstr(cr.ptx, ".extern .shared .align 16 .b8 sm_dyn[]"),
+          "oea_route E=9 on %s: the dynamic shared memory declared 16-byte aligned in the PTX", target);
+    mj_compile_result_free(&cr);
+}
+
 static void test_router_sass(mj_context_t c, const char *target) {
     mj_knobs_router_gemm rg = {.H = 6144, .E = 256, .ROWS = 8, .NWARPS = 4};
     mj_spec s;
@@ -703,6 +725,7 @@ static void test_compile(const char *dir) {
                    rg.NWARPS, targets[t], rep->registers, rep->spill_stores + rep->spill_loads);
         }
         test_router_sass(c, targets[t]);
+        test_route_dyn_align(c, targets[t]);
         mj_context_destroy(c);
     }
 }

@@ -511,8 +511,8 @@ static int strided_trips(const inst *v, int first, int b) {
         if (strncmp(q, reg, rl) || q[rl] != ',') continue;
         q += rl + 1;
         while (isspace((unsigned char)*q)) q++;
-        if (!isdigit((unsigned char)*q)) { /* a step in a register (oea_route's dispatch: its
-                                            * threads): unknown, counted once */
+        if (!isdigit((unsigned char)*q) && *q != '-') { /* a step in a register (oea_route's
+                                                         * dispatch: its threads): unknown, once */
             reg_step = 1;
             continue;
         }
@@ -784,7 +784,7 @@ void pm_predict(const tool_gpu *g, const pm_assume *a, const pm_sass *s, const p
         }
     }
     r->insts_warp = n;
-    r->insts_sm = l->extra_sm > 0 ? l->extra_sm : n; /* the warps' average, where they differ */
+    r->insts_sm = l->extra_sm > 0 ? n - extra + l->extra_sm : n; /* the warps' average, where they differ */
     const double w_sched = ceil((double)resident * wpb / 4.0); /* warps a scheduler holds */
     double cyc = w_sched * r->insts_sm;
     if (w_sched * pipe > cyc) cyc = w_sched * pipe;
