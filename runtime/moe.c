@@ -183,16 +183,7 @@ mj_status mj_moe_prepare(mj_moe_t m, const mj_moe_prepare_options *opts_in) {
                            o.k0_policy ? &k0p : NULL, o.mode, &modes, m->opt.shared_expert != 0};
     MJ_CHECK_GOTO(mj_plan_build(m->ctx, &req, &plan), st, out);
     /* Every kernel of the plan, built side by side (mj_jit_get_many's pool). */
-    if (plan.n > 0) {
-        mj_spec *specs = malloc(sizeof *specs * (size_t)plan.n);
-        const mj_function **fns = malloc(sizeof *fns * (size_t)plan.n);
-        if (specs && fns) {
-            for (int32_t i = 0; i < plan.n; i++) specs[i] = plan.e[i].spec;
-            st = mj_jit_get_many(m->ctx, specs, plan.n, fns);
-        } else st = mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of memory");
-        free(specs), free(fns);
-        if (st != MJ_OK) goto out;
-    }
+    MJ_CHECK_GOTO(mj_plan_get_all(m->ctx, &plan, "mj_moe_prepare"), st, out);
     /* Per batch size: its k0 and mode (resolved here, so a forward only reads). */
     if (!(batch = calloc((size_t)mb + 1, sizeof *batch))) {
         st = mj_set_error(MJ_ERR_NOMEM, "mj_moe_prepare: out of memory");

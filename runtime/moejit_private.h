@@ -56,8 +56,8 @@
 #include "sim/sim.h"
 
 /* ---- plans (plan.h, experts.h) -----------------------------------------------------------
- * mj_plan_build / mj_plan_free, mj_plan_rank_shape and mj_batches_parse (the plan prewarm
- * compiles and bench times, from the planner mj_moe_prepare uses); mj_mode_policy_parse,
+ * mj_plan_build / mj_plan_free, mj_plan_rank_shape, mj_plan_get_all and mj_batches_parse (the
+ * plan prewarm compiles and bench times, from the planner mj_moe_prepare uses); mj_mode_policy_parse,
  * mj_mode_policy_default and mj_mode_resolve (--mode); the launchers' knob choices,
  * mj_router_knobs, mj_route_knobs, mj_experts_knobs, mj_experts_specs and mj_experts_dims,
  * with mj_spec_router_gemm and mj_spec_oea_route of the generated mj_kernels.h (through

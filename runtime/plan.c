@@ -144,6 +144,21 @@ fail:
     return st;
 }
 
+mj_status mj_plan_get_all(mj_context_t ctx, const mj_plan *p, const char *who) {
+    if (!p || p->n <= 0) return MJ_OK;
+    mj_spec *specs = malloc(sizeof *specs * (size_t)p->n);
+    const mj_function **fns = malloc(sizeof *fns * (size_t)p->n);
+    mj_status st;
+    if (specs && fns) {
+        for (int32_t i = 0; i < p->n; i++) specs[i] = p->e[i].spec;
+        st = mj_jit_get_many(ctx, specs, p->n, fns);
+    } else {
+        st = mj_set_error(MJ_ERR_NOMEM, "%s: out of memory for a plan of %d specializations", who, (int)p->n);
+    }
+    free(specs), free(fns);
+    return st;
+}
+
 void mj_plan_free(mj_plan *p) {
     if (!p) return;
     free(p->e);

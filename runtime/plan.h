@@ -49,6 +49,9 @@ mj_status mj_plan_rank_shape(const mj_moe_config *cfg, mj_parallel par, int32_t 
  * rule at fault (a k0 < top-k above the one-block routing limit, a mode the target lacks). */
 mj_status mj_plan_build(mj_context_t ctx, const mj_plan_request *r, mj_plan *out);
 void mj_plan_free(mj_plan *p);
+/* Every specialization of p built or loaded in ctx, side by side (mj_jit_get_many's pool of
+ * compile threads): what mj_moe_prepare does, and bench times cold. `who` prefixes an error. */
+mj_status mj_plan_get_all(mj_context_t ctx, const mj_plan *p, const char *who);
 
 /* The knob choices of the launchers (runtime/route.c), as functions of the shapes. */
 mj_status mj_route_knobs(const mj_route_params *p, int32_t B, mj_knobs_oea_route *kn);

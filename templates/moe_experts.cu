@@ -953,18 +953,16 @@ MJ_DEVICE void experts_up_stream(const uint16_t *x, const uint8_t *xq, const uin
                                                           * bytes / 128 and 2 lines more, at least */
 MJ_NOINLINE void prefetch_shared_few(const uint8_t *w13, const uint8_t *s13, const uint8_t *w2, const uint8_t *s2,
                                      int n_local, int tid, int T) {
-    const uint8_t *a0 = w13 + n_local * W13_EXPERT, *a1 = s13 + n_local * S13_EXPERT;
-    const uint8_t *a2 = w2 + n_local * W2_EXPERT, *a3 = s2 + n_local * S2_EXPERT;
-    const int l0 = (int)((unsigned long long)a0 & 127u), l1 = (int)((unsigned long long)a1 & 127u);
-    const int l2 = (int)((unsigned long long)a2 & 127u), l3 = (int)((unsigned long long)a3 & 127u);
-    const int c1 = (int)((NSUB * W13_EXPERT + l0 + 127) >> 7), c2 = c1 + (int)((NSUB * S13_EXPERT + l1 + 127) >> 7);
-    const int c3 = c2 + (int)((NSUB * W2_EXPERT + l2 + 127) >> 7), c4 = c3 + (int)((NSUB * S2_EXPERT + l3 + 127) >> 7);
-    MJ_NO_UNROLL
-    for (int i = tid; i < c4; i += T) { /* line o of its region */
-        const uint8_t *a = i < c1 ? a0 : i < c2 ? a1 : i < c3 ? a2 : a3;
-        const int o = 128 * (i < c1 ? i : i < c2 ? i - c1 : i < c3 ? i - c2 : i - c3);
-        const int lead = i < c1 ? l0 : i < c2 ? l1 : i < c3 ? l2 : l3;
-        mj_prefetch_l2(a + (o > lead ? o - lead : 0));
+    const uint8_t *const base[4] = {w13 + n_local * W13_EXPERT, s13 + n_local * S13_EXPERT, w2 + n_local * W2_EXPERT,
+                                    s2 + n_local * S2_EXPERT};
+    const long long bytes[4] = {NSUB * W13_EXPERT, NSUB * S13_EXPERT, NSUB * W2_EXPERT, NSUB * S2_EXPERT};
+    int i = tid; /* the line in the regions' lines, one after another */
+    MJ_UNROLL
+    for (int r = 0; r < 4; r++) {
+        const int lead = (int)((unsigned long long)base[r] & 127u), lines = (int)((bytes[r] + lead + 127) >> 7);
+        MJ_NO_UNROLL
+        for (; i < lines; i += T) mj_prefetch_l2(base[r] + (i > 0 ? 128 * i - lead : 0));
+        i -= lines; /* past this region: the next one's line */
     }
 }
 

@@ -601,10 +601,18 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
     CHECK(strstr(mj_last_error(), "16-byte aligned") != NULL, "%s", mj_last_error());
 }
 
-/* The router GEMM's SASS (nvdisasm, which scripts/setup.sh installs): every global load
- * of the hot loop is 16 bytes wide (the 4-byte ones are the last block's parts), the gate's
- * are the non-coherent no-allocate stream, two a chunk of a run (8), and a chunk is 2 bf16
- * MMAs a token group (8 MMAs at ROWS 8). */
+/* Spec s rendered and compiled by NVRTC for its target, without the cache (its PTX and
+ * cubin): 1 when it compiled. */
+static int compile_spec(const mj_spec *s, mj_compile_result *cr) {
+    char *src = NULL;
+    memset(cr, 0, sizeof *cr);
+    CHECK_OK(mj_render(s, &src, NULL));
+    if (!src) return 0;
+    CHECK_OK(mj_nvrtc_compile(src, mj_template_at(s->tpl)->name, s->target, cr));
+    free(src);
+    return cr->ptx != NULL;
+}
+
 /* oea_route's dynamic shared memory follows its static arrays (4 E + 256 bytes: E 9 ends them
  * 4 bytes past a 16-byte line) and its dispatch zeroes the masks in 16-byte stores: the PTX
  * declares the dynamic area 16-byte aligned (NVVM's default for an extern shared array, which
@@ -614,30 +622,24 @@ static void test_router(mj_context_t ctx, uint64_t seed) {
 static void test_route_dyn_align(mj_context_t c, const char *target) {
     mj_knobs_oea_route kn = {.E = 9, .K = 2, .K0 = 2, .NG = 1, .TG = 1, .NWARPS = 2};
     mj_spec s;
-    char *src = NULL;
     mj_compile_result cr;
-    memset(&cr, 0, sizeof cr);
     mj_spec_oea_route(c, &kn, &s);
-    CHECK_OK(mj_render(&s, &src, NULL));
-    if (!src) return;
-    CHECK_OK(mj_nvrtc_compile(src, "oea_route", s.target, &cr));
-    free(src);
-    CHECK(cr.ptx && strstr(cr.ptx, ".extern .shared .align 16 .b8 sm_dyn[]"),
+    const int ok = compile_spec(&s, &cr);
+    CHECK(ok && strstr(cr.ptx, ".extern .shared .align 16 .b8 sm_dyn[]"),
           "oea_route E=9 on %s: the dynamic shared memory declared 16-byte aligned in the PTX", target);
     mj_compile_result_free(&cr);
 }
 
+/* The router GEMM's SASS (nvdisasm, which scripts/setup.sh installs): every global load
+ * of the hot loop is 16 bytes wide (the 4-byte ones are the last block's parts), the gate's
+ * are the non-coherent no-allocate stream, two a chunk of a run (8), and a chunk is 2 bf16
+ * MMAs a token group (8 MMAs at ROWS 8). */
 static void test_router_sass(mj_context_t c, const char *target) {
     mj_knobs_router_gemm rg = {.H = 6144, .E = 256, .ROWS = 8, .NWARPS = 4};
     mj_spec s;
-    char *src = NULL;
     mj_compile_result cr;
-    memset(&cr, 0, sizeof cr);
     mj_spec_router_gemm(c, &rg, &s);
-    CHECK_OK(mj_render(&s, &src, NULL));
-    if (!src) return;
-    CHECK_OK(mj_nvrtc_compile(src, "router_gemm", s.target, &cr));
-    free(src);
+    compile_spec(&s, &cr);
     char *dir = test_tmpdir("sass"), path[600], cmd[800], line[512];
     if (!dir || !cr.cubin) {
         mj_compile_result_free(&cr);

@@ -63,11 +63,7 @@ static mj_status time_spec(const mj_context_options *o, const char *dir, const m
  * and prewarm wait for on a cold cache (mj_jit_get_many's pool of compile threads), ms into
  * ms[]; the pool's threads into *threads. Returns 0, else tool_fail's status. */
 static int time_plan(const mj_context_options *o, const mj_plan *plan, int reps, double *ms, int *threads) {
-    mj_spec *specs = calloc((size_t)plan->n, sizeof *specs);
-    const mj_function **fs = calloc((size_t)plan->n, sizeof *fs);
     int rc = 0;
-    if (!specs || !fs) rc = tool_fail("out of memory for a plan of %d specializations", (int)plan->n);
-    for (int32_t i = 0; !rc && i < plan->n; i++) specs[i] = plan->e[i].spec;
     for (int rep = 0; !rc && rep < reps; rep++) {
         char *d = temp_dir();
         if (!d) {
@@ -79,15 +75,13 @@ static int time_plan(const mj_context_options *o, const mj_plan *plan, int reps,
         mj_context_t c = NULL;
         const double t0 = bench_now_ms();
         mj_status st = mj_context_create(&co, &c);
-        if (st == MJ_OK) *threads = mj_jit_compile_threads(c), st = mj_jit_get_many(c, specs, (int)plan->n, fs);
+        if (st == MJ_OK) *threads = mj_jit_compile_threads(c), st = mj_plan_get_all(c, plan, "bench");
         ms[rep] = bench_now_ms() - t0;
         if (st != MJ_OK) rc = tool_fail_status("compiling the plan side by side", st);
         mj_context_destroy(c);
         rm_rf(d);
         free(d);
     }
-    free(specs);
-    free(fs);
     return rc;
 }
 
