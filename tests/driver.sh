@@ -1105,6 +1105,16 @@ if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
   MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --no-sim --json --predict rtx-pro-6000
   json_check 'j["predict"]["active_from"] == "gpu" and [(r["B"], r["k0"], r["active"]) for r in j["predict"]["rows"]] == [(r["B"], r["k0"], r["active"]) for r in j["gpu"]["experts"] if r["mode"] == "W4A16"]'
 fi
+# --predict auto: the GPU this bench finds, by the driver's name of it (run.sh's); a name the
+# model does not know is a note (the measurements stand), no GPU an error that says to name one
+if command -v nvdisasm >/dev/null || [ -x /usr/local/cuda/bin/nvdisasm ]; then
+  MJ_STUB_NAME="NVIDIA H200" MJ_STUB_CC=9.0 MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --no-sim --json --predict auto
+  json_check 'j["gpu"]["device"] == "NVIDIA H200" and j["predict"]["gpu"] == "h200" and j["predict"]["active_from"] == "gpu"'
+fi
+MOEJIT_LIBCUDA=$STUB expect_rc 0 "$MJ" $BENCH --no-compile --no-sim --json --predict auto
+json_check '"predict" not in j and "gpu" in j and any("knows no GPU named like" in n and "moejit stub GPU" in n for n in j["notes"])'
+expect_rc 1 "$MJ" $BENCH --no-compile --no-sim --no-gpu --predict auto
+contains err "no GPU here (or --no-gpu): name the one to model"
 # The model failing (here: no nvdisasm) fails the command, but the GPU's measurements are
 # still printed (run.sh's bench.json keeps them)
 MOEJIT_NVDISASM=/nonexistent/nvdisasm MOEJIT_LIBCUDA=$STUB expect_rc 1 "$MJ" $BENCH --no-compile --no-sim --json --predict rtx-pro-6000

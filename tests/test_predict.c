@@ -22,7 +22,7 @@ static char *slurp(const char *path) {
 
 /* A GPU small enough to count by hand. */
 static const tool_gpu k_toy = {"toy", "a toy GPU", 1000.0, "sm_90a", 4, 1000.0, 1000.0, 0.5, 1000.0, 65536,
-                               64 * 1024, 64, 32, 64};
+                               64 * 1024, 64, 32, 64, "toy"};
 
 /* tests/data/sass/toy.sass, read once: toy's counts (NULL when the fixture cannot be read). */
 static pm_sass g_toy;

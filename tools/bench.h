@@ -25,6 +25,7 @@ typedef struct bench_args {
     int n_ranks, split_given;
     int reps, iters, sim_I, copy_mb, json, no_gpu, no_compile, no_sim, quiet;
     const tool_gpu *predict;      /* --predict                                                */
+    int predict_auto;             /* --predict auto: the GPU found (tool_gpu_for_device)      */
 } bench_args;
 
 /* What every section needs: the model, the rank's shapes, where results go. */

@@ -79,7 +79,9 @@ static const tool_opt k_opts[] = {
              "launch and occupancy, predicted us with its bound (memory, issue,\n"
              "latency, waves), and the layer against its floor, for each B x k0,\n"
              "at the active experts the GPU's routing measured (with a GPU), else\n"
-             "the interpreter's, else the expected number (GPU: {gpus})"},
+             "the interpreter's, else the expected number (GPU: {gpus});\n"
+             "auto: the GPU this bench finds, by the driver's name of it, where\n"
+             "the model knows it (else a note)"},
     TOOL_SHARED(TOOL_OPT_CACHE_DIR, "of the interpreter and GPU runs (cold compiles use temporary ones)"),
     {.name = "json", .id = OPT_JSON, .help = "one JSON object on stdout (progress on stderr)"},
     TOOL_SHARED(TOOL_OPT_QUIET, NULL),
@@ -263,6 +265,11 @@ static int parse_args(int argc, char **argv, bench_args *a) {
         case OPT_NOGPU: a->no_gpu = 1; break;
         case OPT_NOSIM: a->no_sim = 1; break;
         case OPT_PREDICT:
+            if (!strcmp(optarg, "auto")) {
+                a->predict = NULL, a->predict_auto = 1;
+                break;
+            }
+            a->predict_auto = 0;
             if (!(a->predict = tool_gpu_find(optarg)))
                 return tool_usage("bench", "--predict: unknown GPU '%s' (known: %s)", optarg, tool_gpu_names());
             break;
@@ -386,6 +393,15 @@ int cmd_bench(int argc, char **argv) {
     mj_device_info di;
     if ((rc = setup(&b, &a)) || (rc = find_gpu(&a, &have_gpu, &di)) || (rc = load_checkpoint_layer(&b, have_gpu)))
         goto out;
+    /* --predict auto: the GPU found, where the model knows it (else a note: the measurements
+     * are the job); with no GPU there is nothing to find */
+    if (a.predict_auto && !have_gpu) {
+        rc = tool_fail("--predict auto: no GPU here (or --no-gpu): name the one to model (%s)", tool_gpu_names());
+        goto out;
+    }
+    if (a.predict_auto && !(a.predict = tool_gpu_for_device(di.name)))
+        bench_note(&b, "--predict auto: the model knows no GPU named like '%s' (known: %s): no prediction; --predict "
+                       "GPU names one", di.name, tool_gpu_names());
     /* The plan's target: --arch, else the GPU's, else --predict's GPU's, else the default. */
     const char *arch = a.arch ? a.arch
                        : have_gpu ? mj_target_name(di.target)

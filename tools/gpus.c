@@ -38,27 +38,34 @@
 #include <string.h>
 
 static const tool_gpu k_gpus[] = {
-    /* name, desc, peak GB/s, arch, SMs, MHz, copy, int, lat ns, regs, smem, warps, blocks, L2 MiB */
+    /* name, desc, peak GB/s, arch, SMs, MHz, copy, int, lat ns, regs, smem, warps, blocks, L2 MiB,
+     * what the CUDA driver's device name holds */
     {"rtx-pro-6000", "RTX PRO 6000 Blackwell (sm_120, 96 GB GDDR7)", 1792.0, "sm_120a", 188, 2617, 0, 1.0, 700,
-     65536, 100 * 1024, 48, 24, 128},
+     65536, 100 * 1024, 48, 24, 128, "RTX PRO 6000"},
     {"rtx-5090", "GeForce RTX 5090 (sm_120, 32 GB GDDR7)", 1792.0, "sm_120a", 170, 2407, 0, 1.0, 700, 65536,
-     100 * 1024, 48, 24, 96},
+     100 * 1024, 48, 24, 96, "RTX 5090"},
     {"gb10", "DGX Spark GB10 (sm_121, 128 GB LPDDR5x)", 273.0, "sm_121a", 48, 2400, 0, 1.0, 800, 65536, 100 * 1024,
-     48, 24, 24},
+     48, 24, 24, "GB10"},
     {"b200", "B200 (sm_100, 180 GB HBM3e)", 8000.0, "sm_100a", 148, 1965, 0, 0.5, 600, 65536, 228 * 1024, 64, 32,
-     126},
+     126, "B200"},
     {"h200", "H200 SXM (sm_90, 141 GB HBM3e)", 4800.0, "sm_90a", 132, 1980, 4189.0, 0.5, 600, 65536, 228 * 1024, 64,
-     32, 60},
-    {"h100", "H100 SXM (sm_90, 80 GB HBM3)", 3352.0, "sm_90a", 132, 1980, 0, 0.5, 600, 65536, 228 * 1024, 64, 32, 50},
-    {"a100", "A100 SXM 80 GB (sm_80, HBM2e)", 2039.0, "sm_80", 108, 1410, 0, 0.5, 600, 65536, 164 * 1024, 64, 32, 40},
-    {"l40s", "L40S (sm_89, 48 GB GDDR6)", 864.0, "sm_89", 142, 2520, 0, 0.5, 700, 65536, 100 * 1024, 48, 24, 96},
+     32, 60, "H200"},
+    {"h100", "H100 SXM (sm_90, 80 GB HBM3)", 3352.0, "sm_90a", 132, 1980, 0, 0.5, 600, 65536, 228 * 1024, 64, 32, 50, "H100"},
+    {"a100", "A100 SXM 80 GB (sm_80, HBM2e)", 2039.0, "sm_80", 108, 1410, 0, 0.5, 600, 65536, 164 * 1024, 64, 32, 40, "A100"},
+    {"l40s", "L40S (sm_89, 48 GB GDDR6)", 864.0, "sm_89", 142, 2520, 0, 0.5, 700, 65536, 100 * 1024, 48, 24, 96, "L40S"},
     {"rtx-4090", "GeForce RTX 4090 (sm_89, 24 GB GDDR6X)", 1008.0, "sm_89", 128, 2520, 0, 0.5, 700, 65536,
-     100 * 1024, 48, 24, 72},
+     100 * 1024, 48, 24, 72, "RTX 4090"},
 };
 
 const tool_gpu *tool_gpu_find(const char *name) {
     for (size_t i = 0; name && i < sizeof k_gpus / sizeof k_gpus[0]; i++)
         if (!strcmp(k_gpus[i].name, name)) return &k_gpus[i];
+    return NULL;
+}
+
+const tool_gpu *tool_gpu_for_device(const char *device_name) {
+    for (size_t i = 0; device_name && i < sizeof k_gpus / sizeof k_gpus[0]; i++)
+        if (strstr(device_name, k_gpus[i].device)) return &k_gpus[i];
     return NULL;
 }
 

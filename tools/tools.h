@@ -64,8 +64,11 @@ typedef struct tool_gpu {
     int regs_sm, smem_sm;      /* registers and shared memory (bytes) for blocks, per SM   */
     int warps_sm, blocks_sm;   /* resident warps and blocks per SM at most                 */
     double l2_mib;             /* L2 cache, MiB (as cudaDevAttrL2CacheSize reports it)     */
+    const char *device;        /* what the CUDA driver's name of it holds ("H200")         */
 } tool_gpu;
 const tool_gpu *tool_gpu_find(const char *name);
+/* The GPU whose `device` the CUDA driver's device name holds, NULL for none. */
+const tool_gpu *tool_gpu_for_device(const char *device_name);
 const char *tool_gpu_names(void);
 int tool_gpu_count(void);
 const tool_gpu *tool_gpu_at(int i);

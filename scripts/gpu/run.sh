@@ -21,8 +21,9 @@
 #   checkpoint    moejit make-checkpoint: GLM-5's MoE layer with experts of 256 rows (a TP-8
 #                 rank's shapes), 256 experts
 #   bench         moejit bench --json on that checkpoint (one rank holds it), with the performance
-#                 model of the GPU nvidia-smi names (--predict h200, h100, ...: its predictions
-#                 at the active experts this GPU's routing measured, in the same bench.json)
+#                 model of this GPU (--predict auto: the one the model knows by the driver's
+#                 name of it; its predictions at the active experts this GPU's routing
+#                 measured, in the same bench.json)
 #   bench_nopdl   the same at B 1, 8, 32 and k0 8 with MOEJIT_PDL=0 (plain launches):
 #                 bench_nopdl.json, what programmatic dependent launch saves (the model
 #                 assumes pdl_launch_us)
@@ -132,22 +133,10 @@ step() {
 }
 
 GLM="--config $B/data/glm5_config.json --quant $B/data/hf_quant_config.json"
-# The performance model's name for this GPU (tools/gpus.c), from nvidia-smi's: bench --predict.
-predict_gpu() {
-    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)" in
-    *H200*) echo h200 ;;
-    *H100*) echo h100 ;;
-    *B200*) echo b200 ;;
-    *A100*) echo a100 ;;
-    *L40S*) echo l40s ;;
-    *"RTX PRO 6000"*) echo rtx-pro-6000 ;;
-    *5090*) echo rtx-5090 ;;
-    *4090*) echo rtx-4090 ;;
-    esac
-}
-# (It reads the kernels' SASS: only where nvdisasm is, so that the bench's measurements never
-# depend on it.)
-PRED=$([ "$DRY" = 1 ] && echo h200 || predict_gpu)
+# The performance model of this GPU (bench --predict auto: the one the model knows by the
+# driver's name of it; the dry run models an H200). It reads the kernels' SASS: only where
+# nvdisasm is, so that the bench's measurements never depend on it.
+PRED=$([ "$DRY" = 1 ] && echo h200 || echo auto)
 if ! command -v nvdisasm >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvdisasm ] && [ "$DRY" = 0 ]; then PRED=; fi
 PREDICT=${PRED:+--predict $PRED}
 if [ "$GPU" = 1 ] || [ "$DRY" = 1 ]; then

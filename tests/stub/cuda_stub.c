@@ -251,9 +251,11 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     }
     return OK;
 }
+/* "moejit stub GPU", or $MJ_STUB_NAME (a GPU's name as a driver gives it). */
 CUresult cuDeviceGetName(char *name, int len, int dev) {
     (void)dev;
-    snprintf(name, (size_t)len, "moejit stub GPU");
+    const char *v = getenv("MJ_STUB_NAME");
+    snprintf(name, (size_t)len, "%s", v && *v ? v : "moejit stub GPU");
     return OK;
 }
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
